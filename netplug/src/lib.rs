@@ -1,0 +1,1 @@
+//! Pod networking for ferrolet (built-in bridge and CNI). Filled in by the networking issue.

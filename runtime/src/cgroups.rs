@@ -1,0 +1,646 @@
+//! cgroups as the node has them: pure v2 (unified), or v1 controllers (legacy, or hybrid with an
+//! empty cgroup2 beside them, as libcgroups treats it). The runtime creates container cgroups
+//! through libcontainer; this module creates the parents (pod and QoS levels) with their
+//! limits, removes them, tells the cgroup a process started in (so everything can nest under
+//! it), and reads stats tolerantly: a missing file is a missing number, never an error.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Controllers ferrolet sets limits with or reads stats from.
+const V1_CONTROLLERS: &[&str] = &[
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "pids",
+    "devices",
+    "freezer",
+    "blkio",
+    "hugetlb",
+    "perf_event",
+    "net_cls",
+    "net_prio",
+    "rdma",
+    "misc",
+];
+const V2_CONTROLLERS: &[&str] = &["cpu", "cpuset", "io", "memory", "pids", "hugetlb"];
+
+#[derive(Debug, Clone)]
+pub enum CgroupMode {
+    /// cgroup2 mounted at this path holds every controller.
+    V2 { mount: PathBuf },
+    /// v1 controllers, each at its mount point (`cpu,cpuacct` may share one).
+    V1 { mounts: BTreeMap<String, PathBuf> },
+}
+
+/// Limits for a pod or QoS level cgroup.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CgroupLimits {
+    pub cpu_shares: Option<u64>,
+    pub cpu_quota: Option<i64>,
+    pub cpu_period: Option<u64>,
+    pub memory_limit: Option<i64>,
+    pub pids_limit: Option<i64>,
+}
+
+/// Usage read from a cgroup; `None` where the node does not account it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CgroupStats {
+    pub cpu_usage_nanos: Option<u64>,
+    pub memory_usage_bytes: Option<u64>,
+    pub memory_working_set_bytes: Option<u64>,
+    pub memory_rss_bytes: Option<u64>,
+    pub memory_page_faults: Option<u64>,
+    pub memory_major_page_faults: Option<u64>,
+    pub pids: Option<u64>,
+    pub oom_kills: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    mode: CgroupMode,
+}
+
+impl Cgroups {
+    /// Detect the node's layout from /proc/self/mountinfo.
+    pub fn detect() -> Result<Cgroups> {
+        let info = fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::Cgroup {
+            path: "/proc/self/mountinfo".into(),
+            reason: e.to_string(),
+        })?;
+        let mut v1 = BTreeMap::new();
+        let mut v2: Option<PathBuf> = None;
+        for line in info.lines() {
+            // "... mountpoint opts ... - fstype source superopts"
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
+            let mp = pre.split(' ').nth(4).unwrap_or("");
+            let mut post = post.split(' ');
+            let fstype = post.next().unwrap_or("");
+            let superopts = post.nth(1).unwrap_or("");
+            match fstype {
+                "cgroup2" if v2.is_none() || mp == "/sys/fs/cgroup" => {
+                    v2 = Some(PathBuf::from(unescape(mp)));
+                }
+                "cgroup" => {
+                    for opt in superopts.split(',') {
+                        if V1_CONTROLLERS.contains(&opt) {
+                            v1.entry(opt.to_string())
+                                .or_insert_with(|| PathBuf::from(unescape(mp)));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let unified_root = is_cgroup2(Path::new("/sys/fs/cgroup"));
+        let mode = if v1.contains_key("memory") && !unified_root {
+            CgroupMode::V1 { mounts: v1 }
+        } else if let Some(m) = v2 {
+            CgroupMode::V2 { mount: m }
+        } else if !v1.is_empty() {
+            CgroupMode::V1 { mounts: v1 }
+        } else {
+            return Err(Error::Cgroup {
+                path: "/sys/fs/cgroup".into(),
+                reason: "no cgroup v1 controllers and no cgroup2 mount found".into(),
+            });
+        };
+        Ok(Cgroups { mode })
+    }
+
+    pub fn mode(&self) -> &CgroupMode {
+        &self.mode
+    }
+
+    pub fn is_v2(&self) -> bool {
+        matches!(self.mode, CgroupMode::V2 { .. })
+    }
+
+    /// The cgroup this process runs in: on v2 the unified path, on v1 the memory controller's
+    /// (the one these machines confine processes with). Nest everything under it.
+    pub fn own_path(&self) -> Result<String> {
+        let data = fs::read_to_string("/proc/self/cgroup").map_err(|e| Error::Cgroup {
+            path: "/proc/self/cgroup".into(),
+            reason: e.to_string(),
+        })?;
+        for line in data.lines() {
+            let mut f = line.splitn(3, ':');
+            let (_, ctrls, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+            let hit = if self.is_v2() {
+                ctrls.is_empty()
+            } else {
+                ctrls.split(',').any(|c| c == "memory")
+            };
+            if hit {
+                return Ok(path.to_string());
+            }
+        }
+        Err(Error::Cgroup {
+            path: "/proc/self/cgroup".into(),
+            reason: "no entry for this process's cgroup".into(),
+        })
+    }
+
+    /// Directories backing a cgroup path, one per hierarchy.
+    pub fn dirs(&self, cgroup: &str) -> Vec<PathBuf> {
+        let rel = cgroup.trim_start_matches('/');
+        match &self.mode {
+            CgroupMode::V2 { mount } => vec![mount.join(rel)],
+            CgroupMode::V1 { mounts } => {
+                let mut v: Vec<PathBuf> = mounts.values().map(|m| m.join(rel)).collect();
+                v.sort();
+                v.dedup();
+                v
+            }
+        }
+    }
+
+    /// The directory of `cgroup` in the hierarchy holding `controller`.
+    pub fn dir_for(&self, controller: &str, cgroup: &str) -> Option<PathBuf> {
+        let rel = cgroup.trim_start_matches('/');
+        match &self.mode {
+            CgroupMode::V2 { mount } => Some(mount.join(rel)),
+            CgroupMode::V1 { mounts } => mounts.get(controller).map(|m| m.join(rel)),
+        }
+    }
+
+    /// Create `cgroup` (and missing parents) in every hierarchy and apply `limits`.
+    pub fn create(&self, cgroup: &str, limits: &CgroupLimits) -> Result<()> {
+        let err = |p: &Path, e: std::io::Error| Error::Cgroup {
+            path: p.display().to_string(),
+            reason: e.to_string(),
+        };
+        match &self.mode {
+            CgroupMode::V2 { mount } => {
+                let target = mount.join(cgroup.trim_start_matches('/'));
+                // Every ancestor below the mount must delegate the controllers to its children.
+                let mut cur = mount.clone();
+                for comp in Path::new(cgroup.trim_start_matches('/')).components() {
+                    let wanted = available_controllers(&cur);
+                    if !wanted.is_empty() {
+                        let line = wanted
+                            .iter()
+                            .map(|c| format!("+{c}"))
+                            .collect::<Vec<_>>()
+                            .join(" ");
+                        let sc = cur.join("cgroup.subtree_control");
+                        if let Err(e) = fs::write(&sc, &line) {
+                            return Err(Error::Cgroup {
+                                path: sc.display().to_string(),
+                                reason: format!("enabling {line}: {e} (a cgroup with processes in it cannot delegate controllers; nest the cgroup root in an empty cgroup)"),
+                            });
+                        }
+                    }
+                    cur = cur.join(comp);
+                    if !cur.exists() {
+                        fs::create_dir(&cur).map_err(|e| err(&cur, e))?;
+                    }
+                }
+                self.apply(&target, limits)
+            }
+            CgroupMode::V1 { .. } => {
+                for d in self.dirs(cgroup) {
+                    fs::create_dir_all(&d).map_err(|e| err(&d, e))?;
+                }
+                if let Some(cpuset) = self.dir_for("cpuset", cgroup) {
+                    fill_cpuset(&cpuset)?;
+                }
+                self.apply_v1(cgroup, limits)
+            }
+        }
+    }
+
+    fn apply(&self, dir: &Path, l: &CgroupLimits) -> Result<()> {
+        if let Some(s) = l.cpu_shares {
+            write_cg(dir, "cpu.weight", &shares_to_weight(s).to_string())?;
+        }
+        if l.cpu_quota.is_some() || l.cpu_period.is_some() {
+            let quota = match l.cpu_quota {
+                Some(q) if q > 0 => q.to_string(),
+                _ => "max".to_string(),
+            };
+            write_cg(
+                dir,
+                "cpu.max",
+                &format!("{quota} {}", l.cpu_period.unwrap_or(100_000)),
+            )?;
+        }
+        if let Some(m) = l.memory_limit {
+            write_cg(
+                dir,
+                "memory.max",
+                &if m > 0 { m.to_string() } else { "max".into() },
+            )?;
+        }
+        if let Some(p) = l.pids_limit {
+            write_cg(
+                dir,
+                "pids.max",
+                &if p > 0 { p.to_string() } else { "max".into() },
+            )?;
+        }
+        Ok(())
+    }
+
+    fn apply_v1(&self, cgroup: &str, l: &CgroupLimits) -> Result<()> {
+        let need = |c: &str| {
+            self.dir_for(c, cgroup).ok_or_else(|| Error::Cgroup {
+                path: cgroup.to_string(),
+                reason: format!("the {c} controller is not mounted"),
+            })
+        };
+        if let Some(s) = l.cpu_shares {
+            write_cg(&need("cpu")?, "cpu.shares", &s.to_string())?;
+        }
+        if let Some(p) = l.cpu_period {
+            write_cg(&need("cpu")?, "cpu.cfs_period_us", &p.to_string())?;
+        }
+        if let Some(q) = l.cpu_quota {
+            write_cg(
+                &need("cpu")?,
+                "cpu.cfs_quota_us",
+                &if q > 0 { q.to_string() } else { "-1".into() },
+            )?;
+        }
+        if let Some(m) = l.memory_limit {
+            write_cg(
+                &need("memory")?,
+                "memory.limit_in_bytes",
+                &if m > 0 { m.to_string() } else { "-1".into() },
+            )?;
+        }
+        if let Some(p) = l.pids_limit {
+            write_cg(
+                &need("pids")?,
+                "pids.max",
+                &if p > 0 { p.to_string() } else { "max".into() },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Update limits of an existing cgroup.
+    pub fn update(&self, cgroup: &str, limits: &CgroupLimits) -> Result<()> {
+        match &self.mode {
+            CgroupMode::V2 { mount } => {
+                self.apply(&mount.join(cgroup.trim_start_matches('/')), limits)
+            }
+            CgroupMode::V1 { .. } => self.apply_v1(cgroup, limits),
+        }
+    }
+
+    /// Remove `cgroup` and every cgroup below it, deepest first, in every hierarchy. Processes
+    /// still inside make this fail with the path named.
+    pub fn remove(&self, cgroup: &str) -> Result<()> {
+        for d in self.dirs(cgroup) {
+            remove_cgroup_dir(&d)?;
+        }
+        Ok(())
+    }
+
+    /// Remove `cgroup` and then each empty parent up to (not including) `stop`.
+    pub fn remove_with_parents(&self, cgroup: &str, stop: &str) -> Result<()> {
+        self.remove(cgroup)?;
+        let stop = Path::new(stop);
+        let mut cur = Path::new(cgroup).parent();
+        while let Some(c) = cur {
+            if c == stop || c.as_os_str().is_empty() || c == Path::new("/") || !c.starts_with(stop)
+            {
+                break;
+            }
+            for d in self.dirs(&c.to_string_lossy()) {
+                let _ = fs::remove_dir(&d);
+            }
+            cur = c.parent();
+        }
+        Ok(())
+    }
+
+    pub fn exists(&self, cgroup: &str) -> bool {
+        self.dir_for("memory", cgroup).is_some_and(|d| d.is_dir())
+    }
+
+    /// Pids of processes in the cgroup (not below it).
+    pub fn procs(&self, cgroup: &str) -> Vec<i32> {
+        let Some(d) = self
+            .dir_for("pids", cgroup)
+            .or_else(|| self.dir_for("memory", cgroup))
+        else {
+            return Vec::new();
+        };
+        fs::read_to_string(d.join("cgroup.procs"))
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Number of OOM kills in the cgroup so far.
+    pub fn oom_kills(&self, cgroup: &str) -> Option<u64> {
+        let d = self.dir_for("memory", cgroup)?;
+        match &self.mode {
+            CgroupMode::V2 { .. } => kv_file(&d.join("memory.events")).get("oom_kill").copied(),
+            CgroupMode::V1 { .. } => kv_file(&d.join("memory.oom_control"))
+                .get("oom_kill")
+                .copied(),
+        }
+    }
+
+    /// Usage numbers for a cgroup; whatever the node does not have is left out.
+    pub fn stats(&self, cgroup: &str) -> CgroupStats {
+        let mut s = CgroupStats::default();
+        match &self.mode {
+            CgroupMode::V2 { mount } => {
+                let d = mount.join(cgroup.trim_start_matches('/'));
+                s.cpu_usage_nanos = kv_file(&d.join("cpu.stat"))
+                    .get("usage_usec")
+                    .map(|u| u * 1000);
+                s.memory_usage_bytes = read_u64(&d.join("memory.current"));
+                let ms = kv_file(&d.join("memory.stat"));
+                s.memory_working_set_bytes = s
+                    .memory_usage_bytes
+                    .map(|u| u.saturating_sub(ms.get("inactive_file").copied().unwrap_or(0)));
+                s.memory_rss_bytes = ms.get("anon").copied();
+                s.memory_page_faults = ms.get("pgfault").copied();
+                s.memory_major_page_faults = ms.get("pgmajfault").copied();
+                s.pids = read_u64(&d.join("pids.current"));
+                s.oom_kills = kv_file(&d.join("memory.events")).get("oom_kill").copied();
+            }
+            CgroupMode::V1 { .. } => {
+                if let Some(d) = self.dir_for("cpuacct", cgroup) {
+                    s.cpu_usage_nanos = read_u64(&d.join("cpuacct.usage"));
+                }
+                if let Some(d) = self.dir_for("memory", cgroup) {
+                    s.memory_usage_bytes = read_u64(&d.join("memory.usage_in_bytes"));
+                    let ms = kv_file(&d.join("memory.stat"));
+                    let inactive = ms
+                        .get("total_inactive_file")
+                        .or_else(|| ms.get("inactive_file"))
+                        .copied()
+                        .unwrap_or(0);
+                    s.memory_working_set_bytes =
+                        s.memory_usage_bytes.map(|u| u.saturating_sub(inactive));
+                    s.memory_rss_bytes = ms.get("total_rss").or_else(|| ms.get("rss")).copied();
+                    s.memory_page_faults = ms
+                        .get("total_pgfault")
+                        .or_else(|| ms.get("pgfault"))
+                        .copied();
+                    s.memory_major_page_faults = ms
+                        .get("total_pgmajfault")
+                        .or_else(|| ms.get("pgmajfault"))
+                        .copied();
+                    s.oom_kills = kv_file(&d.join("memory.oom_control"))
+                        .get("oom_kill")
+                        .copied();
+                }
+                if let Some(d) = self.dir_for("pids", cgroup) {
+                    s.pids = read_u64(&d.join("pids.current"));
+                }
+            }
+        }
+        s
+    }
+}
+
+/// A cgroup created below this process's own cgroup (the rule on shared machines: never at a
+/// hierarchy root), which remembers every directory it had to create on the way, in every
+/// hierarchy, so [`cleanup`](NestedRoot::cleanup) leaves the tree exactly as it found it.
+pub struct NestedRoot {
+    cgroups: Cgroups,
+    path: String,
+    created: Vec<PathBuf>,
+}
+
+impl NestedRoot {
+    /// Create `<own cgroup>/<name>` in every hierarchy.
+    pub fn create(cgroups: &Cgroups, name: &str) -> Result<NestedRoot> {
+        let own = cgroups.own_path()?;
+        let path = format!("{}/{}", own.trim_end_matches('/'), name);
+        let mut created = Vec::new();
+        let mounts: Vec<PathBuf> = match &cgroups.mode {
+            CgroupMode::V2 { mount } => vec![mount.clone()],
+            CgroupMode::V1 { mounts } => {
+                let mut v: Vec<PathBuf> = mounts.values().cloned().collect();
+                v.sort();
+                v.dedup();
+                v
+            }
+        };
+        for m in mounts {
+            let mut cur = m.clone();
+            for c in Path::new(path.trim_start_matches('/')).components() {
+                cur = cur.join(c);
+                if !cur.exists() {
+                    fs::create_dir(&cur).map_err(|e| Error::Cgroup {
+                        path: cur.display().to_string(),
+                        reason: e.to_string(),
+                    })?;
+                    created.push(cur.clone());
+                }
+            }
+        }
+        let root = NestedRoot {
+            cgroups: cgroups.clone(),
+            path,
+            created,
+        };
+        if let CgroupMode::V1 { .. } = cgroups.mode {
+            if let Some(cpuset) = cgroups.dir_for("cpuset", &root.path) {
+                fill_cpuset(&cpuset)?;
+            }
+        }
+        Ok(root)
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Remove everything below the root, the root, and the directories created for it.
+    pub fn cleanup(&self) -> Result<()> {
+        self.cgroups.remove(&self.path)?;
+        for d in self.created.iter().rev() {
+            match fs::remove_dir(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::Cgroup {
+                        path: d.display().to_string(),
+                        reason: e.to_string(),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// cgroup v1 cpu.shares to v2 cpu.weight, the conversion runc and kubelet use.
+pub fn shares_to_weight(shares: u64) -> u64 {
+    if shares == 0 {
+        return 100;
+    }
+    let s = shares.clamp(2, 262_144);
+    1 + ((s - 2) * 9999) / 262_142
+}
+
+fn available_controllers(dir: &Path) -> Vec<String> {
+    fs::read_to_string(dir.join("cgroup.controllers"))
+        .map(|s| {
+            s.split_whitespace()
+                .filter(|c| V2_CONTROLLERS.contains(c))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A new v1 cpuset cgroup starts with no cpus and mems; copy them down from the nearest
+/// ancestor that has them.
+fn fill_cpuset(dir: &Path) -> Result<()> {
+    let mut chain = Vec::new();
+    let mut cur = dir.to_path_buf();
+    while !cur.join("cpuset.cpus").exists() || read_trim(&cur.join("cpuset.cpus")).is_empty() {
+        chain.push(cur.clone());
+        match cur.parent() {
+            Some(p) if p.join("cpuset.cpus").exists() => cur = p.to_path_buf(),
+            _ => return Ok(()),
+        }
+    }
+    for d in chain.into_iter().rev() {
+        let parent = d.parent().expect("has parent");
+        for f in ["cpuset.cpus", "cpuset.mems"] {
+            if read_trim(&d.join(f)).is_empty() {
+                write_cg(&d, f, &read_trim(&parent.join(f)))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn remove_cgroup_dir(dir: &Path) -> Result<()> {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in rd.flatten() {
+        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            remove_cgroup_dir(&e.path())?;
+        }
+    }
+    // rmdir can race with the kernel finishing the last exit: retry briefly.
+    let mut last = None;
+    for _ in 0..20 {
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(Error::Cgroup {
+        path: dir.display().to_string(),
+        reason: format!(
+            "cannot remove: {}",
+            last.map(|e| e.to_string()).unwrap_or_default()
+        ),
+    })
+}
+
+fn write_cg(dir: &Path, file: &str, value: &str) -> Result<()> {
+    let p = dir.join(file);
+    fs::write(&p, value).map_err(|e| Error::Cgroup {
+        path: p.display().to_string(),
+        reason: format!("writing {value:?}: {e}"),
+    })
+}
+
+fn read_trim(p: &Path) -> String {
+    fs::read_to_string(p)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn read_u64(p: &Path) -> Option<u64> {
+    fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+/// "key value" lines (memory.stat, cpu.stat, memory.events, memory.oom_control).
+fn kv_file(p: &Path) -> BTreeMap<String, u64> {
+    fs::read_to_string(p)
+        .map(|s| {
+            s.lines()
+                .filter_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    Some((k.to_string(), v.trim().parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn is_cgroup2(p: &Path) -> bool {
+    nix::sys::statfs::statfs(p)
+        .map(|s| s.filesystem_type().0 == CGROUP2_SUPER_MAGIC)
+        .unwrap_or(false)
+}
+
+/// mountinfo escapes spaces and such as \040.
+fn unescape(s: &str) -> String {
+    let mut out = String::new();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| c.is_ascii_digit()) {
+            if let Ok(n) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(n as char);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i] as char);
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weight_conversion_matches_runc() {
+        assert_eq!(shares_to_weight(2), 1);
+        assert_eq!(shares_to_weight(1024), 39);
+        assert_eq!(shares_to_weight(262_144), 10_000);
+    }
+
+    #[test]
+    fn kv_parsing() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("m"), "anon 10\ninactive_file 5\nbad\n").unwrap();
+        let m = kv_file(&d.path().join("m"));
+        assert_eq!(m.get("anon"), Some(&10));
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn detects_something_and_own_path() {
+        let c = Cgroups::detect().unwrap();
+        let own = c.own_path().unwrap();
+        assert!(own.starts_with('/'));
+    }
+
+    #[test]
+    fn unescapes_mountinfo() {
+        assert_eq!(unescape("/a\\040b"), "/a b");
+    }
+}

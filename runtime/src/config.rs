@@ -1,0 +1,175 @@
+//! What a caller asks the runtime to run: a container description with no Kubernetes types in
+//! it. The agent translates a Pod's container into this; the runtime turns it into an OCI spec.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ContainerConfig {
+    /// A name for logs and listings (the Kubernetes container name).
+    pub name: String,
+    /// Image reference or id, resolved in the image store.
+    pub image: String,
+    /// Replaces the image's Entrypoint when non-empty (Kubernetes `command`).
+    pub command: Vec<String>,
+    /// Replaces the image's Cmd when non-empty (Kubernetes `args`).
+    pub args: Vec<String>,
+    /// Added to the image's environment; a name already there is replaced.
+    pub env: Vec<(String, String)>,
+    /// Defaults to the image's WorkingDir, then `/`.
+    pub working_dir: Option<String>,
+    pub user: UserConfig,
+    /// Set only when the container has its own UTS namespace or the sandbox's.
+    pub hostname: Option<String>,
+    pub rlimits: Vec<Rlimit>,
+    pub capabilities: CapabilityChanges,
+    pub privileged: bool,
+    pub readonly_rootfs: bool,
+    pub no_new_privileges: bool,
+    pub seccomp: SeccompProfile,
+    /// Leave /proc paths unmasked (Kubernetes `procMount: Unmasked`).
+    pub unmasked_proc: bool,
+    pub namespaces: Namespaces,
+    /// Absolute cgroup path of the parent (e.g. `/kubepods/besteffort/pod<uid>`); the
+    /// container's cgroup is `<cgroup_parent>/<container id>`.
+    pub cgroup_parent: String,
+    pub resources: Resources,
+    pub mounts: Vec<Mount>,
+    pub sysctls: BTreeMap<String, String>,
+    /// Caller's labels, kept with the container and returned by `list` (the agent stores the
+    /// pod uid, container name and restart count here to find its containers after a restart).
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct UserConfig {
+    /// Overrides the image's user (Kubernetes `runAsUser`).
+    pub uid: Option<u32>,
+    /// Overrides the primary group (Kubernetes `runAsGroup`).
+    pub gid: Option<u32>,
+    /// Extra groups (Kubernetes `supplementalGroups` and `fsGroup`).
+    pub supplemental_groups: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Rlimit {
+    /// `RLIMIT_NOFILE` style name.
+    pub kind: String,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CapabilityChanges {
+    /// Capability names with or without `CAP_`; `ALL` is every capability.
+    pub add: Vec<String>,
+    pub drop: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub enum SeccompProfile {
+    /// The runtime's default profile (Kubernetes `RuntimeDefault`).
+    #[default]
+    RuntimeDefault,
+    Unconfined,
+    /// An OCI/docker seccomp JSON file on the node (Kubernetes `Localhost`).
+    Localhost(PathBuf),
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub enum NamespaceMode {
+    /// A new namespace for this container.
+    #[default]
+    Private,
+    /// The node's namespace.
+    Host,
+    /// Join the namespace at this path (a pinned pod namespace).
+    Path(PathBuf),
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Namespaces {
+    pub network: NamespaceMode,
+    pub ipc: NamespaceMode,
+    pub uts: NamespaceMode,
+    pub pid: NamespaceMode,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Resources {
+    /// cgroup v1 cpu.shares (2..262144); converted to cpu.weight on v2.
+    pub cpu_shares: Option<u64>,
+    /// CFS quota in microseconds per `cpu_period`.
+    pub cpu_quota: Option<i64>,
+    pub cpu_period: Option<u64>,
+    /// Bytes; None is unlimited.
+    pub memory_limit: Option<i64>,
+    pub pids_limit: Option<i64>,
+    pub oom_score_adj: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    pub destination: String,
+    /// Host path for binds, ignored for tmpfs.
+    pub source: PathBuf,
+    pub kind: MountKind,
+    pub readonly: bool,
+    pub propagation: Propagation,
+    /// Extra mount options (e.g. `size=64m` for tmpfs).
+    #[serde(default)]
+    pub options: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum MountKind {
+    #[default]
+    Bind,
+    Tmpfs,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Propagation {
+    #[default]
+    Private,
+    /// rslave: host mounts appear in the container (Kubernetes `HostToContainer`).
+    HostToContainer,
+    /// rshared (Kubernetes `Bidirectional`).
+    Bidirectional,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LogConfig {
+    /// Where the CRI-format log goes; the monitor creates the directory.
+    pub path: PathBuf,
+    /// Rotate when the file grows past this many bytes (0: never).
+    pub max_size: u64,
+    /// Files kept, the live one included (kubelet's containerLogMaxFiles).
+    pub max_files: u32,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            path: PathBuf::new(),
+            max_size: 10 << 20,
+            max_files: 5,
+        }
+    }
+}

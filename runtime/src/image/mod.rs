@@ -1,0 +1,413 @@
+//! The image store of an air-gapped node: content-addressed blobs (verified on import), an index
+//! of images by reference and id, and layers unpacked once and shared by every image that has
+//! them. Layout under `<root>/images`:
+//!
+//! ```text
+//! blobs/sha256/<hex>     every manifest, config and layer blob, named by its digest
+//! layers/<diff_id hex>/  a layer unpacked for overlayfs (whiteouts converted)
+//! index.json             the images: id (config digest), manifest, refs, layers
+//! .lock                  flock held by writers (the agent and `ferrolet images` may race)
+//! ```
+
+mod import;
+pub mod layer;
+pub mod reference;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use oci_spec::image::ImageConfiguration;
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::error::{p, Context, Error, Result};
+use crate::fsutil::{ensure_dir, read_json, read_json_opt, remove_tree, write_json_atomic};
+pub use reference::Reference;
+
+/// One image as the index records it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRecord {
+    /// The config digest: what `docker images` calls the image id.
+    pub id: Digest,
+    /// Digest of the manifest the image was imported from.
+    pub manifest: Digest,
+    /// Normalized references (`docker.io/library/busybox:1.35`) pointing at this image.
+    pub refs: Vec<String>,
+    pub layers: Vec<LayerRecord>,
+    /// Bytes of the blobs as stored (config + compressed layers).
+    pub size: u64,
+    pub imported_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LayerRecord {
+    /// Digest of the blob as stored (compressed or not).
+    pub digest: Digest,
+    /// Digest of the uncompressed tar: names the unpacked directory.
+    pub diff_id: Digest,
+    pub size: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Index {
+    images: Vec<ImageRecord>,
+}
+
+/// What a container needs from its image.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub record: ImageRecord,
+    pub config: ImageConfiguration,
+    /// Unpacked layer directories, bottom layer first.
+    pub layer_dirs: Vec<PathBuf>,
+}
+
+impl Image {
+    /// The name a pod status shows as `imageID`: `repo@manifest-digest` when the image has a
+    /// name, else the id.
+    pub fn image_id(&self) -> String {
+        match self.record.refs.first() {
+            Some(r) => {
+                let repo = Reference::parse(r)
+                    .map(|r| r.repository)
+                    .unwrap_or_else(|_| r.clone());
+                format!("{repo}@{}", self.record.manifest)
+            }
+            None => self.record.id.to_string(),
+        }
+    }
+}
+
+pub struct ImageStore {
+    dir: PathBuf,
+    lock: Mutex<()>,
+}
+
+/// A held store lock: in-process mutex plus an flock on `.lock` against other processes.
+struct StoreLock<'a> {
+    _guard: std::sync::MutexGuard<'a, ()>,
+    _file: nix::fcntl::Flock<fs::File>,
+}
+
+impl ImageStore {
+    /// Open (creating if needed) the store under `dir` (normally `<root>/images`).
+    pub fn open(dir: impl Into<PathBuf>) -> Result<ImageStore> {
+        let dir = dir.into();
+        for sub in ["blobs/sha256", "blobs/.tmp", "layers"] {
+            ensure_dir(&dir.join(sub))?;
+        }
+        let store = ImageStore {
+            dir,
+            lock: Mutex::new(()),
+        };
+        // Leftovers of an import that was killed half way.
+        let _l = store.lock()?;
+        for sub in ["blobs/.tmp", "layers"] {
+            if let Ok(rd) = fs::read_dir(store.dir.join(sub)) {
+                for e in rd.flatten() {
+                    if e.file_name().to_string_lossy().starts_with(".tmp") || sub == "blobs/.tmp" {
+                        let _ = remove_tree(&e.path())
+                            .or_else(|_| fs::remove_file(e.path()).context("removing temp file"));
+                    }
+                }
+            }
+        }
+        drop(_l);
+        Ok(store)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn lock(&self) -> Result<StoreLock<'_>> {
+        let guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let path = self.dir.join(".lock");
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", p(&path)))?;
+        let file = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .with_context(|| format!("locking {}", p(&path)))?;
+        Ok(StoreLock {
+            _guard: guard,
+            _file: file,
+        })
+    }
+
+    fn index_path(&self) -> PathBuf {
+        self.dir.join("index.json")
+    }
+
+    fn read_index(&self) -> Result<Index> {
+        Ok(read_json_opt(&self.index_path())?.unwrap_or_default())
+    }
+
+    fn write_index(&self, index: &Index) -> Result<()> {
+        write_json_atomic(&self.index_path(), index)
+    }
+
+    pub fn blob_path(&self, d: &Digest) -> PathBuf {
+        self.dir.join("blobs/sha256").join(d.hex())
+    }
+
+    pub fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
+        self.dir.join("layers").join(diff_id.hex())
+    }
+
+    /// All images, newest import first.
+    pub fn list(&self) -> Result<Vec<ImageRecord>> {
+        let mut v = self.read_index()?.images;
+        v.sort_by(|a, b| b.imported_at.cmp(&a.imported_at));
+        Ok(v)
+    }
+
+    /// Find an image by reference (`busybox`, `docker.io/library/busybox:1.35`), by id
+    /// (`sha256:...` or a unique hex prefix of at least 12) or by `repo@manifest-digest`.
+    pub fn find(&self, reference: &str) -> Result<ImageRecord> {
+        let index = self.read_index()?;
+        find_in(&index, reference)
+            .cloned()
+            .ok_or_else(|| Error::ImageNotFound(reference.to_string()))
+    }
+
+    /// Resolve a reference to an image with its config and layer directories.
+    pub fn resolve(&self, reference: &str) -> Result<Image> {
+        let record = self.find(reference)?;
+        let config: ImageConfiguration = read_json(&self.blob_path(&record.id))?;
+        let layer_dirs = record
+            .layers
+            .iter()
+            .map(|l| self.layer_dir(&l.diff_id))
+            .collect::<Vec<_>>();
+        for d in &layer_dirs {
+            if !d.is_dir() {
+                return Err(Error::invalid_image(
+                    &record.id.to_string(),
+                    format!("layer directory {} is missing; re-import the image", p(d)),
+                ));
+            }
+        }
+        Ok(Image {
+            record,
+            config,
+            layer_dirs,
+        })
+    }
+
+    /// Import every image in an OCI image layout or a `docker save` archive (a directory or a
+    /// tar, optionally compressed). Returns the images imported.
+    pub fn import(&self, path: &Path) -> Result<Vec<ImageRecord>> {
+        let _l = self.lock()?;
+        let found = import::read_archive(self, path)?;
+        let origin = format!("in {}", p(path));
+        let mut index = self.read_index()?;
+        let mut out = Vec::new();
+        for img in found {
+            let config: ImageConfiguration = read_json(&self.blob_path(&img.config))?;
+            let diff_ids = config.rootfs().diff_ids();
+            if diff_ids.len() != img.layers.len() {
+                return Err(Error::invalid_image(
+                    &origin,
+                    format!(
+                        "image {}: config lists {} diff_ids but the manifest has {} layers",
+                        img.config,
+                        diff_ids.len(),
+                        img.layers.len()
+                    ),
+                ));
+            }
+            let mut layers = Vec::new();
+            let mut size = fs::metadata(self.blob_path(&img.config))
+                .map(|m| m.len())
+                .unwrap_or(0);
+            for (blob, diff_id) in img.layers.iter().zip(diff_ids) {
+                let diff_id = Digest::parse(diff_id)
+                    .map_err(|e| Error::invalid_image(&origin, format!("config: {e}")))?;
+                self.ensure_layer(blob, &diff_id)?;
+                let blob_size = fs::metadata(self.blob_path(blob))
+                    .map(|m| m.len())
+                    .unwrap_or(0);
+                size += blob_size;
+                layers.push(LayerRecord {
+                    digest: blob.clone(),
+                    diff_id,
+                    size: blob_size,
+                });
+            }
+            let record = ImageRecord {
+                id: img.config.clone(),
+                manifest: img.manifest.clone(),
+                refs: img.refs.clone(),
+                layers,
+                size,
+                imported_at: chrono::Utc::now().to_rfc3339(),
+            };
+            // A reference names one image: take it from any other image that had it.
+            for other in index.images.iter_mut() {
+                other.refs.retain(|r| !record.refs.contains(r));
+            }
+            match index.images.iter_mut().find(|i| i.id == record.id) {
+                Some(existing) => {
+                    for r in &record.refs {
+                        if !existing.refs.contains(r) {
+                            existing.refs.push(r.clone());
+                        }
+                    }
+                    existing.manifest = record.manifest.clone();
+                    out.push(existing.clone());
+                }
+                None => {
+                    index.images.push(record.clone());
+                    out.push(record);
+                }
+            }
+        }
+        self.write_index(&index)?;
+        Ok(out)
+    }
+
+    /// Unpack a layer blob unless an earlier import already did; verify its diff_id.
+    fn ensure_layer(&self, blob: &Digest, diff_id: &Digest) -> Result<()> {
+        let dest = self.layer_dir(diff_id);
+        if dest.is_dir() {
+            return Ok(());
+        }
+        let tmp = self
+            .dir
+            .join("layers")
+            .join(format!(".tmp-{}", crate::fsutil::unique()));
+        let label = blob.to_string();
+        let res = layer::unpack_layer(&self.blob_path(blob), &tmp, &label).and_then(|actual| {
+            if &actual != diff_id {
+                return Err(Error::DigestMismatch {
+                    blob: format!("{label} (uncompressed, expected diff_id {diff_id})"),
+                    origin: String::new(),
+                    actual: actual.to_string(),
+                });
+            }
+            fs::rename(&tmp, &dest).with_context(|| format!("renaming layer into {}", p(&dest)))
+        });
+        if res.is_err() {
+            let _ = remove_tree(&tmp);
+        }
+        res
+    }
+
+    /// Remove an image (by any form [`find`](Self::find) takes). A reference removes just that
+    /// name unless it was the image's last; an id removes the image. `users` lists the
+    /// containers still using an image id; an image in use is refused. Blobs and layers no
+    /// other image needs are deleted.
+    pub fn remove(&self, reference: &str, users: &[(String, Digest)]) -> Result<Vec<String>> {
+        let _l = self.lock()?;
+        let mut index = self.read_index()?;
+        let record = find_in(&index, reference)
+            .cloned()
+            .ok_or_else(|| Error::ImageNotFound(reference.to_string()))?;
+        let normalized = Reference::parse(reference).ok().map(|r| r.normalized());
+        let mut removed = Vec::new();
+        let by_name = normalized
+            .as_ref()
+            .is_some_and(|n| record.refs.contains(n) && record.refs.len() > 1);
+        if by_name {
+            let n = normalized.unwrap();
+            if let Some(img) = index.images.iter_mut().find(|i| i.id == record.id) {
+                img.refs.retain(|r| r != &n);
+            }
+            removed.push(format!("Untagged: {n}"));
+            self.write_index(&index)?;
+            return Ok(removed);
+        }
+        let using: Vec<&str> = users
+            .iter()
+            .filter(|(_, id)| id == &record.id)
+            .map(|(c, _)| c.as_str())
+            .collect();
+        if !using.is_empty() {
+            return Err(Error::ImageInUse {
+                image: reference.to_string(),
+                containers: using.join(", "),
+            });
+        }
+        index.images.retain(|i| i.id != record.id);
+        for r in &record.refs {
+            removed.push(format!("Untagged: {r}"));
+        }
+        removed.push(format!("Deleted: {}", record.id));
+        self.write_index(&index)?;
+        self.collect_garbage(&index)?;
+        Ok(removed)
+    }
+
+    /// Delete blobs and unpacked layers that no image in `index` refers to.
+    fn collect_garbage(&self, index: &Index) -> Result<()> {
+        let mut keep_blobs = std::collections::HashSet::new();
+        let mut keep_layers = std::collections::HashSet::new();
+        for i in &index.images {
+            keep_blobs.insert(i.id.hex().to_string());
+            keep_blobs.insert(i.manifest.hex().to_string());
+            for l in &i.layers {
+                keep_blobs.insert(l.digest.hex().to_string());
+                keep_layers.insert(l.diff_id.hex().to_string());
+            }
+        }
+        let blobs = self.dir.join("blobs/sha256");
+        for e in fs::read_dir(&blobs).with_context(|| format!("listing {}", p(&blobs)))? {
+            let e = e.context("listing blobs")?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !keep_blobs.contains(&name) {
+                // Index blobs of multi-platform images are not recorded; they are small and
+                // re-imported with the image. Remove everything unreferenced.
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        let layers = self.dir.join("layers");
+        for e in fs::read_dir(&layers).with_context(|| format!("listing {}", p(&layers)))? {
+            let e = e.context("listing layers")?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && !keep_layers.contains(&name) {
+                remove_tree(&e.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every image id with its references, for the node's image list.
+    pub fn refs_by_id(&self) -> Result<BTreeMap<Digest, Vec<String>>> {
+        Ok(self
+            .read_index()?
+            .images
+            .into_iter()
+            .map(|i| (i.id, i.refs))
+            .collect())
+    }
+}
+
+fn find_in<'a>(index: &'a Index, reference: &str) -> Option<&'a ImageRecord> {
+    let hexpart = reference.strip_prefix("sha256:").unwrap_or(reference);
+    if hexpart.len() >= 12 && hexpart.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let matches: Vec<_> = index
+            .images
+            .iter()
+            .filter(|i| i.id.hex().starts_with(&hexpart.to_ascii_lowercase()))
+            .collect();
+        if matches.len() == 1 {
+            return Some(matches[0]);
+        }
+    }
+    let r = Reference::parse(reference).ok()?;
+    if let Some(d) = &r.digest {
+        if let Some(i) = index.images.iter().find(|i| &i.manifest == d || &i.id == d) {
+            return Some(i);
+        }
+    }
+    let n = r.normalized();
+    index.images.iter().find(|i| i.refs.contains(&n))
+}

@@ -1,0 +1,31 @@
+//! ferrolet-runtime: a minimal container runtime for an air-gapped node agent. It knows nothing
+//! of Kubernetes: it stores and unpacks images, turns a container description into an OCI
+//! spec, creates containers with youki's libcontainer from a single-threaded zygote, keeps a
+//! monitor per container that writes CRI logs and exit codes (and outlives the agent), and
+//! reads stats from cgroupfs.
+//!
+//! Start-up order matters: call [`fork_zygote`] first thing in `main`, before any thread
+//! exists, then build the async runtime and [`Runtime::new`].
+
+pub mod cgroups;
+pub mod config;
+pub mod container;
+pub mod crilog;
+pub mod digest;
+pub mod error;
+pub mod fsutil;
+pub mod image;
+mod monitor;
+pub mod pidfd;
+pub mod rootfs;
+mod runtime;
+pub mod seccomp;
+pub mod spec;
+pub mod user;
+mod zygote;
+
+pub use config::ContainerConfig;
+pub use container::{ContainerInfo, ContainerState, ExitRecord};
+pub use error::{Error, Result};
+pub use runtime::{ExecIo, ExecOutput, ExecProcess, ExecSpec, Runtime};
+pub use zygote::{fork_zygote, ZygoteHandle};

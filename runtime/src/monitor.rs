@@ -1,0 +1,253 @@
+//! The per-container monitor (DESIGN.md §2): the container's parent and the holder of its
+//! stdio. Forked from the zygote into a session of its own, it mounts the rootfs, creates the
+//! container through libcontainer, reports back, then copies stdout/stderr into the CRI log
+//! until the container exits, and records the exit status atomically. No threads, no async:
+//! a poll loop over two pipes and a pidfd. It outlives the agent.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::syscall::syscall::SyscallType;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::container::{ExitRecord, MonitorRecord};
+use crate::crilog::{LineSplitter, LogWriter, Stream};
+use crate::fsutil::{process_start_time, write_json_atomic};
+use crate::zygote::proto::{error_chain, write_reply, CreateArgs, Reply};
+
+/// How long output is still collected after the container's init exits, for processes that
+/// inherited its stdout (a host-PID container's daemons).
+const DRAIN: Duration = Duration::from_secs(2);
+
+pub(crate) fn run(args: CreateArgs, reply: OwnedFd) -> ! {
+    crate::zygote::server_exit(monitor(args, reply))
+}
+
+fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
+    crate::zygote::set_name("ferrolet-mon");
+    detach_stdio();
+    // Orphans of the container (in a shared or host pid namespace) come to us to be reaped.
+    // SAFETY: plain prctl.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+
+    let fail = |msg: String| {
+        write_reply(&reply, &Reply::Failed { error: msg });
+        1
+    };
+    let mut log = match LogWriter::open(&args.log.path, args.log.max_size, args.log.max_files) {
+        Ok(l) => l,
+        Err(e) => return fail(format!("opening log {}: {e}", args.log.path.display())),
+    };
+    if let Err(e) = crate::rootfs::mount_overlay(&args.rootfs) {
+        return fail(format!("rootfs: {e}"));
+    }
+    if let Err(e) = crate::rootfs::ensure_dir_in_root(&args.rootfs.target, &args.workdir) {
+        let _ = crate::rootfs::unmount(&args.rootfs.target);
+        return fail(format!("workingDir {}: {e}", args.workdir));
+    }
+    let pipes = (|| -> nix::Result<_> {
+        let o = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let e = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        Ok((o, e))
+    })();
+    let ((out_r, out_w), (err_r, err_w)) = match pipes {
+        Ok(p) => p,
+        Err(e) => return fail(format!("pipes: {e}")),
+    };
+    let devnull = match File::open("/dev/null") {
+        Ok(f) => OwnedFd::from(f),
+        Err(e) => return fail(format!("/dev/null: {e}")),
+    };
+    let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
+        .with_root_path(&args.lc_root)
+        .map(|b| b.with_stdin(devnull).with_stdout(out_w).with_stderr(err_w))
+        .and_then(|b| {
+            b.as_init(&args.bundle)
+                .with_systemd(false)
+                .with_detach(true)
+                .build()
+        });
+    let container = match built {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = crate::rootfs::unmount(&args.rootfs.target);
+            return fail(error_chain(&e));
+        }
+    };
+    let Some(init) = container.pid() else {
+        return fail("libcontainer reported no init pid".into());
+    };
+    let me = std::process::id() as i32;
+    let rec = MonitorRecord {
+        monitor_pid: me,
+        monitor_start: process_start_time(me).unwrap_or(0),
+        init_pid: init.as_raw(),
+        init_start: process_start_time(init.as_raw()).unwrap_or(0),
+    };
+    if let Err(e) = write_json_atomic(&args.bundle.join("monitor.json"), &rec) {
+        let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
+        return fail(format!("recording monitor state: {e}"));
+    }
+    write_reply(
+        &reply,
+        &Reply::Created {
+            init_pid: init.as_raw(),
+            monitor_pid: me,
+        },
+    );
+    drop(reply);
+
+    let status = pump(init, out_r, err_r, &mut log);
+    let (exit_code, signal) = match status {
+        Some(WaitStatus::Exited(_, c)) => (c, None),
+        Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32)),
+        _ => (255, None),
+    };
+    let oom_killed = crate::cgroups::Cgroups::detect()
+        .ok()
+        .and_then(|c| c.oom_kills(&args.cgroup_path))
+        .is_some_and(|n| n > 0);
+    let exit = ExitRecord {
+        exit_code,
+        signal,
+        oom_killed,
+        finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+        reason: None,
+    };
+    match write_json_atomic(&args.bundle.join("exit.json"), &exit) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// Copy output into the log until the container has exited and its pipes are drained.
+/// Returns the init process's wait status.
+fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Option<WaitStatus> {
+    let pidfd = crate::pidfd::PidFd::open(init.as_raw())
+        .ok()
+        .map(|p| p.into_fd());
+    let mut pipes: [Option<File>; 2] = [Some(File::from(out_r)), Some(File::from(err_r))];
+    let mut split = [LineSplitter::default(), LineSplitter::default()];
+    let streams = [Stream::Stdout, Stream::Stderr];
+    let mut status: Option<WaitStatus> = None;
+    let mut deadline: Option<Instant> = None;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        reap(init, &mut status);
+        if status.is_some() && deadline.is_none() {
+            deadline = Some(Instant::now() + DRAIN);
+        }
+        if pipes.iter().all(Option::is_none) && status.is_some() {
+            break;
+        }
+        let timeout = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                PollTimeout::try_from(left.as_millis().min(60_000) as i32)
+                    .unwrap_or(PollTimeout::NONE)
+            }
+            // Wake up now and then to reap orphans even if nothing else happens.
+            None => PollTimeout::from(5000u16),
+        };
+        let mut idx = Vec::new();
+        let mut pfds = Vec::new();
+        for (i, p) in pipes.iter().enumerate() {
+            if let Some(f) = p {
+                pfds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+                idx.push(i);
+            }
+        }
+        let pidfd_slot = match (&pidfd, status.is_none()) {
+            (Some(fd), true) => {
+                pfds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                Some(pfds.len() - 1)
+            }
+            _ => None,
+        };
+        if pfds.is_empty() {
+            // Pipes closed but init not reaped yet: block on it.
+            if let Ok(s) = waitpid(init, None) {
+                status = Some(s);
+            }
+            continue;
+        }
+        match poll(&mut pfds, timeout) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+        let ready: Vec<bool> = pfds
+            .iter()
+            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(pfds);
+        for (k, &i) in idx.iter().enumerate() {
+            if !ready[k] {
+                continue;
+            }
+            let n = pipes[i].as_mut().map(|f| f.read(&mut buf)).unwrap_or(Ok(0));
+            let stream = streams[i];
+            let mut emit = |line: &[u8], partial: bool| {
+                let _ = log.write(chrono::Utc::now(), stream, partial, line);
+            };
+            match n {
+                Ok(0) | Err(_) => {
+                    split[i].finish(&mut emit);
+                    pipes[i] = None;
+                }
+                Ok(n) => split[i].push(&buf[..n], &mut emit),
+            }
+        }
+        if let Some(s) = pidfd_slot {
+            if ready[s] && status.is_none() {
+                if let Ok(ws) = waitpid(init, None) {
+                    status = Some(ws);
+                }
+            }
+        }
+    }
+    for (i, s) in split.iter_mut().enumerate() {
+        let stream = streams[i];
+        s.finish(&mut |line: &[u8], partial: bool| {
+            let _ = log.write(chrono::Utc::now(), stream, partial, line);
+        });
+    }
+    status
+}
+
+/// Reap every exited child; note the init's status when it is among them.
+fn reap(init: Pid, status: &mut Option<WaitStatus>) {
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(ws) => {
+                if ws.pid() == Some(init) && status.is_none() {
+                    *status = Some(ws);
+                }
+            }
+        }
+    }
+}
+
+/// Point stdin/stdout/stderr at /dev/null: the monitor must not hold the agent's terminal or
+/// pipes open after the agent is gone.
+fn detach_stdio() {
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..3 {
+            // SAFETY: dup2 onto the standard descriptors.
+            unsafe { libc::dup2(f.as_raw_fd(), fd) };
+        }
+    }
+}

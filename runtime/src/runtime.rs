@@ -1,0 +1,617 @@
+//! The runtime's public face: create, start, signal, wait for, exec in, delete and list
+//! containers, and pin pod namespaces. Everything that needs libcontainer goes through the
+//! zygote; everything else (spec generation, state files, cgroup reads) happens here.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+
+use crate::cgroups::{CgroupStats, Cgroups};
+use crate::config::ContainerConfig;
+use crate::container::{
+    self, ContainerInfo, ContainerRecord, ContainerState, ExitRecord, StartedRecord,
+};
+use crate::digest::Digest;
+use crate::error::{p, Context, Error, Result};
+use crate::fsutil::{
+    ensure_dir, process_matches, random_hex, read_json, remove_tree, write_atomic,
+    write_json_atomic,
+};
+use crate::image::ImageStore;
+use crate::pidfd::PidFd;
+use crate::rootfs::RootfsSpec;
+use crate::spec::{build_spec, SpecInput};
+use crate::user::{resolve_user, ImageFiles};
+use crate::zygote::{
+    CreateArgs, ExecArgs, PinArgs, Replies, Reply, Request, ZygoteClient, ZygoteHandle,
+};
+
+pub struct Runtime {
+    root: PathBuf,
+    lc_root: PathBuf,
+    images: ImageStore,
+    zygote: ZygoteClient,
+    cgroups: Cgroups,
+}
+
+/// A process to run inside a running container.
+#[derive(Debug, Clone, Default)]
+pub struct ExecSpec {
+    pub args: Vec<String>,
+    /// Added to (and overriding) the container's environment.
+    pub env: Vec<(String, String)>,
+    /// Defaults to the container's working directory.
+    pub cwd: Option<String>,
+    /// Defaults to the container's user.
+    pub user: Option<(u32, u32)>,
+}
+
+/// Where an exec'd process's stdio goes.
+pub struct ExecIo {
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+/// A running exec'd process.
+pub struct ExecProcess {
+    pid: i32,
+    pidfd: Option<PidFd>,
+    replies: Replies,
+}
+
+impl ExecProcess {
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn kill(&self, signal: i32) -> Result<()> {
+        if let Some(p) = &self.pidfd {
+            p.send_signal(signal).context("signalling exec process")?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the process; its exit code (128 + signal when killed).
+    pub async fn wait(mut self) -> Result<i32> {
+        match self.replies.next().await? {
+            Reply::Exited { exit_code, .. } => Ok(exit_code),
+            Reply::Failed { error } => Err(Error::Zygote(error)),
+            other => Err(Error::Zygote(format!("unexpected reply {other:?}"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecOutput {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// The timeout passed and the process was killed.
+    pub timed_out: bool,
+}
+
+impl Runtime {
+    /// Open the runtime state under `root` (e.g. /var/lib/ferrolet), using a zygote forked
+    /// earlier with [`crate::fork_zygote`].
+    pub fn new(root: impl Into<PathBuf>, zygote: ZygoteHandle) -> Result<Runtime> {
+        let root = root.into();
+        for sub in ["containers", "libcontainer", "sandboxes"] {
+            ensure_dir(&root.join(sub))?;
+        }
+        let rt = Runtime {
+            lc_root: root.join("libcontainer"),
+            images: ImageStore::open(root.join("images"))?,
+            zygote: ZygoteClient::new(zygote),
+            cgroups: Cgroups::detect()?,
+            root,
+        };
+        Ok(rt)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn images(&self) -> &ImageStore {
+        &self.images
+    }
+
+    pub fn cgroups(&self) -> &Cgroups {
+        &self.cgroups
+    }
+
+    pub fn zygote_pid(&self) -> i32 {
+        self.zygote.pid()
+    }
+
+    fn dir(&self, id: &str) -> PathBuf {
+        container::state_dir(&self.root, id)
+    }
+
+    /// Create a container (its process waits for [`start`](Self::start)).
+    pub async fn create(&self, cfg: &ContainerConfig) -> Result<ContainerInfo> {
+        let id = random_hex(32);
+        let prepared = {
+            let id = id.clone();
+            let cfg = cfg.clone();
+            let images_dir = self.images.dir().to_path_buf();
+            let dir = self.dir(&id);
+            let lc_root = self.lc_root.clone();
+            let v2 = self.cgroups.is_v2();
+            tokio::task::spawn_blocking(move || prepare(&id, &cfg, &images_dir, &dir, &lc_root, v2))
+                .await
+                .map_err(|e| Error::Zygote(format!("prepare task: {e}")))?
+        };
+        let args = match prepared {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = remove_tree(&self.dir(&id));
+                return Err(e);
+            }
+        };
+        let target = args.rootfs.target.clone();
+        let mut replies = self.zygote.call(&Request::Create(args), &[])?;
+        match replies.next().await {
+            Ok(Reply::Created { .. }) => container::load(&self.dir(&id)),
+            Ok(Reply::Failed { error }) => {
+                let _ = crate::rootfs::unmount(&target);
+                let _ = remove_tree(&self.dir(&id));
+                Err(Error::container(&id, error))
+            }
+            Ok(other) => Err(Error::container(&id, format!("unexpected reply {other:?}"))),
+            Err(e) => {
+                let _ = crate::rootfs::unmount(&target);
+                let _ = remove_tree(&self.dir(&id));
+                Err(e)
+            }
+        }
+    }
+
+    /// Let a created container's process run.
+    pub async fn start(&self, id: &str) -> Result<()> {
+        let info = self.inspect(id)?;
+        if !matches!(info.state, ContainerState::Created) {
+            return Err(Error::container(
+                id,
+                format!("cannot start a container in state {:?}", info.state),
+            ));
+        }
+        self.zygote
+            .call_ok(&Request::Start {
+                id: id.to_string(),
+                lc_root: self.lc_root.clone(),
+            })
+            .await
+            .map_err(|e| Error::container(id, format!("start: {e}")))?;
+        let started = StartedRecord {
+            started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+        };
+        write_json_atomic(&self.dir(id).join("started.json"), &started)
+    }
+
+    /// Send `signal` to the container's init process. A container that already exited is not
+    /// an error.
+    pub fn kill(&self, id: &str, signal: i32) -> Result<()> {
+        let info = self.inspect(id)?;
+        let Some(m) = &info.monitor else {
+            return Ok(());
+        };
+        if matches!(info.state, ContainerState::Exited(_))
+            || !process_matches(m.init_pid, m.init_start)
+        {
+            return Ok(());
+        }
+        let pfd = match PidFd::open(m.init_pid) {
+            Ok(p) => p,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
+            Err(e) => return Err(e).context(format!("opening pidfd of container {id}")),
+        };
+        // Re-check after opening: the pidfd now pins the process we verified.
+        if !process_matches(m.init_pid, m.init_start) {
+            return Ok(());
+        }
+        pfd.send_signal(signal)
+            .with_context(|| format!("signalling container {id}"))
+    }
+
+    /// Wait for the container to exit and return how it ended.
+    pub async fn wait(&self, id: &str) -> Result<ExitRecord> {
+        loop {
+            let info = self.inspect(id)?;
+            match info.state {
+                ContainerState::Exited(e) => return Ok(e),
+                ContainerState::Incomplete => {
+                    return Err(Error::container(id, "creation did not complete"));
+                }
+                ContainerState::Created | ContainerState::Running => {
+                    let m = info.monitor.expect("running containers have a monitor");
+                    match PidFd::open(m.monitor_pid) {
+                        Ok(pfd) if process_matches(m.monitor_pid, m.monitor_start) => {
+                            pfd.exited().await.context("waiting for monitor")?;
+                        }
+                        // Gone in between: the next inspect tells how it ended.
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Signal, wait up to `grace`, then SIGKILL and wait.
+    pub async fn stop(&self, id: &str, signal: i32, grace: Duration) -> Result<ExitRecord> {
+        self.kill(id, signal)?;
+        match tokio::time::timeout(grace, self.wait(id)).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.kill(id, libc::SIGKILL)?;
+                self.wait(id).await
+            }
+        }
+    }
+
+    /// Remove a container: kill what runs, remove its cgroup, rootfs and state. The log file
+    /// stays (it belongs to the caller).
+    pub async fn delete(&self, id: &str) -> Result<()> {
+        let dir = self.dir(id);
+        if !dir.exists() {
+            return Ok(());
+        }
+        if let Ok(info) = self.inspect(id) {
+            if matches!(
+                info.state,
+                ContainerState::Created | ContainerState::Running
+            ) {
+                self.kill(id, libc::SIGKILL)?;
+                // The monitor records the exit; do not wait forever on a wedged one.
+                let _ = tokio::time::timeout(Duration::from_secs(10), self.wait(id)).await;
+            }
+        }
+        self.zygote
+            .call_ok(&Request::Delete {
+                id: id.to_string(),
+                lc_root: self.lc_root.clone(),
+            })
+            .await
+            .map_err(|e| Error::container(id, format!("delete: {e}")))?;
+        crate::rootfs::unmount(&dir.join("rootfs")).with_context(|| format!("container {id}"))?;
+        remove_tree(&dir)
+    }
+
+    /// Containers known to this runtime, oldest first.
+    pub fn list(&self) -> Result<Vec<ContainerInfo>> {
+        let base = self.root.join("containers");
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&base).with_context(|| format!("listing {}", p(&base)))? {
+            let e = e.with_context(|| format!("listing {}", p(&base)))?;
+            if !e.path().join("container.json").exists() {
+                continue;
+            }
+            match container::load(&e.path()) {
+                Ok(i) => out.push(i),
+                Err(err) => {
+                    tracing::warn!(dir = %e.path().display(), error = %err, "unreadable container state")
+                }
+            }
+        }
+        out.sort_by(|a, b| a.record.created_at.cmp(&b.record.created_at));
+        Ok(out)
+    }
+
+    pub fn inspect(&self, id: &str) -> Result<ContainerInfo> {
+        let dir = self.dir(id);
+        if !dir.join("container.json").exists() {
+            return Err(Error::ContainerNotFound(id.to_string()));
+        }
+        container::load(&dir)
+    }
+
+    /// Remove state directories that have no container record (creation interrupted before
+    /// the record was written). Returns how many were removed.
+    pub fn remove_orphans(&self) -> Result<usize> {
+        let base = self.root.join("containers");
+        let mut n = 0;
+        for e in std::fs::read_dir(&base)
+            .with_context(|| format!("listing {}", p(&base)))?
+            .flatten()
+        {
+            if !e.path().join("container.json").exists() {
+                let _ = crate::rootfs::unmount(&e.path().join("rootfs"));
+                remove_tree(&e.path())?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Usage numbers of a container's cgroup.
+    pub fn stats(&self, id: &str) -> Result<CgroupStats> {
+        let info = self.inspect(id)?;
+        Ok(self.cgroups.stats(&info.record.cgroup_path))
+    }
+
+    /// Image ids used by existing containers, with the container ids (for image removal).
+    pub fn image_users(&self) -> Result<Vec<(String, Digest)>> {
+        Ok(self
+            .list()?
+            .into_iter()
+            .map(|c| (c.record.id.clone(), c.record.image_ref.clone()))
+            .collect())
+    }
+
+    /// Start a process in a running container with the given stdio.
+    pub async fn exec(&self, id: &str, spec: &ExecSpec, io: ExecIo) -> Result<ExecProcess> {
+        let info = self.inspect(id)?;
+        if !info.is_running() {
+            return Err(Error::container(
+                id,
+                "cannot exec: the container is not running",
+            ));
+        }
+        if spec.args.is_empty() {
+            return Err(Error::invalid_config("exec.command", "empty"));
+        }
+        let oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
+        let proc_ = oci.process().clone().unwrap_or_default();
+        let (uid, gid) = spec
+            .user
+            .unwrap_or((proc_.user().uid(), proc_.user().gid()));
+        let args = ExecArgs {
+            id: id.to_string(),
+            lc_root: self.lc_root.clone(),
+            args: spec.args.clone(),
+            env: spec.env.clone(),
+            cwd: Some(
+                spec.cwd
+                    .clone()
+                    .unwrap_or_else(|| proc_.cwd().display().to_string()),
+            ),
+            uid: Some(uid),
+            gid: Some(gid),
+            additional_gids: proc_.user().additional_gids().clone().unwrap_or_default(),
+        };
+        let mut replies = self
+            .zygote
+            .call(&Request::Exec(args), &[&io.stdin, &io.stdout, &io.stderr])?;
+        drop(io);
+        match replies.next().await? {
+            Reply::ExecStarted { pid } => Ok(ExecProcess {
+                pid,
+                pidfd: PidFd::open(pid).ok(),
+                replies,
+            }),
+            Reply::Failed { error } => Err(Error::container(id, format!("exec: {error}"))),
+            other => Err(Error::container(
+                id,
+                format!("exec: unexpected reply {other:?}"),
+            )),
+        }
+    }
+
+    /// Run a process in a container and collect its output (at most `limit` bytes of each
+    /// stream are kept). With a timeout, the process is killed when it passes.
+    pub async fn exec_capture(
+        &self,
+        id: &str,
+        spec: &ExecSpec,
+        timeout: Option<Duration>,
+        limit: usize,
+    ) -> Result<ExecOutput> {
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let stdin = OwnedFd::from(std::fs::File::open("/dev/null").context("opening /dev/null")?);
+        let proc_ = self
+            .exec(
+                id,
+                spec,
+                ExecIo {
+                    stdin,
+                    stdout: out_w,
+                    stderr: err_w,
+                },
+            )
+            .await?;
+        let out_task = tokio::spawn(read_limited(out_r, limit));
+        let err_task = tokio::spawn(read_limited(err_r, limit));
+        // A second handle for the timeout path: wait() consumes the process.
+        let killer = PidFd::open(proc_.pid()).ok();
+        let mut timed_out = false;
+        let code = match timeout {
+            None => proc_.wait().await?,
+            Some(t) => {
+                let wait = proc_.wait();
+                tokio::pin!(wait);
+                match tokio::time::timeout(t, &mut wait).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        timed_out = true;
+                        if let Some(k) = &killer {
+                            let _ = k.send_signal(libc::SIGKILL);
+                        }
+                        wait.await.unwrap_or(128 + libc::SIGKILL)
+                    }
+                }
+            }
+        };
+        // Children of the process may keep the pipes open: do not wait for them long.
+        let grab = |t: tokio::task::JoinHandle<Vec<u8>>| async move {
+            tokio::time::timeout(Duration::from_secs(1), t)
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .unwrap_or_default()
+        };
+        Ok(ExecOutput {
+            exit_code: code,
+            stdout: grab(out_task).await,
+            stderr: grab(err_task).await,
+            timed_out,
+        })
+    }
+
+    /// Create new network/IPC/UTS namespaces pinned under `dir` (files `net`, `ipc`, `uts`).
+    pub async fn pin_namespaces(
+        &self,
+        dir: &Path,
+        hostname: Option<&str>,
+        net: bool,
+        ipc: bool,
+        uts: bool,
+    ) -> Result<()> {
+        self.zygote
+            .call_ok(&Request::Pin(PinArgs {
+                dir: dir.to_path_buf(),
+                hostname: hostname.map(str::to_string),
+                net,
+                ipc,
+                uts,
+            }))
+            .await
+            .map_err(|e| {
+                Error::container(
+                    dir.display().to_string(),
+                    format!("pinning namespaces: {e}"),
+                )
+            })
+    }
+
+    /// Undo [`pin_namespaces`](Self::pin_namespaces): unmount and remove the files.
+    pub fn unpin_namespaces(dir: &Path) -> Result<()> {
+        for name in ["net", "ipc", "uts"] {
+            let f = dir.join(name);
+            if f.exists() {
+                crate::rootfs::unmount(&f).with_context(|| format!("unpinning {}", p(&f)))?;
+                let _ = std::fs::remove_file(&f);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Everything before the zygote: image, user, spec, state files. Runs on a blocking thread.
+fn prepare(
+    id: &str,
+    cfg: &ContainerConfig,
+    images_dir: &Path,
+    dir: &Path,
+    lc_root: &Path,
+    cgroup_v2: bool,
+) -> Result<CreateArgs> {
+    if cfg.cgroup_parent.is_empty() {
+        return Err(Error::invalid_config("cgroupParent", "required"));
+    }
+    let store = ImageStore::open(images_dir)?;
+    let image = store.resolve(&cfg.image)?;
+    let files = ImageFiles::new(&image.layer_dirs);
+    let image_user = image
+        .config
+        .config()
+        .as_ref()
+        .and_then(|c| c.user().clone())
+        .unwrap_or_default();
+    let user = resolve_user(
+        &files,
+        &image_user,
+        cfg.user.uid,
+        cfg.user.gid,
+        &cfg.user.supplemental_groups,
+    )?;
+    let spec = build_spec(&SpecInput {
+        id,
+        config: cfg,
+        image: &image.config,
+        user: &user,
+        cgroup_v2,
+    })?;
+    ensure_dir(dir)?;
+    let data = serde_json::to_vec_pretty(&spec).context("encoding config.json")?;
+    write_atomic(&dir.join("config.json"), &data)?;
+    let log_path = if cfg.log.path.as_os_str().is_empty() {
+        dir.join("container.log")
+    } else {
+        cfg.log.path.clone()
+    };
+    let cgroup_path = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.cgroups_path().clone())
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let record = ContainerRecord {
+        id: id.to_string(),
+        name: cfg.name.clone(),
+        image: cfg.image.clone(),
+        image_ref: image.record.id.clone(),
+        image_id: image.image_id(),
+        labels: cfg.labels.clone(),
+        annotations: cfg.annotations.clone(),
+        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+        log_path: log_path.clone(),
+        cgroup_path: cgroup_path.clone(),
+        stop_signal: image
+            .config
+            .config()
+            .as_ref()
+            .and_then(|c| c.stop_signal().clone()),
+        boot_id: crate::fsutil::boot_id(),
+    };
+    write_json_atomic(&dir.join("container.json"), &record)?;
+    let mut log = cfg.log.clone();
+    log.path = log_path;
+    Ok(CreateArgs {
+        id: id.to_string(),
+        bundle: dir.to_path_buf(),
+        lc_root: lc_root.to_path_buf(),
+        rootfs: RootfsSpec {
+            layers_dir: store.dir().join("layers"),
+            lowers: image
+                .record
+                .layers
+                .iter()
+                .rev()
+                .map(|l| l.diff_id.hex().to_string())
+                .collect(),
+            empty: dir.join("empty"),
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            target: dir.join("rootfs"),
+        },
+        workdir: spec
+            .process()
+            .as_ref()
+            .map(|p| p.cwd().display().to_string())
+            .unwrap_or_else(|| "/".into()),
+        log,
+        cgroup_path,
+    })
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating pipe")?;
+    // Our read end is polled by tokio.
+    // SAFETY: fcntl on an fd we own.
+    unsafe {
+        let fl = libc::fcntl(r.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(r.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+    Ok((r, w))
+}
+
+async fn read_limited(fd: OwnedFd, limit: usize) -> Vec<u8> {
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => {
+                let room = limit.saturating_sub(out.len());
+                out.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+}

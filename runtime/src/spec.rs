@@ -1,0 +1,661 @@
+//! From a [`ContainerConfig`] and its image to an OCI runtime spec (config.json), with the
+//! defaults containerd's CRI applies: its capability set, masked and read-only /proc paths,
+//! default mounts, RuntimeDefault seccomp, and Kubernetes' command/args/env merging.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use oci_spec::image::ImageConfiguration;
+use oci_spec::runtime::{
+    Capabilities, Capability, LinuxBuilder, LinuxCpuBuilder, LinuxDeviceCgroupBuilder,
+    LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType,
+    LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp, Mount as OciMount, MountBuilder,
+    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder,
+    UserBuilder,
+};
+
+use crate::config::{ContainerConfig, MountKind, NamespaceMode, Propagation, SeccompProfile};
+use crate::error::{Context, Error, Result};
+use crate::user::ResolvedUser;
+
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// containerd's default capability set for unprivileged containers.
+pub const DEFAULT_CAPABILITIES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// The process arguments Kubernetes runs: `command` replaces the image Entrypoint and drops its
+/// Cmd; `args` replaces Cmd.
+pub fn process_args(
+    image: &ImageConfiguration,
+    command: &[String],
+    args: &[String],
+) -> Vec<String> {
+    let cfg = image.config().as_ref();
+    let entrypoint = cfg.and_then(|c| c.entrypoint().clone()).unwrap_or_default();
+    let cmd = cfg.and_then(|c| c.cmd().clone()).unwrap_or_default();
+    match (command.is_empty(), args.is_empty()) {
+        (false, _) => command.iter().chain(args).cloned().collect(),
+        (true, false) => entrypoint.into_iter().chain(args.iter().cloned()).collect(),
+        (true, true) => entrypoint.into_iter().chain(cmd).collect(),
+    }
+}
+
+/// Default PATH, then the image's environment, then the container's, a later value replacing an
+/// earlier one of the same name in place.
+pub fn merge_env(
+    image: &ImageConfiguration,
+    env: &[(String, String)],
+    extra: &[(String, String)],
+) -> Vec<String> {
+    let mut out: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
+    let set = |k: &str, v: &str, out: &mut Vec<(String, String)>| match out
+        .iter_mut()
+        .find(|(n, _)| n == k)
+    {
+        Some(slot) => slot.1 = v.to_string(),
+        None => out.push((k.to_string(), v.to_string())),
+    };
+    if let Some(cfg) = image.config() {
+        for kv in cfg.env().clone().unwrap_or_default() {
+            let (k, v) = kv.split_once('=').unwrap_or((&kv, ""));
+            set(k, v, &mut out);
+        }
+    }
+    for (k, v) in extra.iter().chain(env) {
+        set(k, v, &mut out);
+    }
+    out.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+/// Normalize `chown`/`CAP_CHOWN`/`ALL` to `CAP_*` names.
+fn cap_name(s: &str) -> String {
+    let up = s.to_ascii_uppercase();
+    if up == "ALL" || up.starts_with("CAP_") {
+        up
+    } else {
+        format!("CAP_{up}")
+    }
+}
+
+/// Every capability this kernel knows.
+pub fn all_capabilities() -> Vec<String> {
+    let last: u8 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    let mut v: Vec<String> = caps::all()
+        .into_iter()
+        .filter(|c| c.index() <= last)
+        .map(|c| c.to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The capability set after Kubernetes' add/drop rules: drop ALL empties the defaults, add ALL
+/// grants every one, privileged grants every one.
+pub fn effective_capabilities(cfg: &ContainerConfig) -> Vec<String> {
+    if cfg.privileged {
+        return all_capabilities();
+    }
+    let add: Vec<String> = cfg.capabilities.add.iter().map(|c| cap_name(c)).collect();
+    let drop: Vec<String> = cfg.capabilities.drop.iter().map(|c| cap_name(c)).collect();
+    let mut caps: Vec<String> = if add.iter().any(|c| c == "ALL") {
+        all_capabilities()
+    } else {
+        DEFAULT_CAPABILITIES.iter().map(|s| s.to_string()).collect()
+    };
+    if drop.iter().any(|c| c == "ALL") {
+        caps.clear();
+    }
+    for a in add.into_iter().filter(|c| c != "ALL") {
+        if !caps.contains(&a) {
+            caps.push(a);
+        }
+    }
+    caps.retain(|c| !drop.contains(c));
+    caps
+}
+
+fn cap_set(names: &[String]) -> Result<Capabilities> {
+    names
+        .iter()
+        .map(|n| {
+            serde_json::from_value::<Capability>(serde_json::Value::String(n.clone())).map_err(
+                |_| Error::invalid_config("capabilities", format!("unknown capability {n}")),
+            )
+        })
+        .collect::<Result<HashSet<_>>>()
+}
+
+fn ns(typ: LinuxNamespaceType, mode: &NamespaceMode) -> Option<LinuxNamespace> {
+    let b = LinuxNamespaceBuilder::default().typ(typ);
+    match mode {
+        NamespaceMode::Host => None,
+        NamespaceMode::Private => Some(b.build().expect("namespace")),
+        NamespaceMode::Path(p) => Some(b.path(p.clone()).build().expect("namespace")),
+    }
+}
+
+/// Everything [`build_spec`] needs besides the container config.
+pub struct SpecInput<'a> {
+    pub id: &'a str,
+    pub config: &'a ContainerConfig,
+    pub image: &'a ImageConfiguration,
+    pub user: &'a ResolvedUser,
+    pub cgroup_v2: bool,
+}
+
+pub fn build_spec(input: &SpecInput) -> Result<Spec> {
+    let cfg = input.config;
+    let image = input.image;
+    let args = process_args(image, &cfg.command, &cfg.args);
+    if args.is_empty() {
+        return Err(Error::invalid_config(
+            "command",
+            "no command: the container sets none and the image has no Entrypoint or Cmd",
+        ));
+    }
+    let mut extra_env = Vec::new();
+    if let Some(h) = &cfg.hostname {
+        extra_env.push(("HOSTNAME".to_string(), h.clone()));
+    }
+    let has_home = cfg.env.iter().any(|(k, _)| k == "HOME")
+        || image
+            .config()
+            .as_ref()
+            .and_then(|c| c.env().as_ref())
+            .is_some_and(|e| e.iter().any(|kv| kv.starts_with("HOME=")));
+    if !has_home {
+        extra_env.push((
+            "HOME".to_string(),
+            input
+                .user
+                .home
+                .clone()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "/".into()),
+        ));
+    }
+    let env = merge_env(image, &cfg.env, &extra_env);
+    let cwd = cfg
+        .working_dir
+        .clone()
+        .filter(|w| !w.is_empty())
+        .or_else(|| {
+            image
+                .config()
+                .as_ref()
+                .and_then(|c| c.working_dir().clone())
+        })
+        .filter(|w| !w.is_empty())
+        .unwrap_or_else(|| "/".to_string());
+    if !cwd.starts_with('/') {
+        return Err(Error::invalid_config(
+            "workingDir",
+            format!("{cwd:?} is not an absolute path"),
+        ));
+    }
+
+    let caps = effective_capabilities(cfg);
+    let capset = cap_set(&caps)?;
+    let user = UserBuilder::default()
+        .uid(input.user.uid)
+        .gid(input.user.gid)
+        .additional_gids(input.user.additional_gids.clone())
+        .build()
+        .context_cfg("user")?;
+    let mut rlimits = Vec::new();
+    for r in &cfg.rlimits {
+        let typ = serde_json::from_value(serde_json::Value::String(r.kind.clone()))
+            .map_err(|_| Error::invalid_config("rlimits", format!("unknown rlimit {}", r.kind)))?;
+        rlimits.push(
+            PosixRlimitBuilder::default()
+                .typ::<PosixRlimitType>(typ)
+                .soft(r.soft)
+                .hard(r.hard)
+                .build()
+                .context_cfg("rlimits")?,
+        );
+    }
+    let mut process = ProcessBuilder::default()
+        .terminal(false)
+        .args(args)
+        .env(env)
+        .cwd(cwd)
+        .user(user)
+        .capabilities(
+            oci_spec::runtime::LinuxCapabilitiesBuilder::default()
+                .bounding(capset.clone())
+                .effective(capset.clone())
+                .permitted(capset)
+                .build()
+                .context_cfg("capabilities")?,
+        );
+    if !rlimits.is_empty() {
+        process = process.rlimits(rlimits);
+    }
+    // Only ever set it to true: libcontainer reads an explicit `false` as "load seccomp late",
+    // after capabilities are dropped, where loading it is no longer permitted.
+    if cfg.no_new_privileges {
+        process = process.no_new_privileges(true);
+    }
+    if let Some(adj) = cfg.resources.oom_score_adj {
+        process = process.oom_score_adj(adj);
+    }
+    let process = process.build().context_cfg("process")?;
+
+    // Namespaces: always a new mount namespace; cgroup namespace on v2 as containerd does.
+    let n = &cfg.namespaces;
+    let mut namespaces: Vec<LinuxNamespace> = [
+        ns(LinuxNamespaceType::Pid, &n.pid),
+        ns(LinuxNamespaceType::Network, &n.network),
+        ns(LinuxNamespaceType::Ipc, &n.ipc),
+        ns(LinuxNamespaceType::Uts, &n.uts),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    namespaces.push(
+        LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::Mount)
+            .build()
+            .expect("ns"),
+    );
+    if input.cgroup_v2 {
+        namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Cgroup)
+                .build()
+                .expect("ns"),
+        );
+    }
+
+    let r = &cfg.resources;
+    let mut resources = LinuxResourcesBuilder::default();
+    let mut cpu = LinuxCpuBuilder::default();
+    let mut any_cpu = false;
+    if let Some(s) = r.cpu_shares {
+        cpu = cpu.shares(s);
+        any_cpu = true;
+    }
+    if let Some(q) = r.cpu_quota {
+        cpu = cpu.quota(q);
+        any_cpu = true;
+    }
+    if let Some(p) = r.cpu_period {
+        cpu = cpu.period(p);
+        any_cpu = true;
+    }
+    if any_cpu {
+        resources = resources.cpu(cpu.build().context_cfg("resources.cpu")?);
+    }
+    if let Some(m) = r.memory_limit {
+        resources = resources.memory(
+            LinuxMemoryBuilder::default()
+                .limit(m)
+                .build()
+                .context_cfg("resources.memory")?,
+        );
+    }
+    if let Some(pl) = r.pids_limit {
+        resources = resources.pids(
+            LinuxPidsBuilder::default()
+                .limit(pl)
+                .build()
+                .context_cfg("resources.pids")?,
+        );
+    }
+    let devices = if cfg.privileged {
+        vec![LinuxDeviceCgroupBuilder::default()
+            .allow(true)
+            .access("rwm")
+            .build()
+            .context_cfg("devices")?]
+    } else {
+        vec![LinuxDeviceCgroupBuilder::default()
+            .allow(false)
+            .access("rwm")
+            .build()
+            .context_cfg("devices")?]
+    };
+    resources = resources.devices(devices);
+
+    let cgroups_path = format!("{}/{}", cfg.cgroup_parent.trim_end_matches('/'), input.id);
+    if !cgroups_path.starts_with('/') {
+        return Err(Error::invalid_config(
+            "cgroupParent",
+            format!("{:?} is not an absolute cgroup path", cfg.cgroup_parent),
+        ));
+    }
+    let mut linux = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .cgroups_path(cgroups_path)
+        .resources(resources.build().context_cfg("resources")?);
+    if cfg.privileged || cfg.unmasked_proc {
+        linux = linux
+            .masked_paths(Vec::<String>::new())
+            .readonly_paths(Vec::<String>::new());
+    } else {
+        linux = linux
+            .masked_paths(
+                oci_spec::runtime::get_default_maskedpaths()
+                    .into_iter()
+                    .chain(["/sys/devices/virtual/powercap".to_string()])
+                    .collect::<Vec<_>>(),
+            )
+            .readonly_paths(oci_spec::runtime::get_default_readonly_paths());
+    }
+    if !cfg.sysctls.is_empty() {
+        linux = linux.sysctl(
+            cfg.sysctls
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<std::collections::HashMap<_, _>>(),
+        );
+    }
+    match &cfg.seccomp {
+        SeccompProfile::RuntimeDefault if !cfg.privileged => {
+            linux = linux.seccomp(crate::seccomp::runtime_default(&caps));
+        }
+        SeccompProfile::Localhost(path) => {
+            linux = linux.seccomp(load_localhost_profile(path)?);
+        }
+        _ => {}
+    }
+
+    let root = RootBuilder::default()
+        .path("rootfs")
+        .readonly(cfg.readonly_rootfs)
+        .build()
+        .context_cfg("root")?;
+
+    let mut spec = SpecBuilder::default()
+        .version("1.0.2")
+        .process(process)
+        .root(root)
+        .mounts(mounts(cfg)?)
+        .linux(linux.build().context_cfg("linux")?)
+        .annotations(
+            cfg.annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<std::collections::HashMap<_, _>>(),
+        )
+        .build()
+        .context_cfg("spec")?;
+    let private_uts = matches!(n.uts, NamespaceMode::Private);
+    if let Some(h) = cfg.hostname.as_ref().filter(|_| private_uts) {
+        spec.set_hostname(Some(h.clone()));
+    }
+    Ok(spec)
+}
+
+/// containerd's default mounts, minus any the container replaces, then the container's own,
+/// parents before children.
+fn mounts(cfg: &ContainerConfig) -> Result<Vec<OciMount>> {
+    let own: HashSet<&str> = cfg
+        .mounts
+        .iter()
+        .map(|m| m.destination.trim_end_matches('/'))
+        .collect();
+    let mut out: Vec<OciMount> = oci_spec::runtime::get_default_mounts()
+        .into_iter()
+        .filter(|m| !own.contains(m.destination().to_string_lossy().as_ref()))
+        .map(|mut m| {
+            // A private network namespace is needed to mount sysfs; without one, bind it.
+            if m.destination() == Path::new("/sys")
+                && matches!(cfg.namespaces.network, NamespaceMode::Host)
+            {
+                m.set_typ(Some("bind".into()));
+                m.set_source(Some("/sys".into()));
+                m.set_options(Some(vec![
+                    "rbind".into(),
+                    "nosuid".into(),
+                    "noexec".into(),
+                    "nodev".into(),
+                    "ro".into(),
+                ]));
+            }
+            if cfg.privileged
+                && (m.destination() == Path::new("/sys")
+                    || m.destination() == Path::new("/sys/fs/cgroup"))
+            {
+                if let Some(o) = m.options().clone() {
+                    m.set_options(Some(o.into_iter().filter(|x| x != "ro").collect()));
+                }
+            }
+            m
+        })
+        .collect();
+    let mut user = cfg.mounts.clone();
+    user.sort_by_key(|m| Path::new(&m.destination).components().count());
+    for m in user {
+        if !m.destination.starts_with('/') {
+            return Err(Error::invalid_config(
+                "mounts",
+                format!("destination {:?} is not absolute", m.destination),
+            ));
+        }
+        let mut opts: Vec<String> = Vec::new();
+        let (typ, source) = match m.kind {
+            MountKind::Bind => {
+                opts.push("rbind".into());
+                opts.push(
+                    match m.propagation {
+                        Propagation::Private => "rprivate",
+                        Propagation::HostToContainer => "rslave",
+                        Propagation::Bidirectional => "rshared",
+                    }
+                    .into(),
+                );
+                ("bind".to_string(), m.source.clone())
+            }
+            MountKind::Tmpfs => {
+                opts.extend(["nosuid".to_string(), "nodev".to_string()]);
+                ("tmpfs".to_string(), "tmpfs".into())
+            }
+        };
+        if m.readonly {
+            opts.push("ro".into());
+        }
+        opts.extend(m.options.iter().cloned());
+        out.push(
+            MountBuilder::default()
+                .destination(m.destination.clone())
+                .typ(typ)
+                .source(source)
+                .options(opts)
+                .build()
+                .context_cfg("mounts")?,
+        );
+    }
+    Ok(out)
+}
+
+/// A Localhost seccomp profile: OCI/docker JSON (`defaultAction`, `syscalls`...).
+fn load_localhost_profile(path: &Path) -> Result<LinuxSeccomp> {
+    let data = std::fs::read(path)
+        .with_context(|| format!("reading seccomp profile {}", path.display()))?;
+    serde_json::from_slice(&data)
+        .with_context(|| format!("decoding seccomp profile {}", path.display()))
+}
+
+trait CfgContext<T> {
+    fn context_cfg(self, field: &str) -> Result<T>;
+}
+
+impl<T, E: std::fmt::Display> CfgContext<T> for std::result::Result<T, E> {
+    fn context_cfg(self, field: &str) -> Result<T> {
+        self.map_err(|e| Error::invalid_config(field, e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CapabilityChanges, Mount};
+
+    fn image(json: &str) -> ImageConfiguration {
+        serde_json::from_str(json).unwrap()
+    }
+
+    const IMG: &str = r#"{"architecture":"amd64","os":"linux",
+        "config":{"Entrypoint":["/bin/ep"],"Cmd":["c1","c2"],"Env":["PATH=/img/bin","A=img"],"WorkingDir":"/w"},
+        "rootfs":{"type":"layers","diff_ids":[]}}"#;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn args_merge_like_kubernetes() {
+        let img = image(IMG);
+        assert_eq!(process_args(&img, &[], &[]), s(&["/bin/ep", "c1", "c2"]));
+        assert_eq!(process_args(&img, &[], &s(&["x"])), s(&["/bin/ep", "x"]));
+        assert_eq!(process_args(&img, &s(&["/cmd"]), &[]), s(&["/cmd"]));
+        assert_eq!(
+            process_args(&img, &s(&["/cmd"]), &s(&["y"])),
+            s(&["/cmd", "y"])
+        );
+    }
+
+    #[test]
+    fn env_container_overrides_image() {
+        let img = image(IMG);
+        let env = merge_env(
+            &img,
+            &[("A".into(), "ctr".into()), ("B".into(), "b".into())],
+            &[],
+        );
+        assert_eq!(env, s(&["PATH=/img/bin", "A=ctr", "B=b"]));
+    }
+
+    #[test]
+    fn capability_rules() {
+        let mut c = ContainerConfig::default();
+        assert_eq!(effective_capabilities(&c).len(), DEFAULT_CAPABILITIES.len());
+        c.capabilities = CapabilityChanges {
+            add: s(&["NET_ADMIN"]),
+            drop: s(&["chown"]),
+        };
+        let caps = effective_capabilities(&c);
+        assert!(caps.contains(&"CAP_NET_ADMIN".to_string()));
+        assert!(!caps.contains(&"CAP_CHOWN".to_string()));
+        c.capabilities = CapabilityChanges {
+            add: s(&["NET_BIND_SERVICE"]),
+            drop: s(&["ALL"]),
+        };
+        assert_eq!(effective_capabilities(&c), s(&["CAP_NET_BIND_SERVICE"]));
+    }
+
+    #[test]
+    fn spec_has_defaults_and_limits() {
+        let img = image(IMG);
+        let mut c = ContainerConfig {
+            cgroup_parent: "/kubepods/podx".into(),
+            readonly_rootfs: true,
+            ..Default::default()
+        };
+        c.resources.memory_limit = Some(64 << 20);
+        c.mounts.push(Mount {
+            destination: "/data".into(),
+            source: "/tmp".into(),
+            kind: MountKind::Bind,
+            readonly: true,
+            propagation: Propagation::Private,
+            options: vec![],
+        });
+        let user = ResolvedUser {
+            uid: 1,
+            gid: 2,
+            additional_gids: vec![],
+            name: None,
+            home: None,
+        };
+        let spec = build_spec(&SpecInput {
+            id: "abc",
+            config: &c,
+            image: &img,
+            user: &user,
+            cgroup_v2: false,
+        })
+        .unwrap();
+        let linux = spec.linux().as_ref().unwrap();
+        assert_eq!(
+            linux.cgroups_path().as_ref().unwrap().to_str(),
+            Some("/kubepods/podx/abc")
+        );
+        assert_eq!(
+            linux
+                .resources()
+                .as_ref()
+                .unwrap()
+                .memory()
+                .as_ref()
+                .unwrap()
+                .limit(),
+            Some(64 << 20)
+        );
+        assert!(linux
+            .masked_paths()
+            .as_ref()
+            .unwrap()
+            .contains(&"/proc/kcore".to_string()));
+        assert!(linux.seccomp().is_some());
+        assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(true));
+        let p = spec.process().as_ref().unwrap();
+        assert_eq!(p.cwd().to_str(), Some("/w"));
+        assert_eq!(p.user().uid(), 1);
+        let data = spec
+            .mounts()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.destination().to_str() == Some("/data"))
+            .unwrap();
+        assert!(data.options().as_ref().unwrap().contains(&"ro".to_string()));
+    }
+
+    #[test]
+    fn no_command_anywhere_is_an_error() {
+        let img = image(
+            r#"{"architecture":"amd64","os":"linux","config":{},"rootfs":{"type":"layers","diff_ids":[]}}"#,
+        );
+        let c = ContainerConfig {
+            cgroup_parent: "/x".into(),
+            ..Default::default()
+        };
+        let user = ResolvedUser {
+            uid: 0,
+            gid: 0,
+            additional_gids: vec![],
+            name: None,
+            home: None,
+        };
+        let e = build_spec(&SpecInput {
+            id: "a",
+            config: &c,
+            image: &img,
+            user: &user,
+            cgroup_v2: true,
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("command"), "{e}");
+    }
+}

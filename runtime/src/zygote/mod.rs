@@ -1,0 +1,181 @@
+//! The agent's side of the zygote: [`fork_zygote`] must run while the process still has one
+//! thread (first thing in `main`, before tokio); [`ZygoteClient`] sends requests from async
+//! code and reads the worker's replies from a pipe without blocking a runtime thread.
+
+pub(crate) mod proto;
+mod server;
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
+
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::unistd::{fork, ForkResult};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+pub(crate) use proto::{CreateArgs, ExecArgs, PinArgs, Reply, Request};
+pub(crate) use server::{exit as server_exit, set_process_name as set_name};
+
+use crate::error::{Error, Result};
+
+/// A forked zygote, before the async runtime exists.
+pub struct ZygoteHandle {
+    sock: OwnedFd,
+    pid: i32,
+}
+
+impl ZygoteHandle {
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+}
+
+/// Number of threads of this process, from /proc/self/status.
+fn thread_count() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Threads:")
+                    .map(|v| v.trim().parse().unwrap_or(0))
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Fork the zygote. Must be called while this process has exactly one thread: first thing in
+/// `main`, before tokio or anything else starts a thread.
+pub fn fork_zygote() -> Result<ZygoteHandle> {
+    let n = thread_count();
+    if n != 1 {
+        return Err(Error::Zygote(format!(
+            "fork_zygote needs a single-threaded process, this one has {n} threads; call it first in main()"
+        )));
+    }
+    let (parent, child) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::Zygote(format!("socketpair: {e}")))?;
+    // SAFETY: the process is single-threaded (checked above).
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            drop(parent);
+            // Die with the agent; the monitors it forked are in their own sessions and do not.
+            // SAFETY: plain prctl.
+            unsafe {
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                )
+            };
+            close_other_fds(child.as_raw_fd());
+            server::serve(child)
+        }
+        Ok(ForkResult::Parent { child: pid }) => {
+            drop(child);
+            Ok(ZygoteHandle {
+                sock: parent,
+                pid: pid.as_raw(),
+            })
+        }
+        Err(e) => Err(Error::Zygote(format!("fork: {e}"))),
+    }
+}
+
+/// Keep only stdio and `keep`: whatever else the parent had open must not leak into workers,
+/// monitors and containers.
+fn close_other_fds(keep: i32) {
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        if fd > 2 && fd != keep {
+            // SAFETY: closing fds this process owns; the read_dir fd may already be gone.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+pub struct ZygoteClient {
+    sock: Mutex<OwnedFd>,
+    pid: i32,
+}
+
+/// Replies of one request, read asynchronously.
+pub(crate) struct Replies {
+    reader: BufReader<tokio::net::unix::pipe::Receiver>,
+}
+
+impl Replies {
+    pub(crate) async fn next(&mut self) -> Result<Reply> {
+        let mut line = String::new();
+        let n = self
+            .reader
+            .read_line(&mut line)
+            .await
+            .map_err(|e| Error::Zygote(format!("reading reply: {e}")))?;
+        if n == 0 {
+            return Err(Error::Zygote("worker exited without replying".into()));
+        }
+        serde_json::from_str(&line).map_err(|e| Error::Zygote(format!("bad reply {line:?}: {e}")))
+    }
+}
+
+impl ZygoteClient {
+    pub fn new(handle: ZygoteHandle) -> ZygoteClient {
+        ZygoteClient {
+            sock: Mutex::new(handle.sock),
+            pid: handle.pid,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Send a request with `fds` (after the reply pipe) and return its reply stream.
+    pub(crate) fn call(&self, req: &Request, fds: &[&OwnedFd]) -> Result<Replies> {
+        let (r, w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(|e| Error::Zygote(format!("pipe: {e}")))?;
+        // The worker writes blocking; only our end is non-blocking.
+        // SAFETY: fcntl on an fd we own.
+        unsafe {
+            let fl = libc::fcntl(w.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(w.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+        let mut raw = vec![w.as_raw_fd()];
+        raw.extend(fds.iter().map(|f| f.as_raw_fd()));
+        {
+            let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+            proto::send_request(sock.as_raw_fd(), req, &raw).map_err(|e| {
+                Error::Zygote(format!("sending request (is the zygote alive?): {e}"))
+            })?;
+        }
+        drop(w);
+        let receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(r)
+            .map_err(|e| Error::Zygote(format!("reply pipe: {e}")))?;
+        Ok(Replies {
+            reader: BufReader::new(receiver),
+        })
+    }
+
+    /// A request answered with one `Ok` (or `Failed`).
+    pub(crate) async fn call_ok(&self, req: &Request) -> Result<()> {
+        let mut r = self.call(req, &[])?;
+        match r.next().await? {
+            Reply::Ok => Ok(()),
+            Reply::Failed { error } => Err(Error::Zygote(error)),
+            other => Err(Error::Zygote(format!("unexpected reply {other:?}"))),
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Messages between the agent and its zygote. A request travels as one SOCK_SEQPACKET message
+//! (JSON) with file descriptors attached: always a reply pipe first, then any stdio. The forked
+//! worker writes its replies, one JSON line each, to the reply pipe.
+
+use std::io::{IoSlice, IoSliceMut, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::{Deserialize, Serialize};
+
+use crate::config::LogConfig;
+use crate::rootfs::RootfsSpec;
+
+pub(crate) const MAX_MESSAGE: usize = 1 << 20;
+pub(crate) const MAX_FDS: usize = 8;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct CreateArgs {
+    pub id: String,
+    /// The bundle directory: the container's state directory with config.json.
+    pub bundle: PathBuf,
+    pub lc_root: PathBuf,
+    pub rootfs: RootfsSpec,
+    /// Created inside the rootfs if the image lacks it.
+    pub workdir: String,
+    pub log: LogConfig,
+    pub cgroup_path: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ExecArgs {
+    pub id: String,
+    pub lc_root: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub additional_gids: Vec<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct PinArgs {
+    pub dir: PathBuf,
+    pub hostname: Option<String>,
+    pub net: bool,
+    pub ipc: bool,
+    pub uts: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Request {
+    /// Fork a monitor that mounts the rootfs and creates the container (fds: reply).
+    Create(CreateArgs),
+    /// Let a created container run (fds: reply).
+    Start { id: String, lc_root: PathBuf },
+    /// Kill what is left, remove the cgroup and libcontainer's state (fds: reply).
+    Delete { id: String, lc_root: PathBuf },
+    /// Run a process in a running container (fds: reply, stdin, stdout, stderr).
+    Exec(ExecArgs),
+    /// Create pod namespaces and bind-mount them under a directory (fds: reply).
+    Pin(PinArgs),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum Reply {
+    Ok,
+    Created { init_pid: i32, monitor_pid: i32 },
+    ExecStarted { pid: i32 },
+    Exited { exit_code: i32, signal: Option<i32> },
+    Failed { error: String },
+}
+
+pub(crate) fn send_request(sock: RawFd, req: &Request, fds: &[RawFd]) -> std::io::Result<()> {
+    let data = serde_json::to_vec(req).map_err(std::io::Error::other)?;
+    let iov = [IoSlice::new(&data)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    sendmsg::<()>(
+        sock,
+        &iov,
+        if fds.is_empty() { &[] } else { &cmsg },
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(std::io::Error::from)?;
+    Ok(())
+}
+
+/// Receive one request. `Ok(None)` when the agent closed its end.
+pub(crate) fn recv_request(
+    sock: RawFd,
+    buf: &mut [u8],
+) -> std::io::Result<Option<(Request, Vec<OwnedFd>)>> {
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(std::io::Error::from)?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs().map_err(std::io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            // SAFETY: the kernel installed these fds for us.
+            fds.extend(
+                raw.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    let n = msg.bytes;
+    if n == 0 {
+        return Ok(None);
+    }
+    let req = serde_json::from_slice(&buf[..n]).map_err(std::io::Error::other)?;
+    Ok(Some((req, fds)))
+}
+
+/// Write one reply line (blocking; used in forked workers).
+pub(crate) fn write_reply(fd: &OwnedFd, reply: &Reply) {
+    let mut line = serde_json::to_vec(reply).unwrap_or_default();
+    line.push(b'\n');
+    // SAFETY: borrowing the fd for the duration of the write; ManuallyDrop keeps it open.
+    let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) });
+    let _ = f.write_all(&line);
+}
+
+/// An error and its causes on one line.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,322 @@
+//! The zygote: a single-threaded process forked before the agent starts any thread. It does one
+//! thing, fork a worker per request, so every libcontainer call (which clones and runs Rust code
+//! in the child before exec) happens in a process with exactly one thread (DESIGN.md §1).
+//! Workers for `Create` detach (setsid + double fork) and become the container's monitor, which
+//! outlives the agent.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::syscall::syscall::SyscallType;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+
+use super::proto::{
+    error_chain, recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE,
+};
+
+/// Serve requests until the agent closes the socket. Never returns.
+pub(crate) fn serve(sock: OwnedFd) -> ! {
+    set_process_name("ferrolet-zygote");
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        reap_children();
+        let mut pfd = [nix::poll::PollFd::new(
+            std::os::fd::AsFd::as_fd(&sock),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => exit(1),
+        }
+        let (req, mut fds) = match recv_request(sock.as_raw_fd(), &mut buf) {
+            Ok(Some(x)) => x,
+            Ok(None) => exit(0),
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => {
+                eprintln!("ferrolet-zygote: bad request: {e}");
+                continue;
+            }
+        };
+        if fds.is_empty() {
+            eprintln!("ferrolet-zygote: request without a reply pipe dropped");
+            continue;
+        }
+        let reply = fds.remove(0);
+        // SAFETY: this process has one thread, so the child may run arbitrary code.
+        match unsafe { fork() } {
+            Ok(ForkResult::Child) => {
+                drop(sock);
+                reset_signals();
+                let code = worker(req, reply, fds);
+                exit(code)
+            }
+            Ok(ForkResult::Parent { .. }) => {
+                // The worker holds its own copies; ours close here.
+            }
+            Err(e) => write_reply(
+                &reply,
+                &Reply::Failed {
+                    error: format!("zygote fork failed: {e}"),
+                },
+            ),
+        }
+    }
+}
+
+fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
+    match req {
+        Request::Create(args) => {
+            // Detach: new session, and let the monitor be re-parented away from the zygote so
+            // that neither the zygote nor the agent dying touches it.
+            let _ = nix::unistd::setsid();
+            // SAFETY: still single-threaded.
+            match unsafe { fork() } {
+                Ok(ForkResult::Child) => crate::monitor::run(args, reply),
+                Ok(ForkResult::Parent { .. }) => 0,
+                Err(e) => {
+                    write_reply(
+                        &reply,
+                        &Reply::Failed {
+                            error: format!("forking monitor: {e}"),
+                        },
+                    );
+                    1
+                }
+            }
+        }
+        Request::Start { id, lc_root } => {
+            let r = Container::load(lc_root.join(&id)).and_then(|mut c| c.start());
+            answer(&reply, r.map(|_| Reply::Ok))
+        }
+        Request::Delete { id, lc_root } => {
+            let dir = lc_root.join(&id);
+            if !dir.exists() {
+                write_reply(&reply, &Reply::Ok);
+                return 0;
+            }
+            let r = Container::load(dir).and_then(|mut c| c.delete(true));
+            answer(&reply, r.map(|_| Reply::Ok))
+        }
+        Request::Exec(args) => exec(args, reply, fds),
+        Request::Pin(args) => match pin(&args) {
+            Ok(()) => {
+                write_reply(&reply, &Reply::Ok);
+                0
+            }
+            Err(e) => {
+                write_reply(&reply, &Reply::Failed { error: e });
+                1
+            }
+        },
+    }
+}
+
+fn answer(reply: &OwnedFd, r: Result<Reply, libcontainer::error::LibcontainerError>) -> i32 {
+    match r {
+        Ok(rep) => {
+            write_reply(reply, &rep);
+            0
+        }
+        Err(e) => {
+            write_reply(
+                reply,
+                &Reply::Failed {
+                    error: error_chain(&e),
+                },
+            );
+            1
+        }
+    }
+}
+
+fn exec(args: ExecArgs, reply: OwnedFd, mut fds: Vec<OwnedFd>) -> i32 {
+    if fds.len() != 3 {
+        write_reply(
+            &reply,
+            &Reply::Failed {
+                error: "exec needs stdin, stdout and stderr".into(),
+            },
+        );
+        return 1;
+    }
+    let stderr = fds.pop().expect("3");
+    let stdout = fds.pop().expect("2");
+    let stdin = fds.pop().expect("1");
+    let env: HashMap<String, String> = args.env.into_iter().collect();
+    let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
+        .with_root_path(&args.lc_root)
+        .map(|b| {
+            b.with_stdin(stdin)
+                .with_stdout(stdout)
+                .with_stderr(stderr)
+                .as_tenant()
+                .with_container_args(args.args.clone())
+                .with_env(env)
+                .with_cwd(args.cwd.clone())
+                .with_user(args.uid)
+                .with_group(args.gid)
+                .with_additional_gids(args.additional_gids.clone())
+                .with_detach(true)
+        })
+        .and_then(|b| b.build());
+    let pid = match built {
+        Ok(pid) => pid,
+        Err(e) => {
+            write_reply(
+                &reply,
+                &Reply::Failed {
+                    error: error_chain(&e),
+                },
+            );
+            return 1;
+        }
+    };
+    write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() });
+    loop {
+        match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => {
+                write_reply(
+                    &reply,
+                    &Reply::Exited {
+                        exit_code: code,
+                        signal: None,
+                    },
+                );
+                return 0;
+            }
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                write_reply(
+                    &reply,
+                    &Reply::Exited {
+                        exit_code: 128 + sig as i32,
+                        signal: Some(sig as i32),
+                    },
+                );
+                return 0;
+            }
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                write_reply(
+                    &reply,
+                    &Reply::Failed {
+                        error: format!("waiting for exec process: {e}"),
+                    },
+                );
+                return 1;
+            }
+        }
+    }
+}
+
+/// New network/IPC/UTS namespaces, bind-mounted to files under `dir` so they outlive this
+/// process and containers can join them by path (what CRI-O's pinns does).
+fn pin(args: &PinArgs) -> Result<(), String> {
+    use nix::sched::CloneFlags;
+    let mut flags = CloneFlags::empty();
+    if args.net {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    if args.ipc {
+        flags |= CloneFlags::CLONE_NEWIPC;
+    }
+    if args.uts {
+        flags |= CloneFlags::CLONE_NEWUTS;
+    }
+    std::fs::create_dir_all(&args.dir)
+        .map_err(|e| format!("creating {}: {e}", args.dir.display()))?;
+    nix::sched::unshare(flags).map_err(|e| format!("unshare: {e}"))?;
+    if args.uts {
+        if let Some(h) = &args.hostname {
+            nix::unistd::sethostname(h).map_err(|e| format!("sethostname {h:?}: {e}"))?;
+        }
+    }
+    if args.net {
+        loopback_up().map_err(|e| format!("bringing up lo: {e}"))?;
+    }
+    for (on, name) in [(args.net, "net"), (args.ipc, "ipc"), (args.uts, "uts")] {
+        if !on {
+            continue;
+        }
+        let target = args.dir.join(name);
+        std::fs::File::create(&target)
+            .map_err(|e| format!("creating {}: {e}", target.display()))?;
+        let src = format!("/proc/self/ns/{name}");
+        nix::mount::mount(
+            Some(src.as_str()),
+            &target,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("bind-mounting {src} on {}: {e}", target.display()))?;
+    }
+    Ok(())
+}
+
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: plain socket/ioctl calls on a zeroed ifreq naming "lo".
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if s < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo\0".iter().enumerate() {
+            ifr.ifr_name[i] = *b as libc::c_char;
+        }
+        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr);
+        if r == 0 {
+            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            r = libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr);
+        }
+        let err = std::io::Error::last_os_error();
+        libc::close(s);
+        if r != 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+fn reap_children() {
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// Children start with default dispositions and nothing blocked, whatever the parent had.
+pub(crate) fn reset_signals() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for s in Signal::iterator() {
+        if s != Signal::SIGKILL && s != Signal::SIGSTOP {
+            // SAFETY: installing the default handler.
+            let _ = unsafe { sigaction(s, &dfl) };
+        }
+    }
+    let _ = nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&SigSet::empty()),
+        None,
+    );
+}
+
+pub(crate) fn set_process_name(name: &str) {
+    let c = std::ffi::CString::new(name).unwrap_or_default();
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}
+
+pub(crate) fn exit(code: i32) -> ! {
+    // SAFETY: _exit skips atexit handlers and stdio flushing that belong to the parent.
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,702 @@
+//! Real containers through the runtime crate, as root: images, logs, exit codes, env/args,
+//! user and workingDir, read-only rootfs, masked paths, exec, cgroup limits, stats, re-adoption
+//! after the owning process is SIGKILLed, and rejection of bad archives.
+//!
+//! `harness = false`: the zygote must be forked while the process has one thread, before the
+//! test runner starts its pool. Everything is created under a temp root and a cgroup nested in
+//! this process's own; both are removed at the end, pass or fail.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use ferrolet_runtime::cgroups::NestedRoot;
+use ferrolet_runtime::config::LogConfig;
+use ferrolet_runtime::crilog::{self, Stream};
+use ferrolet_runtime::digest::Digest;
+use ferrolet_runtime::{fork_zygote, ContainerConfig, ContainerState, ExecSpec, Runtime};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+struct Env {
+    rt: Runtime,
+    root: PathBuf,
+    cgroup: NestedRoot,
+    images: PathBuf,
+}
+
+static ENV: OnceLock<Env> = OnceLock::new();
+
+fn env() -> &'static Env {
+    ENV.get().expect("env initialised in main")
+}
+
+const IMAGE: &str = "busybox:1.35";
+
+fn main() {
+    if let Ok(spec) = std::env::var("FERROLET_TEST_CHILD") {
+        child_main(&spec);
+    }
+    let zygote = fork_zygote().expect("fork zygote (must be single-threaded here)");
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("these tests run real containers and need root");
+        std::process::exit(1);
+    }
+    let images = ensure_images();
+    let root = std::env::temp_dir().join(format!("ferrolet-rt-test-{}", std::process::id()));
+    let rt = Runtime::new(&root, zygote).expect("runtime");
+    let cgroup = NestedRoot::create(
+        rt.cgroups(),
+        &format!("ferrolet-rt-test-{}", std::process::id()),
+    )
+    .expect("nested cgroup root");
+    rt.images()
+        .import(&images.join("busybox.oci.tar"))
+        .expect("import busybox");
+    let _ = ENV.set(Env {
+        rt,
+        root,
+        cgroup,
+        images,
+    });
+
+    let args = Arguments::from_args();
+    let tests = vec![
+        trial(
+            "images_import_oci_and_docker_save",
+            images_import_oci_and_docker_save,
+        ),
+        trial(
+            "images_corrupt_blob_is_rejected",
+            images_corrupt_blob_is_rejected,
+        ),
+        trial(
+            "images_layer_escaping_root_is_rejected",
+            images_layer_escaping_root_is_rejected,
+        ),
+        trial("stdout_and_stderr_in_cri_log", stdout_and_stderr_in_cri_log),
+        trial("exit_codes_0_3_and_sigkill", exit_codes_0_3_and_sigkill),
+        trial("env_and_args_merging", env_and_args_merging),
+        trial("working_dir_and_user", working_dir_and_user),
+        trial(
+            "readonly_rootfs_refuses_writes",
+            readonly_rootfs_refuses_writes,
+        ),
+        trial("masked_paths_are_unreadable", masked_paths_are_unreadable),
+        trial("exec_in_running_container", exec_in_running_container),
+        trial(
+            "memory_limit_in_cgroup_and_cleanup",
+            memory_limit_in_cgroup_and_cleanup,
+        ),
+        trial("stats_of_busy_container", stats_of_busy_container),
+        trial(
+            "containers_survive_owner_sigkill_and_are_readopted",
+            containers_survive_owner_sigkill_and_are_readopted,
+        ),
+    ];
+    let conclusion = libtest_mimic::run(&args, tests);
+    teardown();
+    conclusion.exit();
+}
+
+fn trial(name: &'static str, f: fn() -> Result<()>) -> Trial {
+    Trial::test(name, move || {
+        f().map_err(|e| Failed::from(format!("{e:#}")))
+    })
+}
+
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio")
+        .block_on(f)
+}
+
+fn teardown() {
+    let e = env();
+    block(async {
+        for c in e.rt.list().unwrap_or_default() {
+            if let Err(err) = e.rt.delete(c.id()).await {
+                eprintln!("teardown: deleting {}: {err}", c.id());
+            }
+        }
+    });
+    if let Err(err) = e.cgroup.cleanup() {
+        eprintln!("teardown: cgroup: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&e.root);
+}
+
+/// The demo image archives, built by images/build-busybox.sh if missing.
+fn ensure_images() -> PathBuf {
+    let dir = std::env::var_os("FERROLET_IMAGES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/out"));
+    if !dir.join("busybox.oci.tar").exists() || !dir.join("busybox.docker.tar").exists() {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/build-busybox.sh");
+        let st = Command::new(&script)
+            .arg(&dir)
+            .status()
+            .expect("run images/build-busybox.sh");
+        assert!(st.success(), "images/build-busybox.sh failed");
+    }
+    dir
+}
+
+fn config(name: &str, command: &[&str]) -> ContainerConfig {
+    let e = env();
+    ContainerConfig {
+        name: name.to_string(),
+        image: IMAGE.to_string(),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        cgroup_parent: e.cgroup.path().to_string(),
+        log: LogConfig {
+            path: e.root.join("logs").join(format!(
+                "{name}-{}.log",
+                ferrolet_runtime::fsutil::random_hex(4)
+            )),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Output of a finished container: (stdout lines, stderr lines).
+fn output(log: &Path) -> Result<(Vec<String>, Vec<String>)> {
+    let data = std::fs::read(log).with_context(|| format!("reading {}", log.display()))?;
+    let mut out = (Vec::new(), Vec::new());
+    for r in crilog::read_records(&data) {
+        let s = String::from_utf8_lossy(&r.message).into_owned();
+        match r.stream {
+            Stream::Stdout => out.0.push(s),
+            Stream::Stderr => out.1.push(s),
+        }
+    }
+    Ok(out)
+}
+
+/// Create, start, wait and delete; the container is deleted whatever happens.
+async fn run(
+    cfg: &ContainerConfig,
+) -> Result<(ferrolet_runtime::ExitRecord, Vec<String>, Vec<String>)> {
+    let rt = &env().rt;
+    let info = rt.create(cfg).await?;
+    let id = info.id().to_string();
+    let res = async {
+        rt.start(&id).await?;
+        let exit = tokio::time::timeout(Duration::from_secs(30), rt.wait(&id))
+            .await
+            .map_err(|_| anyhow!("container did not exit in 30s"))??;
+        let (o, e) = output(&cfg.log.path)?;
+        Ok::<_, anyhow::Error>((exit, o, e))
+    }
+    .await;
+    rt.delete(&id).await?;
+    res
+}
+
+fn images_import_oci_and_docker_save() -> Result<()> {
+    let e = env();
+    let store = e.rt.images();
+    let oci = store.find("busybox:1.35")?;
+    ensure!(
+        oci.refs
+            .contains(&"docker.io/library/busybox:latest".to_string()),
+        "refs: {:?}",
+        oci.refs
+    );
+    let imported = store.import(&e.images.join("busybox.docker.tar"))?;
+    ensure!(imported.len() == 1);
+    let docker = store.find("localhost/busybox-docker:1.35")?;
+    ensure!(
+        docker.id == oci.id,
+        "same config, same image id: {} vs {}",
+        docker.id,
+        oci.id
+    );
+    ensure!(store
+        .resolve("busybox")?
+        .layer_dirs
+        .iter()
+        .all(|d| d.is_dir()));
+    // The docker-save name runs a container too.
+    let mut cfg = config("docker-save", &["echo", "from-docker-archive"]);
+    cfg.image = "localhost/busybox-docker:1.35".into();
+    let (exit, out, _) = block(run(&cfg))?;
+    ensure!(
+        exit.exit_code == 0 && out == ["from-docker-archive"],
+        "{exit:?} {out:?}"
+    );
+    // Untag the second name: the image stays for the first.
+    store.remove("localhost/busybox-docker:1.35", &[])?;
+    ensure!(store.find("busybox:1.35").is_ok());
+    ensure!(store.find("localhost/busybox-docker:1.35").is_err());
+    Ok(())
+}
+
+/// Unpack the OCI tar into a directory we can tamper with.
+fn oci_dir(tag: &str) -> Result<PathBuf> {
+    let dir = env().root.join(format!("tamper-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    tar::Archive::new(std::fs::File::open(env().images.join("busybox.oci.tar"))?).unpack(&dir)?;
+    Ok(dir)
+}
+
+fn images_corrupt_blob_is_rejected() -> Result<()> {
+    let dir = oci_dir("corrupt")?;
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("index.json"))?)?;
+    let manifest = index["manifests"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = dir
+        .join("blobs/sha256")
+        .join(manifest.trim_start_matches("sha256:"));
+    let mut data = std::fs::read(&path)?;
+    data[10] ^= 0x20;
+    std::fs::write(&path, data)?;
+    let err = env()
+        .rt
+        .images()
+        .import(&dir)
+        .expect_err("a corrupt blob must be rejected")
+        .to_string();
+    ensure!(
+        err.contains(&manifest) && err.contains("hashes to"),
+        "error should name the blob: {err}"
+    );
+    Ok(())
+}
+
+fn images_layer_escaping_root_is_rejected() -> Result<()> {
+    let dir = env().root.join("evil-image");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("blobs/sha256"))?;
+    // A layer with an entry named ../evil, written raw as a hostile archive would.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    let name = b"../evil";
+    h.as_old_mut().name[..name.len()].copy_from_slice(name);
+    h.set_size(4);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(1);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    b.append(&h, &b"evil"[..])?;
+    let layer = b.into_inner()?;
+    let put = |data: &[u8]| -> Result<Digest> {
+        let d = Digest::of(data);
+        std::fs::write(dir.join("blobs/sha256").join(d.hex()), data)?;
+        Ok(d)
+    };
+    let layer_d = put(&layer)?;
+    let config = format!(
+        r#"{{"architecture":"amd64","os":"linux","config":{{"Cmd":["sh"]}},"rootfs":{{"type":"layers","diff_ids":["{layer_d}"]}}}}"#
+    );
+    let config_d = put(config.as_bytes())?;
+    let manifest = format!(
+        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_d}","size":{}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"{layer_d}","size":{}}}]}}"#,
+        config.len(),
+        layer.len()
+    );
+    let manifest_d = put(manifest.as_bytes())?;
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    std::fs::write(
+        dir.join("index.json"),
+        format!(
+            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{manifest_d}","size":{},"annotations":{{"io.containerd.image.name":"localhost/evil:1"}}}}]}}"#,
+            manifest.len()
+        ),
+    )?;
+    let err = env()
+        .rt
+        .images()
+        .import(&dir)
+        .expect_err("a layer escaping its root must be rejected")
+        .to_string();
+    ensure!(
+        err.contains("../evil") && err.contains("escapes"),
+        "error should name the entry: {err}"
+    );
+    let layers = env().rt.images().dir().join("layers");
+    ensure!(
+        !layers.join("evil").exists(),
+        "nothing written outside the layer"
+    );
+    ensure!(
+        env().rt.images().find("localhost/evil:1").is_err(),
+        "the image must not be recorded"
+    );
+    Ok(())
+}
+
+fn stdout_and_stderr_in_cri_log() -> Result<()> {
+    let cfg = config(
+        "logs",
+        &["sh", "-c", "echo hello; echo oops >&2; printf tail"],
+    );
+    let (exit, out, err) = block(run(&cfg))?;
+    ensure!(exit.exit_code == 0, "{exit:?}");
+    ensure!(out == ["hello", "tail"], "stdout {out:?}");
+    ensure!(err == ["oops"], "stderr {err:?}");
+    let raw = std::fs::read_to_string(&cfg.log.path)?;
+    let first = raw
+        .lines()
+        .find(|l| l.contains("hello"))
+        .unwrap_or_default();
+    let parts: Vec<&str> = first.splitn(4, ' ').collect();
+    ensure!(
+        parts.len() == 4 && parts[1] == "stdout" && parts[2] == "F" && parts[3] == "hello",
+        "line {first:?}"
+    );
+    ensure!(
+        chrono::DateTime::parse_from_rfc3339(parts[0]).is_ok(),
+        "RFC3339 timestamp in {first:?}"
+    );
+    Ok(())
+}
+
+fn exit_codes_0_3_and_sigkill() -> Result<()> {
+    let (e0, ..) = block(run(&config("exit0", &["sh", "-c", "exit 0"])))?;
+    ensure!(e0.exit_code == 0 && e0.signal.is_none(), "{e0:?}");
+    let (e3, ..) = block(run(&config("exit3", &["sh", "-c", "exit 3"])))?;
+    ensure!(e3.exit_code == 3, "{e3:?}");
+    block(async {
+        let rt = &env().rt;
+        let info = rt.create(&config("killed", &["sleep", "60"])).await?;
+        let id = info.id().to_string();
+        let r = async {
+            rt.start(&id).await?;
+            ensure!(matches!(rt.inspect(&id)?.state, ContainerState::Running));
+            rt.kill(&id, libc::SIGKILL)?;
+            let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            ensure!(
+                e.exit_code == 137 && e.signal == Some(9) && !e.oom_killed,
+                "{e:?}"
+            );
+            Ok(())
+        }
+        .await;
+        rt.delete(&id).await?;
+        r
+    })
+}
+
+fn env_and_args_merging() -> Result<()> {
+    // args only: the image has no Entrypoint, so args are the command.
+    let mut c = config("args", &[]);
+    c.args = vec!["echo".into(), "a".into(), "b".into()];
+    let (_, out, _) = block(run(&c))?;
+    ensure!(out == ["a b"], "{out:?}");
+    // command + args, env from the image (PATH) and the container (A), one overriding HOME.
+    let mut c = config("env", &["sh", "-c"]);
+    c.args = vec!["echo \"$A|$PATH|$HOME|$0\"".into(), "zero".into()];
+    c.env = vec![("A".into(), "1".into()), ("HOME".into(), "/h".into())];
+    let (_, out, _) = block(run(&c))?;
+    ensure!(
+        out == ["1|/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin|/h|zero"],
+        "{out:?}"
+    );
+    // A container value replaces the image's.
+    let mut c = config("env-path", &["sh", "-c", "echo $PATH"]);
+    c.env = vec![("PATH".into(), "/bin".into())];
+    let (_, out, _) = block(run(&c))?;
+    ensure!(out == ["/bin"], "{out:?}");
+    Ok(())
+}
+
+fn working_dir_and_user() -> Result<()> {
+    let mut c = config("user", &["sh", "-c", "id; pwd; echo $HOME"]);
+    c.user.uid = Some(33);
+    c.user.supplemental_groups = vec![100];
+    c.working_dir = Some("/var/www".into());
+    let (_, out, _) = block(run(&c))?;
+    ensure!(out.len() == 3, "{out:?}");
+    ensure!(
+        out[0].starts_with("uid=33(www-data) gid=33(www-data)") && out[0].contains("100(users)"),
+        "{out:?}"
+    );
+    ensure!(out[1] == "/var/www" && out[2] == "/var/www", "{out:?}");
+    // A working dir the image lacks is created.
+    let mut c = config("workdir", &["pwd"]);
+    c.working_dir = Some("/srv/new/dir".into());
+    let (exit, out, _) = block(run(&c))?;
+    ensure!(
+        exit.exit_code == 0 && out == ["/srv/new/dir"],
+        "{exit:?} {out:?}"
+    );
+    Ok(())
+}
+
+fn readonly_rootfs_refuses_writes() -> Result<()> {
+    let mut c = config(
+        "ro",
+        &["sh", "-c", "touch /x && echo wrote; touch /tmp/y || true"],
+    );
+    c.readonly_rootfs = true;
+    let (exit, out, err) = block(run(&c))?;
+    ensure!(out.is_empty(), "must not write: {out:?}");
+    ensure!(
+        err.iter().any(|l| l.contains("Read-only file system")),
+        "{err:?}"
+    );
+    ensure!(exit.exit_code == 0, "{exit:?}");
+    Ok(())
+}
+
+fn masked_paths_are_unreadable() -> Result<()> {
+    // Masked files read as empty inside, though the node has content there (kernels differ in
+    // which of the masked files exist: use those this one has).
+    let masked: Vec<&str> = [
+        "/proc/keys",
+        "/proc/timer_list",
+        "/proc/kcore",
+        "/proc/sched_debug",
+    ]
+    .into_iter()
+    .filter(|p| std::fs::read(p).map(|d| !d.is_empty()).unwrap_or(false))
+    .collect();
+    ensure!(
+        !masked.is_empty(),
+        "no masked /proc file with content on this node to test with"
+    );
+    let script: String = masked
+        .iter()
+        .map(|p| format!("wc -c < {p}; "))
+        .collect::<String>()
+        + "echo x > /proc/sys/kernel/domainname || echo ro";
+    let c = config("masked", &["sh", "-c", &script]);
+    let (_, out, _) = block(run(&c))?;
+    let mut want: Vec<String> = masked.iter().map(|_| "0".to_string()).collect();
+    want.push("ro".into());
+    ensure!(out == want, "masked {masked:?}: {out:?}");
+    Ok(())
+}
+
+fn exec_in_running_container() -> Result<()> {
+    block(async {
+        let rt = &env().rt;
+        let mut c = config("exec", &["sleep", "60"]);
+        c.working_dir = Some("/tmp".into());
+        let info = rt.create(&c).await?;
+        let id = info.id().to_string();
+        let r = async {
+            rt.start(&id).await?;
+            let spec = ExecSpec {
+                args: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "echo out:$FOO:$(pwd); echo err >&2; exit 4".into(),
+                ],
+                env: vec![("FOO".into(), "bar".into())],
+                ..Default::default()
+            };
+            let o = rt
+                .exec_capture(&id, &spec, Some(Duration::from_secs(10)), 1 << 20)
+                .await?;
+            ensure!(o.exit_code == 4 && !o.timed_out, "{o:?}");
+            ensure!(
+                o.stdout == b"out:bar:/tmp\n" && o.stderr == b"err\n",
+                "{o:?}"
+            );
+            let slow = ExecSpec {
+                args: vec!["sleep".into(), "30".into()],
+                ..Default::default()
+            };
+            let t = Instant::now();
+            let o = rt
+                .exec_capture(&id, &slow, Some(Duration::from_millis(300)), 1024)
+                .await?;
+            ensure!(o.timed_out && t.elapsed() < Duration::from_secs(5), "{o:?}");
+            // sleep as PID 1 ignores TERM: stop escalates to KILL after the grace period.
+            let e = rt
+                .stop(&id, libc::SIGTERM, Duration::from_millis(500))
+                .await?;
+            ensure!(e.exit_code == 137, "{e:?}");
+            Ok(())
+        }
+        .await;
+        rt.delete(&id).await?;
+        r
+    })
+}
+
+fn memory_limit_in_cgroup_and_cleanup() -> Result<()> {
+    block(async {
+        let rt = &env().rt;
+        let mut c = config("memlimit", &["sleep", "60"]);
+        c.resources.memory_limit = Some(64 << 20);
+        c.resources.pids_limit = Some(50);
+        let info = rt.create(&c).await?;
+        let id = info.id().to_string();
+        let cg = info.record.cgroup_path.clone();
+        let dir = rt
+            .cgroups()
+            .dir_for("memory", &cg)
+            .ok_or_else(|| anyhow!("no memory controller"))?;
+        let r = (|| {
+            let (file, want) = if rt.cgroups().is_v2() {
+                ("memory.max", "67108864")
+            } else {
+                ("memory.limit_in_bytes", "67108864")
+            };
+            let got = std::fs::read_to_string(dir.join(file))?;
+            ensure!(got.trim() == want, "{file} = {got}");
+            let pids = rt.cgroups().dir_for("pids", &cg).unwrap();
+            ensure!(std::fs::read_to_string(pids.join("pids.max"))?.trim() == "50");
+            Ok(())
+        })();
+        let rootfs = rt.root().join("containers").join(&id).join("rootfs");
+        rt.delete(&id).await?;
+        r?;
+        ensure!(!dir.exists(), "cgroup {} removed", dir.display());
+        let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+        ensure!(
+            !mounts.contains(&rootfs.display().to_string()),
+            "rootfs unmounted"
+        );
+        ensure!(
+            !rt.root().join("containers").join(&id).exists(),
+            "state removed"
+        );
+        Ok(())
+    })
+}
+
+fn stats_of_busy_container() -> Result<()> {
+    block(async {
+        let rt = &env().rt;
+        let info = rt
+            .create(&config("busy", &["sh", "-c", "while :; do :; done"]))
+            .await?;
+        let id = info.id().to_string();
+        let r = async {
+            rt.start(&id).await?;
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let s = rt.stats(&id)?;
+            ensure!(s.cpu_usage_nanos.unwrap_or(0) > 100_000_000, "cpu {s:?}");
+            ensure!(s.memory_usage_bytes.unwrap_or(0) > 0, "memory {s:?}");
+            ensure!(s.memory_working_set_bytes.is_some(), "working set {s:?}");
+            ensure!(s.pids.unwrap_or(0) >= 1, "pids {s:?}");
+            Ok(())
+        }
+        .await;
+        rt.delete(&id).await?;
+        r
+    })
+}
+
+/// In a child process: own a runtime, start two containers, print their ids, then hang until
+/// killed. `spec` is "root|cgroup parent|log dir".
+fn child_main(spec: &str) -> ! {
+    let zygote = fork_zygote().expect("zygote");
+    let parts: Vec<&str> = spec.split('|').collect();
+    let rt = Runtime::new(parts[0], zygote).expect("runtime");
+    let mk = |name: &str, script: &str| ContainerConfig {
+        name: name.into(),
+        image: IMAGE.into(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        cgroup_parent: parts[1].into(),
+        log: LogConfig {
+            path: Path::new(parts[2]).join(format!("{name}.log")),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    block(async {
+        // short exits while nobody watches; long is still running when a new owner adopts it.
+        let short = rt
+            .create(&mk("short", "echo short-start; sleep 1; exit 5"))
+            .await
+            .expect("create");
+        let long = rt
+            .create(&mk(
+                "long",
+                "i=0; while [ $i -lt 40 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done; exit 7",
+            ))
+            .await
+            .expect("create");
+        rt.start(short.id()).await.expect("start");
+        rt.start(long.id()).await.expect("start");
+        let mut o = std::io::stdout();
+        writeln!(o, "{} {}", short.id(), long.id()).unwrap();
+        o.flush().unwrap();
+    });
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+fn containers_survive_owner_sigkill_and_are_readopted() -> Result<()> {
+    let e = env();
+    let logs = e.root.join("adopt-logs");
+    std::fs::create_dir_all(&logs)?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .env(
+            "FERROLET_TEST_CHILD",
+            format!(
+                "{}|{}|{}",
+                e.root.display(),
+                e.cgroup.path(),
+                logs.display()
+            ),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
+    // Kill the owner the hard way, then reap it.
+    child.kill()?;
+    child.wait()?;
+    let ids: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+    if ids.len() != 2 {
+        bail!("child did not report two container ids: {line:?}");
+    }
+    let (short, long) = (&ids[0], &ids[1]);
+    let r = block(async {
+        let rt = &e.rt;
+        ensure!(
+            rt.list()?.iter().any(|c| c.id() == long),
+            "the new owner lists the container"
+        );
+        ensure!(
+            matches!(rt.inspect(long)?.state, ContainerState::Running),
+            "still running after the owner died"
+        );
+        let ticks_at_kill = output(&logs.join("long.log"))?.0.len();
+        // wait() on an adopted container, which exits later with its own code.
+        let exit = tokio::time::timeout(Duration::from_secs(20), rt.wait(long)).await??;
+        ensure!(exit.exit_code == 7, "{exit:?}");
+        let ticks = output(&logs.join("long.log"))?.0;
+        ensure!(
+            ticks.len() == 40 && ticks_at_kill < 40,
+            "logs kept flowing: {ticks_at_kill} at kill, {} at end",
+            ticks.len()
+        );
+        // short exited while no process owned the runtime: its code was recorded anyway.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let ContainerState::Exited(x) = rt.inspect(short)?.state {
+                ensure!(x.exit_code == 5, "{x:?}");
+                break;
+            }
+            ensure!(Instant::now() < deadline, "short never exited");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ensure!(output(&logs.join("short.log"))?.0 == ["short-start"]);
+        Ok(())
+    });
+    block(async {
+        for id in &ids {
+            let _ = e.rt.delete(id).await;
+        }
+    });
+    r
+}

@@ -1,0 +1,32 @@
+# Sourced by scripts/demo and scripts/test: install what a fresh Debian 12 machine lacks, build
+# ferrolet and the demo image. Needs root (containers, cgroups, mounts).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+if [ "$(id -u)" != 0 ]; then
+  echo "ferrolet runs containers: run this as root" >&2
+  exit 1
+fi
+
+# Debian packages: libseccomp for the seccomp profiles, busybox-static for the demo image,
+# CNI plugins and nftables for pod networking, iproute2 for the network tests' namespaces.
+packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iproute2 ${FERROLET_EXTRA_PACKAGES:-})
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null || { echo "setup: cargo (the Rust toolchain) is required; install it with rustup" >&2; exit 1; }
+
+images/build-busybox.sh >/dev/null

@@ -1,0 +1,3 @@
+fn main() {
+    println!("ferrolet: not built yet");
+}
