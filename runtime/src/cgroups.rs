@@ -412,12 +412,13 @@ impl Cgroups {
 }
 
 /// A cgroup created below this process's own cgroup (the rule on shared machines: never at a
-/// hierarchy root), which remembers every directory it had to create on the way, in every
-/// hierarchy, so [`cleanup`](NestedRoot::cleanup) leaves the tree exactly as it found it.
+/// hierarchy root). On v1 the same path is created in every hierarchy, which can mean creating
+/// ancestors in hierarchies where this process sits at the root; [`cleanup`](NestedRoot::cleanup)
+/// removes the tree and then those ancestors when they are empty, so the machine is left as it
+/// was found. Safe when several processes (parallel tests) share the ancestors.
 pub struct NestedRoot {
     cgroups: Cgroups,
     path: String,
-    created: Vec<PathBuf>,
 }
 
 impl NestedRoot {
@@ -425,33 +426,25 @@ impl NestedRoot {
     pub fn create(cgroups: &Cgroups, name: &str) -> Result<NestedRoot> {
         let own = cgroups.own_path()?;
         let path = format!("{}/{}", own.trim_end_matches('/'), name);
-        let mut created = Vec::new();
-        let mounts: Vec<PathBuf> = match &cgroups.mode {
-            CgroupMode::V2 { mount } => vec![mount.clone()],
-            CgroupMode::V1 { mounts } => {
-                let mut v: Vec<PathBuf> = mounts.values().cloned().collect();
-                v.sort();
-                v.dedup();
-                v
-            }
-        };
-        for m in mounts {
+        for m in cgroups.mounts() {
             let mut cur = m.clone();
             for c in Path::new(path.trim_start_matches('/')).components() {
                 cur = cur.join(c);
-                if !cur.exists() {
-                    fs::create_dir(&cur).map_err(|e| Error::Cgroup {
-                        path: cur.display().to_string(),
-                        reason: e.to_string(),
-                    })?;
-                    created.push(cur.clone());
+                match fs::create_dir(&cur) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(Error::Cgroup {
+                            path: cur.display().to_string(),
+                            reason: e.to_string(),
+                        })
+                    }
                 }
             }
         }
         let root = NestedRoot {
             cgroups: cgroups.clone(),
             path,
-            created,
         };
         if let CgroupMode::V1 { .. } = cgroups.mode {
             if let Some(cpuset) = cgroups.dir_for("cpuset", &root.path) {
@@ -465,22 +458,71 @@ impl NestedRoot {
         &self.path
     }
 
-    /// Remove everything below the root, the root, and the directories created for it.
+    /// Remove everything below the root, the root, and its empty ancestors that are not this
+    /// process's own cgroup (or above it) in their hierarchy.
     pub fn cleanup(&self) -> Result<()> {
         self.cgroups.remove(&self.path)?;
-        for d in self.created.iter().rev() {
-            match fs::remove_dir(d) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(Error::Cgroup {
-                        path: d.display().to_string(),
-                        reason: e.to_string(),
-                    })
-                }
+        self.cgroups.remove_empty_ancestors(&self.path);
+        Ok(())
+    }
+}
+
+impl Cgroups {
+    /// Mount points of the hierarchies (one on v2).
+    pub fn mounts(&self) -> Vec<PathBuf> {
+        match &self.mode {
+            CgroupMode::V2 { mount } => vec![mount.clone()],
+            CgroupMode::V1 { mounts } => {
+                let mut v: Vec<PathBuf> = mounts.values().cloned().collect();
+                v.sort();
+                v.dedup();
+                v
             }
         }
-        Ok(())
+    }
+
+    /// This process's cgroup in the hierarchy mounted at `mount`.
+    fn own_path_in(&self, mount: &Path) -> Option<String> {
+        let data = fs::read_to_string("/proc/self/cgroup").ok()?;
+        let ctrls: Vec<String> = match &self.mode {
+            CgroupMode::V2 { .. } => {
+                return data
+                    .lines()
+                    .find(|l| l.starts_with("0::"))
+                    .map(|l| l[3..].to_string())
+            }
+            CgroupMode::V1 { mounts } => mounts
+                .iter()
+                .filter(|(_, m)| m.as_path() == mount)
+                .map(|(c, _)| c.clone())
+                .collect(),
+        };
+        data.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+            c.split(',')
+                .any(|x| ctrls.iter().any(|w| w == x))
+                .then(|| p.to_string())
+        })
+    }
+
+    /// rmdir the ancestors of `cgroup` (deepest first) that are empty, stopping below the
+    /// hierarchy root and never touching this process's own cgroup or its ancestors.
+    pub fn remove_empty_ancestors(&self, cgroup: &str) {
+        for m in self.mounts() {
+            let own = self.own_path_in(&m).unwrap_or_else(|| "/".into());
+            let own = Path::new(&own);
+            let mut cur = Path::new(cgroup).parent();
+            while let Some(c) = cur {
+                if c == Path::new("/") || c.as_os_str().is_empty() || own.starts_with(c) {
+                    break;
+                }
+                if fs::remove_dir(m.join(c.strip_prefix("/").unwrap_or(c))).is_err() {
+                    break;
+                }
+                cur = c.parent();
+            }
+        }
     }
 }
 

@@ -55,6 +55,8 @@ pub struct UserConfig {
     pub gid: Option<u32>,
     /// Extra groups (Kubernetes `supplementalGroups` and `fsGroup`).
     pub supplemental_groups: Vec<u32>,
+    /// Refuse to run as uid 0 (Kubernetes `runAsNonRoot`).
+    pub require_non_root: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -145,3 +145,15 @@ pub(crate) fn load(dir: &Path) -> Result<ContainerInfo> {
         started_at: started.map(|s| s.started_at),
     })
 }
+
+/// The records of every container under `root`, without needing a running runtime (for tools
+/// that only read, like `ferrolet images rm` checking which images are in use).
+pub fn list_records(root: &Path) -> Vec<ContainerRecord> {
+    let base = root.join("containers");
+    std::fs::read_dir(&base)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| read_json::<ContainerRecord>(&e.path().join("container.json")).ok())
+        .collect()
+}

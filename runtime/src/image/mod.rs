@@ -262,7 +262,9 @@ impl ImageStore {
                         }
                     }
                     existing.manifest = record.manifest.clone();
-                    out.push(existing.clone());
+                    let updated = existing.clone();
+                    out.retain(|o: &ImageRecord| o.id != updated.id);
+                    out.push(updated);
                 }
                 None => {
                     index.images.push(record.clone());
