@@ -1,0 +1,372 @@
+//! Reading a KubeletConfiguration file (kubelet.config.k8s.io/v1beta1, YAML or JSON). Fields
+//! ferrolet implements are applied; fields kubelet has but ferrolet does not implement are
+//! accepted with a warning naming them; anything else is an error naming the field, as
+//! kubelet's strict decoding does.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{Map, Value};
+
+use super::{resolve_relative, Config, NetworkMode};
+use crate::units::{bytes, parse_duration};
+
+/// KubeletConfiguration fields accepted but not acted on (yet).
+pub const KNOWN_UNSUPPORTED: &[&str] = &[
+    "port",
+    "tlsCertFile",
+    "tlsPrivateKeyFile",
+    "tlsCipherSuites",
+    "tlsMinVersion",
+    "rotateCertificates",
+    "serverTLSBootstrap",
+    "authentication",
+    "authorization",
+    "registryPullQPS",
+    "registryBurst",
+    "eventRecordQPS",
+    "eventBurst",
+    "enableDebuggingHandlers",
+    "enableContentionProfiling",
+    "healthzPort",
+    "healthzBindAddress",
+    "oomScoreAdj",
+    "streamingConnectionIdleTimeout",
+    "nodeStatusUpdateFrequency",
+    "nodeStatusReportFrequency",
+    "nodeLeaseDurationSeconds",
+    "imageMinimumGCAge",
+    "imageMaximumGCAge",
+    "imageGCHighThresholdPercent",
+    "imageGCLowThresholdPercent",
+    "volumeStatsAggPeriod",
+    "kubeletCgroups",
+    "systemCgroups",
+    "cgroupDriver",
+    "cpuManagerPolicy",
+    "cpuManagerPolicyOptions",
+    "cpuManagerReconcilePeriod",
+    "memoryManagerPolicy",
+    "topologyManagerPolicy",
+    "topologyManagerScope",
+    "topologyManagerPolicyOptions",
+    "qosReserved",
+    "hairpinMode",
+    "runOnce",
+    "cpuCFSQuota",
+    "cpuCFSQuotaPeriod",
+    "nodeStatusMaxImages",
+    "maxOpenFiles",
+    "contentType",
+    "kubeAPIQPS",
+    "kubeAPIBurst",
+    "serializeImagePulls",
+    "maxParallelImagePulls",
+    "evictionHard",
+    "evictionSoft",
+    "evictionSoftGracePeriod",
+    "evictionPressureTransitionPeriod",
+    "evictionMaxPodGracePeriod",
+    "evictionMinimumReclaim",
+    "mergeDefaultEvictionSettings",
+    "podsPerCore",
+    "enableControllerAttachDetach",
+    "protectKernelDefaults",
+    "makeIPTablesUtilChains",
+    "iptablesMasqueradeBit",
+    "iptablesDropBit",
+    "featureGates",
+    "failSwapOn",
+    "memorySwap",
+    "containerLogMaxWorkers",
+    "containerLogMonitorInterval",
+    "configMapAndSecretChangeDetectionStrategy",
+    "kubeReserved",
+    "reservedSystemCPUs",
+    "showHiddenMetricsForVersion",
+    "systemReservedCgroup",
+    "kubeReservedCgroup",
+    "enforceNodeAllocatable",
+    "allowedUnsafeSysctls",
+    "volumePluginDir",
+    "providerID",
+    "kernelMemcgNotification",
+    "logging",
+    "enableSystemLogHandler",
+    "enableSystemLogQuery",
+    "shutdownGracePeriod",
+    "shutdownGracePeriodCriticalPods",
+    "shutdownGracePeriodByPodPriority",
+    "reservedMemory",
+    "enableProfilingHandler",
+    "enableDebugFlagsHandler",
+    "memoryThrottlingFactor",
+    "registerWithTaints",
+    "registerNode",
+    "tracing",
+    "localStorageCapacityIsolation",
+    "containerRuntimeEndpoint",
+    "imageServiceEndpoint",
+    "failCgroupV1",
+    "singleProcessOOMKill",
+    "userNamespaces",
+    "imagePullCredentialsVerificationPolicy",
+    "preloadedImagesVerificationAllowlist",
+];
+
+/// Apply the file at `path` onto `cfg`. Returns warnings (fields accepted but ignored).
+pub fn apply_file(cfg: &mut Config, path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    let value: Value = serde_saphyr::from_str(&text)
+        .map_err(|e| anyhow!("{}: not valid YAML or JSON: {e}", path.display()))?;
+    let Value::Object(map) = value else {
+        bail!("{}: expected a KubeletConfiguration object", path.display());
+    };
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let base = std::fs::canonicalize(&base).unwrap_or(base);
+    apply_map(cfg, &map, &base).map_err(|e| anyhow!("{}: {e:#}", path.display()))
+}
+
+fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<Vec<String>> {
+    match map.get("kind").and_then(Value::as_str) {
+        Some("KubeletConfiguration") => {}
+        other => bail!("kind: expected KubeletConfiguration, got {other:?}"),
+    }
+    match map.get("apiVersion").and_then(Value::as_str) {
+        Some("kubelet.config.k8s.io/v1beta1") | Some("kubelet.config.k8s.io/v1") => {}
+        other => bail!("apiVersion: expected kubelet.config.k8s.io/v1beta1, got {other:?}"),
+    }
+    let mut warnings = Vec::new();
+    for (key, v) in map {
+        let f = key.as_str();
+        match f {
+            "kind" | "apiVersion" => {}
+            "enableServer" => cfg.enable_server = boolean(f, v)?,
+            "staticPodPath" => cfg.static_pod_path = Some(resolve_relative(base, &string(f, v)?)),
+            "staticPodURL" => cfg.static_pod_url = Some(string(f, v)?).filter(|s| !s.is_empty()),
+            "staticPodURLHeader" => {
+                let obj = v.as_object().ok_or_else(|| {
+                    anyhow!("{f}: expected a map of header name to list of values")
+                })?;
+                cfg.static_pod_url_headers.clear();
+                for (k, vals) in obj {
+                    let list = vals
+                        .as_array()
+                        .ok_or_else(|| anyhow!("{f}.{k}: expected a list of strings"))?;
+                    for x in list {
+                        cfg.static_pod_url_headers
+                            .push((k.clone(), string(&format!("{f}.{k}"), x)?));
+                    }
+                }
+            }
+            "podLogsDir" => cfg.pod_logs_dir = resolve_relative(base, &string(f, v)?),
+            "syncFrequency" => cfg.sync_frequency = duration(f, v)?,
+            "fileCheckFrequency" => cfg.file_check_frequency = duration(f, v)?,
+            "httpCheckFrequency" => cfg.http_check_frequency = duration(f, v)?,
+            "address" => cfg.address = ip(f, v)?,
+            "readOnlyPort" => cfg.read_only_port = port(f, v)?,
+            "clusterDomain" => cfg.cluster_domain = string(f, v)?,
+            "clusterDNS" => {
+                let list = v
+                    .as_array()
+                    .ok_or_else(|| anyhow!("{f}: expected a list of IP addresses"))?;
+                cfg.cluster_dns = list.iter().map(|x| ip(f, x)).collect::<Result<_>>()?;
+            }
+            "cgroupRoot" => cfg.cgroup_root = string(f, v)?,
+            "cgroupsPerQOS" => cfg.cgroups_per_qos = boolean(f, v)?,
+            "runtimeRequestTimeout" => cfg.runtime_request_timeout = duration(f, v)?,
+            "maxPods" => {
+                cfg.max_pods = integer(f, v)?
+                    .try_into()
+                    .map_err(|_| anyhow!("{f}: out of range"))?
+            }
+            "podCIDR" => cfg.pod_cidr = Some(string(f, v)?).filter(|s| !s.is_empty()),
+            "podPidsLimit" => cfg.pod_pids_limit = integer(f, v)?,
+            "resolvConf" => cfg.resolv_conf = resolve_relative(base, &string(f, v)?),
+            "containerLogMaxSize" => {
+                cfg.container_log_max_size =
+                    bytes(&string(f, v)?).map_err(|e| anyhow!("{f}: {e}"))? as u64
+            }
+            "containerLogMaxFiles" => {
+                cfg.container_log_max_files = integer(f, v)?
+                    .try_into()
+                    .map_err(|_| anyhow!("{f}: out of range"))?
+            }
+            "seccompDefault" => cfg.seccomp_default = boolean(f, v)?,
+            "systemReserved" => {
+                let obj = v
+                    .as_object()
+                    .ok_or_else(|| anyhow!("{f}: expected a map of resource to quantity"))?;
+                for (res, q) in obj {
+                    let q = string(&format!("{f}.{res}"), q)?;
+                    match res.as_str() {
+                        "cpu" => {
+                            cfg.system_reserved_cpu_milli =
+                                crate::units::milli(&q).map_err(|e| anyhow!("{f}.cpu: {e}"))?
+                        }
+                        "memory" => {
+                            cfg.system_reserved_memory =
+                                bytes(&q).map_err(|e| anyhow!("{f}.memory: {e}"))?
+                        }
+                        other => warnings.push(format!("{f}.{other} is not enforced by ferrolet")),
+                    }
+                }
+            }
+            "crashLoopBackOff" => {
+                let obj = v
+                    .as_object()
+                    .ok_or_else(|| anyhow!("{f}: expected an object"))?;
+                for (k, x) in obj {
+                    match k.as_str() {
+                        "maxContainerRestartPeriod" => {
+                            cfg.max_container_restart_period = duration(&format!("{f}.{k}"), x)?
+                        }
+                        other => bail!("unknown field {f}.{other}"),
+                    }
+                }
+            }
+            "ferrolet" => apply_extensions(cfg, v, base)?,
+            other if KNOWN_UNSUPPORTED.contains(&other) => warnings.push(format!(
+                "{other} is a kubelet setting ferrolet does not implement; ignored"
+            )),
+            other => bail!("unknown field {other:?} (not a KubeletConfiguration field)"),
+        }
+    }
+    Ok(warnings)
+}
+
+/// ferrolet's own settings, under a `ferrolet:` key of the same file.
+fn apply_extensions(cfg: &mut Config, v: &Value, base: &Path) -> Result<()> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| anyhow!("ferrolet: expected an object"))?;
+    for (k, x) in obj {
+        let f = format!("ferrolet.{k}");
+        match k.as_str() {
+            "network" => {
+                cfg.network.mode = match string(&f, x)?.as_str() {
+                    "bridge" => NetworkMode::Bridge,
+                    "cni" => NetworkMode::Cni,
+                    "none" => NetworkMode::None,
+                    other => bail!("{f}: expected bridge, cni or none, got {other:?}"),
+                }
+            }
+            "bridgeName" => cfg.network.bridge = string(&f, x)?,
+            "podSubnet" => cfg.network.subnet = string(&f, x)?,
+            "cniConfDir" => cfg.network.cni_conf_dir = resolve_relative(base, &string(&f, x)?),
+            "cniBinDirs" => {
+                let list = x
+                    .as_array()
+                    .ok_or_else(|| anyhow!("{f}: expected a list of paths"))?;
+                cfg.network.cni_bin_dirs = list
+                    .iter()
+                    .map(|p| string(&f, p).map(|s| resolve_relative(base, &s)))
+                    .collect::<Result<_>>()?;
+            }
+            "imageImportDir" => cfg.image_import_dir = resolve_relative(base, &string(&f, x)?),
+            "loadDemoImage" => cfg.load_demo_image = boolean(&f, x)?,
+            "initialContainerRestartPeriod" => {
+                cfg.initial_container_restart_period = duration(&f, x)?
+            }
+            "nodeIP" => cfg.node_ip = Some(ip(&f, x)?),
+            other => bail!("unknown field ferrolet.{other}"),
+        }
+    }
+    Ok(())
+}
+
+fn string(f: &str, v: &Value) -> Result<String> {
+    v.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("{f}: expected a string, got {v}"))
+}
+
+fn boolean(f: &str, v: &Value) -> Result<bool> {
+    v.as_bool()
+        .ok_or_else(|| anyhow!("{f}: expected true or false, got {v}"))
+}
+
+fn integer(f: &str, v: &Value) -> Result<i64> {
+    v.as_i64()
+        .ok_or_else(|| anyhow!("{f}: expected an integer, got {v}"))
+}
+
+fn duration(f: &str, v: &Value) -> Result<std::time::Duration> {
+    parse_duration(&string(f, v)?).map_err(|e| anyhow!("{f}: {e}"))
+}
+
+fn ip(f: &str, v: &Value) -> Result<IpAddr> {
+    let s = string(f, v)?;
+    s.parse()
+        .map_err(|_| anyhow!("{f}: {s:?} is not an IP address"))
+}
+
+fn port(f: &str, v: &Value) -> Result<u16> {
+    let n = integer(f, v)?;
+    u16::try_from(n).map_err(|_| anyhow!("{f}: {n} is not a port number"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(yaml: &str) -> Result<(Config, Vec<String>)> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k.yaml");
+        std::fs::write(&p, yaml).unwrap();
+        let mut c = Config::default();
+        let w = apply_file(&mut c, &p)?;
+        Ok((c, w))
+    }
+
+    const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+
+    #[test]
+    fn applies_known_fields() {
+        let (c, w) = apply(&format!(
+            "{HEAD}staticPodPath: /srv/m\nfileCheckFrequency: 5s\nsyncFrequency: 1m\nmaxPods: 7\ncontainerLogMaxSize: 1Mi\ncrashLoopBackOff:\n  maxContainerRestartPeriod: 60s\nfeatureGates:\n  Foo: true\nferrolet:\n  network: none\n"
+        ))
+        .unwrap();
+        assert_eq!(c.static_pod_path.as_deref(), Some(Path::new("/srv/m")));
+        assert_eq!(c.file_check_frequency.as_secs(), 5);
+        assert_eq!(c.sync_frequency.as_secs(), 60);
+        assert_eq!(c.max_pods, 7);
+        assert_eq!(c.container_log_max_size, 1 << 20);
+        assert_eq!(c.max_container_restart_period.as_secs(), 60);
+        assert_eq!(c.network.mode, NetworkMode::None);
+        assert!(w.iter().any(|x| x.contains("featureGates")));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = apply(&format!("{HEAD}fileCheckFrequency: 20x\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fileCheckFrequency"), "{e}");
+        let e = apply(&format!("{HEAD}bogusField: 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogusField"), "{e}");
+        let e = apply(&format!("{HEAD}maxPods: many\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maxPods"), "{e}");
+        let e = apply("kind: Pod\napiVersion: v1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kind"), "{e}");
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_the_file() {
+        let (c, _) = apply(&format!("{HEAD}staticPodPath: manifests\n")).unwrap();
+        let p = c.static_pod_path.unwrap();
+        assert!(
+            p.is_absolute() && p.ends_with("manifests"),
+            "{}",
+            p.display()
+        );
+    }
+}

@@ -1,0 +1,406 @@
+//! Validation of a static pod before it is admitted, with Kubernetes' field paths in the
+//! messages (`spec.containers[0].image: Required value`), and the features ferrolet refuses
+//! rather than silently ignores.
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+
+use crate::config::{is_dns_label, is_dns_subdomain};
+use crate::units::{bytes, milli};
+
+/// Every problem found; empty means valid.
+pub fn validate(pod: &Pod) -> Vec<String> {
+    let mut errs = Vec::new();
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    if name.is_empty() {
+        errs.push("metadata.name: Required value".into());
+    } else if !is_dns_subdomain(name) {
+        errs.push(format!(
+            "metadata.name: Invalid value: {name:?}: must be a lowercase RFC 1123 subdomain"
+        ));
+    }
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    if !is_dns_label(ns) {
+        errs.push(format!(
+            "metadata.namespace: Invalid value: {ns:?}: must be a lowercase RFC 1123 label"
+        ));
+    }
+    let Some(spec) = &pod.spec else {
+        errs.push("spec: Required value".into());
+        return errs;
+    };
+    if spec.containers.is_empty() {
+        errs.push("spec.containers: Required value".into());
+    }
+    match spec.restart_policy.as_deref() {
+        Some("Always") | Some("OnFailure") | Some("Never") | None => {}
+        Some(o) => errs.push(format!("spec.restartPolicy: Unsupported value: {o:?}: supported values: \"Always\", \"OnFailure\", \"Never\"")),
+    }
+    match spec.dns_policy.as_deref() {
+        Some("ClusterFirst") | Some("ClusterFirstWithHostNet") | Some("Default") | None => {}
+        Some("None") => {
+            if spec
+                .dns_config
+                .as_ref()
+                .is_none_or(|d| d.nameservers.as_ref().is_none_or(|n| n.is_empty()))
+            {
+                errs.push("spec.dnsConfig: Required value: must provide at least one DNS nameserver when dnsPolicy is None".into());
+            }
+        }
+        Some(o) => errs.push(format!("spec.dnsPolicy: Unsupported value: {o:?}")),
+    }
+    if spec.termination_grace_period_seconds.is_some_and(|g| g < 0) {
+        errs.push("spec.terminationGracePeriodSeconds: Invalid value: must be >= 0".into());
+    }
+    if let Some(h) = &spec.hostname {
+        if !is_dns_label(h) {
+            errs.push(format!(
+                "spec.hostname: Invalid value: {h:?}: must be a DNS label"
+            ));
+        }
+    }
+    let mut vol_names = HashSet::new();
+    for (i, v) in spec.volumes.iter().flatten().enumerate() {
+        let p = format!("spec.volumes[{i}]");
+        if !is_dns_label(&v.name) {
+            errs.push(format!("{p}.name: Invalid value: {:?}", v.name));
+        }
+        if !vol_names.insert(v.name.clone()) {
+            errs.push(format!("{p}.name: Duplicate value: {:?}", v.name));
+        }
+        let n = volume_sources(v);
+        if n == 0 {
+            errs.push(format!("{p}: Required value: must specify a volume type"));
+        } else if n > 1 {
+            errs.push(format!(
+                "{p}: Forbidden: may not specify more than 1 volume type"
+            ));
+        }
+        if let Some(h) = &v.host_path {
+            if !h.path.starts_with('/') {
+                errs.push(format!(
+                    "{p}.hostPath.path: Invalid value: {:?}: must be an absolute path",
+                    h.path
+                ));
+            }
+        }
+    }
+    let mut names = HashSet::new();
+    let all = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| ("initContainers", c))
+        .enumerate()
+        .chain(
+            spec.containers
+                .iter()
+                .map(|c| ("containers", c))
+                .enumerate(),
+        );
+    for (i, (kind, c)) in all {
+        let p = format!("spec.{kind}[{i}]");
+        if !names.insert(c.name.clone()) {
+            errs.push(format!("{p}.name: Duplicate value: {:?}", c.name));
+        }
+        container(
+            &p,
+            kind == "initContainers",
+            c,
+            &vol_names,
+            spec.host_network.unwrap_or(false),
+            &mut errs,
+        );
+    }
+    errs
+}
+
+fn container(
+    p: &str,
+    init: bool,
+    c: &Container,
+    volumes: &HashSet<String>,
+    host_network: bool,
+    errs: &mut Vec<String>,
+) {
+    if !is_dns_label(&c.name) {
+        errs.push(format!(
+            "{p}.name: Invalid value: {:?}: must be a lowercase RFC 1123 label",
+            c.name
+        ));
+    }
+    if c.image.as_deref().unwrap_or("").trim().is_empty() {
+        errs.push(format!("{p}.image: Required value"));
+    }
+    match c.image_pull_policy.as_deref() {
+        Some("Always") | Some("IfNotPresent") | Some("Never") | None => {}
+        Some(o) => errs.push(format!("{p}.imagePullPolicy: Unsupported value: {o:?}")),
+    }
+    match (init, c.restart_policy.as_deref()) {
+        (_, None) | (true, Some("Always")) => {}
+        (true, Some(o)) => errs.push(format!(
+            "{p}.restartPolicy: Unsupported value: {o:?}: supported values: \"Always\""
+        )),
+        (false, Some(_)) => errs.push(format!(
+            "{p}.restartPolicy: Forbidden: may not be set for non-init containers"
+        )),
+    }
+    match c.termination_message_policy.as_deref() {
+        Some("File") | Some("FallbackToLogsOnError") | None => {}
+        Some(o) => errs.push(format!(
+            "{p}.terminationMessagePolicy: Unsupported value: {o:?}"
+        )),
+    }
+    if let Some(wd) = &c.working_dir {
+        if !wd.is_empty() && !wd.starts_with('/') {
+            errs.push(format!(
+                "{p}.workingDir: Invalid value: {wd:?}: must be an absolute path"
+            ));
+        }
+    }
+    for (j, port) in c.ports.iter().flatten().enumerate() {
+        let pp = format!("{p}.ports[{j}]");
+        if !(1..=65535).contains(&port.container_port) {
+            errs.push(format!(
+                "{pp}.containerPort: Invalid value: {}: must be between 1 and 65535",
+                port.container_port
+            ));
+        }
+        if let Some(h) = port.host_port {
+            if !(0..=65535).contains(&h) {
+                errs.push(format!(
+                    "{pp}.hostPort: Invalid value: {h}: must be between 1 and 65535"
+                ));
+            }
+            if host_network && h != 0 && h != port.container_port {
+                errs.push(format!("{pp}.hostPort: Invalid value: {h}: must match containerPort when hostNetwork is true"));
+            }
+        }
+        match port.protocol.as_deref() {
+            Some("TCP") | Some("UDP") | Some("SCTP") | None => {}
+            Some(o) => errs.push(format!("{pp}.protocol: Unsupported value: {o:?}")),
+        }
+    }
+    for (j, e) in c.env.iter().flatten().enumerate() {
+        if e.name.is_empty() || e.name.contains('=') {
+            errs.push(format!("{p}.env[{j}].name: Invalid value: {:?}", e.name));
+        }
+        if e.value.is_some() && e.value_from.is_some() {
+            errs.push(format!("{p}.env[{j}].valueFrom: Invalid value: may not be specified when `value` is not empty"));
+        }
+    }
+    let mut mount_paths = HashSet::new();
+    for (j, m) in c.volume_mounts.iter().flatten().enumerate() {
+        let mp = format!("{p}.volumeMounts[{j}]");
+        if !volumes.contains(&m.name) {
+            errs.push(format!("{mp}.name: Not found: {:?}", m.name));
+        }
+        if m.mount_path.is_empty() {
+            errs.push(format!("{mp}.mountPath: Required value"));
+        } else if !mount_paths.insert(m.mount_path.clone()) {
+            errs.push(format!(
+                "{mp}.mountPath: Invalid value: {:?}: must be unique",
+                m.mount_path
+            ));
+        }
+        if let Some(sp) = &m.sub_path {
+            if sp.starts_with('/') || sp.split('/').any(|x| x == "..") {
+                errs.push(format!(
+                    "{mp}.subPath: Invalid value: {sp:?}: must be a relative path without '..'"
+                ));
+            }
+        }
+    }
+    if let Some(r) = &c.resources {
+        for (k, q) in r.requests.iter().flatten().chain(r.limits.iter().flatten()) {
+            let ok = match k.as_str() {
+                "cpu" => milli(&q.0).is_ok(),
+                _ => bytes(&q.0).is_ok(),
+            };
+            if !ok {
+                errs.push(format!(
+                    "{p}.resources: Invalid value: {:?}: {k} quantity {:?} is not valid",
+                    q.0, q.0
+                ));
+            }
+        }
+        if let (Some(req), Some(lim)) = (&r.requests, &r.limits) {
+            for (k, rq) in req {
+                if let Some(lq) = lim.get(k) {
+                    let (a, b) = if k == "cpu" {
+                        (milli(&rq.0).unwrap_or(0), milli(&lq.0).unwrap_or(0))
+                    } else {
+                        (bytes(&rq.0).unwrap_or(0), bytes(&lq.0).unwrap_or(0))
+                    };
+                    if a > b {
+                        errs.push(format!("{p}.resources.requests[{k}]: Invalid value: {:?}: must be less than or equal to {k} limit of {}", rq.0, lq.0));
+                    }
+                }
+            }
+        }
+    }
+    if let Some(sc) = &c.security_context {
+        if let Some(pm) = &sc.proc_mount {
+            if pm != "Default" && pm != "Unmasked" {
+                errs.push(format!(
+                    "{p}.securityContext.procMount: Unsupported value: {pm:?}"
+                ));
+            }
+        }
+    }
+}
+
+fn volume_sources(v: &Volume) -> usize {
+    [
+        v.empty_dir.is_some(),
+        v.host_path.is_some(),
+        v.config_map.is_some(),
+        v.secret.is_some(),
+        v.downward_api.is_some(),
+        v.projected.is_some(),
+        v.persistent_volume_claim.is_some(),
+        v.nfs.is_some(),
+        v.iscsi.is_some(),
+        v.csi.is_some(),
+        v.ephemeral.is_some(),
+        v.image.is_some(),
+        v.fc.is_some(),
+        v.git_repo.is_some(),
+        v.cephfs.is_some(),
+        v.rbd.is_some(),
+        v.glusterfs.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count()
+}
+
+/// Features ferrolet does not run, each with the reason a user sees in the pod's status.
+/// Returns the first one found.
+pub fn unsupported(pod: &Pod) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    for v in spec.volumes.iter().flatten() {
+        let what = if v.config_map.is_some() {
+            Some("configMap")
+        } else if v.secret.is_some() {
+            Some("secret")
+        } else if v.persistent_volume_claim.is_some() {
+            Some("persistentVolumeClaim")
+        } else if v.projected.is_some() {
+            Some("projected")
+        } else if v.empty_dir.is_none() && v.host_path.is_none() && v.downward_api.is_none() {
+            Some("this volume type")
+        } else {
+            None
+        };
+        if let Some(w) = what {
+            return Some(format!(
+                "spec.volumes[{}]: {w} volumes are not supported by ferrolet (static pods have no API server to read them from); use emptyDir, hostPath or downwardAPI",
+                v.name
+            ));
+        }
+    }
+    if spec
+        .ephemeral_containers
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
+        return Some("spec.ephemeralContainers: not supported".into());
+    }
+    if spec.host_users == Some(false) {
+        return Some("spec.hostUsers: false (user namespaces) is not supported".into());
+    }
+    if let Some(rc) = spec.runtime_class_name.as_deref().filter(|s| !s.is_empty()) {
+        return Some(format!(
+            "spec.runtimeClassName: {rc:?}: ferrolet has one runtime and no runtime classes"
+        ));
+    }
+    if spec.os.as_ref().is_some_and(|o| o.name != "linux") {
+        return Some("spec.os.name: only linux pods run on this node".into());
+    }
+    if spec.share_process_namespace == Some(true) && spec.host_pid == Some(true) {
+        return Some("spec.shareProcessNamespace: may not be combined with hostPID".into());
+    }
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
+        if c.tty == Some(true) || c.stdin == Some(true) {
+            return Some(format!(
+                "container {:?}: stdin/tty are not supported for static pods",
+                c.name
+            ));
+        }
+        for e in c.env_from.iter().flatten() {
+            if e.config_map_ref.is_some() || e.secret_ref.is_some() {
+                return Some(format!(
+                    "container {:?}: envFrom configMapRef/secretRef needs an API server, which a static pod does not have",
+                    c.name
+                ));
+            }
+        }
+        for (i, e) in c.env.iter().flatten().enumerate() {
+            if let Some(vf) = &e.value_from {
+                if vf.config_map_key_ref.is_some() || vf.secret_key_ref.is_some() {
+                    return Some(format!(
+                        "container {:?}: env[{i}] ({}) from a configMap or secret needs an API server, which a static pod does not have",
+                        c.name, e.name
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        let mut p: Pod = serde_json::from_value(v).unwrap();
+        super::super::defaults::apply(&mut p);
+        p
+    }
+
+    #[test]
+    fn valid_pod_has_no_errors() {
+        let p = pod(
+            serde_json::json!({"metadata":{"name":"a-node"},"spec":{"containers":[{"name":"c","image":"busybox"}]}}),
+        );
+        assert!(validate(&p).is_empty(), "{:?}", validate(&p));
+    }
+
+    #[test]
+    fn errors_carry_field_paths() {
+        let p = pod(
+            serde_json::json!({"metadata":{"name":"a"},"spec":{"restartPolicy":"Sometimes","containers":[
+            {"name":"c","image":""},{"name":"c","image":"x","volumeMounts":[{"name":"nope","mountPath":"/x"}]}]}}),
+        );
+        let e = validate(&p).join("\n");
+        assert!(e.contains("spec.restartPolicy: Unsupported value"), "{e}");
+        assert!(
+            e.contains("spec.containers[0].image: Required value"),
+            "{e}"
+        );
+        assert!(
+            e.contains("spec.containers[1].name: Duplicate value"),
+            "{e}"
+        );
+        assert!(
+            e.contains("spec.containers[1].volumeMounts[0].name: Not found"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unsupported_features_are_named() {
+        let p = pod(
+            serde_json::json!({"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"x"}],
+            "volumes":[{"name":"cfg","configMap":{"name":"x"}}]}}),
+        );
+        assert!(unsupported(&p).unwrap().contains("configMap"));
+    }
+}

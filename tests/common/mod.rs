@@ -1,0 +1,394 @@
+//! A real agent per test: `ferrolet run` as a child process with its own root dir, manifest
+//! dir and a cgroup nested under this process's own; pods are read back over the agent's unix
+//! socket. Dropping the handle stops the agent, runs `ferrolet reset` and removes everything,
+//! pass or fail.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrolet_runtime::cgroups::{Cgroups, NestedRoot};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ferrolet");
+
+pub struct Agent {
+    pub name: String,
+    pub dir: PathBuf,
+    pub root: PathBuf,
+    pub manifests: PathBuf,
+    pub logs: PathBuf,
+    pub cgroup: NestedRoot,
+    pub args: Vec<String>,
+    /// More KubeletConfiguration fields (YAML lines) for this agent.
+    pub extra_config: String,
+    child: Option<Child>,
+    pub node: String,
+}
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the agent tests run real pods and need root"
+    );
+}
+
+impl Agent {
+    /// Start an agent; `extra` are more `ferrolet run` flags.
+    pub fn start(name: &str, extra: &[&str]) -> Agent {
+        Agent::start_with_config(name, extra, "")
+    }
+
+    pub fn start_with_config(name: &str, extra: &[&str], config: &str) -> Agent {
+        require_root();
+        let dir = std::env::temp_dir().join(format!("ferrolet-it-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("manifests")).unwrap();
+        let cgroups = Cgroups::detect().expect("cgroups");
+        let cgroup = NestedRoot::create(
+            &cgroups,
+            &format!("ferrolet-it-{name}-{}", std::process::id()),
+        )
+        .expect("nested cgroup root");
+        let mut a = Agent {
+            name: name.to_string(),
+            root: dir.join("root"),
+            manifests: dir.join("manifests"),
+            logs: dir.join("logs"),
+            dir,
+            cgroup,
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            extra_config: config.to_string(),
+            child: None,
+            node: format!("node-{name}"),
+        };
+        a.spawn();
+        a
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("agent.log"))
+            .unwrap();
+        let config = self.dir.join("kubelet.yaml");
+        if !config.exists() {
+            std::fs::write(
+                &config,
+                format!(
+                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n{}{}",
+                    self.logs.display(),
+                    if self.extra_config.contains("readOnlyPort") { "" } else { "readOnlyPort: 0\n" },
+                    self.extra_config
+                ),
+            )
+            .unwrap();
+        }
+        let mut cmd = Command::new(BIN);
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&config)
+            .arg("--pod-manifest-path")
+            .arg(&self.manifests)
+            .arg("--root-dir")
+            .arg(&self.root)
+            .arg("--cgroup-root")
+            .arg(self.cgroup.path())
+            .arg("--hostname-override")
+            .arg(&self.node)
+            .arg("--file-check-frequency")
+            .arg("2s")
+            .arg("--sync-frequency")
+            .arg("10s")
+            .arg("--network")
+            .arg("none")
+            .arg("--initial-container-restart-period")
+            .arg("1s")
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        cmd.env("RUST_LOG", "ferrolet=debug,ferrolet_runtime=info");
+        self.child = Some(cmd.spawn().expect("spawn ferrolet"));
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if self.get("/healthz").is_ok() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("agent exited early ({st}):\n{}", self.agent_log());
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent did not come up:\n{}",
+                self.agent_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.root.join("ferrolet.sock")
+    }
+
+    /// A GET over the agent's unix socket (HTTP/1.0, whole body).
+    pub fn get(&self, path: &str) -> Result<(u16, Vec<u8>), String> {
+        let mut s = UnixStream::connect(self.socket()).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(20))).ok();
+        write!(s, "GET {path} HTTP/1.0\r\nHost: ferrolet\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+        let split = buf
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or("no header end")?;
+        let head = String::from_utf8_lossy(&buf[..split]).to_string();
+        let code: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or("bad status line")?;
+        Ok((code, buf[split + 4..].to_vec()))
+    }
+
+    pub fn pods(&self) -> Vec<Pod> {
+        let (_, body) = self.get("/pods").expect("GET /pods");
+        let v: Value = serde_json::from_slice(&body).expect("PodList json");
+        assert_eq!(v["kind"], "PodList");
+        serde_json::from_value(v["items"].clone()).unwrap()
+    }
+
+    pub fn ferrolet_pods(&self) -> Value {
+        let (_, body) = self.get("/ferrolet/pods").expect("GET /ferrolet/pods");
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// The static pod for manifest pod name `name`.
+    pub fn pod(&self, name: &str) -> Option<Pod> {
+        let full = format!("{name}-{}", self.node);
+        self.pods()
+            .into_iter()
+            .find(|p| p.metadata.name.as_deref() == Some(&full))
+    }
+
+    pub fn write(&self, file: &str, yaml: &str) {
+        // Written aside and renamed in, as a careful operator (or config tool) would.
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, self.manifests.join(file)).unwrap();
+    }
+
+    pub fn remove(&self, file: &str) {
+        std::fs::remove_file(self.manifests.join(file)).unwrap();
+    }
+
+    /// Wait until `f` holds for the pod `name` (Some) or its absence (None).
+    pub fn wait_pod(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        f: impl Fn(Option<&Pod>) -> bool,
+    ) -> Option<Pod> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let p = self.pod(name);
+            if f(p.as_ref()) {
+                return p;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out after {timeout:?} waiting for pod {name}: {what}\nlast seen: {}\n--- agent log (tail) ---\n{}",
+                    serde_json::to_string_pretty(&p.as_ref().map(|p| &p.status)).unwrap(),
+                    tail(&self.agent_log(), 40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Wait until the pod exists and `f` holds for it.
+    pub fn wait_for(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        f: impl Fn(&Pod) -> bool,
+    ) -> Pod {
+        self.wait_pod(name, what, timeout, |p| p.is_some_and(&f))
+            .unwrap()
+    }
+
+    pub fn wait_gone(&self, name: &str, timeout: Duration) {
+        self.wait_pod(name, "gone", timeout, |p| p.is_none());
+    }
+
+    pub fn wait_phase(&self, name: &str, phase: &str, timeout: Duration) -> Pod {
+        self.wait_pod(name, &format!("phase {phase}"), timeout, |p| {
+            phase_of(p) == Some(phase)
+        })
+        .unwrap()
+    }
+
+    pub fn logs(&self, pod: &str, query: &str) -> String {
+        let (code, body) = self
+            .get(&format!(
+                "/ferrolet/logs/default/{pod}-{}?{query}",
+                self.node
+            ))
+            .expect("logs");
+        let s = String::from_utf8_lossy(&body).to_string();
+        assert_eq!(code, 200, "logs: {s}");
+        s
+    }
+
+    /// Run the `ferrolet` CLI against this agent.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        // --root-dir right after the subcommand: anything after `--` belongs to the command.
+        Command::new(BIN)
+            .arg(args[0])
+            .arg("--root-dir")
+            .arg(&self.root)
+            .args(&args[1..])
+            .output()
+            .expect("run ferrolet")
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().ok();
+            c.wait().ok();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            c.kill().ok();
+            c.wait().ok();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+        let out = Command::new(BIN)
+            .arg("reset")
+            .arg("--root-dir")
+            .arg(&self.root)
+            .output();
+        if let Ok(o) = &out {
+            if !o.status.success() {
+                eprintln!("reset failed: {}", String::from_utf8_lossy(&o.stderr));
+            }
+        }
+        if let Err(e) = self.cgroup.cleanup() {
+            eprintln!("cgroup cleanup: {e}");
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- agent log of {} ---\n{}",
+                self.name,
+                tail(&self.agent_log(), 60)
+            );
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+pub fn phase_of(p: Option<&Pod>) -> Option<&str> {
+    p?.status.as_ref()?.phase.as_deref()
+}
+
+pub fn try_container_status<'a>(
+    p: &'a Pod,
+    name: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::ContainerStatus> {
+    let st = p.status.as_ref()?;
+    st.container_statuses
+        .iter()
+        .flatten()
+        .chain(st.init_container_statuses.iter().flatten())
+        .find(|c| c.name == name)
+}
+
+pub fn container_status<'a>(
+    p: &'a Pod,
+    name: &str,
+) -> &'a k8s_openapi::api::core::v1::ContainerStatus {
+    try_container_status(p, name).unwrap_or_else(|| panic!("no status for container {name}"))
+}
+
+pub fn waiting_reason(p: &Pod, name: &str) -> Option<String> {
+    try_container_status(p, name)?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .reason
+        .clone()
+}
+
+pub fn restarts(p: &Pod, name: &str) -> i32 {
+    try_container_status(p, name)
+        .map(|c| c.restart_count)
+        .unwrap_or(0)
+}
+
+pub fn running(p: &Pod, name: &str) -> bool {
+    try_container_status(p, name)
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.running.is_some())
+}
+
+pub fn scratch(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+pub const IMAGE: &str = "busybox:1.35";
+
+/// A pod manifest with one container running `script` under `sh -c`.
+pub fn pod_yaml(name: &str, restart: &str, script: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {restart}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [\"sh\", \"-c\", {script:?}]\n"
+    )
+}

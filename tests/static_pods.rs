@@ -1,0 +1,733 @@
+//! The agent's main job, with real pods: static pods from a manifest directory, as kubelet runs
+//! them. Each test runs its own `ferrolet run` (see common/mod.rs).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const T: Duration = Duration::from_secs(30);
+
+#[test]
+fn add_update_remove_manifests() {
+    let a = Agent::start("addupd", &[]);
+    a.write(
+        "hello.yaml",
+        &pod_yaml("hello", "Always", "echo v1; sleep 3600"),
+    );
+    let p1 = a.wait_phase("hello", "Running", T);
+    let uid1 = p1.metadata.uid.clone().unwrap();
+    assert_eq!(p1.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(
+        p1.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(a.node.as_str())
+    );
+    assert_eq!(
+        p1.metadata.annotations.as_ref().unwrap()["kubernetes.io/config.source"],
+        "file"
+    );
+    assert!(a.logs("hello", "").contains("v1"));
+    // A changed manifest is a new pod (new UID); the old one is terminated.
+    a.write(
+        "hello.yaml",
+        &pod_yaml("hello", "Always", "echo v2; sleep 3600"),
+    );
+    let p2 = a.wait_pod("hello", "the new version running", T, |p| {
+        p.is_some_and(|p| {
+            p.metadata.uid.as_deref() != Some(uid1.as_str()) && phase_of(Some(p)) == Some("Running")
+        })
+    });
+    assert!(
+        a.logs("hello", "").contains("v2"),
+        "{}",
+        a.logs("hello", "")
+    );
+    assert_eq!(a.pods().len(), 1, "the old version is gone");
+    let _ = p2;
+    // Removing the file deletes the pod and everything it had.
+    a.remove("hello.yaml");
+    a.wait_gone("hello", T);
+    let pods_dir = a.root.join("pods");
+    let deadline = Instant::now() + T;
+    while std::fs::read_dir(&pods_dir).map(|d| d.count()).unwrap_or(0) > 0 {
+        assert!(Instant::now() < deadline, "pod state left behind");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let containers = std::fs::read_dir(a.root.join("containers"))
+        .unwrap()
+        .count();
+    assert_eq!(containers, 0, "containers left behind");
+}
+
+#[test]
+fn init_containers_run_in_order_then_app() {
+    let a = Agent::start("initorder", &[]);
+    a.write(
+        "init.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: init}}
+spec:
+  initContainers:
+  - {{name: one, image: {IMAGE}, command: [sh, -c, "echo -n 1 >> /work/order"], volumeMounts: [{{name: w, mountPath: /work}}]}}
+  - {{name: two, image: {IMAGE}, command: [sh, -c, "sleep 0.3; echo -n 2 >> /work/order"], volumeMounts: [{{name: w, mountPath: /work}}]}}
+  containers:
+  - {{name: app, image: {IMAGE}, command: [sh, -c, "echo order=$(cat /work/order); sleep 3600"], volumeMounts: [{{name: w, mountPath: /work}}]}}
+  volumes: [{{name: w, emptyDir: {{}}}}]
+"#
+        ),
+    );
+    let p = a.wait_phase("init", "Running", T);
+    assert!(a.logs("init", "container=app").contains("order=12"));
+    let st = p.status.as_ref().unwrap();
+    let inits = st.init_container_statuses.as_ref().unwrap();
+    for i in inits {
+        let t = i
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .expect("init terminated");
+        assert_eq!((t.exit_code, t.reason.as_deref()), (0, Some("Completed")));
+    }
+    let cond = |t: &str| {
+        st.conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap()
+            .status
+            .clone()
+    };
+    assert_eq!(cond("Initialized"), "True");
+    assert_eq!(cond("Ready"), "True");
+}
+
+#[test]
+fn failing_init_container_restart_policies() {
+    let a = Agent::start("initfail", &[]);
+    let pod = |name: &str, policy: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  restartPolicy: {policy}
+  initContainers:
+  - {{name: bad, image: {IMAGE}, command: [sh, -c, "exit 2"]}}
+  containers:
+  - {{name: app, image: {IMAGE}, command: [sleep, "3600"]}}
+"#
+        )
+    };
+    a.write("never.yaml", &pod("never", "Never"));
+    a.write("always.yaml", &pod("always", "Always"));
+    // Never: the pod fails and the app container never starts.
+    let p = a.wait_phase("never", "Failed", T);
+    let bad = container_status(&p, "bad");
+    assert_eq!(
+        bad.state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap()
+            .exit_code,
+        2
+    );
+    assert!(
+        container_status(&p, "app").container_id.is_none(),
+        "app must not start"
+    );
+    // Always: the init container is retried under back-off; the pod stays Pending.
+    let p = a.wait_for("always", "init restarted twice", T, |p| {
+        restarts(p, "bad") >= 2
+    });
+    assert_eq!(phase_of(Some(&p)), Some("Pending"));
+    assert!(container_status(&p, "app").container_id.is_none());
+    let out = a.cli(&["pods"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("Init:") && table.contains("always-"),
+        "{table}"
+    );
+}
+
+#[test]
+fn sidecar_keeps_running_beside_the_app() {
+    let a = Agent::start("sidecar", &[]);
+    a.write(
+        "side.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: side}}
+spec:
+  initContainers:
+  - name: logger
+    image: {IMAGE}
+    restartPolicy: Always
+    command: [sh, -c, "while true; do date >> /shared/log; sleep 0.2; done"]
+    volumeMounts: [{{name: s, mountPath: /shared}}]
+  - {{name: after, image: {IMAGE}, command: [sh, -c, "test -s /shared/log"], volumeMounts: [{{name: s, mountPath: /shared}}]}}
+  containers:
+  - {{name: app, image: {IMAGE}, command: [sh, -c, "sleep 1; wc -l < /shared/log; sleep 3600"], volumeMounts: [{{name: s, mountPath: /shared}}]}}
+  volumes: [{{name: s, emptyDir: {{}}}}]
+"#
+        ),
+    );
+    let p = a.wait_phase("side", "Running", T);
+    assert!(running(&p, "logger"), "the sidecar runs");
+    assert!(running(&p, "app"));
+    let after = container_status(&p, "after");
+    assert_eq!(
+        after
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap()
+            .exit_code,
+        0,
+        "the next init container saw the sidecar's output"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let n: u32 = a
+        .logs("side", "container=app")
+        .trim()
+        .parse()
+        .expect("a line count");
+    assert!(n > 2, "sidecar kept writing: {n}");
+    let table = String::from_utf8_lossy(&a.cli(&["pods"]).stdout).to_string();
+    assert!(table.contains("2/2"), "sidecar counts in READY: {table}");
+}
+
+#[test]
+fn restart_policies_exit_0_and_1() {
+    let a = Agent::start("restarts", &[]);
+    let cases = [
+        ("always-ok", "Always", 0),
+        ("always-fail", "Always", 1),
+        ("onfailure-ok", "OnFailure", 0),
+        ("onfailure-fail", "OnFailure", 1),
+        ("never-ok", "Never", 0),
+        ("never-fail", "Never", 1),
+    ];
+    for (name, policy, code) in cases {
+        a.write(
+            &format!("{name}.yaml"),
+            &pod_yaml(name, policy, &format!("echo run; exit {code}")),
+        );
+    }
+    // Restarting ones: restart count grows, last state is the exit, reason CrashLoopBackOff.
+    for name in ["always-ok", "always-fail", "onfailure-fail"] {
+        let p = a.wait_for(name, "restarted twice", T, |p| restarts(p, "main") >= 2);
+        let c = container_status(&p, "main");
+        let last = c
+            .last_state
+            .as_ref()
+            .and_then(|l| l.terminated.as_ref())
+            .expect("lastState.terminated");
+        assert!(last.container_id.is_some());
+        assert_eq!(phase_of(Some(&p)), Some("Running"), "{name}");
+    }
+    let p = a.wait_for("always-fail", "CrashLoopBackOff", T, |p| {
+        waiting_reason(p, "main").as_deref() == Some("CrashLoopBackOff")
+    });
+    let msg = container_status(&p, "main")
+        .state
+        .as_ref()
+        .unwrap()
+        .waiting
+        .as_ref()
+        .unwrap()
+        .message
+        .clone()
+        .unwrap();
+    assert!(
+        msg.contains("back-off") && msg.contains("restarting failed container=main"),
+        "{msg}"
+    );
+    // Finished ones stay finished.
+    for (name, phase, code, reason) in [
+        ("onfailure-ok", "Succeeded", 0, "Completed"),
+        ("never-ok", "Succeeded", 0, "Completed"),
+        ("never-fail", "Failed", 1, "Error"),
+    ] {
+        let p = a.wait_phase(name, phase, T);
+        let t = container_status(&p, "main")
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .clone()
+            .expect("terminated");
+        assert_eq!(
+            (t.exit_code, t.reason.as_deref()),
+            (code, Some(reason)),
+            "{name}"
+        );
+        assert_eq!(restarts(&p, "main"), 0, "{name} never restarts");
+    }
+}
+
+#[test]
+fn crash_loop_back_off_grows() {
+    let a = Agent::start("backoff", &[]);
+    a.write(
+        "crash.yaml",
+        &pod_yaml("crash", "Always", "date +%s%N; exit 1"),
+    );
+    // initial back-off 1s (test setting): restarts wait 0, 1, 2, 4 s.
+    a.wait_for("crash", "4 restarts", Duration::from_secs(40), |p| {
+        restarts(p, "main") >= 4
+    });
+    // Start times of attempts 1..4 from the terminated states we saw: use the agent's log.
+    let log = a.agent_log();
+    let starts: Vec<f64> = log
+        .lines()
+        .filter(|l| l.contains("Started container main"))
+        .filter_map(|l| chrono::DateTime::parse_from_rfc3339(l.split_whitespace().next()?).ok())
+        .map(|t| t.timestamp_millis() as f64 / 1000.0)
+        .collect();
+    assert!(starts.len() >= 5, "{starts:?}");
+    let gaps: Vec<f64> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+    // Each wait at least the back-off, and growing.
+    assert!(
+        gaps[1] >= 0.9 && gaps[2] >= 1.9 && gaps[3] >= 3.9,
+        "gaps {gaps:?}"
+    );
+    assert!(
+        gaps[3] > gaps[2] && gaps[2] > gaps[1],
+        "back-off grows: {gaps:?}"
+    );
+}
+
+#[test]
+fn graceful_termination_honours_grace_period() {
+    let a = Agent::start("grace", &[]);
+    let marks = scratch(&a.dir, "marks");
+    let pod = |name: &str, grace: u32, script: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: {grace}
+  containers:
+  - name: main
+    image: {IMAGE}
+    command: [sh, -c, {script:?}]
+    volumeMounts: [{{name: m, mountPath: /marks}}]
+  volumes: [{{name: m, hostPath: {{path: {}, type: Directory}}}}]
+"#,
+            marks.display()
+        )
+    };
+    // Exits on TERM: deletion finishes quickly, well inside the 20s grace period.
+    a.write(
+        "trap.yaml",
+        &pod(
+            "trap",
+            20,
+            "trap 'echo term > /marks/trap; exit 0' TERM; while true; do sleep 0.1; done",
+        ),
+    );
+    // Ignores TERM: killed when its 2s grace period ends.
+    a.write(
+        "stubborn.yaml",
+        &pod(
+            "stubborn",
+            2,
+            "trap '' TERM; while true; do sleep 0.1; done",
+        ),
+    );
+    a.wait_phase("trap", "Running", T);
+    a.wait_phase("stubborn", "Running", T);
+    let t0 = Instant::now();
+    a.remove("trap.yaml");
+    a.wait_gone("trap", T);
+    let quick = t0.elapsed();
+    assert_eq!(
+        std::fs::read_to_string(marks.join("trap"))
+            .unwrap_or_default()
+            .trim(),
+        "term",
+        "the container got SIGTERM"
+    );
+    assert!(
+        quick < Duration::from_secs(8),
+        "exited on TERM, not after the grace period: {quick:?}"
+    );
+    let t1 = Instant::now();
+    a.remove("stubborn.yaml");
+    a.wait_gone("stubborn", T);
+    let slow = t1.elapsed();
+    assert!(
+        slow >= Duration::from_millis(1900) && slow < Duration::from_secs(10),
+        "killed after the grace period: {slow:?}"
+    );
+}
+
+#[test]
+fn broken_manifest_beside_good_ones() {
+    let a = Agent::start("broken", &[]);
+    a.write("good.yaml", &pod_yaml("good", "Always", "sleep 3600"));
+    a.write("bad.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bad\nspec:\n  containers: [ {name: x, image: busybox\n");
+    a.write("invalid.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: invalid\nspec:\n  restartPolicy: Sometimes\n  containers:\n  - name: x\n    image: busybox\n");
+    a.write(".hidden.yaml", "not even yaml: [");
+    a.wait_phase("good", "Running", T);
+    let v = a.ferrolet_pods();
+    let errs = v["manifestErrors"].as_object().unwrap();
+    let find = |f: &str| {
+        errs.iter()
+            .find(|(k, _)| k.ends_with(f))
+            .map(|(_, v)| v.as_str().unwrap().to_string())
+    };
+    assert!(find("bad.yaml").unwrap().contains("YAML"), "{errs:?}");
+    assert!(
+        find("invalid.yaml").unwrap().contains("spec.restartPolicy"),
+        "{errs:?}"
+    );
+    assert!(find(".hidden.yaml").is_none(), "dot files are ignored");
+    let table = String::from_utf8_lossy(&a.cli(&["pods"]).stdout).to_string();
+    assert!(
+        table.contains("bad.yaml") && table.contains("MANIFESTS NOT RUNNING"),
+        "{table}"
+    );
+    // Fixing the file runs it; the good pod was never disturbed.
+    let good_id = container_status(&a.pod("good").unwrap(), "main")
+        .container_id
+        .clone();
+    a.write("bad.yaml", &pod_yaml("bad", "Always", "sleep 3600"));
+    a.wait_phase("bad", "Running", T);
+    assert_eq!(
+        container_status(&a.pod("good").unwrap(), "main").container_id,
+        good_id
+    );
+    // A good file turned bad keeps its last good version running.
+    a.write("good.yaml", "kind: Pod\nthis is: [broken");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        container_status(&a.pod("good").unwrap(), "main").container_id,
+        good_id
+    );
+    assert!(a.ferrolet_pods()["manifestErrors"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .any(|k| k.ends_with("good.yaml")));
+}
+
+#[test]
+fn missing_image_is_reported() {
+    let a = Agent::start("noimage", &[]);
+    a.write("pull.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: pull}\nspec:\n  containers:\n  - {name: c, image: example.com/nothing:1}\n");
+    a.write("never.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: never}\nspec:\n  containers:\n  - {name: c, image: example.com/nothing:1, imagePullPolicy: Never}\n");
+    let p = a.wait_for("pull", "image pull failure", T, |p| {
+        matches!(
+            waiting_reason(p, "c").as_deref(),
+            Some("ErrImagePull") | Some("ImagePullBackOff")
+        )
+    });
+    assert_eq!(phase_of(Some(&p)), Some("Pending"));
+    a.wait_for("pull", "ImagePullBackOff", T, |p| {
+        waiting_reason(p, "c").as_deref() == Some("ImagePullBackOff")
+    });
+    let p = a.wait_for("never", "ErrImageNeverPull", T, |p| {
+        waiting_reason(p, "c").as_deref() == Some("ErrImageNeverPull")
+    });
+    let msg = container_status(&p, "c")
+        .state
+        .as_ref()
+        .unwrap()
+        .waiting
+        .as_ref()
+        .unwrap()
+        .message
+        .clone()
+        .unwrap();
+    assert!(
+        msg.contains("example.com/nothing:1") && msg.contains("Never"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn agent_kill9_and_restart_keeps_containers() {
+    let mut a = Agent::start("kill9", &[]);
+    a.write(
+        "keep.yaml",
+        &pod_yaml(
+            "keep",
+            "Always",
+            "while true; do echo tick; sleep 0.2; done",
+        ),
+    );
+    a.write("crashy.yaml", &pod_yaml("crashy", "Always", "exit 1"));
+    let before = a.wait_phase("keep", "Running", T);
+    let crashy = a.wait_for("crashy", "one restart", T, |p| restarts(p, "main") >= 1);
+    let id = container_status(&before, "main")
+        .container_id
+        .clone()
+        .unwrap();
+    let started = container_status(&before, "main")
+        .state
+        .as_ref()
+        .unwrap()
+        .running
+        .as_ref()
+        .unwrap()
+        .started_at
+        .clone();
+    a.restart();
+    let after = a.wait_phase("keep", "Running", T);
+    let c = container_status(&after, "main");
+    assert_eq!(
+        c.container_id.as_deref(),
+        Some(id.as_str()),
+        "same container after the agent restart"
+    );
+    assert_eq!(c.restart_count, 0);
+    assert_eq!(
+        c.state
+            .as_ref()
+            .unwrap()
+            .running
+            .as_ref()
+            .unwrap()
+            .started_at,
+        started
+    );
+    assert_eq!(
+        after.status.as_ref().unwrap().start_time,
+        before.status.as_ref().unwrap().start_time,
+        "start time carried over"
+    );
+    // Restart counts carry over too.
+    let p = a.pod("crashy").unwrap();
+    assert!(restarts(&p, "main") >= restarts(&crashy, "main"));
+    assert!(a.logs("keep", "tailLines=1").contains("tick"));
+}
+
+#[test]
+fn admission_max_pods_and_unsupported_features() {
+    let a = Agent::start("admit", &["--max-pods", "1"]);
+    a.write("a.yaml", &pod_yaml("a", "Always", "sleep 3600"));
+    a.wait_phase("a", "Running", T);
+    a.write("b.yaml", &pod_yaml("b", "Always", "sleep 3600"));
+    let b = a.wait_phase("b", "Failed", T);
+    assert_eq!(
+        b.status.as_ref().unwrap().reason.as_deref(),
+        Some("OutOfpods")
+    );
+    a.write("cm.yaml", &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: cm}}\nspec:\n  containers:\n  - {{name: c, image: {IMAGE}}}\n  volumes:\n  - {{name: v, configMap: {{name: x}}}}\n"));
+    let cm = a.wait_phase("cm", "Failed", T);
+    let st = cm.status.as_ref().unwrap();
+    assert_eq!(st.reason.as_deref(), Some("UnsupportedPodSpec"));
+    assert!(st.message.as_deref().unwrap().contains("configMap"));
+}
+
+#[test]
+fn logs_and_exec_through_the_cli() {
+    let a = Agent::start("cli", &[]);
+    a.write(
+        "talk.yaml",
+        &pod_yaml(
+            "talk",
+            "Always",
+            "for i in 1 2 3 4 5; do echo line $i; done; echo oops >&2; sleep 3600",
+        ),
+    );
+    let p = a.wait_phase("talk", "Running", T);
+    let name = p.metadata.name.clone().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = a.cli(&["logs", &name, "--tail", "2"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "line 5\noops\n");
+    // The manifest name works too.
+    let out = a.cli(&["logs", "talk", "-c", "main", "--timestamps", "--tail", "1"]);
+    let s = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(s.ends_with(" oops\n") && s.contains('T'), "{s}");
+    let out = a.cli(&[
+        "exec",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "echo hi from $(hostname); exit 3",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("hi from {name}\n")
+    );
+    let out = a.cli(&["exec", "nosuchpod", "--", "true"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+    let out = a.cli(&["pods", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["items"][0]["metadata"]["name"], name.as_str());
+    let out = a.cli(&["pods", "-o", "yaml"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("kind: List"));
+}
+
+#[test]
+fn previous_logs_after_a_restart() {
+    let a = Agent::start("prev", &[]);
+    a.write(
+        "once.yaml",
+        &pod_yaml(
+            "once",
+            "Always",
+            "echo attempt-$(cat /proc/sys/kernel/random/uuid | cut -c1-8); sleep 1; exit 1",
+        ),
+    );
+    a.wait_for("once", "restarted", T, |p| {
+        restarts(p, "main") >= 1 && running(p, "main")
+    });
+    let prev = a.logs("once", "previous=true");
+    let cur = a.logs("once", "");
+    assert!(
+        prev.starts_with("attempt-") && cur.starts_with("attempt-") && prev != cur,
+        "{prev:?} vs {cur:?}"
+    );
+}
+
+#[test]
+fn follow_streams_until_the_container_exits() {
+    let a = Agent::start("follow", &[]);
+    a.write(
+        "f.yaml",
+        &pod_yaml("f", "Never", "for i in 1 2 3; do echo n$i; sleep 0.5; done"),
+    );
+    a.wait_for("f", "started", T, |p| running(p, "main"));
+    let t0 = Instant::now();
+    let s = a.logs("f", "follow=true");
+    assert_eq!(s, "n1\nn2\nn3\n");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn http_pods_endpoint_and_config_errors() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let a = Agent::start_with_config("http", &[], &format!("readOnlyPort: {port}\n"));
+    a.write("web.yaml", &pod_yaml("web", "Always", "sleep 3600"));
+    a.wait_phase("web", "Running", T);
+    let get = |path: &str| -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(get("/healthz").ends_with("ok"));
+    let body = get("/pods");
+    let json = &body[body.find("\r\n\r\n").unwrap() + 4..];
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(
+        (v["kind"].as_str(), v["apiVersion"].as_str()),
+        (Some("PodList"), Some("v1"))
+    );
+    let item = &v["items"][0];
+    assert_eq!(item["status"]["phase"], "Running");
+    assert_eq!(
+        item["spec"]["containers"][0]["terminationMessagePath"],
+        "/dev/termination-log"
+    );
+    assert!(item["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .starts_with("ferrolet://"));
+
+    // Bad configuration: a clear error naming the field, non-zero exit.
+    let cfg = a.dir.join("bad.yaml");
+    std::fs::write(&cfg, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: soon\n").unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("syncFrequency"), "{err}");
+    std::fs::write(
+        &cfg,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnoSuchField: 1\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("noSuchField"));
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--max-pods", "lots"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max-pods"));
+}
+
+#[test]
+fn manifest_url_source() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let body = std::sync::Arc::new(std::sync::Mutex::new(pod_yaml(
+        "remote",
+        "Always",
+        "echo from-url; sleep 3600",
+    )));
+    let served = body.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut buf = [0u8; 2048];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]).to_string();
+            let ok = req.contains("x-token: secret");
+            let b = served.lock().unwrap().clone();
+            let resp = if ok {
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                    b.len()
+                )
+            } else {
+                "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_string()
+            };
+            let _ = s.write_all(resp.as_bytes());
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}/pods.yaml");
+    let a = Agent::start(
+        "url",
+        &[
+            "--manifest-url",
+            &url,
+            "--manifest-url-header",
+            "x-token:secret",
+            "--http-check-frequency",
+            "1s",
+        ],
+    );
+    let p = a.wait_phase("remote", "Running", T);
+    assert_eq!(
+        p.metadata.annotations.as_ref().unwrap()["kubernetes.io/config.source"],
+        "http"
+    );
+    assert!(a.logs("remote", "").contains("from-url"));
+    *body.lock().unwrap() = pod_yaml("remote2", "Always", "sleep 3600");
+    a.wait_phase("remote2", "Running", T);
+    a.wait_gone("remote", T);
+}
