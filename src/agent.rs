@@ -28,12 +28,8 @@ fn lock_root(root: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .truncate(false)
         .write(true)
         .open(&path)?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
-        anyhow!(
-            "another ferrolet is running with --root-dir {}",
-            root.display()
-        )
-    })
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|_| anyhow!("another ferrolet is running with --root-dir {}", root.display()))
 }
 
 /// The cgroup directories the kubepods tree will need that do not exist yet (recorded so
@@ -59,14 +55,9 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     for w in &warnings {
         warn!("config: {w}");
     }
-    std::fs::create_dir_all(&cfg.root_dir)
-        .with_context(|| format!("creating {}", cfg.root_dir.display()))?;
+    std::fs::create_dir_all(&cfg.root_dir).with_context(|| format!("creating {}", cfg.root_dir.display()))?;
     let _lock = lock_root(&cfg.root_dir)?;
-    for d in [
-        cfg.pods_dir(),
-        cfg.pod_logs_dir.clone(),
-        cfg.image_import_dir.clone(),
-    ] {
+    for d in [cfg.pods_dir(), cfg.pod_logs_dir.clone(), cfg.image_import_dir.clone()] {
         std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
     }
     if let Some(p) = &cfg.static_pod_path {
@@ -78,10 +69,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote).map_err(|e| anyhow!("{e}"))?);
     let n = rt.remove_orphans().map_err(|e| anyhow!("{e}"))?;
     if n > 0 {
-        info!(
-            count = n,
-            "removed half-created containers from an interrupted run"
-        );
+        info!(count = n, "removed half-created containers from an interrupted run");
     }
     if cfg.load_demo_image {
         crate::images::load_demo(rt.images());
@@ -121,21 +109,15 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     if let Some(path) = &cfg.static_pod_path {
         expected.insert("file");
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(
-            FileSource::new(path.clone(), cfg.node_name.clone()).run(tx, cfg.file_check_frequency),
-        );
+        tokio::spawn(FileSource::new(path.clone(), cfg.node_name.clone()).run(tx, cfg.file_check_frequency));
         forward(rx, ev_tx.clone());
     }
     if let Some(url) = &cfg.static_pod_url {
         expected.insert("http");
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(
-            HttpSource::new(
-                url.clone(),
-                cfg.static_pod_url_headers.clone(),
-                cfg.node_name.clone(),
-            )
-            .run(tx, cfg.http_check_frequency),
+            HttpSource::new(url.clone(), cfg.static_pod_url_headers.clone(), cfg.node_name.clone())
+                .run(tx, cfg.http_check_frequency),
         );
         forward(rx, ev_tx.clone());
     }
@@ -216,10 +198,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     Ok(())
 }
 
-fn forward(
-    mut rx: mpsc::UnboundedReceiver<crate::sources::Snapshot>,
-    tx: mpsc::UnboundedSender<Event>,
-) {
+fn forward(mut rx: mpsc::UnboundedReceiver<crate::sources::Snapshot>, tx: mpsc::UnboundedSender<Event>) {
     tokio::spawn(async move {
         while let Some(s) = rx.recv().await {
             if tx.send(Event::Snapshot(s)).is_err() {

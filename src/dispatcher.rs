@@ -53,10 +53,7 @@ impl Dispatcher {
             Ok(list) => {
                 for c in list {
                     if let Some(uid) = c.record.labels.get(LABEL_POD_UID) {
-                        adoptable
-                            .entry(uid.clone())
-                            .or_default()
-                            .push(c.id().to_string());
+                        adoptable.entry(uid.clone()).or_default().push(c.id().to_string());
                     }
                 }
             }
@@ -200,11 +197,7 @@ impl Dispatcher {
             .values()
             .filter(|e| !e.rejected && !e.terminating)
             .filter(|e| {
-                let phase = self
-                    .ctx
-                    .pods
-                    .get(pod::uid(&e.pod))
-                    .and_then(|x| x.status.phase);
+                let phase = self.ctx.pods.get(pod::uid(&e.pod)).and_then(|x| x.status.phase);
                 !matches!(phase.as_deref(), Some("Succeeded") | Some("Failed"))
             })
             .collect();
@@ -219,10 +212,7 @@ impl Dispatcher {
                 ),
             ));
         }
-        for (res, cap) in [
-            ("cpu", node.allocatable_cpu_milli),
-            ("memory", node.allocatable_memory),
-        ] {
+        for (res, cap) in [("cpu", node.allocatable_cpu_milli), ("memory", node.allocatable_memory)] {
             let want = qos::pod_requests(p, res);
             if want == 0 {
                 continue;
@@ -231,7 +221,9 @@ impl Dispatcher {
             if used + want > cap {
                 return Some((
                     format!("OutOf{res}"),
-                    format!("Node didn't have enough resource: {res}, requested: {want}, used: {used}, capacity: {cap}"),
+                    format!(
+                        "Node didn't have enough resource: {res}, requested: {want}, used: {used}, capacity: {cap}"
+                    ),
                 ));
             }
         }
@@ -241,12 +233,7 @@ impl Dispatcher {
     /// Once every source has reported, terminate pods that exist on the node but are wanted by
     /// none: containers from an earlier run and pod directories left behind.
     fn maybe_clean_orphans(&mut self) {
-        if self.orphans_cleaned
-            || !self
-                .expected_sources
-                .iter()
-                .all(|s| self.snapshots.contains_key(s))
-        {
+        if self.orphans_cleaned || !self.expected_sources.iter().all(|s| self.snapshots.contains_key(s)) {
             return;
         }
         self.orphans_cleaned = true;
@@ -313,10 +300,7 @@ impl Dispatcher {
         for c in list {
             if let Some(uid) = c.record.labels.get(LABEL_POD_UID) {
                 if !self.workers.contains_key(uid) {
-                    strays
-                        .entry(uid.clone())
-                        .or_default()
-                        .push(c.id().to_string());
+                    strays.entry(uid.clone()).or_default().push(c.id().to_string());
                 }
             }
         }

@@ -51,10 +51,7 @@ pub fn container_name(entry: &PodEntry, requested: Option<&str>) -> Result<Strin
     {
         return Ok(d.clone());
     }
-    let apps: Vec<&str> = crate::pod::containers(p)
-        .iter()
-        .map(|c| c.name.as_str())
-        .collect();
+    let apps: Vec<&str> = crate::pod::containers(p).iter().map(|c| c.name.as_str()).collect();
     match apps.as_slice() {
         [one] => Ok(one.to_string()),
         [] => bail!("pod {} has no containers", crate::pod::name(p)),
@@ -63,12 +60,7 @@ pub fn container_name(entry: &PodEntry, requested: Option<&str>) -> Result<Strin
 }
 
 /// The log file and container id to read, from the pod's status.
-pub fn locate(
-    rt: &Runtime,
-    entry: &PodEntry,
-    container: &str,
-    previous: bool,
-) -> Result<(PathBuf, String)> {
+pub fn locate(rt: &Runtime, entry: &PodEntry, container: &str, previous: bool) -> Result<(PathBuf, String)> {
     let st = &entry.status;
     let statuses = st
         .container_statuses
@@ -128,13 +120,7 @@ fn since_ok(l: &LogLine, since: Option<chrono::DateTime<chrono::Utc>>) -> bool {
 }
 
 /// Stream a container's log into `tx`, following while the container runs if asked.
-pub async fn stream(
-    rt: Arc<Runtime>,
-    path: PathBuf,
-    id: String,
-    opts: LogOptions,
-    tx: mpsc::Sender<Bytes>,
-) {
+pub async fn stream(rt: Arc<Runtime>, path: PathBuf, id: String, opts: LogOptions, tx: mpsc::Sender<Bytes>) {
     let since = opts
         .since_seconds
         .map(|s| chrono::Utc::now() - chrono::Duration::seconds(s));
@@ -142,19 +128,14 @@ pub async fn stream(
     let data = tokio::fs::read(&path).await.unwrap_or_default();
     let mut offset = data.len() as u64;
     // Only complete lines now; a trailing partial line is re-read when followed.
-    let complete = data
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map(|i| i + 1)
-        .unwrap_or(0);
+    let complete = data.iter().rposition(|&b| b == b'\n').map(|i| i + 1).unwrap_or(0);
     if opts.follow {
         offset = complete as u64;
     }
-    let mut recs: Vec<LogLine> =
-        crilog::read_records(&data[..if opts.follow { complete } else { data.len() }])
-            .into_iter()
-            .filter(|l| since_ok(l, since))
-            .collect();
+    let mut recs: Vec<LogLine> = crilog::read_records(&data[..if opts.follow { complete } else { data.len() }])
+        .into_iter()
+        .filter(|l| since_ok(l, since))
+        .collect();
     if let Some(n) = opts.tail_lines {
         let skip = recs.len().saturating_sub(n);
         recs.drain(..skip);
@@ -193,17 +174,10 @@ pub async fn stream(
         }
         if !chunk.is_empty() {
             pending.extend_from_slice(&chunk);
-            let cut = pending
-                .iter()
-                .rposition(|&b| b == b'\n')
-                .map(|i| i + 1)
-                .unwrap_or(0);
+            let cut = pending.iter().rposition(|&b| b == b'\n').map(|i| i + 1).unwrap_or(0);
             let ready: Vec<u8> = pending.drain(..cut).collect();
             let mut out = Vec::new();
-            for r in crilog::read_records(&ready)
-                .iter()
-                .filter(|l| since_ok(l, since))
-            {
+            for r in crilog::read_records(&ready).iter().filter(|l| since_ok(l, since)) {
                 render(r, opts.timestamps, &mut out);
             }
             if !send_limited(&tx, out, &mut budget).await {

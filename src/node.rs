@@ -22,10 +22,9 @@ impl NodeInfo {
             .unwrap_or(1)
             * 1000;
         let memory = meminfo_total().unwrap_or(0);
-        let ephemeral_storage =
-            nix::sys::statvfs::statvfs(cfg.root_dir.parent().unwrap_or(&cfg.root_dir))
-                .map(|s| (s.blocks() as i64) * (s.fragment_size() as i64))
-                .unwrap_or(0);
+        let ephemeral_storage = nix::sys::statvfs::statvfs(cfg.root_dir.parent().unwrap_or(&cfg.root_dir))
+            .map(|s| (s.blocks() as i64) * (s.fragment_size() as i64))
+            .unwrap_or(0);
         let ips = match cfg.node_ip {
             Some(ip) => vec![ip],
             None => default_route_ips(),
@@ -55,14 +54,12 @@ fn meminfo_total() -> Option<i64> {
 /// The IPv4 addresses of the interface holding the default route (what kubelet reports as the
 /// node's InternalIP when none is configured); loopback when there is no default route.
 fn default_route_ips() -> Vec<IpAddr> {
-    let iface = std::fs::read_to_string("/proc/net/route")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .skip(1)
-                .find(|l| l.split_whitespace().nth(1) == Some("00000000"))
-                .and_then(|l| l.split_whitespace().next().map(str::to_string))
-        });
+    let iface = std::fs::read_to_string("/proc/net/route").ok().and_then(|s| {
+        s.lines()
+            .skip(1)
+            .find(|l| l.split_whitespace().nth(1) == Some("00000000"))
+            .and_then(|l| l.split_whitespace().next().map(str::to_string))
+    });
     let mut ips = Vec::new();
     if let (Some(iface), Ok(addrs)) = (iface, nix::ifaddrs::getifaddrs()) {
         for a in addrs {

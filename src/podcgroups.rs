@@ -80,10 +80,7 @@ impl PodCgroups {
 
     /// kubelet's ResourceConfigForPod.
     pub fn limits_for(p: &Pod, pids_limit: i64) -> CgroupLimits {
-        let all: Vec<_> = pod::containers(p)
-            .iter()
-            .chain(pod::init_containers(p))
-            .collect();
+        let all: Vec<_> = pod::containers(p).iter().chain(pod::init_containers(p)).collect();
         let cpu_req = qos::pod_requests(p, "cpu");
         let all_cpu_limited = all.iter().all(|c| qos::limit(c, "cpu") > 0);
         let all_mem_limited = all.iter().all(|c| qos::limit(c, "memory") > 0);
@@ -153,11 +150,7 @@ impl PodCgroups {
         }
         let mut out = Vec::new();
         let k = self.kubepods();
-        for level in [
-            k.clone(),
-            format!("{k}/burstable"),
-            format!("{k}/besteffort"),
-        ] {
+        for level in [k.clone(), format!("{k}/burstable"), format!("{k}/besteffort")] {
             if let Some(dir) = self.cgroups.dir_for("memory", &level) {
                 for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                     if let Some(uid) = e.file_name().to_string_lossy().strip_prefix("pod") {

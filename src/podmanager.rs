@@ -45,40 +45,23 @@ impl PodManager {
     }
 
     pub fn set_status(&self, uid: &str, status: PodStatus) {
-        if let Some(e) = self
-            .pods
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(uid)
-        {
+        if let Some(e) = self.pods.write().unwrap_or_else(|e| e.into_inner()).get_mut(uid) {
             e.status = status;
         }
     }
 
     pub fn set_terminating(&self, uid: &str) {
-        if let Some(e) = self
-            .pods
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(uid)
-        {
+        if let Some(e) = self.pods.write().unwrap_or_else(|e| e.into_inner()).get_mut(uid) {
             e.terminating = true;
         }
     }
 
     pub fn remove(&self, uid: &str) {
-        self.pods
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(uid);
+        self.pods.write().unwrap_or_else(|e| e.into_inner()).remove(uid);
     }
 
     pub fn get(&self, uid: &str) -> Option<PodEntry> {
-        self.pods
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(uid)
-            .cloned()
+        self.pods.read().unwrap_or_else(|e| e.into_inner()).get(uid).cloned()
     }
 
     pub fn entries(&self) -> Vec<PodEntry> {
@@ -106,33 +89,26 @@ impl PodManager {
     /// static pod name.
     pub fn find(&self, namespace: &str, name: &str, node: &str) -> Option<PodEntry> {
         let entries = self.entries();
-        let exact = entries.iter().find(|e| {
-            crate::pod::namespace(&e.pod) == namespace && crate::pod::name(&e.pod) == name
-        });
+        let exact = entries
+            .iter()
+            .find(|e| crate::pod::namespace(&e.pod) == namespace && crate::pod::name(&e.pod) == name);
         exact
             .or_else(|| {
                 let suffixed = format!("{name}-{node}");
-                entries.iter().find(|e| {
-                    crate::pod::namespace(&e.pod) == namespace
-                        && crate::pod::name(&e.pod) == suffixed
-                })
+                entries
+                    .iter()
+                    .find(|e| crate::pod::namespace(&e.pod) == namespace && crate::pod::name(&e.pod) == suffixed)
             })
             .cloned()
     }
 
     pub fn set_source_errors(&self, prefix: &str, errors: BTreeMap<String, String>) {
-        let mut m = self
-            .source_errors
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut m = self.source_errors.write().unwrap_or_else(|e| e.into_inner());
         m.retain(|k, _| !k.starts_with(prefix));
         m.extend(errors);
     }
 
     pub fn source_errors(&self) -> BTreeMap<String, String> {
-        self.source_errors
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.source_errors.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

@@ -28,10 +28,7 @@ pub fn record_path(root: &Path) -> PathBuf {
 }
 
 pub fn load_record(root: &Path) -> AgentRecord {
-    read_json_opt(&record_path(root))
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+    read_json_opt(&record_path(root)).ok().flatten().unwrap_or_default()
 }
 
 pub fn save_record(root: &Path, rec: &AgentRecord) -> Result<()> {
@@ -101,11 +98,7 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
         }
     }
     if !rec.pod_logs_dir.as_os_str().is_empty() {
-        for e in std::fs::read_dir(&rec.pod_logs_dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
+        for e in std::fs::read_dir(&rec.pod_logs_dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.rsplit('_').next().is_some_and(|u| uids.contains(u)) {
                 let _ = std::fs::remove_dir_all(e.path());
@@ -115,9 +108,6 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
     for f in ["ferrolet.sock", "exec.sock", "agent.json"] {
         let _ = std::fs::remove_file(root.join(f));
     }
-    println!(
-        "removed {removed} containers and {pods} pods from {}",
-        root.display()
-    );
+    println!("removed {removed} containers and {pods} pods from {}", root.display());
     Ok(0)
 }

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Utc};
 use ferrolet_runtime::image::Reference;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+    HostIP, Pod, PodCondition, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -20,10 +20,7 @@ pub const RUNTIME_PREFIX: &str = "ferrolet://";
 
 pub fn ktime(t: DateTime<Utc>) -> Time {
     let secs = t.timestamp();
-    Time(
-        k8s_openapi::jiff::Timestamp::from_second(secs)
-            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-    )
+    Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))
 }
 
 fn ktime_str(s: &str) -> Option<Time> {
@@ -51,10 +48,7 @@ pub struct StatusInput<'a> {
     pub previous: Option<&'a PodStatus>,
 }
 
-fn terminated(
-    v: &ContainerView,
-    messages: &BTreeMap<String, String>,
-) -> Option<ContainerStateTerminated> {
+fn terminated(v: &ContainerView, messages: &BTreeMap<String, String>) -> Option<ContainerStateTerminated> {
     let e = v.exit()?;
     let reason = if e.oom_killed {
         "OOMKilled"
@@ -93,9 +87,7 @@ fn waiting(reason: &str, message: &str) -> ContainerState {
 
 fn container_status(input: &StatusInput, c: &Container, default_waiting: &str) -> ContainerStatus {
     let image = c.image.clone().unwrap_or_default();
-    let image = Reference::parse(&image)
-        .map(|r| r.normalized())
-        .unwrap_or(image);
+    let image = Reference::parse(&image).map(|r| r.normalized()).unwrap_or(image);
     let latest = input.containers.latest(&c.name);
     let mut st = ContainerStatus {
         name: c.name.clone(),
@@ -217,11 +209,7 @@ pub fn phase(p: &Pod, init: &[ContainerStatus], apps: &[ContainerStatus]) -> &'s
                 succeeded += 1;
             }
         } else if state.waiting.is_some() {
-            if s.last_state
-                .as_ref()
-                .and_then(|l| l.terminated.as_ref())
-                .is_some()
-            {
+            if s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_some() {
                 stopped += 1;
             } else {
                 waiting += 1;
@@ -339,28 +327,15 @@ pub fn compute(input: &StatusInput) -> PodStatus {
     } else {
         Some("ContainersNotReady")
     };
-    let ready_msg = (!ready && !completed)
-        .then(|| format!("containers with unready status: [{}]", unready.join(" ")));
+    let ready_msg = (!ready && !completed).then(|| format!("containers with unready status: [{}]", unready.join(" ")));
     let conditions = vec![
-        condition(
-            prev,
-            "PodReadyToStartContainers",
-            input.sandbox_ready,
-            None,
-            None,
-            now,
-        ),
+        condition(prev, "PodReadyToStartContainers", input.sandbox_ready, None, None, now),
         condition(
             prev,
             "Initialized",
             initialized,
             (!initialized).then_some("ContainersNotInitialized"),
-            (!initialized).then(|| {
-                format!(
-                    "containers with incomplete status: [{}]",
-                    incomplete.join(" ")
-                )
-            }),
+            (!initialized).then(|| format!("containers with incomplete status: [{}]", incomplete.join(" "))),
             now,
         ),
         condition(prev, "Ready", ready, ready_reason, ready_msg.clone(), now),
@@ -371,23 +346,11 @@ pub fn compute(input: &StatusInput) -> PodStatus {
         phase: Some(phase.into()),
         conditions: Some(conditions),
         host_ip: input.host_ips.first().cloned(),
-        host_ips: Some(
-            input
-                .host_ips
-                .iter()
-                .map(|ip| HostIP { ip: ip.clone() })
-                .collect(),
-        )
-        .filter(|v: &Vec<_>| !v.is_empty()),
+        host_ips: Some(input.host_ips.iter().map(|ip| HostIP { ip: ip.clone() }).collect())
+            .filter(|v: &Vec<_>| !v.is_empty()),
         pod_ip: input.pod_ips.first().cloned(),
-        pod_ips: Some(
-            input
-                .pod_ips
-                .iter()
-                .map(|ip| PodIP { ip: ip.clone() })
-                .collect(),
-        )
-        .filter(|v: &Vec<_>| !v.is_empty()),
+        pod_ips: Some(input.pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect())
+            .filter(|v: &Vec<_>| !v.is_empty()),
         start_time: input.start_time.map(ktime),
         qos_class: Some(qos::qos_class(p).as_str().into()),
         init_container_statuses: Some(init).filter(|v| !v.is_empty()),
@@ -444,34 +407,15 @@ mod tests {
 
     #[test]
     fn phases_like_kubelet() {
+        assert_eq!(phase(&pod("Always"), &[], &[cs("a", running(), None)]), "Running");
         assert_eq!(
-            phase(&pod("Always"), &[], &[cs("a", running(), None)]),
-            "Running"
-        );
-        assert_eq!(
-            phase(
-                &pod("Always"),
-                &[],
-                &[cs("a", waiting("ContainerCreating", ""), None)]
-            ),
+            phase(&pod("Always"), &[], &[cs("a", waiting("ContainerCreating", ""), None)]),
             "Pending"
         );
-        assert_eq!(
-            phase(&pod("Always"), &[], &[cs("a", wait(), Some(term(1)))]),
-            "Running"
-        );
-        assert_eq!(
-            phase(&pod("Never"), &[], &[cs("a", term(0), None)]),
-            "Succeeded"
-        );
-        assert_eq!(
-            phase(&pod("Never"), &[], &[cs("a", term(1), None)]),
-            "Failed"
-        );
-        assert_eq!(
-            phase(&pod("OnFailure"), &[], &[cs("a", term(0), None)]),
-            "Succeeded"
-        );
+        assert_eq!(phase(&pod("Always"), &[], &[cs("a", wait(), Some(term(1)))]), "Running");
+        assert_eq!(phase(&pod("Never"), &[], &[cs("a", term(0), None)]), "Succeeded");
+        assert_eq!(phase(&pod("Never"), &[], &[cs("a", term(1), None)]), "Failed");
+        assert_eq!(phase(&pod("OnFailure"), &[], &[cs("a", term(0), None)]), "Succeeded");
         assert_eq!(
             phase(&pod("OnFailure"), &[], &[cs("a", wait(), Some(term(1)))]),
             "Running"

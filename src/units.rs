@@ -21,9 +21,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         if num_end == 0 {
             return Err(format!("invalid duration {s:?}"));
         }
-        let n: f64 = rest[..num_end]
-            .parse()
-            .map_err(|_| format!("invalid duration {s:?}"))?;
+        let n: f64 = rest[..num_end].parse().map_err(|_| format!("invalid duration {s:?}"))?;
         rest = &rest[num_end..];
         let unit_end = rest
             .find(|c: char| c.is_ascii_digit() || c == '.')

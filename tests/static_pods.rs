@@ -12,37 +12,22 @@ const T: Duration = Duration::from_secs(30);
 #[test]
 fn add_update_remove_manifests() {
     let a = Agent::start("addupd", &[]);
-    a.write(
-        "hello.yaml",
-        &pod_yaml("hello", "Always", "echo v1; sleep 3600"),
-    );
+    a.write("hello.yaml", &pod_yaml("hello", "Always", "echo v1; sleep 3600"));
     let p1 = a.wait_phase("hello", "Running", T);
     let uid1 = p1.metadata.uid.clone().unwrap();
     assert_eq!(p1.metadata.namespace.as_deref(), Some("default"));
-    assert_eq!(
-        p1.spec.as_ref().unwrap().node_name.as_deref(),
-        Some(a.node.as_str())
-    );
+    assert_eq!(p1.spec.as_ref().unwrap().node_name.as_deref(), Some(a.node.as_str()));
     assert_eq!(
         p1.metadata.annotations.as_ref().unwrap()["kubernetes.io/config.source"],
         "file"
     );
     assert!(a.logs("hello", "").contains("v1"));
     // A changed manifest is a new pod (new UID); the old one is terminated.
-    a.write(
-        "hello.yaml",
-        &pod_yaml("hello", "Always", "echo v2; sleep 3600"),
-    );
+    a.write("hello.yaml", &pod_yaml("hello", "Always", "echo v2; sleep 3600"));
     let p2 = a.wait_pod("hello", "the new version running", T, |p| {
-        p.is_some_and(|p| {
-            p.metadata.uid.as_deref() != Some(uid1.as_str()) && phase_of(Some(p)) == Some("Running")
-        })
+        p.is_some_and(|p| p.metadata.uid.as_deref() != Some(uid1.as_str()) && phase_of(Some(p)) == Some("Running"))
     });
-    assert!(
-        a.logs("hello", "").contains("v2"),
-        "{}",
-        a.logs("hello", "")
-    );
+    assert!(a.logs("hello", "").contains("v2"), "{}", a.logs("hello", ""));
     assert_eq!(a.pods().len(), 1, "the old version is gone");
     let _ = p2;
     // Removing the file deletes the pod and everything it had.
@@ -54,9 +39,7 @@ fn add_update_remove_manifests() {
         assert!(Instant::now() < deadline, "pod state left behind");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let containers = std::fs::read_dir(a.root.join("containers"))
-        .unwrap()
-        .count();
+    let containers = std::fs::read_dir(a.root.join("containers")).unwrap().count();
     assert_eq!(containers, 0, "containers left behind");
 }
 
@@ -84,13 +67,7 @@ spec:
     let st = p.status.as_ref().unwrap();
     let inits = st.init_container_statuses.as_ref().unwrap();
     for i in inits {
-        let t = i
-            .state
-            .as_ref()
-            .unwrap()
-            .terminated
-            .as_ref()
-            .expect("init terminated");
+        let t = i.state.as_ref().unwrap().terminated.as_ref().expect("init terminated");
         assert_eq!((t.exit_code, t.reason.as_deref()), (0, Some("Completed")));
     }
     let cond = |t: &str| {
@@ -129,32 +106,15 @@ spec:
     // Never: the pod fails and the app container never starts.
     let p = a.wait_phase("never", "Failed", T);
     let bad = container_status(&p, "bad");
-    assert_eq!(
-        bad.state
-            .as_ref()
-            .unwrap()
-            .terminated
-            .as_ref()
-            .unwrap()
-            .exit_code,
-        2
-    );
-    assert!(
-        container_status(&p, "app").container_id.is_none(),
-        "app must not start"
-    );
+    assert_eq!(bad.state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 2);
+    assert!(container_status(&p, "app").container_id.is_none(), "app must not start");
     // Always: the init container is retried under back-off; the pod stays Pending.
-    let p = a.wait_for("always", "init restarted twice", T, |p| {
-        restarts(p, "bad") >= 2
-    });
+    let p = a.wait_for("always", "init restarted twice", T, |p| restarts(p, "bad") >= 2);
     assert_eq!(phase_of(Some(&p)), Some("Pending"));
     assert!(container_status(&p, "app").container_id.is_none());
     let out = a.cli(&["pods"]);
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        table.contains("Init:") && table.contains("always-"),
-        "{table}"
-    );
+    assert!(table.contains("Init:") && table.contains("always-"), "{table}");
 }
 
 #[test]
@@ -185,23 +145,12 @@ spec:
     assert!(running(&p, "app"));
     let after = container_status(&p, "after");
     assert_eq!(
-        after
-            .state
-            .as_ref()
-            .unwrap()
-            .terminated
-            .as_ref()
-            .unwrap()
-            .exit_code,
+        after.state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code,
         0,
         "the next init container saw the sidecar's output"
     );
     std::thread::sleep(Duration::from_millis(1500));
-    let n: u32 = a
-        .logs("side", "container=app")
-        .trim()
-        .parse()
-        .expect("a line count");
+    let n: u32 = a.logs("side", "container=app").trim().parse().expect("a line count");
     assert!(n > 2, "sidecar kept writing: {n}");
     let table = String::from_utf8_lossy(&a.cli(&["pods"]).stdout).to_string();
     assert!(table.contains("2/2"), "sidecar counts in READY: {table}");
@@ -267,11 +216,7 @@ fn restart_policies_exit_0_and_1() {
             .terminated
             .clone()
             .expect("terminated");
-        assert_eq!(
-            (t.exit_code, t.reason.as_deref()),
-            (code, Some(reason)),
-            "{name}"
-        );
+        assert_eq!((t.exit_code, t.reason.as_deref()), (code, Some(reason)), "{name}");
         assert_eq!(restarts(&p, "main"), 0, "{name} never restarts");
     }
 }
@@ -279,10 +224,7 @@ fn restart_policies_exit_0_and_1() {
 #[test]
 fn crash_loop_back_off_grows() {
     let a = Agent::start("backoff", &[]);
-    a.write(
-        "crash.yaml",
-        &pod_yaml("crash", "Always", "date +%s%N; exit 1"),
-    );
+    a.write("crash.yaml", &pod_yaml("crash", "Always", "date +%s%N; exit 1"));
     // initial back-off 1s (test setting): restarts wait 0, 1, 2, 4 s.
     a.wait_for("crash", "4 restarts", Duration::from_secs(40), |p| {
         restarts(p, "main") >= 4
@@ -298,14 +240,8 @@ fn crash_loop_back_off_grows() {
     assert!(starts.len() >= 5, "{starts:?}");
     let gaps: Vec<f64> = starts.windows(2).map(|w| w[1] - w[0]).collect();
     // Each wait at least the back-off, and growing.
-    assert!(
-        gaps[1] >= 0.9 && gaps[2] >= 1.9 && gaps[3] >= 3.9,
-        "gaps {gaps:?}"
-    );
-    assert!(
-        gaps[3] > gaps[2] && gaps[2] > gaps[1],
-        "back-off grows: {gaps:?}"
-    );
+    assert!(gaps[1] >= 0.9 && gaps[2] >= 1.9 && gaps[3] >= 3.9, "gaps {gaps:?}");
+    assert!(gaps[3] > gaps[2] && gaps[2] > gaps[1], "back-off grows: {gaps:?}");
 }
 
 #[test]
@@ -341,11 +277,7 @@ spec:
     // Ignores TERM: killed when its 2s grace period ends.
     a.write(
         "stubborn.yaml",
-        &pod(
-            "stubborn",
-            2,
-            "trap '' TERM; while true; do sleep 0.1; done",
-        ),
+        &pod("stubborn", 2, "trap '' TERM; while true; do sleep 0.1; done"),
     );
     a.wait_phase("trap", "Running", T);
     a.wait_phase("stubborn", "Running", T);
@@ -354,9 +286,7 @@ spec:
     a.wait_gone("trap", T);
     let quick = t0.elapsed();
     assert_eq!(
-        std::fs::read_to_string(marks.join("trap"))
-            .unwrap_or_default()
-            .trim(),
+        std::fs::read_to_string(marks.join("trap")).unwrap_or_default().trim(),
         "term",
         "the container got SIGTERM"
     );
@@ -378,7 +308,10 @@ spec:
 fn broken_manifest_beside_good_ones() {
     let a = Agent::start("broken", &[]);
     a.write("good.yaml", &pod_yaml("good", "Always", "sleep 3600"));
-    a.write("bad.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bad\nspec:\n  containers: [ {name: x, image: busybox\n");
+    a.write(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bad\nspec:\n  containers: [ {name: x, image: busybox\n",
+    );
     a.write("invalid.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: invalid\nspec:\n  restartPolicy: Sometimes\n  containers:\n  - name: x\n    image: busybox\n");
     a.write(".hidden.yaml", "not even yaml: [");
     a.wait_phase("good", "Running", T);
@@ -390,10 +323,7 @@ fn broken_manifest_beside_good_ones() {
             .map(|(_, v)| v.as_str().unwrap().to_string())
     };
     assert!(find("bad.yaml").unwrap().contains("YAML"), "{errs:?}");
-    assert!(
-        find("invalid.yaml").unwrap().contains("spec.restartPolicy"),
-        "{errs:?}"
-    );
+    assert!(find("invalid.yaml").unwrap().contains("spec.restartPolicy"), "{errs:?}");
     assert!(find(".hidden.yaml").is_none(), "dot files are ignored");
     let table = String::from_utf8_lossy(&a.cli(&["pods"]).stdout).to_string();
     assert!(
@@ -401,22 +331,14 @@ fn broken_manifest_beside_good_ones() {
         "{table}"
     );
     // Fixing the file runs it; the good pod was never disturbed.
-    let good_id = container_status(&a.pod("good").unwrap(), "main")
-        .container_id
-        .clone();
+    let good_id = container_status(&a.pod("good").unwrap(), "main").container_id.clone();
     a.write("bad.yaml", &pod_yaml("bad", "Always", "sleep 3600"));
     a.wait_phase("bad", "Running", T);
-    assert_eq!(
-        container_status(&a.pod("good").unwrap(), "main").container_id,
-        good_id
-    );
+    assert_eq!(container_status(&a.pod("good").unwrap(), "main").container_id, good_id);
     // A good file turned bad keeps its last good version running.
     a.write("good.yaml", "kind: Pod\nthis is: [broken");
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(
-        container_status(&a.pod("good").unwrap(), "main").container_id,
-        good_id
-    );
+    assert_eq!(container_status(&a.pod("good").unwrap(), "main").container_id, good_id);
     assert!(a.ferrolet_pods()["manifestErrors"]
         .as_object()
         .unwrap()
@@ -452,10 +374,7 @@ fn missing_image_is_reported() {
         .message
         .clone()
         .unwrap();
-    assert!(
-        msg.contains("example.com/nothing:1") && msg.contains("Never"),
-        "{msg}"
-    );
+    assert!(msg.contains("example.com/nothing:1") && msg.contains("Never"), "{msg}");
 }
 
 #[test]
@@ -463,19 +382,12 @@ fn agent_kill9_and_restart_keeps_containers() {
     let mut a = Agent::start("kill9", &[]);
     a.write(
         "keep.yaml",
-        &pod_yaml(
-            "keep",
-            "Always",
-            "while true; do echo tick; sleep 0.2; done",
-        ),
+        &pod_yaml("keep", "Always", "while true; do echo tick; sleep 0.2; done"),
     );
     a.write("crashy.yaml", &pod_yaml("crashy", "Always", "exit 1"));
     let before = a.wait_phase("keep", "Running", T);
     let crashy = a.wait_for("crashy", "one restart", T, |p| restarts(p, "main") >= 1);
-    let id = container_status(&before, "main")
-        .container_id
-        .clone()
-        .unwrap();
+    let id = container_status(&before, "main").container_id.clone().unwrap();
     let started = container_status(&before, "main")
         .state
         .as_ref()
@@ -494,16 +406,7 @@ fn agent_kill9_and_restart_keeps_containers() {
         "same container after the agent restart"
     );
     assert_eq!(c.restart_count, 0);
-    assert_eq!(
-        c.state
-            .as_ref()
-            .unwrap()
-            .running
-            .as_ref()
-            .unwrap()
-            .started_at,
-        started
-    );
+    assert_eq!(c.state.as_ref().unwrap().running.as_ref().unwrap().started_at, started);
     assert_eq!(
         after.status.as_ref().unwrap().start_time,
         before.status.as_ref().unwrap().start_time,
@@ -522,10 +425,7 @@ fn admission_max_pods_and_unsupported_features() {
     a.wait_phase("a", "Running", T);
     a.write("b.yaml", &pod_yaml("b", "Always", "sleep 3600"));
     let b = a.wait_phase("b", "Failed", T);
-    assert_eq!(
-        b.status.as_ref().unwrap().reason.as_deref(),
-        Some("OutOfpods")
-    );
+    assert_eq!(b.status.as_ref().unwrap().reason.as_deref(), Some("OutOfpods"));
     a.write("cm.yaml", &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: cm}}\nspec:\n  containers:\n  - {{name: c, image: {IMAGE}}}\n  volumes:\n  - {{name: v, configMap: {{name: x}}}}\n"));
     let cm = a.wait_phase("cm", "Failed", T);
     let st = cm.status.as_ref().unwrap();
@@ -553,19 +453,9 @@ fn logs_and_exec_through_the_cli() {
     let out = a.cli(&["logs", "talk", "-c", "main", "--timestamps", "--tail", "1"]);
     let s = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(s.ends_with(" oops\n") && s.contains('T'), "{s}");
-    let out = a.cli(&[
-        "exec",
-        &name,
-        "--",
-        "sh",
-        "-c",
-        "echo hi from $(hostname); exit 3",
-    ]);
+    let out = a.cli(&["exec", &name, "--", "sh", "-c", "echo hi from $(hostname); exit 3"]);
     assert_eq!(out.status.code(), Some(3));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        format!("hi from {name}\n")
-    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("hi from {name}\n"));
     let out = a.cli(&["exec", "nosuchpod", "--", "true"]);
     assert_ne!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
@@ -650,7 +540,11 @@ fn http_pods_endpoint_and_config_errors() {
 
     // Bad configuration: a clear error naming the field, non-zero exit.
     let cfg = a.dir.join("bad.yaml");
-    std::fs::write(&cfg, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: soon\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: soon\n",
+    )
+    .unwrap();
     let out = std::process::Command::new(BIN)
         .args(["run", "--config"])
         .arg(&cfg)
@@ -703,8 +597,7 @@ fn manifest_url_source() {
                     b.len()
                 )
             } else {
-                "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_string()
+                "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
             };
             let _ = s.write_all(resp.as_bytes());
         }

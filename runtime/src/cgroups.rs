@@ -95,8 +95,7 @@ impl Cgroups {
                 "cgroup" => {
                     for opt in superopts.split(',') {
                         if V1_CONTROLLERS.contains(&opt) {
-                            v1.entry(opt.to_string())
-                                .or_insert_with(|| PathBuf::from(unescape(mp)));
+                            v1.entry(opt.to_string()).or_insert_with(|| PathBuf::from(unescape(mp)));
                         }
                     }
                 }
@@ -189,11 +188,7 @@ impl Cgroups {
                 for comp in Path::new(cgroup.trim_start_matches('/')).components() {
                     let wanted = available_controllers(&cur);
                     if !wanted.is_empty() {
-                        let line = wanted
-                            .iter()
-                            .map(|c| format!("+{c}"))
-                            .collect::<Vec<_>>()
-                            .join(" ");
+                        let line = wanted.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ");
                         let sc = cur.join("cgroup.subtree_control");
                         if let Err(e) = fs::write(&sc, &line) {
                             return Err(Error::Cgroup {
@@ -230,25 +225,13 @@ impl Cgroups {
                 Some(q) if q > 0 => q.to_string(),
                 _ => "max".to_string(),
             };
-            write_cg(
-                dir,
-                "cpu.max",
-                &format!("{quota} {}", l.cpu_period.unwrap_or(100_000)),
-            )?;
+            write_cg(dir, "cpu.max", &format!("{quota} {}", l.cpu_period.unwrap_or(100_000)))?;
         }
         if let Some(m) = l.memory_limit {
-            write_cg(
-                dir,
-                "memory.max",
-                &if m > 0 { m.to_string() } else { "max".into() },
-            )?;
+            write_cg(dir, "memory.max", &if m > 0 { m.to_string() } else { "max".into() })?;
         }
         if let Some(p) = l.pids_limit {
-            write_cg(
-                dir,
-                "pids.max",
-                &if p > 0 { p.to_string() } else { "max".into() },
-            )?;
+            write_cg(dir, "pids.max", &if p > 0 { p.to_string() } else { "max".into() })?;
         }
         Ok(())
     }
@@ -293,9 +276,7 @@ impl Cgroups {
     /// Update limits of an existing cgroup.
     pub fn update(&self, cgroup: &str, limits: &CgroupLimits) -> Result<()> {
         match &self.mode {
-            CgroupMode::V2 { mount } => {
-                self.apply(&mount.join(cgroup.trim_start_matches('/')), limits)
-            }
+            CgroupMode::V2 { mount } => self.apply(&mount.join(cgroup.trim_start_matches('/')), limits),
             CgroupMode::V1 { .. } => self.apply_v1(cgroup, limits),
         }
     }
@@ -315,8 +296,7 @@ impl Cgroups {
         let stop = Path::new(stop);
         let mut cur = Path::new(cgroup).parent();
         while let Some(c) = cur {
-            if c == stop || c.as_os_str().is_empty() || c == Path::new("/") || !c.starts_with(stop)
-            {
+            if c == stop || c.as_os_str().is_empty() || c == Path::new("/") || !c.starts_with(stop) {
                 break;
             }
             for d in self.dirs(&c.to_string_lossy()) {
@@ -333,10 +313,7 @@ impl Cgroups {
 
     /// Pids of processes in the cgroup (not below it).
     pub fn procs(&self, cgroup: &str) -> Vec<i32> {
-        let Some(d) = self
-            .dir_for("pids", cgroup)
-            .or_else(|| self.dir_for("memory", cgroup))
-        else {
+        let Some(d) = self.dir_for("pids", cgroup).or_else(|| self.dir_for("memory", cgroup)) else {
             return Vec::new();
         };
         fs::read_to_string(d.join("cgroup.procs"))
@@ -349,9 +326,7 @@ impl Cgroups {
         let d = self.dir_for("memory", cgroup)?;
         match &self.mode {
             CgroupMode::V2 { .. } => kv_file(&d.join("memory.events")).get("oom_kill").copied(),
-            CgroupMode::V1 { .. } => kv_file(&d.join("memory.oom_control"))
-                .get("oom_kill")
-                .copied(),
+            CgroupMode::V1 { .. } => kv_file(&d.join("memory.oom_control")).get("oom_kill").copied(),
         }
     }
 
@@ -361,9 +336,7 @@ impl Cgroups {
         match &self.mode {
             CgroupMode::V2 { mount } => {
                 let d = mount.join(cgroup.trim_start_matches('/'));
-                s.cpu_usage_nanos = kv_file(&d.join("cpu.stat"))
-                    .get("usage_usec")
-                    .map(|u| u * 1000);
+                s.cpu_usage_nanos = kv_file(&d.join("cpu.stat")).get("usage_usec").map(|u| u * 1000);
                 s.memory_usage_bytes = read_u64(&d.join("memory.current"));
                 let ms = kv_file(&d.join("memory.stat"));
                 s.memory_working_set_bytes = s
@@ -387,20 +360,11 @@ impl Cgroups {
                         .or_else(|| ms.get("inactive_file"))
                         .copied()
                         .unwrap_or(0);
-                    s.memory_working_set_bytes =
-                        s.memory_usage_bytes.map(|u| u.saturating_sub(inactive));
+                    s.memory_working_set_bytes = s.memory_usage_bytes.map(|u| u.saturating_sub(inactive));
                     s.memory_rss_bytes = ms.get("total_rss").or_else(|| ms.get("rss")).copied();
-                    s.memory_page_faults = ms
-                        .get("total_pgfault")
-                        .or_else(|| ms.get("pgfault"))
-                        .copied();
-                    s.memory_major_page_faults = ms
-                        .get("total_pgmajfault")
-                        .or_else(|| ms.get("pgmajfault"))
-                        .copied();
-                    s.oom_kills = kv_file(&d.join("memory.oom_control"))
-                        .get("oom_kill")
-                        .copied();
+                    s.memory_page_faults = ms.get("total_pgfault").or_else(|| ms.get("pgfault")).copied();
+                    s.memory_major_page_faults = ms.get("total_pgmajfault").or_else(|| ms.get("pgmajfault")).copied();
+                    s.oom_kills = kv_file(&d.join("memory.oom_control")).get("oom_kill").copied();
                 }
                 if let Some(d) = self.dir_for("pids", cgroup) {
                     s.pids = read_u64(&d.join("pids.current"));
@@ -485,12 +449,7 @@ impl Cgroups {
     fn own_path_in(&self, mount: &Path) -> Option<String> {
         let data = fs::read_to_string("/proc/self/cgroup").ok()?;
         let ctrls: Vec<String> = match &self.mode {
-            CgroupMode::V2 { .. } => {
-                return data
-                    .lines()
-                    .find(|l| l.starts_with("0::"))
-                    .map(|l| l[3..].to_string())
-            }
+            CgroupMode::V2 { .. } => return data.lines().find(|l| l.starts_with("0::")).map(|l| l[3..].to_string()),
             CgroupMode::V1 { mounts } => mounts
                 .iter()
                 .filter(|(_, m)| m.as_path() == mount)
@@ -590,10 +549,7 @@ fn remove_cgroup_dir(dir: &Path) -> Result<()> {
     }
     Err(Error::Cgroup {
         path: dir.display().to_string(),
-        reason: format!(
-            "cannot remove: {}",
-            last.map(|e| e.to_string()).unwrap_or_default()
-        ),
+        reason: format!("cannot remove: {}", last.map(|e| e.to_string()).unwrap_or_default()),
     })
 }
 
@@ -606,9 +562,7 @@ fn write_cg(dir: &Path, file: &str, value: &str) -> Result<()> {
 }
 
 fn read_trim(p: &Path) -> String {
-    fs::read_to_string(p)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
 fn read_u64(p: &Path) -> Option<u64> {

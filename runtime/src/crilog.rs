@@ -129,19 +129,12 @@ impl LogWriter {
         })
     }
 
-    pub fn write(
-        &mut self,
-        now: DateTime<Utc>,
-        stream: Stream,
-        partial: bool,
-        msg: &[u8],
-    ) -> io::Result<()> {
+    pub fn write(&mut self, now: DateTime<Utc>, stream: Stream, partial: bool, msg: &[u8]) -> io::Result<()> {
         self.line.clear();
         self.line.extend_from_slice(timestamp(now).as_bytes());
         self.line.push(b' ');
         self.line.extend_from_slice(stream.as_str().as_bytes());
-        self.line
-            .extend_from_slice(if partial { b" P " } else { b" F " });
+        self.line.extend_from_slice(if partial { b" P " } else { b" F " });
         self.line.extend_from_slice(msg);
         self.line.push(b'\n');
         if self.file.is_none() {
@@ -161,11 +154,7 @@ impl LogWriter {
         let mut rotated = format!("{}.{}", self.path.display(), now.format("%Y%m%d-%H%M%S"));
         let mut n = 1;
         while Path::new(&rotated).exists() {
-            rotated = format!(
-                "{}.{}.{n}",
-                self.path.display(),
-                now.format("%Y%m%d-%H%M%S")
-            );
+            rotated = format!("{}.{}.{n}", self.path.display(), now.format("%Y%m%d-%H%M%S"));
             n += 1;
         }
         fs::rename(&self.path, &rotated)?;
@@ -181,11 +170,7 @@ impl LogWriter {
 }
 
 fn open_log(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o640)
-        .open(path)
+    OpenOptions::new().create(true).append(true).mode(0o640).open(path)
 }
 
 /// Rotated files of `path`, oldest first.
@@ -329,11 +314,7 @@ mod tests {
         }
         w.write(now, Stream::Stderr, true, b"par").unwrap();
         w.write(now, Stream::Stderr, false, b"tial").unwrap();
-        assert_eq!(
-            rotated_files(&p).len(),
-            1,
-            "max_files=2 keeps one rotated file"
-        );
+        assert_eq!(rotated_files(&p).len(), 1, "max_files=2 keeps one rotated file");
         let recs = read_records(&fs::read(&p).unwrap());
         let last = recs.last().unwrap();
         assert_eq!(last.message, b"partial");

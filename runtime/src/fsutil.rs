@@ -27,10 +27,8 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
             .mode(0o644)
             .open(&tmp)
             .with_context(|| format!("creating {}", p(&tmp)))?;
-        f.write_all(data)
-            .with_context(|| format!("writing {}", p(&tmp)))?;
-        f.sync_all()
-            .with_context(|| format!("syncing {}", p(&tmp)))?;
+        f.write_all(data).with_context(|| format!("writing {}", p(&tmp)))?;
+        f.sync_all().with_context(|| format!("syncing {}", p(&tmp)))?;
         fs::rename(&tmp, path).with_context(|| format!("renaming into {}", p(path)))?;
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();
@@ -96,13 +94,7 @@ pub fn random_hex(bytes: usize) -> String {
     let mut filled = 0;
     while filled < bytes {
         // SAFETY: the pointer and length describe the unfilled part of `buf`.
-        let n = unsafe {
-            libc::getrandom(
-                buf[filled..].as_mut_ptr() as *mut libc::c_void,
-                bytes - filled,
-                0,
-            )
-        };
+        let n = unsafe { libc::getrandom(buf[filled..].as_mut_ptr() as *mut libc::c_void, bytes - filled, 0) };
         if n > 0 {
             filled += n as usize;
         }

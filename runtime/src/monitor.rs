@@ -66,12 +66,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
         .with_root_path(&args.lc_root)
         .map(|b| b.with_stdin(devnull).with_stdout(out_w).with_stderr(err_w))
-        .and_then(|b| {
-            b.as_init(&args.bundle)
-                .with_systemd(false)
-                .with_detach(true)
-                .build()
-        });
+        .and_then(|b| b.as_init(&args.bundle).with_systemd(false).with_detach(true).build());
     let container = match built {
         Ok(c) => c,
         Err(e) => {
@@ -128,9 +123,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
 /// Copy output into the log until the container has exited and its pipes are drained.
 /// Returns the init process's wait status.
 fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Option<WaitStatus> {
-    let pidfd = crate::pidfd::PidFd::open(init.as_raw())
-        .ok()
-        .map(|p| p.into_fd());
+    let pidfd = crate::pidfd::PidFd::open(init.as_raw()).ok().map(|p| p.into_fd());
     let mut pipes: [Option<File>; 2] = [Some(File::from(out_r)), Some(File::from(err_r))];
     let mut split = [LineSplitter::default(), LineSplitter::default()];
     let streams = [Stream::Stdout, Stream::Stderr];
@@ -151,8 +144,7 @@ fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Optio
                 if left.is_zero() {
                     break;
                 }
-                PollTimeout::try_from(left.as_millis().min(60_000) as i32)
-                    .unwrap_or(PollTimeout::NONE)
+                PollTimeout::try_from(left.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::NONE)
             }
             // Wake up now and then to reap orphans even if nothing else happens.
             None => PollTimeout::from(5000u16),
@@ -240,11 +232,7 @@ fn reap(init: Pid, status: &mut Option<WaitStatus>) {
 /// Point stdin/stdout/stderr at /dev/null: the monitor must not hold the agent's terminal or
 /// pipes open after the agent is gone.
 fn detach_stdio() {
-    if let Ok(f) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
+    if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
         for fd in 0..3 {
             // SAFETY: dup2 onto the standard descriptors.
             unsafe { libc::dup2(f.as_raw_fd(), fd) };

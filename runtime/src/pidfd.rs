@@ -66,9 +66,8 @@ impl PidFd {
     /// Wait until the process exits (the pidfd becomes readable).
     pub async fn exited(self) -> io::Result<()> {
         // SAFETY: OwnedFd always returns the same valid fd for its whole life.
-        let afd =
-            unsafe { AsyncFd::register_with_interest(self.fd, tokio::io::Interest::READABLE) }
-                .map_err(|e| e.into_parts().1)?;
+        let afd = unsafe { AsyncFd::register_with_interest(self.fd, tokio::io::Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)?;
         let _guard = afd.readable().await?;
         Ok(())
     }

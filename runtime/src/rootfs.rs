@@ -82,11 +82,7 @@ pub fn ensure_dir_in_root(rootfs: &Path, dir: &str) -> io::Result<()> {
         match fs::symlink_metadata(&host) {
             Ok(m) if m.file_type().is_symlink() => {
                 let target = fs::read_link(&host)?;
-                let resolved = if target.is_absolute() {
-                    target
-                } else {
-                    cur.join(target)
-                };
+                let resolved = if target.is_absolute() { target } else { cur.join(target) };
                 // Normalize without touching the node's filesystem.
                 let mut norm = PathBuf::from("/");
                 for rc in resolved.components() {
@@ -104,10 +100,7 @@ pub fn ensure_dir_in_root(rootfs: &Path, dir: &str) -> io::Result<()> {
             Ok(_) => {
                 return Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
-                    format!(
-                        "{} exists in the image and is not a directory",
-                        next.display()
-                    ),
+                    format!("{} exists in the image and is not a directory", next.display()),
                 ))
             }
             Err(_) => {

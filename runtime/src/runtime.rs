@@ -10,23 +10,16 @@ use tokio::io::AsyncReadExt;
 
 use crate::cgroups::{CgroupStats, Cgroups};
 use crate::config::ContainerConfig;
-use crate::container::{
-    self, ContainerInfo, ContainerRecord, ContainerState, ExitRecord, StartedRecord,
-};
+use crate::container::{self, ContainerInfo, ContainerRecord, ContainerState, ExitRecord, StartedRecord};
 use crate::digest::Digest;
 use crate::error::{p, Context, Error, Result};
-use crate::fsutil::{
-    ensure_dir, process_matches, random_hex, read_json, remove_tree, write_atomic,
-    write_json_atomic,
-};
+use crate::fsutil::{ensure_dir, process_matches, random_hex, read_json, remove_tree, write_atomic, write_json_atomic};
 use crate::image::ImageStore;
 use crate::pidfd::PidFd;
 use crate::rootfs::RootfsSpec;
 use crate::spec::{build_spec, SpecInput};
 use crate::user::{resolve_user, ImageFiles};
-use crate::zygote::{
-    CreateArgs, ExecArgs, PinArgs, Replies, Reply, Request, ZygoteClient, ZygoteHandle,
-};
+use crate::zygote::{CreateArgs, ExecArgs, PinArgs, Replies, Reply, Request, ZygoteClient, ZygoteHandle};
 
 pub struct Runtime {
     root: PathBuf,
@@ -199,9 +192,7 @@ impl Runtime {
         let Some(m) = &info.monitor else {
             return Ok(());
         };
-        if matches!(info.state, ContainerState::Exited(_))
-            || !process_matches(m.init_pid, m.init_start)
-        {
+        if matches!(info.state, ContainerState::Exited(_)) || !process_matches(m.init_pid, m.init_start) {
             return Ok(());
         }
         let pfd = match PidFd::open(m.init_pid) {
@@ -260,10 +251,7 @@ impl Runtime {
             return Ok(());
         }
         if let Ok(info) = self.inspect(id) {
-            if matches!(
-                info.state,
-                ContainerState::Created | ContainerState::Running
-            ) {
+            if matches!(info.state, ContainerState::Created | ContainerState::Running) {
                 self.kill(id, libc::SIGKILL)?;
                 // The monitor records the exit; do not wait forever on a wedged one.
                 let _ = tokio::time::timeout(Duration::from_secs(10), self.wait(id)).await;
@@ -345,29 +333,20 @@ impl Runtime {
     pub async fn exec(&self, id: &str, spec: &ExecSpec, io: ExecIo) -> Result<ExecProcess> {
         let info = self.inspect(id)?;
         if !info.is_running() {
-            return Err(Error::container(
-                id,
-                "cannot exec: the container is not running",
-            ));
+            return Err(Error::container(id, "cannot exec: the container is not running"));
         }
         if spec.args.is_empty() {
             return Err(Error::invalid_config("exec.command", "empty"));
         }
         let oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
         let proc_ = oci.process().clone().unwrap_or_default();
-        let (uid, gid) = spec
-            .user
-            .unwrap_or((proc_.user().uid(), proc_.user().gid()));
+        let (uid, gid) = spec.user.unwrap_or((proc_.user().uid(), proc_.user().gid()));
         let args = ExecArgs {
             id: id.to_string(),
             lc_root: self.lc_root.clone(),
             args: spec.args.clone(),
             env: spec.env.clone(),
-            cwd: Some(
-                spec.cwd
-                    .clone()
-                    .unwrap_or_else(|| proc_.cwd().display().to_string()),
-            ),
+            cwd: Some(spec.cwd.clone().unwrap_or_else(|| proc_.cwd().display().to_string())),
             uid: Some(uid),
             gid: Some(gid),
             additional_gids: proc_.user().additional_gids().clone().unwrap_or_default(),
@@ -383,10 +362,7 @@ impl Runtime {
                 replies,
             }),
             Reply::Failed { error } => Err(Error::container(id, format!("exec: {error}"))),
-            other => Err(Error::container(
-                id,
-                format!("exec: unexpected reply {other:?}"),
-            )),
+            other => Err(Error::container(id, format!("exec: unexpected reply {other:?}"))),
         }
     }
 
@@ -469,12 +445,7 @@ impl Runtime {
                 uts,
             }))
             .await
-            .map_err(|e| {
-                Error::container(
-                    dir.display().to_string(),
-                    format!("pinning namespaces: {e}"),
-                )
-            })
+            .map_err(|e| Error::container(dir.display().to_string(), format!("pinning namespaces: {e}")))
     }
 
     /// Undo [`pin_namespaces`](Self::pin_namespaces): unmount and remove the files.
@@ -550,11 +521,7 @@ fn prepare(
         created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
         log_path: log_path.clone(),
         cgroup_path: cgroup_path.clone(),
-        stop_signal: image
-            .config
-            .config()
-            .as_ref()
-            .and_then(|c| c.stop_signal().clone()),
+        stop_signal: image.config.config().as_ref().and_then(|c| c.stop_signal().clone()),
         boot_id: crate::fsutil::boot_id(),
     };
     write_json_atomic(&dir.join("container.json"), &record)?;

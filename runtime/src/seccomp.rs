@@ -4,8 +4,8 @@
 //! flags are refused, and `clone3` answers ENOSYS so libc falls back to `clone`.
 
 use oci_spec::runtime::{
-    Arch, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder, LinuxSeccompBuilder,
-    LinuxSeccompOperator, LinuxSyscall, LinuxSyscallBuilder,
+    Arch, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSeccompOperator,
+    LinuxSyscall, LinuxSyscallBuilder,
 };
 
 /// System calls every container may make.
@@ -399,10 +399,7 @@ const BY_CAPABILITY: &[(&str, &[&str])] = &[
         ],
     ),
     ("CAP_SYS_BOOT", &["reboot"]),
-    (
-        "CAP_SYS_MODULE",
-        &["delete_module", "init_module", "finit_module"],
-    ),
+    ("CAP_SYS_MODULE", &["delete_module", "init_module", "finit_module"]),
     ("CAP_SYS_PACCT", &["acct"]),
     (
         "CAP_SYS_PTRACE",
@@ -423,12 +420,7 @@ const BY_CAPABILITY: &[(&str, &[&str])] = &[
     ("CAP_SYS_TTY_CONFIG", &["vhangup"]),
     (
         "CAP_SYS_NICE",
-        &[
-            "get_mempolicy",
-            "mbind",
-            "set_mempolicy",
-            "set_mempolicy_home_node",
-        ],
+        &["get_mempolicy", "mbind", "set_mempolicy", "set_mempolicy_home_node"],
     ),
     ("CAP_SYSLOG", &["syslog"]),
     ("CAP_BPF", &["bpf"]),
@@ -530,9 +522,7 @@ mod tests {
 
     fn allowed(p: &LinuxSeccomp, name: &str) -> bool {
         p.syscalls().as_ref().unwrap().iter().any(|r| {
-            r.action() == LinuxSeccompAction::ScmpActAllow
-                && r.args().is_none()
-                && r.names().iter().any(|n| n == name)
+            r.action() == LinuxSeccompAction::ScmpActAllow && r.args().is_none() && r.names().iter().any(|n| n == name)
         })
     }
 
@@ -541,10 +531,7 @@ mod tests {
         let plain = runtime_default(&["CAP_CHOWN".to_string()]);
         assert!(allowed(&plain, "read"));
         assert!(!allowed(&plain, "mount"));
-        assert!(
-            !allowed(&plain, "clone"),
-            "clone only with flag restrictions"
-        );
+        assert!(!allowed(&plain, "clone"), "clone only with flag restrictions");
         let admin = runtime_default(&["CAP_SYS_ADMIN".to_string()]);
         assert!(allowed(&admin, "mount"));
         assert!(allowed(&admin, "clone"));

@@ -7,11 +7,10 @@ use std::path::Path;
 
 use oci_spec::image::ImageConfiguration;
 use oci_spec::runtime::{
-    Capabilities, Capability, LinuxBuilder, LinuxCpuBuilder, LinuxDeviceCgroupBuilder,
-    LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType,
-    LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp, Mount as OciMount, MountBuilder,
-    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder,
-    UserBuilder,
+    Capabilities, Capability, LinuxBuilder, LinuxCpuBuilder, LinuxDeviceCgroupBuilder, LinuxMemoryBuilder,
+    LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp,
+    Mount as OciMount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec,
+    SpecBuilder, UserBuilder,
 };
 
 use crate::config::{ContainerConfig, MountKind, NamespaceMode, Propagation, SeccompProfile};
@@ -40,11 +39,7 @@ pub const DEFAULT_CAPABILITIES: &[&str] = &[
 
 /// The process arguments Kubernetes runs: `command` replaces the image Entrypoint and drops its
 /// Cmd; `args` replaces Cmd.
-pub fn process_args(
-    image: &ImageConfiguration,
-    command: &[String],
-    args: &[String],
-) -> Vec<String> {
+pub fn process_args(image: &ImageConfiguration, command: &[String], args: &[String]) -> Vec<String> {
     let cfg = image.config().as_ref();
     let entrypoint = cfg.and_then(|c| c.entrypoint().clone()).unwrap_or_default();
     let cmd = cfg.and_then(|c| c.cmd().clone()).unwrap_or_default();
@@ -57,16 +52,9 @@ pub fn process_args(
 
 /// Default PATH, then the image's environment, then the container's, a later value replacing an
 /// earlier one of the same name in place.
-pub fn merge_env(
-    image: &ImageConfiguration,
-    env: &[(String, String)],
-    extra: &[(String, String)],
-) -> Vec<String> {
+pub fn merge_env(image: &ImageConfiguration, env: &[(String, String)], extra: &[(String, String)]) -> Vec<String> {
     let mut out: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
-    let set = |k: &str, v: &str, out: &mut Vec<(String, String)>| match out
-        .iter_mut()
-        .find(|(n, _)| n == k)
-    {
+    let set = |k: &str, v: &str, out: &mut Vec<(String, String)>| match out.iter_mut().find(|(n, _)| n == k) {
         Some(slot) => slot.1 = v.to_string(),
         None => out.push((k.to_string(), v.to_string())),
     };
@@ -136,9 +124,8 @@ fn cap_set(names: &[String]) -> Result<Capabilities> {
     names
         .iter()
         .map(|n| {
-            serde_json::from_value::<Capability>(serde_json::Value::String(n.clone())).map_err(
-                |_| Error::invalid_config("capabilities", format!("unknown capability {n}")),
-            )
+            serde_json::from_value::<Capability>(serde_json::Value::String(n.clone()))
+                .map_err(|_| Error::invalid_config("capabilities", format!("unknown capability {n}")))
         })
         .collect::<Result<HashSet<_>>>()
 }
@@ -197,12 +184,7 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
         .working_dir
         .clone()
         .filter(|w| !w.is_empty())
-        .or_else(|| {
-            image
-                .config()
-                .as_ref()
-                .and_then(|c| c.working_dir().clone())
-        })
+        .or_else(|| image.config().as_ref().and_then(|c| c.working_dir().clone()))
         .filter(|w| !w.is_empty())
         .unwrap_or_else(|| "/".to_string());
     if !cwd.starts_with('/') {
@@ -409,19 +391,13 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
 /// containerd's default mounts, minus any the container replaces, then the container's own,
 /// parents before children.
 fn mounts(cfg: &ContainerConfig) -> Result<Vec<OciMount>> {
-    let own: HashSet<&str> = cfg
-        .mounts
-        .iter()
-        .map(|m| m.destination.trim_end_matches('/'))
-        .collect();
+    let own: HashSet<&str> = cfg.mounts.iter().map(|m| m.destination.trim_end_matches('/')).collect();
     let mut out: Vec<OciMount> = oci_spec::runtime::get_default_mounts()
         .into_iter()
         .filter(|m| !own.contains(m.destination().to_string_lossy().as_ref()))
         .map(|mut m| {
             // A private network namespace is needed to mount sysfs; without one, bind it.
-            if m.destination() == Path::new("/sys")
-                && matches!(cfg.namespaces.network, NamespaceMode::Host)
-            {
+            if m.destination() == Path::new("/sys") && matches!(cfg.namespaces.network, NamespaceMode::Host) {
                 m.set_typ(Some("bind".into()));
                 m.set_source(Some("/sys".into()));
                 m.set_options(Some(vec![
@@ -433,8 +409,7 @@ fn mounts(cfg: &ContainerConfig) -> Result<Vec<OciMount>> {
                 ]));
             }
             if cfg.privileged
-                && (m.destination() == Path::new("/sys")
-                    || m.destination() == Path::new("/sys/fs/cgroup"))
+                && (m.destination() == Path::new("/sys") || m.destination() == Path::new("/sys/fs/cgroup"))
             {
                 if let Some(o) = m.options().clone() {
                     m.set_options(Some(o.into_iter().filter(|x| x != "ro").collect()));
@@ -490,10 +465,8 @@ fn mounts(cfg: &ContainerConfig) -> Result<Vec<OciMount>> {
 
 /// A Localhost seccomp profile: OCI/docker JSON (`defaultAction`, `syscalls`...).
 fn load_localhost_profile(path: &Path) -> Result<LinuxSeccomp> {
-    let data = std::fs::read(path)
-        .with_context(|| format!("reading seccomp profile {}", path.display()))?;
-    serde_json::from_slice(&data)
-        .with_context(|| format!("decoding seccomp profile {}", path.display()))
+    let data = std::fs::read(path).with_context(|| format!("reading seccomp profile {}", path.display()))?;
+    serde_json::from_slice(&data).with_context(|| format!("decoding seccomp profile {}", path.display()))
 }
 
 trait CfgContext<T> {
@@ -529,20 +502,13 @@ mod tests {
         assert_eq!(process_args(&img, &[], &[]), s(&["/bin/ep", "c1", "c2"]));
         assert_eq!(process_args(&img, &[], &s(&["x"])), s(&["/bin/ep", "x"]));
         assert_eq!(process_args(&img, &s(&["/cmd"]), &[]), s(&["/cmd"]));
-        assert_eq!(
-            process_args(&img, &s(&["/cmd"]), &s(&["y"])),
-            s(&["/cmd", "y"])
-        );
+        assert_eq!(process_args(&img, &s(&["/cmd"]), &s(&["y"])), s(&["/cmd", "y"]));
     }
 
     #[test]
     fn env_container_overrides_image() {
         let img = image(IMG);
-        let env = merge_env(
-            &img,
-            &[("A".into(), "ctr".into()), ("B".into(), "b".into())],
-            &[],
-        );
+        let env = merge_env(&img, &[("A".into(), "ctr".into()), ("B".into(), "b".into())], &[]);
         assert_eq!(env, s(&["PATH=/img/bin", "A=ctr", "B=b"]));
     }
 
@@ -602,14 +568,7 @@ mod tests {
             Some("/kubepods/podx/abc")
         );
         assert_eq!(
-            linux
-                .resources()
-                .as_ref()
-                .unwrap()
-                .memory()
-                .as_ref()
-                .unwrap()
-                .limit(),
+            linux.resources().as_ref().unwrap().memory().as_ref().unwrap().limit(),
             Some(64 << 20)
         );
         assert!(linux
@@ -634,9 +593,8 @@ mod tests {
 
     #[test]
     fn no_command_anywhere_is_an_error() {
-        let img = image(
-            r#"{"architecture":"amd64","os":"linux","config":{},"rootfs":{"type":"layers","diff_ids":[]}}"#,
-        );
+        let img =
+            image(r#"{"architecture":"amd64","os":"linux","config":{},"rootfs":{"type":"layers","diff_ids":[]}}"#);
         let c = ContainerConfig {
             cgroup_parent: "/x".into(),
             ..Default::default()

@@ -105,11 +105,7 @@ fn parse_group(s: &str) -> Vec<GroupEntry> {
             Some(GroupEntry {
                 name: f[0].to_string(),
                 gid: f[2].parse().ok()?,
-                members: f[3]
-                    .split(',')
-                    .filter(|m| !m.is_empty())
-                    .map(str::to_string)
-                    .collect(),
+                members: f[3].split(',').filter(|m| !m.is_empty()).map(str::to_string).collect(),
             })
         })
         .collect()
@@ -126,14 +122,8 @@ pub fn resolve_user(
     gid_override: Option<u32>,
     supplemental: &[u32],
 ) -> Result<ResolvedUser> {
-    let passwd = files
-        .read("/etc/passwd")
-        .map(|s| parse_passwd(&s))
-        .unwrap_or_default();
-    let groups = files
-        .read("/etc/group")
-        .map(|s| parse_group(&s))
-        .unwrap_or_default();
+    let passwd = files.read("/etc/passwd").map(|s| parse_passwd(&s)).unwrap_or_default();
+    let groups = files.read("/etc/group").map(|s| parse_group(&s)).unwrap_or_default();
     let bad = |reason: String| Error::invalid_config("user", reason);
 
     let (user_part, group_part) = match image_user.split_once(':') {
@@ -148,12 +138,7 @@ pub fn resolve_user(
             .map(Ok)
             .unwrap_or(Err(uid))
     } else if user_part.is_empty() {
-        passwd
-            .iter()
-            .find(|e| e.uid == 0)
-            .cloned()
-            .map(Ok)
-            .unwrap_or(Err(0))
+        passwd.iter().find(|e| e.uid == 0).cloned().map(Ok).unwrap_or(Err(0))
     } else if let Ok(uid) = user_part.parse::<u32>() {
         passwd
             .iter()
@@ -166,11 +151,7 @@ pub fn resolve_user(
             .iter()
             .find(|e| e.name == user_part)
             .cloned()
-            .ok_or_else(|| {
-                bad(format!(
-                    "user {user_part:?} is not in the image's /etc/passwd"
-                ))
-            })?)
+            .ok_or_else(|| bad(format!("user {user_part:?} is not in the image's /etc/passwd")))?)
     };
     let (uid, passwd_gid, name, home) = match entry {
         Ok(e) => (e.uid, Some(e.gid), Some(e.name), Some(e.home)),
@@ -231,10 +212,7 @@ mod tests {
     fn names_and_numbers() {
         let (_d, f) = image(PASSWD, GROUP);
         let u = resolve_user(&f, "www", None, None, &[]).unwrap();
-        assert_eq!(
-            (u.uid, u.gid, u.additional_gids.clone()),
-            (33, 33, vec![50])
-        );
+        assert_eq!((u.uid, u.gid, u.additional_gids.clone()), (33, 33, vec![50]));
         assert_eq!(u.home.as_deref(), Some("/var/www"));
         let u = resolve_user(&f, "1000:staff", None, None, &[7]).unwrap();
         assert_eq!((u.uid, u.gid, u.additional_gids), (1000, 50, vec![7]));

@@ -47,11 +47,8 @@ fn main() {
     let images = ensure_images();
     let root = std::env::temp_dir().join(format!("ferrolet-rt-test-{}", std::process::id()));
     let rt = Runtime::new(&root, zygote).expect("runtime");
-    let cgroup = NestedRoot::create(
-        rt.cgroups(),
-        &format!("ferrolet-rt-test-{}", std::process::id()),
-    )
-    .expect("nested cgroup root");
+    let cgroup = NestedRoot::create(rt.cgroups(), &format!("ferrolet-rt-test-{}", std::process::id()))
+        .expect("nested cgroup root");
     rt.images()
         .import(&images.join("busybox.oci.tar"))
         .expect("import busybox");
@@ -64,14 +61,8 @@ fn main() {
 
     let args = Arguments::from_args();
     let tests = vec![
-        trial(
-            "images_import_oci_and_docker_save",
-            images_import_oci_and_docker_save,
-        ),
-        trial(
-            "images_corrupt_blob_is_rejected",
-            images_corrupt_blob_is_rejected,
-        ),
+        trial("images_import_oci_and_docker_save", images_import_oci_and_docker_save),
+        trial("images_corrupt_blob_is_rejected", images_corrupt_blob_is_rejected),
         trial(
             "images_layer_escaping_root_is_rejected",
             images_layer_escaping_root_is_rejected,
@@ -80,16 +71,10 @@ fn main() {
         trial("exit_codes_0_3_and_sigkill", exit_codes_0_3_and_sigkill),
         trial("env_and_args_merging", env_and_args_merging),
         trial("working_dir_and_user", working_dir_and_user),
-        trial(
-            "readonly_rootfs_refuses_writes",
-            readonly_rootfs_refuses_writes,
-        ),
+        trial("readonly_rootfs_refuses_writes", readonly_rootfs_refuses_writes),
         trial("masked_paths_are_unreadable", masked_paths_are_unreadable),
         trial("exec_in_running_container", exec_in_running_container),
-        trial(
-            "memory_limit_in_cgroup_and_cleanup",
-            memory_limit_in_cgroup_and_cleanup,
-        ),
+        trial("memory_limit_in_cgroup_and_cleanup", memory_limit_in_cgroup_and_cleanup),
         trial("stats_of_busy_container", stats_of_busy_container),
         trial(
             "containers_survive_owner_sigkill_and_are_readopted",
@@ -102,9 +87,7 @@ fn main() {
 }
 
 fn trial(name: &'static str, f: fn() -> Result<()>) -> Trial {
-    Trial::test(name, move || {
-        f().map_err(|e| Failed::from(format!("{e:#}")))
-    })
+    Trial::test(name, move || f().map_err(|e| Failed::from(format!("{e:#}"))))
 }
 
 fn block<F: std::future::Future>(f: F) -> F::Output {
@@ -154,10 +137,10 @@ fn config(name: &str, command: &[&str]) -> ContainerConfig {
         command: command.iter().map(|s| s.to_string()).collect(),
         cgroup_parent: e.cgroup.path().to_string(),
         log: LogConfig {
-            path: e.root.join("logs").join(format!(
-                "{name}-{}.log",
-                ferrolet_runtime::fsutil::random_hex(4)
-            )),
+            path: e
+                .root
+                .join("logs")
+                .join(format!("{name}-{}.log", ferrolet_runtime::fsutil::random_hex(4))),
             ..Default::default()
         },
         ..Default::default()
@@ -179,9 +162,7 @@ fn output(log: &Path) -> Result<(Vec<String>, Vec<String>)> {
 }
 
 /// Create, start, wait and delete; the container is deleted whatever happens.
-async fn run(
-    cfg: &ContainerConfig,
-) -> Result<(ferrolet_runtime::ExitRecord, Vec<String>, Vec<String>)> {
+async fn run(cfg: &ContainerConfig) -> Result<(ferrolet_runtime::ExitRecord, Vec<String>, Vec<String>)> {
     let rt = &env().rt;
     let info = rt.create(cfg).await?;
     let id = info.id().to_string();
@@ -203,8 +184,7 @@ fn images_import_oci_and_docker_save() -> Result<()> {
     let store = e.rt.images();
     let oci = store.find("busybox:1.35")?;
     ensure!(
-        oci.refs
-            .contains(&"docker.io/library/busybox:latest".to_string()),
+        oci.refs.contains(&"docker.io/library/busybox:latest".to_string()),
         "refs: {:?}",
         oci.refs
     );
@@ -217,11 +197,7 @@ fn images_import_oci_and_docker_save() -> Result<()> {
         docker.id,
         oci.id
     );
-    ensure!(store
-        .resolve("busybox")?
-        .layer_dirs
-        .iter()
-        .all(|d| d.is_dir()));
+    ensure!(store.resolve("busybox")?.layer_dirs.iter().all(|d| d.is_dir()));
     // The docker-save name runs a container too.
     let mut cfg = config("docker-save", &["echo", "from-docker-archive"]);
     cfg.image = "localhost/busybox-docker:1.35".into();
@@ -249,13 +225,8 @@ fn oci_dir(tag: &str) -> Result<PathBuf> {
 fn images_corrupt_blob_is_rejected() -> Result<()> {
     let dir = oci_dir("corrupt")?;
     let index: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("index.json"))?)?;
-    let manifest = index["manifests"][0]["digest"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let path = dir
-        .join("blobs/sha256")
-        .join(manifest.trim_start_matches("sha256:"));
+    let manifest = index["manifests"][0]["digest"].as_str().unwrap().to_string();
+    let path = dir.join("blobs/sha256").join(manifest.trim_start_matches("sha256:"));
     let mut data = std::fs::read(&path)?;
     data[10] ^= 0x20;
     std::fs::write(&path, data)?;
@@ -325,10 +296,7 @@ fn images_layer_escaping_root_is_rejected() -> Result<()> {
         "error should name the entry: {err}"
     );
     let layers = env().rt.images().dir().join("layers");
-    ensure!(
-        !layers.join("evil").exists(),
-        "nothing written outside the layer"
-    );
+    ensure!(!layers.join("evil").exists(), "nothing written outside the layer");
     ensure!(
         env().rt.images().find("localhost/evil:1").is_err(),
         "the image must not be recorded"
@@ -337,19 +305,13 @@ fn images_layer_escaping_root_is_rejected() -> Result<()> {
 }
 
 fn stdout_and_stderr_in_cri_log() -> Result<()> {
-    let cfg = config(
-        "logs",
-        &["sh", "-c", "echo hello; echo oops >&2; printf tail"],
-    );
+    let cfg = config("logs", &["sh", "-c", "echo hello; echo oops >&2; printf tail"]);
     let (exit, out, err) = block(run(&cfg))?;
     ensure!(exit.exit_code == 0, "{exit:?}");
     ensure!(out == ["hello", "tail"], "stdout {out:?}");
     ensure!(err == ["oops"], "stderr {err:?}");
     let raw = std::fs::read_to_string(&cfg.log.path)?;
-    let first = raw
-        .lines()
-        .find(|l| l.contains("hello"))
-        .unwrap_or_default();
+    let first = raw.lines().find(|l| l.contains("hello")).unwrap_or_default();
     let parts: Vec<&str> = first.splitn(4, ' ').collect();
     ensure!(
         parts.len() == 4 && parts[1] == "stdout" && parts[2] == "F" && parts[3] == "hello",
@@ -376,10 +338,7 @@ fn exit_codes_0_3_and_sigkill() -> Result<()> {
             ensure!(matches!(rt.inspect(&id)?.state, ContainerState::Running));
             rt.kill(&id, libc::SIGKILL)?;
             let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
-            ensure!(
-                e.exit_code == 137 && e.signal == Some(9) && !e.oom_killed,
-                "{e:?}"
-            );
+            ensure!(e.exit_code == 137 && e.signal == Some(9) && !e.oom_killed, "{e:?}");
             Ok(())
         }
         .await;
@@ -427,25 +386,16 @@ fn working_dir_and_user() -> Result<()> {
     let mut c = config("workdir", &["pwd"]);
     c.working_dir = Some("/srv/new/dir".into());
     let (exit, out, _) = block(run(&c))?;
-    ensure!(
-        exit.exit_code == 0 && out == ["/srv/new/dir"],
-        "{exit:?} {out:?}"
-    );
+    ensure!(exit.exit_code == 0 && out == ["/srv/new/dir"], "{exit:?} {out:?}");
     Ok(())
 }
 
 fn readonly_rootfs_refuses_writes() -> Result<()> {
-    let mut c = config(
-        "ro",
-        &["sh", "-c", "touch /x && echo wrote; touch /tmp/y || true"],
-    );
+    let mut c = config("ro", &["sh", "-c", "touch /x && echo wrote; touch /tmp/y || true"]);
     c.readonly_rootfs = true;
     let (exit, out, err) = block(run(&c))?;
     ensure!(out.is_empty(), "must not write: {out:?}");
-    ensure!(
-        err.iter().any(|l| l.contains("Read-only file system")),
-        "{err:?}"
-    );
+    ensure!(err.iter().any(|l| l.contains("Read-only file system")), "{err:?}");
     ensure!(exit.exit_code == 0, "{exit:?}");
     Ok(())
 }
@@ -453,23 +403,15 @@ fn readonly_rootfs_refuses_writes() -> Result<()> {
 fn masked_paths_are_unreadable() -> Result<()> {
     // Masked files read as empty inside, though the node has content there (kernels differ in
     // which of the masked files exist: use those this one has).
-    let masked: Vec<&str> = [
-        "/proc/keys",
-        "/proc/timer_list",
-        "/proc/kcore",
-        "/proc/sched_debug",
-    ]
-    .into_iter()
-    .filter(|p| std::fs::read(p).map(|d| !d.is_empty()).unwrap_or(false))
-    .collect();
+    let masked: Vec<&str> = ["/proc/keys", "/proc/timer_list", "/proc/kcore", "/proc/sched_debug"]
+        .into_iter()
+        .filter(|p| std::fs::read(p).map(|d| !d.is_empty()).unwrap_or(false))
+        .collect();
     ensure!(
         !masked.is_empty(),
         "no masked /proc file with content on this node to test with"
     );
-    let script: String = masked
-        .iter()
-        .map(|p| format!("wc -c < {p}; "))
-        .collect::<String>()
+    let script: String = masked.iter().map(|p| format!("wc -c < {p}; ")).collect::<String>()
         + "echo x > /proc/sys/kernel/domainname || echo ro";
     let c = config("masked", &["sh", "-c", &script]);
     let (_, out, _) = block(run(&c))?;
@@ -501,10 +443,7 @@ fn exec_in_running_container() -> Result<()> {
                 .exec_capture(&id, &spec, Some(Duration::from_secs(10)), 1 << 20)
                 .await?;
             ensure!(o.exit_code == 4 && !o.timed_out, "{o:?}");
-            ensure!(
-                o.stdout == b"out:bar:/tmp\n" && o.stderr == b"err\n",
-                "{o:?}"
-            );
+            ensure!(o.stdout == b"out:bar:/tmp\n" && o.stderr == b"err\n", "{o:?}");
             let slow = ExecSpec {
                 args: vec!["sleep".into(), "30".into()],
                 ..Default::default()
@@ -515,9 +454,7 @@ fn exec_in_running_container() -> Result<()> {
                 .await?;
             ensure!(o.timed_out && t.elapsed() < Duration::from_secs(5), "{o:?}");
             // sleep as PID 1 ignores TERM: stop escalates to KILL after the grace period.
-            let e = rt
-                .stop(&id, libc::SIGTERM, Duration::from_millis(500))
-                .await?;
+            let e = rt.stop(&id, libc::SIGTERM, Duration::from_millis(500)).await?;
             ensure!(e.exit_code == 137, "{e:?}");
             Ok(())
         }
@@ -557,14 +494,8 @@ fn memory_limit_in_cgroup_and_cleanup() -> Result<()> {
         r?;
         ensure!(!dir.exists(), "cgroup {} removed", dir.display());
         let mounts = std::fs::read_to_string("/proc/self/mounts")?;
-        ensure!(
-            !mounts.contains(&rootfs.display().to_string()),
-            "rootfs unmounted"
-        );
-        ensure!(
-            !rt.root().join("containers").join(&id).exists(),
-            "state removed"
-        );
+        ensure!(!mounts.contains(&rootfs.display().to_string()), "rootfs unmounted");
+        ensure!(!rt.root().join("containers").join(&id).exists(), "state removed");
         Ok(())
     })
 }
@@ -572,9 +503,7 @@ fn memory_limit_in_cgroup_and_cleanup() -> Result<()> {
 fn stats_of_busy_container() -> Result<()> {
     block(async {
         let rt = &env().rt;
-        let info = rt
-            .create(&config("busy", &["sh", "-c", "while :; do :; done"]))
-            .await?;
+        let info = rt.create(&config("busy", &["sh", "-c", "while :; do :; done"])).await?;
         let id = info.id().to_string();
         let r = async {
             rt.start(&id).await?;
@@ -640,12 +569,7 @@ fn containers_survive_owner_sigkill_and_are_readopted() -> Result<()> {
     let mut child = Command::new(std::env::current_exe()?)
         .env(
             "FERROLET_TEST_CHILD",
-            format!(
-                "{}|{}|{}",
-                e.root.display(),
-                e.cgroup.path(),
-                logs.display()
-            ),
+            format!("{}|{}|{}", e.root.display(), e.cgroup.path(), logs.display()),
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -7,19 +7,13 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
 /// GET `path` and return the response body as a stream of chunks through `on_chunk`.
-pub async fn get(
-    socket: &Path,
-    path: &str,
-    mut on_chunk: impl FnMut(&[u8]) -> Result<()>,
-) -> Result<()> {
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .with_context(|| {
-            format!(
-                "connecting to the agent at {} (is `ferrolet run` running with this --root-dir?)",
-                socket.display()
-            )
-        })?;
+pub async fn get(socket: &Path, path: &str, mut on_chunk: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+    let stream = tokio::net::UnixStream::connect(socket).await.with_context(|| {
+        format!(
+            "connecting to the agent at {} (is `ferrolet run` running with this --root-dir?)",
+            socket.display()
+        )
+    })?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(async move {
         let _ = conn.await;

@@ -24,8 +24,7 @@ fn human(bytes: u64) -> String {
 pub fn run(cmd: &ImagesCommand) -> Result<i32> {
     match cmd {
         ImagesCommand::Import { root, files } => {
-            let store =
-                ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
+            let store = ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
             let mut failed = 0;
             for f in files {
                 match store.import(f) {
@@ -48,8 +47,7 @@ pub fn run(cmd: &ImagesCommand) -> Result<i32> {
             Ok(if failed > 0 { 1 } else { 0 })
         }
         ImagesCommand::Ls { root } => {
-            let store =
-                ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
+            let store = ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
             println!("{:<50} {:<15} {:<14} SIZE", "IMAGE", "TAG", "IMAGE ID");
             for i in store.list().map_err(|e| anyhow!("{e}"))? {
                 let names: Vec<(String, String)> = if i.refs.is_empty() {
@@ -60,29 +58,20 @@ pub fn run(cmd: &ImagesCommand) -> Result<i32> {
                         .map(|r| {
                             let p = Reference::parse(r).ok();
                             (
-                                p.as_ref()
-                                    .map(|p| p.repository.clone())
-                                    .unwrap_or_else(|| r.clone()),
+                                p.as_ref().map(|p| p.repository.clone()).unwrap_or_else(|| r.clone()),
                                 p.and_then(|p| p.tag).unwrap_or_else(|| "<none>".into()),
                             )
                         })
                         .collect()
                 };
                 for (repo, tag) in names {
-                    println!(
-                        "{:<50} {:<15} {:<14} {}",
-                        repo,
-                        tag,
-                        i.id.short(),
-                        human(i.size)
-                    );
+                    println!("{:<50} {:<15} {:<14} {}", repo, tag, i.id.short(), human(i.size));
                 }
             }
             Ok(0)
         }
         ImagesCommand::Rm { root, refs } => {
-            let store =
-                ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
+            let store = ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
             let users = crate::reset::image_users(&root.root_dir);
             let mut failed = 0;
             for r in refs {

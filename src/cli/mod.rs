@@ -43,11 +43,7 @@ pub enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct RootArg {
     /// The agent's root directory.
-    #[arg(
-        long = "root-dir",
-        env = "FERROLET_ROOT_DIR",
-        default_value = "/var/lib/ferrolet"
-    )]
+    #[arg(long = "root-dir", env = "FERROLET_ROOT_DIR", default_value = "/var/lib/ferrolet")]
     pub root_dir: PathBuf,
 }
 

@@ -45,19 +45,10 @@ pub async fn run(args: &PodsArgs) -> Result<i32> {
     }
     let wide = args.output.as_deref() == Some("wide");
     let mut table = vec![if wide {
-        vec![
-            "NAMESPACE",
-            "NAME",
-            "READY",
-            "STATUS",
-            "RESTARTS",
-            "AGE",
-            "IP",
-            "NODE",
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect()
+        vec!["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"]
+            .into_iter()
+            .map(String::from)
+            .collect()
     } else {
         vec!["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE"]
             .into_iter()
@@ -105,10 +96,7 @@ pub async fn run(args: &PodsArgs) -> Result<i32> {
         println!("\nMANIFESTS NOT RUNNING:");
         for (loc, e) in errs {
             let loc = loc.split_once(':').map(|(_, l)| l).unwrap_or(loc);
-            println!(
-                "  {loc}: {}",
-                e.as_str().unwrap_or("").replace('\n', "\n    ")
-            );
+            println!("  {loc}: {}", e.as_str().unwrap_or("").replace('\n', "\n    "));
         }
     }
     Ok(0)
@@ -252,10 +240,7 @@ pub fn summarize(p: &Pod, terminating: bool) -> (String, String, String) {
         reason = "Terminating".into();
     }
     let restarts = match last_restart.filter(|_| restarts > 0) {
-        Some(t) => format!(
-            "{restarts} ({} ago)",
-            human_duration(Utc::now().timestamp() - t)
-        ),
+        Some(t) => format!("{restarts} ({} ago)", human_duration(Utc::now().timestamp() - t)),
         None => restarts.to_string(),
     };
     (format!("{ready}/{total}"), reason, restarts)

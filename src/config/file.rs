@@ -117,10 +117,9 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
 
 /// Apply the file at `path` onto `cfg`. Returns warnings (fields accepted but ignored).
 pub fn apply_file(cfg: &mut Config, path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading config file {}", path.display()))?;
-    let value: Value = serde_saphyr::from_str(&text)
-        .map_err(|e| anyhow!("{}: not valid YAML or JSON: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+    let value: Value =
+        serde_saphyr::from_str(&text).map_err(|e| anyhow!("{}: not valid YAML or JSON: {e}", path.display()))?;
     let Value::Object(map) = value else {
         bail!("{}: expected a KubeletConfiguration object", path.display());
     };
@@ -147,9 +146,9 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
             "staticPodPath" => cfg.static_pod_path = Some(resolve_relative(base, &string(f, v)?)),
             "staticPodURL" => cfg.static_pod_url = Some(string(f, v)?).filter(|s| !s.is_empty()),
             "staticPodURLHeader" => {
-                let obj = v.as_object().ok_or_else(|| {
-                    anyhow!("{f}: expected a map of header name to list of values")
-                })?;
+                let obj = v
+                    .as_object()
+                    .ok_or_else(|| anyhow!("{f}: expected a map of header name to list of values"))?;
                 cfg.static_pod_url_headers.clear();
                 for (k, vals) in obj {
                     let list = vals
@@ -177,22 +176,15 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
             "cgroupRoot" => cfg.cgroup_root = string(f, v)?,
             "cgroupsPerQOS" => cfg.cgroups_per_qos = boolean(f, v)?,
             "runtimeRequestTimeout" => cfg.runtime_request_timeout = duration(f, v)?,
-            "maxPods" => {
-                cfg.max_pods = integer(f, v)?
-                    .try_into()
-                    .map_err(|_| anyhow!("{f}: out of range"))?
-            }
+            "maxPods" => cfg.max_pods = integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?,
             "podCIDR" => cfg.pod_cidr = Some(string(f, v)?).filter(|s| !s.is_empty()),
             "podPidsLimit" => cfg.pod_pids_limit = integer(f, v)?,
             "resolvConf" => cfg.resolv_conf = resolve_relative(base, &string(f, v)?),
             "containerLogMaxSize" => {
-                cfg.container_log_max_size =
-                    bytes(&string(f, v)?).map_err(|e| anyhow!("{f}: {e}"))? as u64
+                cfg.container_log_max_size = bytes(&string(f, v)?).map_err(|e| anyhow!("{f}: {e}"))? as u64
             }
             "containerLogMaxFiles" => {
-                cfg.container_log_max_files = integer(f, v)?
-                    .try_into()
-                    .map_err(|_| anyhow!("{f}: out of range"))?
+                cfg.container_log_max_files = integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
             }
             "seccompDefault" => cfg.seccomp_default = boolean(f, v)?,
             "systemReserved" => {
@@ -206,18 +198,13 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
                             cfg.system_reserved_cpu_milli =
                                 crate::units::milli(&q).map_err(|e| anyhow!("{f}.cpu: {e}"))?
                         }
-                        "memory" => {
-                            cfg.system_reserved_memory =
-                                bytes(&q).map_err(|e| anyhow!("{f}.memory: {e}"))?
-                        }
+                        "memory" => cfg.system_reserved_memory = bytes(&q).map_err(|e| anyhow!("{f}.memory: {e}"))?,
                         other => warnings.push(format!("{f}.{other} is not enforced by ferrolet")),
                     }
                 }
             }
             "crashLoopBackOff" => {
-                let obj = v
-                    .as_object()
-                    .ok_or_else(|| anyhow!("{f}: expected an object"))?;
+                let obj = v.as_object().ok_or_else(|| anyhow!("{f}: expected an object"))?;
                 for (k, x) in obj {
                     match k.as_str() {
                         "maxContainerRestartPeriod" => {
@@ -239,9 +226,7 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
 
 /// ferrolet's own settings, under a `ferrolet:` key of the same file.
 fn apply_extensions(cfg: &mut Config, v: &Value, base: &Path) -> Result<()> {
-    let obj = v
-        .as_object()
-        .ok_or_else(|| anyhow!("ferrolet: expected an object"))?;
+    let obj = v.as_object().ok_or_else(|| anyhow!("ferrolet: expected an object"))?;
     for (k, x) in obj {
         let f = format!("ferrolet.{k}");
         match k.as_str() {
@@ -257,9 +242,7 @@ fn apply_extensions(cfg: &mut Config, v: &Value, base: &Path) -> Result<()> {
             "podSubnet" => cfg.network.subnet = string(&f, x)?,
             "cniConfDir" => cfg.network.cni_conf_dir = resolve_relative(base, &string(&f, x)?),
             "cniBinDirs" => {
-                let list = x
-                    .as_array()
-                    .ok_or_else(|| anyhow!("{f}: expected a list of paths"))?;
+                let list = x.as_array().ok_or_else(|| anyhow!("{f}: expected a list of paths"))?;
                 cfg.network.cni_bin_dirs = list
                     .iter()
                     .map(|p| string(&f, p).map(|s| resolve_relative(base, &s)))
@@ -267,9 +250,7 @@ fn apply_extensions(cfg: &mut Config, v: &Value, base: &Path) -> Result<()> {
             }
             "imageImportDir" => cfg.image_import_dir = resolve_relative(base, &string(&f, x)?),
             "loadDemoImage" => cfg.load_demo_image = boolean(&f, x)?,
-            "initialContainerRestartPeriod" => {
-                cfg.initial_container_restart_period = duration(&f, x)?
-            }
+            "initialContainerRestartPeriod" => cfg.initial_container_restart_period = duration(&f, x)?,
             "nodeIP" => cfg.node_ip = Some(ip(&f, x)?),
             other => bail!("unknown field ferrolet.{other}"),
         }
@@ -289,8 +270,7 @@ fn boolean(f: &str, v: &Value) -> Result<bool> {
 }
 
 fn integer(f: &str, v: &Value) -> Result<i64> {
-    v.as_i64()
-        .ok_or_else(|| anyhow!("{f}: expected an integer, got {v}"))
+    v.as_i64().ok_or_else(|| anyhow!("{f}: expected an integer, got {v}"))
 }
 
 fn duration(f: &str, v: &Value) -> Result<std::time::Duration> {
@@ -299,8 +279,7 @@ fn duration(f: &str, v: &Value) -> Result<std::time::Duration> {
 
 fn ip(f: &str, v: &Value) -> Result<IpAddr> {
     let s = string(f, v)?;
-    s.parse()
-        .map_err(|_| anyhow!("{f}: {s:?} is not an IP address"))
+    s.parse().map_err(|_| anyhow!("{f}: {s:?} is not an IP address"))
 }
 
 fn port(f: &str, v: &Value) -> Result<u16> {
@@ -345,17 +324,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("fileCheckFrequency"), "{e}");
-        let e = apply(&format!("{HEAD}bogusField: 1\n"))
-            .unwrap_err()
-            .to_string();
+        let e = apply(&format!("{HEAD}bogusField: 1\n")).unwrap_err().to_string();
         assert!(e.contains("bogusField"), "{e}");
-        let e = apply(&format!("{HEAD}maxPods: many\n"))
-            .unwrap_err()
-            .to_string();
+        let e = apply(&format!("{HEAD}maxPods: many\n")).unwrap_err().to_string();
         assert!(e.contains("maxPods"), "{e}");
-        let e = apply("kind: Pod\napiVersion: v1\n")
-            .unwrap_err()
-            .to_string();
+        let e = apply("kind: Pod\napiVersion: v1\n").unwrap_err().to_string();
         assert!(e.contains("kind"), "{e}");
     }
 
@@ -363,10 +336,6 @@ mod tests {
     fn relative_paths_resolve_against_the_file() {
         let (c, _) = apply(&format!("{HEAD}staticPodPath: manifests\n")).unwrap();
         let p = c.static_pod_path.unwrap();
-        assert!(
-            p.is_absolute() && p.ends_with("manifests"),
-            "{}",
-            p.display()
-        );
+        assert!(p.is_absolute() && p.ends_with("manifests"), "{}", p.display());
     }
 }

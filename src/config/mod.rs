@@ -145,16 +145,10 @@ impl Config {
             );
         }
         if !self.root_dir.is_absolute() {
-            bail!(
-                "root-dir: {} is not an absolute path",
-                self.root_dir.display()
-            );
+            bail!("root-dir: {} is not an absolute path", self.root_dir.display());
         }
         if !self.cgroup_root.is_empty() && !self.cgroup_root.starts_with('/') {
-            bail!(
-                "cgroupRoot: {:?} must be an absolute cgroup path",
-                self.cgroup_root
-            );
+            bail!("cgroupRoot: {:?} must be an absolute cgroup path", self.cgroup_root);
         }
         if self.max_pods == 0 {
             bail!("maxPods: must be at least 1");
@@ -220,10 +214,7 @@ pub fn apply_flags(cfg: &mut Config, f: &crate::cli::RunFlags) -> Result<()> {
     if let Some(d) = dur("runtime-request-timeout", &f.runtime_request_timeout)? {
         cfg.runtime_request_timeout = d;
     }
-    if let Some(d) = dur(
-        "initial-container-restart-period",
-        &f.initial_container_restart_period,
-    )? {
+    if let Some(d) = dur("initial-container-restart-period", &f.initial_container_restart_period)? {
         cfg.initial_container_restart_period = d;
     }
     if let Some(c) = &f.cgroup_root {
@@ -260,8 +251,7 @@ pub fn apply_flags(cfg: &mut Config, f: &crate::cli::RunFlags) -> Result<()> {
         cfg.node_ip = Some(ip);
     }
     if let Some(s) = &f.container_log_max_size {
-        cfg.container_log_max_size =
-            bytes(s).map_err(|e| anyhow::anyhow!("--container-log-max-size: {e}"))? as u64;
+        cfg.container_log_max_size = bytes(s).map_err(|e| anyhow::anyhow!("--container-log-max-size: {e}"))? as u64;
     }
     if let Some(n) = f.container_log_max_files {
         cfg.container_log_max_files = n;
@@ -290,9 +280,7 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     if p.is_absolute() {
         Ok(p.to_path_buf())
     } else {
-        Ok(std::env::current_dir()
-            .context("current directory")?
-            .join(p))
+        Ok(std::env::current_dir().context("current directory")?.join(p))
     }
 }
 

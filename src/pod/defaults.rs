@@ -10,8 +10,7 @@ pub fn apply(pod: &mut Pod) {
     spec.restart_policy.get_or_insert_with(|| "Always".into());
     spec.dns_policy.get_or_insert_with(|| "ClusterFirst".into());
     spec.termination_grace_period_seconds.get_or_insert(30);
-    spec.scheduler_name
-        .get_or_insert_with(|| "default-scheduler".into());
+    spec.scheduler_name.get_or_insert_with(|| "default-scheduler".into());
     spec.security_context.get_or_insert_with(Default::default);
     spec.enable_service_links.get_or_insert(true);
     spec.priority.get_or_insert(0);
@@ -59,8 +58,7 @@ pub fn apply(pod: &mut Pod) {
 fn container(c: &mut Container) {
     c.termination_message_path
         .get_or_insert_with(|| "/dev/termination-log".into());
-    c.termination_message_policy
-        .get_or_insert_with(|| "File".into());
+    c.termination_message_policy.get_or_insert_with(|| "File".into());
     if c.image_pull_policy.is_none() {
         c.image_pull_policy = Some(default_pull_policy(c.image.as_deref().unwrap_or("")).into());
     }
@@ -80,13 +78,9 @@ fn container(c: &mut Container) {
             }
         }
     }
-    for p in [
-        &mut c.liveness_probe,
-        &mut c.readiness_probe,
-        &mut c.startup_probe,
-    ]
-    .into_iter()
-    .flatten()
+    for p in [&mut c.liveness_probe, &mut c.readiness_probe, &mut c.startup_probe]
+        .into_iter()
+        .flatten()
     {
         probe(p);
     }
@@ -154,10 +148,7 @@ mod tests {
         assert_eq!(s.termination_grace_period_seconds, Some(30));
         let c = &s.containers[0];
         assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
-        assert_eq!(
-            c.termination_message_path.as_deref(),
-            Some("/dev/termination-log")
-        );
+        assert_eq!(c.termination_message_path.as_deref(), Some("/dev/termination-log"));
         assert!(c
             .resources
             .as_ref()

@@ -24,15 +24,14 @@ impl Source {
 
 /// Decode every pod in a manifest. Errors name the document and what is wrong with it.
 pub fn decode(data: &str) -> Result<Vec<Pod>, String> {
-    let docs: Vec<Value> =
-        if data.trim_start().starts_with('{') || data.trim_start().starts_with('[') {
-            serde_json::Deserializer::from_str(data)
-                .into_iter::<Value>()
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("invalid JSON: {e}"))?
-        } else {
-            serde_saphyr::from_multiple::<Value>(data).map_err(|e| format!("invalid YAML: {e}"))?
-        };
+    let docs: Vec<Value> = if data.trim_start().starts_with('{') || data.trim_start().starts_with('[') {
+        serde_json::Deserializer::from_str(data)
+            .into_iter::<Value>()
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("invalid JSON: {e}"))?
+    } else {
+        serde_saphyr::from_multiple::<Value>(data).map_err(|e| format!("invalid YAML: {e}"))?
+    };
     let mut pods = Vec::new();
     for (i, doc) in docs.into_iter().enumerate() {
         let where_ = format!("document {}", i + 1);
@@ -44,11 +43,7 @@ pub fn decode(data: &str) -> Result<Vec<Pod>, String> {
                 match kind {
                     "Pod" => pods.push(to_pod(doc, &where_)?),
                     "PodList" | "List" => {
-                        let items = m
-                            .get("items")
-                            .and_then(Value::as_array)
-                            .cloned()
-                            .unwrap_or_default();
+                        let items = m.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
                         for (j, item) in items.into_iter().enumerate() {
                             let w = format!("{where_}, items[{j}]");
                             let k = item.get("kind").and_then(Value::as_str).unwrap_or("Pod");
@@ -62,12 +57,7 @@ pub fn decode(data: &str) -> Result<Vec<Pod>, String> {
                     other => return Err(format!("{where_}: kind {other:?} is not a Pod")),
                 }
             }
-            other => {
-                return Err(format!(
-                    "{where_}: expected an object, got {}",
-                    short(&other)
-                ))
-            }
+            other => return Err(format!("{where_}: expected an object, got {}", short(&other))),
         }
     }
     Ok(pods)
@@ -121,10 +111,7 @@ pub fn apply_static_identity(pod: &mut Pod, source: &Source, node_name: &str) {
         spec.tolerations.get_or_insert_with(Vec::new).push(tol);
     }
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let ann = pod
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default);
+    let ann = pod.metadata.annotations.get_or_insert_with(Default::default);
     ann.insert(super::CONFIG_HASH.into(), uid);
     ann.insert(super::CONFIG_SOURCE.into(), source.kind().into());
     ann.insert(
@@ -137,7 +124,8 @@ pub fn apply_static_identity(pod: &mut Pod, source: &Source, node_name: &str) {
 mod tests {
     use super::*;
 
-    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: c\n    image: busybox\n";
+    const POD: &str =
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: c\n    image: busybox\n";
 
     #[test]
     fn decodes_yaml_multi_doc_and_lists() {
@@ -172,9 +160,6 @@ mod tests {
         assert_eq!(a.metadata.namespace.as_deref(), Some("default"));
         assert_eq!(a.metadata.uid.as_ref().unwrap().len(), 32);
         let ann = a.metadata.annotations.unwrap();
-        assert_eq!(
-            ann.get(crate::pod::CONFIG_SOURCE).map(String::as_str),
-            Some("file")
-        );
+        assert_eq!(ann.get(crate::pod::CONFIG_SOURCE).map(String::as_str), Some("file"));
     }
 }

@@ -31,11 +31,8 @@ pub fn full_name(pod: &Pod) -> String {
 }
 
 pub fn spec(pod: &Pod) -> &k8s_openapi::api::core::v1::PodSpec {
-    static EMPTY: std::sync::OnceLock<k8s_openapi::api::core::v1::PodSpec> =
-        std::sync::OnceLock::new();
-    pod.spec
-        .as_ref()
-        .unwrap_or_else(|| EMPTY.get_or_init(Default::default))
+    static EMPTY: std::sync::OnceLock<k8s_openapi::api::core::v1::PodSpec> = std::sync::OnceLock::new();
+    pod.spec.as_ref().unwrap_or_else(|| EMPTY.get_or_init(Default::default))
 }
 
 pub fn init_containers(pod: &Pod) -> &[Container] {
@@ -60,8 +57,5 @@ pub fn host_network(pod: &Pod) -> bool {
 }
 
 pub fn grace_period(pod: &Pod) -> i64 {
-    spec(pod)
-        .termination_grace_period_seconds
-        .unwrap_or(30)
-        .max(0)
+    spec(pod).termination_grace_period_seconds.unwrap_or(30).max(0)
 }

@@ -36,10 +36,7 @@ pub fn qos_class(pod: &Pod) -> QosClass {
     let mut requests: BTreeMap<String, i64> = BTreeMap::new();
     let mut limits: BTreeMap<String, i64> = BTreeMap::new();
     let mut guaranteed = true;
-    for c in super::containers(pod)
-        .iter()
-        .chain(super::init_containers(pod))
-    {
+    for c in super::containers(pod).iter().chain(super::init_containers(pod)) {
         let r = c.resources.as_ref();
         for (k, q) in r.and_then(|r| r.requests.as_ref()).into_iter().flatten() {
             if k == "cpu" || k == "memory" {
@@ -66,10 +63,7 @@ pub fn qos_class(pod: &Pod) -> QosClass {
     if requests.is_empty() && limits.is_empty() {
         return QosClass::BestEffort;
     }
-    if guaranteed
-        && requests.len() == limits.len()
-        && requests.iter().all(|(k, v)| limits.get(k) == Some(v))
-    {
+    if guaranteed && requests.len() == limits.len() && requests.iter().all(|(k, v)| limits.get(k) == Some(v)) {
         return QosClass::Guaranteed;
     }
     QosClass::Burstable
@@ -140,11 +134,7 @@ pub fn pod_requests(pod: &Pod, res: &str) -> i64 {
             init_max = init_max.max(sidecars + r);
         }
     }
-    let apps: i64 = super::containers(pod)
-        .iter()
-        .map(|c| request(c, res))
-        .sum::<i64>()
-        + sidecars;
+    let apps: i64 = super::containers(pod).iter().map(|c| request(c, res)).sum::<i64>() + sidecars;
     apps.max(init_max)
 }
 
@@ -153,10 +143,7 @@ mod tests {
     use super::*;
 
     fn pod(containers: serde_json::Value) -> Pod {
-        serde_json::from_value(
-            serde_json::json!({"metadata":{"name":"p"},"spec":{"containers":containers}}),
-        )
-        .unwrap()
+        serde_json::from_value(serde_json::json!({"metadata":{"name":"p"},"spec":{"containers":containers}})).unwrap()
     }
 
     #[test]
@@ -169,9 +156,7 @@ mod tests {
             serde_json::json!([{"name":"a","image":"x","resources":{"limits":{"cpu":"1","memory":"1Gi"},"requests":{"cpu":"1","memory":"1Gi"}}}]),
         );
         assert_eq!(qos_class(&g), QosClass::Guaranteed);
-        let b = pod(
-            serde_json::json!([{"name":"a","image":"x","resources":{"requests":{"cpu":"100m"}}}]),
-        );
+        let b = pod(serde_json::json!([{"name":"a","image":"x","resources":{"requests":{"cpu":"100m"}}}]));
         assert_eq!(qos_class(&b), QosClass::Burstable);
         let b2 = pod(
             serde_json::json!([{"name":"a","image":"x","resources":{"limits":{"cpu":"1","memory":"1Gi"},"requests":{"cpu":"500m","memory":"1Gi"}}}]),

@@ -35,7 +35,9 @@ pub fn validate(pod: &Pod) -> Vec<String> {
     }
     match spec.restart_policy.as_deref() {
         Some("Always") | Some("OnFailure") | Some("Never") | None => {}
-        Some(o) => errs.push(format!("spec.restartPolicy: Unsupported value: {o:?}: supported values: \"Always\", \"OnFailure\", \"Never\"")),
+        Some(o) => errs.push(format!(
+            "spec.restartPolicy: Unsupported value: {o:?}: supported values: \"Always\", \"OnFailure\", \"Never\""
+        )),
     }
     match spec.dns_policy.as_deref() {
         Some("ClusterFirst") | Some("ClusterFirstWithHostNet") | Some("Default") | None => {}
@@ -45,7 +47,10 @@ pub fn validate(pod: &Pod) -> Vec<String> {
                 .as_ref()
                 .is_none_or(|d| d.nameservers.as_ref().is_none_or(|n| n.is_empty()))
             {
-                errs.push("spec.dnsConfig: Required value: must provide at least one DNS nameserver when dnsPolicy is None".into());
+                errs.push(
+                    "spec.dnsConfig: Required value: must provide at least one DNS nameserver when dnsPolicy is None"
+                        .into(),
+                );
             }
         }
         Some(o) => errs.push(format!("spec.dnsPolicy: Unsupported value: {o:?}")),
@@ -55,9 +60,7 @@ pub fn validate(pod: &Pod) -> Vec<String> {
     }
     if let Some(h) = &spec.hostname {
         if !is_dns_label(h) {
-            errs.push(format!(
-                "spec.hostname: Invalid value: {h:?}: must be a DNS label"
-            ));
+            errs.push(format!("spec.hostname: Invalid value: {h:?}: must be a DNS label"));
         }
     }
     let mut vol_names = HashSet::new();
@@ -73,9 +76,7 @@ pub fn validate(pod: &Pod) -> Vec<String> {
         if n == 0 {
             errs.push(format!("{p}: Required value: must specify a volume type"));
         } else if n > 1 {
-            errs.push(format!(
-                "{p}: Forbidden: may not specify more than 1 volume type"
-            ));
+            errs.push(format!("{p}: Forbidden: may not specify more than 1 volume type"));
         }
         if let Some(h) = &v.host_path {
             if !h.path.starts_with('/') {
@@ -93,12 +94,7 @@ pub fn validate(pod: &Pod) -> Vec<String> {
         .flatten()
         .map(|c| ("initContainers", c))
         .enumerate()
-        .chain(
-            spec.containers
-                .iter()
-                .map(|c| ("containers", c))
-                .enumerate(),
-        );
+        .chain(spec.containers.iter().map(|c| ("containers", c)).enumerate());
     for (i, (kind, c)) in all {
         let p = format!("spec.{kind}[{i}]");
         if !names.insert(c.name.clone()) {
@@ -148,9 +144,7 @@ fn container(
     }
     match c.termination_message_policy.as_deref() {
         Some("File") | Some("FallbackToLogsOnError") | None => {}
-        Some(o) => errs.push(format!(
-            "{p}.terminationMessagePolicy: Unsupported value: {o:?}"
-        )),
+        Some(o) => errs.push(format!("{p}.terminationMessagePolicy: Unsupported value: {o:?}")),
     }
     if let Some(wd) = &c.working_dir {
         if !wd.is_empty() && !wd.starts_with('/') {
@@ -174,7 +168,9 @@ fn container(
                 ));
             }
             if host_network && h != 0 && h != port.container_port {
-                errs.push(format!("{pp}.hostPort: Invalid value: {h}: must match containerPort when hostNetwork is true"));
+                errs.push(format!(
+                    "{pp}.hostPort: Invalid value: {h}: must match containerPort when hostNetwork is true"
+                ));
             }
         }
         match port.protocol.as_deref() {
@@ -187,7 +183,9 @@ fn container(
             errs.push(format!("{p}.env[{j}].name: Invalid value: {:?}", e.name));
         }
         if e.value.is_some() && e.value_from.is_some() {
-            errs.push(format!("{p}.env[{j}].valueFrom: Invalid value: may not be specified when `value` is not empty"));
+            errs.push(format!(
+                "{p}.env[{j}].valueFrom: Invalid value: may not be specified when `value` is not empty"
+            ));
         }
     }
     let mut mount_paths = HashSet::new();
@@ -243,9 +241,7 @@ fn container(
     if let Some(sc) = &c.security_context {
         if let Some(pm) = &sc.proc_mount {
             if pm != "Default" && pm != "Unmasked" {
-                errs.push(format!(
-                    "{p}.securityContext.procMount: Unsupported value: {pm:?}"
-                ));
+                errs.push(format!("{p}.securityContext.procMount: Unsupported value: {pm:?}"));
             }
         }
     }
@@ -301,11 +297,7 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
             ));
         }
     }
-    if spec
-        .ephemeral_containers
-        .as_ref()
-        .is_some_and(|e| !e.is_empty())
-    {
+    if spec.ephemeral_containers.as_ref().is_some_and(|e| !e.is_empty()) {
         return Some("spec.ephemeralContainers: not supported".into());
     }
     if spec.host_users == Some(false) {
@@ -322,11 +314,7 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
     if spec.share_process_namespace == Some(true) && spec.host_pid == Some(true) {
         return Some("spec.shareProcessNamespace: may not be combined with hostPID".into());
     }
-    for c in spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-    {
+    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
         if c.tty == Some(true) || c.stdin == Some(true) {
             return Some(format!(
                 "container {:?}: stdin/tty are not supported for static pods",
@@ -381,18 +369,9 @@ mod tests {
         );
         let e = validate(&p).join("\n");
         assert!(e.contains("spec.restartPolicy: Unsupported value"), "{e}");
-        assert!(
-            e.contains("spec.containers[0].image: Required value"),
-            "{e}"
-        );
-        assert!(
-            e.contains("spec.containers[1].name: Duplicate value"),
-            "{e}"
-        );
-        assert!(
-            e.contains("spec.containers[1].volumeMounts[0].name: Not found"),
-            "{e}"
-        );
+        assert!(e.contains("spec.containers[0].image: Required value"), "{e}");
+        assert!(e.contains("spec.containers[1].name: Duplicate value"), "{e}");
+        assert!(e.contains("spec.containers[1].volumeMounts[0].name: Not found"), "{e}");
     }
 
     #[test]

@@ -34,8 +34,7 @@ pub enum ExecReply {
 
 pub async fn serve(ctx: Arc<Ctx>, path: std::path::PathBuf) -> Result<()> {
     let _ = std::fs::remove_file(&path);
-    let listener = tokio::net::UnixListener::bind(&path)
-        .map_err(|e| anyhow!("binding {}: {e}", path.display()))?;
+    let listener = tokio::net::UnixListener::bind(&path).map_err(|e| anyhow!("binding {}: {e}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     loop {
@@ -78,12 +77,7 @@ async fn handle(ctx: Arc<Ctx>, stream: UnixStream) -> Result<()> {
     Ok(())
 }
 
-async fn run(
-    ctx: &Arc<Ctx>,
-    req: &ExecRequest,
-    mut fds: Vec<OwnedFd>,
-    stream: UnixStream,
-) -> Result<i32> {
+async fn run(ctx: &Arc<Ctx>, req: &ExecRequest, mut fds: Vec<OwnedFd>, stream: UnixStream) -> Result<i32> {
     if fds.len() != 3 {
         bail!("exec needs stdin, stdout and stderr passed as file descriptors");
     }
@@ -123,15 +117,7 @@ async fn run(
     };
     let proc_ = ctx
         .rt
-        .exec(
-            &id,
-            &spec,
-            ferrolet_runtime::ExecIo {
-                stdin,
-                stdout,
-                stderr,
-            },
-        )
+        .exec(&id, &spec, ferrolet_runtime::ExecIo { stdin, stdout, stderr })
         .await
         .map_err(|e| anyhow!("{e}"))?;
     info!(pod = %req.pod, container = %name, command = ?req.command, "exec");
@@ -175,14 +161,10 @@ fn recv_with_fds(stream: &UnixStream) -> Result<(ExecRequest, Vec<OwnedFd>)> {
     for c in msg.cmsgs().map_err(|e| anyhow!("{e}"))? {
         if let ControlMessageOwned::ScmRights(raw) = c {
             // SAFETY: the kernel just gave us these descriptors.
-            fds.extend(
-                raw.into_iter()
-                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-            );
+            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
         }
     }
     let n = msg.bytes;
-    let req: ExecRequest =
-        serde_json::from_slice(&buf[..n]).map_err(|e| anyhow!("bad exec request: {e}"))?;
+    let req: ExecRequest = serde_json::from_slice(&buf[..n]).map_err(|e| anyhow!("bad exec request: {e}"))?;
     Ok((req, fds))
 }

@@ -23,10 +23,7 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
-        .route(
-            "/containerLogs/{namespace}/{pod}/{container}",
-            get(container_logs),
-        )
+        .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
         .route("/ferrolet/pods", get(ferrolet_pods))
         .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
         .with_state(ctx)
@@ -43,11 +40,7 @@ async fn pods(State(ctx): State<Arc<Ctx>>) -> Response {
         "metadata": {},
         "items": ctx.pods.pods(),
     });
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        list.to_string(),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "application/json")], list.to_string()).into_response()
 }
 
 async fn ferrolet_pods(State(ctx): State<Arc<Ctx>>) -> Response {
@@ -60,11 +53,7 @@ async fn ferrolet_pods(State(ctx): State<Arc<Ctx>>) -> Response {
         }).collect::<Vec<_>>(),
         "manifestErrors": ctx.pods.source_errors(),
     });
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 async fn container_logs(
@@ -86,10 +75,7 @@ async fn ferrolet_logs(
 
 async fn serve_logs(ctx: Arc<Ctx>, namespace: &str, pod: &str, opts: LogOptions) -> Response {
     let Some(entry) = ctx.pods.find(namespace, pod, &ctx.node.name) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("pod {namespace}/{pod} not found"),
-        );
+        return error(StatusCode::NOT_FOUND, format!("pod {namespace}/{pod} not found"));
     };
     let name = match logs::container_name(&entry, opts.container.as_deref()) {
         Ok(n) => n,
@@ -104,18 +90,14 @@ async fn serve_logs(ctx: Arc<Ctx>, namespace: &str, pod: &str, opts: LogOptions)
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
     });
-    (
-        [(header::CONTENT_TYPE, "text/plain")],
-        Body::from_stream(stream),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain")], Body::from_stream(stream)).into_response()
 }
 
 /// Serve `router` on a unix socket (owner-only).
 pub async fn serve_unix(router: Router, path: std::path::PathBuf) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&path);
-    let listener = tokio::net::UnixListener::bind(&path)
-        .map_err(|e| anyhow::anyhow!("binding {}: {e}", path.display()))?;
+    let listener =
+        tokio::net::UnixListener::bind(&path).map_err(|e| anyhow::anyhow!("binding {}: {e}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     axum::serve(listener, router)

@@ -55,11 +55,7 @@ impl FileSource {
             .map(|rd| {
                 rd.flatten()
                     .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-                    .filter(|e| {
-                        e.file_type()
-                            .map(|t| t.is_file() || t.is_symlink())
-                            .unwrap_or(false)
-                    })
+                    .filter(|e| e.file_type().map(|t| t.is_file() || t.is_symlink()).unwrap_or(false))
                     .map(|e| e.path())
                     .collect()
             })
@@ -117,16 +113,12 @@ impl FileSource {
         let mut seen: HashMap<(String, String), String> = HashMap::new();
         let mut unique = Vec::new();
         for p in pods {
-            let key = (
-                crate::pod::namespace(&p).to_string(),
-                crate::pod::name(&p).to_string(),
-            );
+            let key = (crate::pod::namespace(&p).to_string(), crate::pod::name(&p).to_string());
             match seen.get(&key) {
                 Some(_) => {
                     errors.insert(
                         format!("pod {}/{}", key.0, key.1),
-                        "duplicate pod name in the static pod path; the later manifest is ignored"
-                            .to_string(),
+                        "duplicate pod name in the static pod path; the later manifest is ignored".to_string(),
                     );
                 }
                 None => {

@@ -37,10 +37,7 @@ fn client() -> Result<Client> {
         .https_or_http()
         .enable_http1()
         .build();
-    Ok(
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build(https),
-    )
+    Ok(hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https))
 }
 
 impl HttpSource {
@@ -58,9 +55,7 @@ impl HttpSource {
         for (k, v) in &self.headers {
             req = req.header(k, v);
         }
-        let req = req
-            .body(Empty::new())
-            .map_err(|e| anyhow!("building request: {e}"))?;
+        let req = req.body(Empty::new()).map_err(|e| anyhow!("building request: {e}"))?;
         let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
             .await
             .map_err(|_| anyhow!("timed out"))?
@@ -85,8 +80,7 @@ impl HttpSource {
         let mut errors = BTreeMap::new();
         match self.fetch(client).await {
             Ok(body) => {
-                let (pods, err) =
-                    pods_from_manifest(&body, &Source::Url(self.url.clone()), &self.node);
+                let (pods, err) = pods_from_manifest(&body, &Source::Url(self.url.clone()), &self.node);
                 match err {
                     None => self.last_good = Some(pods),
                     Some(e) => {

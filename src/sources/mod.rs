@@ -24,11 +24,7 @@ pub struct Snapshot {
 
 /// Decode, default, identify and validate the pods of one manifest. Returns the valid pods and
 /// one error message for the invalid ones (if any).
-pub fn pods_from_manifest(
-    data: &str,
-    source: &manifest::Source,
-    node: &str,
-) -> (Vec<Arc<Pod>>, Option<String>) {
+pub fn pods_from_manifest(data: &str, source: &manifest::Source, node: &str) -> (Vec<Arc<Pod>>, Option<String>) {
     let decoded = match manifest::decode(data) {
         Ok(p) => p,
         Err(e) => return (Vec::new(), Some(e)),

@@ -30,10 +30,7 @@ impl Backoff {
     }
 
     fn expired(&self, event: DateTime<Utc>, last: DateTime<Utc>) -> bool {
-        (event - last)
-            .to_std()
-            .map(|d| d > self.max * 2)
-            .unwrap_or(false)
+        (event - last).to_std().map(|d| d > self.max * 2).unwrap_or(false)
     }
 
     /// When a container that finished at `finished` may restart, if it must wait: `Some(until,
@@ -96,10 +93,7 @@ mod tests {
     fn doubles_and_caps() {
         let mut b = Backoff::new(Duration::from_secs(10), Duration::from_secs(40));
         let t0 = Utc::now();
-        assert!(
-            b.wait_until("c", t0, t0).is_none(),
-            "first restart is immediate"
-        );
+        assert!(b.wait_until("c", t0, t0).is_none(), "first restart is immediate");
         b.next("c", t0);
         let (until, d) = b.wait_until("c", t0, t0).unwrap();
         assert_eq!(d, Duration::from_secs(10));

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
 use ferrolet_runtime::config::{
-    CapabilityChanges, ContainerConfig, LogConfig, Mount, MountKind, NamespaceMode, Namespaces,
-    Propagation, Resources, SeccompProfile, UserConfig,
+    CapabilityChanges, ContainerConfig, LogConfig, Mount, MountKind, NamespaceMode, Namespaces, Propagation, Resources,
+    SeccompProfile, UserConfig,
 };
 use k8s_openapi::api::core::v1::{Container, Pod, SeccompProfile as K8sSeccomp};
 use sha2::{Digest, Sha256};
@@ -32,12 +32,8 @@ pub fn hash(c: &Container) -> String {
 
 /// Where a pod's container logs go: `<podLogsDir>/<ns>_<name>_<uid>/<container>/<attempt>.log`.
 pub fn pod_log_dir(cfg: &Config, p: &Pod) -> PathBuf {
-    cfg.pod_logs_dir.join(format!(
-        "{}_{}_{}",
-        pod::namespace(p),
-        pod::name(p),
-        pod::uid(p)
-    ))
+    cfg.pod_logs_dir
+        .join(format!("{}_{}_{}", pod::namespace(p), pod::name(p), pod::uid(p)))
 }
 
 pub struct BuildInput<'a> {
@@ -67,9 +63,8 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
 
     let uid = csc.run_as_user.or(psc.run_as_user);
     let gid = csc.run_as_group.or(psc.run_as_group);
-    let to_u32 = |v: i64, what: &str| {
-        u32::try_from(v).map_err(|_| anyhow!("securityContext.{what}: {v} is out of range"))
-    };
+    let to_u32 =
+        |v: i64, what: &str| u32::try_from(v).map_err(|_| anyhow!("securityContext.{what}: {v} is out of range"));
     let mut groups: Vec<u32> = Vec::new();
     for g in psc.supplemental_groups.iter().flatten() {
         groups.push(to_u32(*g, "supplementalGroups")?);
@@ -79,11 +74,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     }
     let privileged = csc.privileged.unwrap_or(false);
 
-    let seccomp = match csc
-        .seccomp_profile
-        .as_ref()
-        .or(psc.seccomp_profile.as_ref())
-    {
+    let seccomp = match csc.seccomp_profile.as_ref().or(psc.seccomp_profile.as_ref()) {
         Some(s) => seccomp_of(s, cfg)?,
         None if cfg.seccomp_default => SeccompProfile::RuntimeDefault,
         None => SeccompProfile::Unconfined,
@@ -109,11 +100,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     let cpu_lim = qos::limit(c, "cpu");
     let mem_lim = qos::limit(c, "memory");
     let resources = Resources {
-        cpu_shares: Some(qos::milli_cpu_to_shares(if cpu_req == 0 {
-            cpu_lim
-        } else {
-            cpu_req
-        })),
+        cpu_shares: Some(qos::milli_cpu_to_shares(if cpu_req == 0 { cpu_lim } else { cpu_req })),
         cpu_quota: (cpu_lim > 0).then(|| qos::milli_cpu_to_quota(cpu_lim)),
         cpu_period: (cpu_lim > 0).then_some(qos::CPU_PERIOD_US),
         memory_limit: (mem_lim > 0).then_some(mem_lim),
@@ -127,11 +114,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
 
     // Volume mounts first; the files kubelet manages only where the container has none.
     let mut mounts = volumes::mounts_for(c, input.volumes, privileged)?;
-    let taken = |path: &str, mounts: &[Mount]| {
-        mounts
-            .iter()
-            .any(|m| m.destination.trim_end_matches('/') == path)
-    };
+    let taken = |path: &str, mounts: &[Mount]| mounts.iter().any(|m| m.destination.trim_end_matches('/') == path);
     let bind = |dest: &str, source: PathBuf, readonly: bool| Mount {
         destination: dest.to_string(),
         source,
@@ -170,10 +153,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
 
     let mut labels = BTreeMap::new();
     labels.insert(LABEL_POD_NAME.to_string(), pod::name(p).to_string());
-    labels.insert(
-        LABEL_POD_NAMESPACE.to_string(),
-        pod::namespace(p).to_string(),
-    );
+    labels.insert(LABEL_POD_NAMESPACE.to_string(), pod::namespace(p).to_string());
     labels.insert(LABEL_POD_UID.to_string(), pod::uid(p).to_string());
     labels.insert(LABEL_CONTAINER_NAME.to_string(), c.name.clone());
     let mut annotations = BTreeMap::new();
@@ -182,14 +162,9 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     annotations.insert(ANN_TERMINATION_MESSAGE_PATH.to_string(), tm_path.clone());
     annotations.insert(
         ANN_TERMINATION_MESSAGE_POLICY.to_string(),
-        c.termination_message_policy
-            .clone()
-            .unwrap_or_else(|| "File".into()),
+        c.termination_message_policy.clone().unwrap_or_else(|| "File".into()),
     );
-    annotations.insert(
-        ANN_TERMINATION_MESSAGE_FILE.to_string(),
-        tm_file.display().to_string(),
-    );
+    annotations.insert(ANN_TERMINATION_MESSAGE_FILE.to_string(), tm_file.display().to_string());
     annotations.insert(
         "ferrolet.io/container-kind".into(),
         match input.kind {
@@ -240,9 +215,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         labels,
         annotations,
         log: LogConfig {
-            path: pod_log_dir(cfg, p)
-                .join(&c.name)
-                .join(format!("{}.log", input.attempt)),
+            path: pod_log_dir(cfg, p).join(&c.name).join(format!("{}.log", input.attempt)),
             max_size: cfg.container_log_max_size,
             max_files: cfg.container_log_max_files,
         },
@@ -258,11 +231,11 @@ fn seccomp_of(s: &K8sSeccomp, cfg: &Config) -> Result<SeccompProfile> {
                 .localhost_profile
                 .as_deref()
                 .filter(|p| !p.is_empty())
-                .ok_or_else(|| {
-                    anyhow!("seccompProfile: localhostProfile is required for type Localhost")
-                })?;
+                .ok_or_else(|| anyhow!("seccompProfile: localhostProfile is required for type Localhost"))?;
             if rel.starts_with('/') || rel.split('/').any(|c| c == "..") {
-                return Err(anyhow!("seccompProfile.localhostProfile {rel:?} must be relative to <root-dir>/seccomp"));
+                return Err(anyhow!(
+                    "seccompProfile.localhostProfile {rel:?} must be relative to <root-dir>/seccomp"
+                ));
             }
             let path = cfg.root_dir.join("seccomp").join(rel);
             if !path.is_file() {
@@ -286,10 +259,7 @@ fn seccomp_of(s: &K8sSeccomp, cfg: &Config) -> Result<SeccompProfile> {
 fn termination_message_file(pod_dir: &Path, name: &str) -> Result<PathBuf> {
     let dir = pod_dir.join("containers").join(name);
     std::fs::create_dir_all(&dir)?;
-    let f = dir.join(format!(
-        "termination-log-{}",
-        ferrolet_runtime::fsutil::random_hex(4)
-    ));
+    let f = dir.join(format!("termination-log-{}", ferrolet_runtime::fsutil::random_hex(4)));
     std::fs::write(&f, b"")?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666))?;

@@ -22,9 +22,7 @@ pub fn hostname(p: &Pod) -> String {
         Some(h) => h.to_string(),
         None => {
             let n = pod::name(p);
-            n[..n.len().min(63)]
-                .trim_end_matches(['-', '.'])
-                .to_string()
+            n[..n.len().min(63)].trim_end_matches(['-', '.']).to_string()
         }
     }
 }
@@ -43,10 +41,7 @@ pub fn hosts_file(p: &Pod, pod_ips: &[String], cluster_domain: &str) -> String {
         let host = hostname(p);
         let spec = pod::spec(p);
         let names = match spec.subdomain.as_deref().filter(|s| !s.is_empty()) {
-            Some(sub) => format!(
-                "{host}.{sub}.{}.svc.{cluster_domain}\t{host}",
-                pod::namespace(p)
-            ),
+            Some(sub) => format!("{host}.{sub}.{}.svc.{cluster_domain}\t{host}", pod::namespace(p)),
             None => host,
         };
         for ip in pod_ips {
@@ -147,8 +142,7 @@ pub fn resolv_conf(p: &Pod, cfg: &Config) -> String {
                 None => o.name.clone().unwrap_or_default(),
             };
             let key = opt.split(':').next().unwrap_or("").to_string();
-            r.options
-                .retain(|x| x.split(':').next() != Some(key.as_str()));
+            r.options.retain(|x| x.split(':').next() != Some(key.as_str()));
             r.options.push(opt);
         }
     }
@@ -161,8 +155,7 @@ pub fn resolv_conf(p: &Pod, cfg: &Config) -> String {
 pub fn write_files(dir: &Path, p: &Pod, pod_ips: &[String], cfg: &Config) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let w = |name: &str, data: String| {
-        ferrolet_runtime::fsutil::write_atomic(&dir.join(name), data.as_bytes())
-            .map_err(std::io::Error::other)
+        ferrolet_runtime::fsutil::write_atomic(&dir.join(name), data.as_bytes()).map_err(std::io::Error::other)
     };
     w("etc-hosts", hosts_file(p, pod_ips, &cfg.cluster_domain))?;
     w("resolv.conf", resolv_conf(p, cfg))?;
@@ -175,23 +168,16 @@ mod tests {
     use super::*;
 
     fn pod(spec: serde_json::Value) -> Pod {
-        serde_json::from_value(
-            serde_json::json!({"metadata":{"name":"web-node1","namespace":"ns"},"spec":spec}),
-        )
-        .unwrap()
+        serde_json::from_value(serde_json::json!({"metadata":{"name":"web-node1","namespace":"ns"},"spec":spec}))
+            .unwrap()
     }
 
     #[test]
     fn hosts_has_ip_hostname_and_aliases() {
-        let p = pod(
-            serde_json::json!({"containers":[],"hostname":"h","subdomain":"s",
-            "hostAliases":[{"ip":"1.2.3.4","hostnames":["a","b"]}]}),
-        );
+        let p = pod(serde_json::json!({"containers":[],"hostname":"h","subdomain":"s",
+            "hostAliases":[{"ip":"1.2.3.4","hostnames":["a","b"]}]}));
         let h = hosts_file(&p, &["10.88.0.2".into()], "cluster.local");
-        assert!(
-            h.contains("10.88.0.2\th.s.ns.svc.cluster.local\th\n"),
-            "{h}"
-        );
+        assert!(h.contains("10.88.0.2\th.s.ns.svc.cluster.local\th\n"), "{h}");
         assert!(h.contains("1.2.3.4\ta\tb\n"), "{h}");
     }
 
@@ -214,17 +200,11 @@ mod tests {
         let p = pod(
             serde_json::json!({"containers":[],"dnsPolicy":"None","dnsConfig":{"nameservers":["9.9.9.9"],"searches":["x"],"options":[{"name":"ndots","value":"2"}]}}),
         );
-        assert_eq!(
-            resolv_conf(&p, &cfg),
-            "nameserver 9.9.9.9\nsearch x\noptions ndots:2\n"
-        );
+        assert_eq!(resolv_conf(&p, &cfg), "nameserver 9.9.9.9\nsearch x\noptions ndots:2\n");
     }
 
     #[test]
     fn hostname_defaults_to_pod_name() {
-        assert_eq!(
-            hostname(&pod(serde_json::json!({"containers":[]}))),
-            "web-node1"
-        );
+        assert_eq!(hostname(&pod(serde_json::json!({"containers":[]}))), "web-node1");
     }
 }

@@ -72,8 +72,7 @@ pub fn expand(input: &str, lookup: &dyn Fn(&str) -> Option<String>) -> String {
 pub fn build(pod: &Pod, c: &Container, facts: &PodFacts) -> Result<Vec<(String, String)>, String> {
     let mut env: Vec<(String, String)> = Vec::new();
     for (i, e) in c.env.iter().flatten().enumerate() {
-        let value =
-            value_of(pod, c, e, facts, &env).map_err(|m| format!("env[{i}] ({}): {m}", e.name))?;
+        let value = value_of(pod, c, e, facts, &env).map_err(|m| format!("env[{i}] ({}): {m}", e.name))?;
         match env.iter_mut().find(|(k, _)| k == &e.name) {
             Some(slot) => slot.1 = value,
             None => env.push((e.name.clone(), value)),
@@ -90,12 +89,7 @@ fn value_of(
     before: &[(String, String)],
 ) -> Result<String, String> {
     if let Some(v) = &e.value {
-        let lookup = |name: &str| {
-            before
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+        let lookup = |name: &str| before.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
         return Ok(expand(v, &lookup));
     }
     let Some(vf) = &e.value_from else {
@@ -113,11 +107,7 @@ fn value_of(
                 .ok_or_else(|| format!("resourceFieldRef: no container named {n:?}"))?,
             None => c,
         };
-        let divisor = r
-            .divisor
-            .as_ref()
-            .map(|d| d.0.clone())
-            .unwrap_or_else(|| "1".into());
+        let divisor = r.divisor.as_ref().map(|d| d.0.clone()).unwrap_or_else(|| "1".into());
         return resource_field(target, &r.resource, &divisor, facts);
     }
     Err("valueFrom: configMapKeyRef and secretKeyRef need an API server".into())
@@ -126,20 +116,15 @@ fn value_of(
 /// A downward API field as an env value.
 pub fn field_ref(pod: &Pod, path: &str, facts: &PodFacts) -> Result<String, String> {
     let m = &pod.metadata;
-    let map_key = |prefix: &str,
-                   map: &Option<std::collections::BTreeMap<String, String>>|
-     -> Option<Result<String, String>> {
-        let rest = path.strip_prefix(prefix)?;
-        let key = rest
-            .strip_prefix("['")
-            .and_then(|r| r.strip_suffix("']"))
-            .or_else(|| rest.strip_prefix("[\"").and_then(|r| r.strip_suffix("\"]")))?;
-        Some(Ok(map
-            .as_ref()
-            .and_then(|x| x.get(key))
-            .cloned()
-            .unwrap_or_default()))
-    };
+    let map_key =
+        |prefix: &str, map: &Option<std::collections::BTreeMap<String, String>>| -> Option<Result<String, String>> {
+            let rest = path.strip_prefix(prefix)?;
+            let key = rest
+                .strip_prefix("['")
+                .and_then(|r| r.strip_suffix("']"))
+                .or_else(|| rest.strip_prefix("[\"").and_then(|r| r.strip_suffix("\"]")))?;
+            Some(Ok(map.as_ref().and_then(|x| x.get(key)).cloned().unwrap_or_default()))
+        };
     if let Some(r) = map_key("metadata.labels", &m.labels) {
         return r;
     }
@@ -162,21 +147,13 @@ pub fn field_ref(pod: &Pod, path: &str, facts: &PodFacts) -> Result<String, Stri
 }
 
 /// A resource value (limits.cpu, requests.memory...) divided by `divisor`, rounded up.
-pub fn resource_field(
-    c: &Container,
-    resource: &str,
-    divisor: &str,
-    facts: &PodFacts,
-) -> Result<String, String> {
+pub fn resource_field(c: &Container, resource: &str, divisor: &str, facts: &PodFacts) -> Result<String, String> {
     let (kind, res) = resource
         .split_once('.')
         .ok_or_else(|| format!("resourceFieldRef: unsupported resource {resource:?}"))?;
     let res_map = c.resources.as_ref();
     let get = |m: Option<
-        &std::collections::BTreeMap<
-            String,
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-        >,
+        &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
     >| { m.and_then(|m| m.get(res)).map(|q| q.0.clone()) };
     let limits = res_map.and_then(|r| r.limits.as_ref());
     let requests = res_map.and_then(|r| r.requests.as_ref());
@@ -184,11 +161,7 @@ pub fn resource_field(
         "limits" => get(limits),
         // A request without a limit... or a limit defaulted into it; unset requests are 0.
         "requests" => get(requests),
-        _ => {
-            return Err(format!(
-                "resourceFieldRef: unsupported resource {resource:?}"
-            ))
-        }
+        _ => return Err(format!("resourceFieldRef: unsupported resource {resource:?}")),
     };
     match res {
         "cpu" => {
@@ -294,12 +267,7 @@ mod tests {
             ..Default::default()
         };
         let env = build(&p, &p.spec.as_ref().unwrap().containers[0], &facts).unwrap();
-        let get = |k: &str| {
-            env.iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| v.as_str())
-                .unwrap()
-        };
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).unwrap();
         assert_eq!(get("B"), "a-b");
         assert_eq!(get("C"), "$(D)", "references only see earlier entries");
         assert_eq!(get("POD"), "p");
@@ -325,12 +293,7 @@ mod tests {
             }),
             ..Default::default()
         }]);
-        let e = build(
-            &p,
-            &p.spec.as_ref().unwrap().containers[0],
-            &PodFacts::default(),
-        )
-        .unwrap_err();
+        let e = build(&p, &p.spec.as_ref().unwrap().containers[0], &PodFacts::default()).unwrap_err();
         assert!(e.contains("env[0] (X)") && e.contains("spec.nope"), "{e}");
     }
 }

@@ -80,11 +80,7 @@ struct Planner<'a> {
 
 impl Planner<'_> {
     fn hash(&self, name: &str) -> &str {
-        self.input
-            .hashes
-            .get(name)
-            .map(String::as_str)
-            .unwrap_or("")
+        self.input.hashes.get(name).map(String::as_str).unwrap_or("")
     }
 
     fn start_new(&mut self, c: &Container, kind: Kind, latest: Option<&ContainerView>) {
@@ -100,11 +96,7 @@ impl Planner<'_> {
     fn restart(&mut self, c: &Container, kind: Kind, latest: &ContainerView) {
         let finished = latest.finished_at().unwrap_or(self.input.now);
         let key = backoff_key(&c.name, self.hash(&c.name));
-        match self
-            .input
-            .backoff
-            .wait_until(&key, finished, self.input.now)
-        {
+        match self.input.backoff.wait_until(&key, finished, self.input.now) {
             Some((until, d)) => {
                 self.plan.backing_off.insert(c.name.clone(), (until, d));
                 self.plan.wake(until);
@@ -208,10 +200,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         if p.plan.init_failed {
             for c in inits.iter().filter(|c| pod::is_sidecar(c)).rev() {
                 if let Some(v) = cs.latest(&c.name).filter(|v| v.is_running()) {
-                    p.kill(
-                        v,
-                        "pod failed: an init container failed and restartPolicy is Never",
-                    );
+                    p.kill(v, "pod failed: an init container failed and restartPolicy is Never");
                 }
             }
             p.plan.completed = true;
@@ -266,9 +255,7 @@ pub fn plan(input: &PlanInput) -> Plan {
             continue;
         };
         match &v.state {
-            ViewState::Running if p.plan.completed => {
-                p.kill(v, "all app containers have completed")
-            }
+            ViewState::Running if p.plan.completed => p.kill(v, "all app containers have completed"),
             ViewState::Running => {
                 if let Some(r) = p.replace_reason(v) {
                     p.kill(v, &r);
@@ -340,10 +327,7 @@ mod tests {
         fn new(v: serde_json::Value) -> T {
             let pod = pod(v);
             let mut hashes = BTreeMap::new();
-            for c in pod::containers(&pod)
-                .iter()
-                .chain(pod::init_containers(&pod))
-            {
+            for c in pod::containers(&pod).iter().chain(pod::init_containers(&pod)) {
                 hashes.insert(c.name.clone(), "h".to_string());
             }
             T {
@@ -381,16 +365,11 @@ mod tests {
         let t = T::new(serde_json::from_str(INIT_POD).unwrap());
         assert_eq!(names(&t.plan(vec![])), ["i1"]);
         assert!(
-            t.plan(vec![view("i1", 0, ViewState::Running)])
-                .start
-                .is_empty(),
+            t.plan(vec![view("i1", 0, ViewState::Running)]).start.is_empty(),
             "wait for i1"
         );
         assert_eq!(names(&t.plan(vec![view("i1", 0, exited(0))])), ["side"]);
-        let v = vec![
-            view("i1", 0, exited(0)),
-            view("side", 0, ViewState::Running),
-        ];
+        let v = vec![view("i1", 0, exited(0)), view("side", 0, ViewState::Running)];
         assert_eq!(names(&t.plan(v)), ["i2"]);
         let v = vec![
             view("i1", 0, exited(0)),
@@ -406,10 +385,7 @@ mod tests {
     fn sidecar_startup_probe_gates_next_init() {
         let mut t = T::new(serde_json::from_str(INIT_POD).unwrap());
         t.pending.insert("side".into());
-        let v = vec![
-            view("i1", 0, exited(0)),
-            view("side", 0, ViewState::Running),
-        ];
+        let v = vec![view("i1", 0, exited(0)), view("side", 0, ViewState::Running)];
         assert!(t.plan(v).start.is_empty());
     }
 
@@ -426,9 +402,7 @@ mod tests {
                 previous_finished: p.start[0].previous_finished
             }]
         );
-        let never = T::new(
-            serde_json::from_str(&INIT_POD.replace("\"Always\",\n", "\"Never\",\n")).unwrap(),
-        );
+        let never = T::new(serde_json::from_str(&INIT_POD.replace("\"Always\",\n", "\"Never\",\n")).unwrap());
         assert_eq!(pod::restart_policy(&never.pod), "Never");
         let p = never.plan(vec![view("i1", 0, exited(1))]);
         assert!(p.init_failed && p.start.is_empty());
@@ -448,11 +422,7 @@ mod tests {
             );
             let p = t.plan(vec![view("a", 0, exited(code))]);
             assert_eq!(!p.start.is_empty(), restarts, "{policy} exit {code}");
-            assert_eq!(
-                p.completed,
-                !restarts && policy != "Always",
-                "{policy} exit {code}"
-            );
+            assert_eq!(p.completed, !restarts && policy != "Always", "{policy} exit {code}");
             if restarts {
                 assert_eq!(p.start[0].attempt, 1);
             }
@@ -461,12 +431,10 @@ mod tests {
 
     #[test]
     fn crash_loop_back_off_waits() {
-        let mut t = T::new(
-            serde_json::json!({"metadata":{"name":"p"},"spec":{"containers":[{"name":"a","image":"x"}]}}),
-        );
+        let mut t =
+            T::new(serde_json::json!({"metadata":{"name":"p"},"spec":{"containers":[{"name":"a","image":"x"}]}}));
         let v = view("a", 3, exited(1));
-        t.backoff
-            .next(&backoff_key("a", "h"), v.finished_at().unwrap());
+        t.backoff.next(&backoff_key("a", "h"), v.finished_at().unwrap());
         let p = t.plan(vec![v]);
         assert!(p.start.is_empty());
         assert!(p.backing_off.contains_key("a"));
@@ -475,9 +443,8 @@ mod tests {
 
     #[test]
     fn spec_change_and_liveness_replace_running_containers() {
-        let mut t = T::new(
-            serde_json::json!({"metadata":{"name":"p"},"spec":{"containers":[{"name":"a","image":"x"}]}}),
-        );
+        let mut t =
+            T::new(serde_json::json!({"metadata":{"name":"p"},"spec":{"containers":[{"name":"a","image":"x"}]}}));
         t.hashes.insert("a".into(), "new".into());
         let p = t.plan(vec![view("a", 0, ViewState::Running)]);
         assert_eq!(p.kill.len(), 1);
@@ -497,18 +464,12 @@ mod tests {
             "initContainers":[{"name":"side","image":"x","restartPolicy":"Always"}],
             "containers":[{"name":"a","image":"x"}]}}),
         );
-        let p = t.plan(vec![
-            view("side", 0, ViewState::Running),
-            view("a", 0, exited(0)),
-        ]);
+        let p = t.plan(vec![view("side", 0, ViewState::Running), view("a", 0, exited(0))]);
         assert!(p.completed);
         assert_eq!(p.kill.len(), 1);
         assert_eq!(p.kill[0].name, "side");
         // While the app runs, a crashed sidecar is restarted.
-        let p = t.plan(vec![
-            view("side", 0, exited(1)),
-            view("a", 0, ViewState::Running),
-        ]);
+        let p = t.plan(vec![view("side", 0, exited(1)), view("a", 0, ViewState::Running)]);
         assert_eq!(names(&p), ["side"]);
     }
 }

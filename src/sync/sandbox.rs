@@ -89,20 +89,14 @@ pub async fn create(rt: &Runtime, p: &Pod, pod_dir: &Path) -> Result<Sandbox> {
             Some("shm"),
             &shm,
             Some("tmpfs"),
-            nix::mount::MsFlags::MS_NOSUID
-                | nix::mount::MsFlags::MS_NODEV
-                | nix::mount::MsFlags::MS_NOEXEC,
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC,
             Some("mode=1777,size=65536k"),
         )
         .context("mounting the pod's /dev/shm")?;
         shm
     };
     let sb = Sandbox {
-        id: format!(
-            "{}-{}",
-            pod::uid(p),
-            &ferrolet_runtime::fsutil::random_hex(4)
-        ),
+        id: format!("{}-{}", pod::uid(p), &ferrolet_runtime::fsutil::random_hex(4)),
         created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         net: own_net.then(|| dir.join("net")),
         ipc: own_ipc.then(|| dir.join("ipc")),

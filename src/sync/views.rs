@@ -54,10 +54,7 @@ impl ContainerView {
         Some(ContainerView {
             id: info.record.id.clone(),
             name,
-            attempt: a
-                .get(ANN_RESTART_COUNT)
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0),
+            attempt: a.get(ANN_RESTART_COUNT).and_then(|s| s.parse().ok()).unwrap_or(0),
             hash: a.get(ANN_HASH).cloned().unwrap_or_default(),
             state,
             created_at: parse_time(&info.record.created_at).unwrap_or_else(Utc::now),
@@ -90,9 +87,7 @@ impl ContainerView {
 }
 
 pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
-    DateTime::parse_from_rfc3339(s)
-        .ok()
-        .map(|t| t.with_timezone(&Utc))
+    DateTime::parse_from_rfc3339(s).ok().map(|t| t.with_timezone(&Utc))
 }
 
 /// A pod's containers by name, newest attempt first.
@@ -103,11 +98,7 @@ pub struct PodContainers {
 
 impl PodContainers {
     pub fn new(mut views: Vec<ContainerView>) -> PodContainers {
-        views.sort_by(|a, b| {
-            b.attempt
-                .cmp(&a.attempt)
-                .then(b.created_at.cmp(&a.created_at))
-        });
+        views.sort_by(|a, b| b.attempt.cmp(&a.attempt).then(b.created_at.cmp(&a.created_at)));
         let mut by_name: BTreeMap<String, Vec<ContainerView>> = BTreeMap::new();
         for v in views {
             by_name.entry(v.name.clone()).or_default().push(v);

@@ -28,20 +28,12 @@ pub fn pod_volumes_dir(pod_dir: &Path) -> PathBuf {
 }
 
 /// Set up every volume of the pod; returns where each lives on the node.
-pub fn setup(
-    p: &Pod,
-    pod_dir: &Path,
-    facts: &PodFacts,
-    node_memory: i64,
-) -> Result<BTreeMap<String, VolumeHost>> {
+pub fn setup(p: &Pod, pod_dir: &Path, facts: &PodFacts, node_memory: i64) -> Result<BTreeMap<String, VolumeHost>> {
     let mut out = BTreeMap::new();
-    let fs_group = pod::spec(p)
-        .security_context
-        .as_ref()
-        .and_then(|s| s.fs_group);
+    let fs_group = pod::spec(p).security_context.as_ref().and_then(|s| s.fs_group);
     for v in pod::spec(p).volumes.iter().flatten() {
-        let host = setup_one(p, v, pod_dir, facts, node_memory, fs_group)
-            .with_context(|| format!("volume {:?}", v.name))?;
+        let host =
+            setup_one(p, v, pod_dir, facts, node_memory, fs_group).with_context(|| format!("volume {:?}", v.name))?;
         out.insert(v.name.clone(), host);
     }
     Ok(out)
@@ -112,19 +104,9 @@ fn setup_one(
                 let c = pod::containers(p)
                     .iter()
                     .find(|c| c.name == cname)
-                    .ok_or_else(|| {
-                        anyhow!(
-                            "{}: resourceFieldRef.containerName {cname:?} not found",
-                            item.path
-                        )
-                    })?;
-                let div = r
-                    .divisor
-                    .as_ref()
-                    .map(|q| q.0.clone())
-                    .unwrap_or_else(|| "1".into());
-                resource_field(c, &r.resource, &div, facts)
-                    .map_err(|e| anyhow!("{}: {e}", item.path))?
+                    .ok_or_else(|| anyhow!("{}: resourceFieldRef.containerName {cname:?} not found", item.path))?;
+                let div = r.divisor.as_ref().map(|q| q.0.clone()).unwrap_or_else(|| "1".into());
+                resource_field(c, &r.resource, &div, facts).map_err(|e| anyhow!("{}: {e}", item.path))?
             } else {
                 bail!("{}: needs fieldRef or resourceFieldRef", item.path);
             };
@@ -132,8 +114,7 @@ fn setup_one(
             if let Some(parent) = file.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            ferrolet_runtime::fsutil::write_atomic(&file, content.as_bytes())
-                .map_err(|e| anyhow!("{e}"))?;
+            ferrolet_runtime::fsutil::write_atomic(&file, content.as_bytes()).map_err(|e| anyhow!("{e}"))?;
             let m = item.mode.map(|m| m as u32).unwrap_or(mode);
             std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m))?;
         }
@@ -162,16 +143,12 @@ fn check_host_path(path: &Path, typ: &str) -> Result<()> {
         "" => Ok(()),
         "DirectoryOrCreate" => {
             if md.is_err() {
-                std::fs::create_dir_all(path)
-                    .with_context(|| format!("creating {}", path.display()))?;
+                std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
                 return Ok(());
             }
             if !md?.is_dir() {
-                bail!(
-                    "hostPath type check failed: {} is not a directory",
-                    path.display()
-                );
+                bail!("hostPath type check failed: {} is not a directory", path.display());
             }
             Ok(())
         }
@@ -189,20 +166,12 @@ fn check_host_path(path: &Path, typ: &str) -> Result<()> {
                 return Ok(());
             }
             if !md?.is_file() {
-                bail!(
-                    "hostPath type check failed: {} is not a file",
-                    path.display()
-                );
+                bail!("hostPath type check failed: {} is not a file", path.display());
             }
             Ok(())
         }
         "Directory" | "File" | "Socket" | "CharDevice" | "BlockDevice" => {
-            let md = md.map_err(|_| {
-                anyhow!(
-                    "hostPath type check failed: {} does not exist",
-                    path.display()
-                )
-            })?;
+            let md = md.map_err(|_| anyhow!("hostPath type check failed: {} does not exist", path.display()))?;
             let ft = md.file_type();
             let ok = match typ {
                 "Directory" => ft.is_dir(),
@@ -212,10 +181,7 @@ fn check_host_path(path: &Path, typ: &str) -> Result<()> {
                 _ => ft.is_block_device(),
             };
             if !ok {
-                bail!(
-                    "hostPath type check failed: {} is not a {typ}",
-                    path.display()
-                );
+                bail!("hostPath type check failed: {} is not a {typ}", path.display());
             }
             Ok(())
         }
@@ -244,10 +210,7 @@ fn apply_fs_group(dir: &Path, gid: u32) -> Result<()> {
                 if m.gid() != gid {
                     std::os::unix::fs::lchown(e.path(), None, Some(gid))?;
                 }
-                std::fs::set_permissions(
-                    e.path(),
-                    std::fs::Permissions::from_mode((m.mode() & 0o7777) | 0o060),
-                )?;
+                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode((m.mode() & 0o7777) | 0o060))?;
             }
         }
     }
@@ -255,11 +218,7 @@ fn apply_fs_group(dir: &Path, gid: u32) -> Result<()> {
 }
 
 /// A container's volumeMounts as runtime bind mounts.
-pub fn mounts_for(
-    c: &Container,
-    volumes: &BTreeMap<String, VolumeHost>,
-    privileged: bool,
-) -> Result<Vec<Mount>> {
+pub fn mounts_for(c: &Container, volumes: &BTreeMap<String, VolumeHost>, privileged: bool) -> Result<Vec<Mount>> {
     let mut out = Vec::new();
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         let v = volumes
@@ -291,7 +250,9 @@ pub fn mounts_for(
             None | Some("None") => Propagation::Private,
             Some("HostToContainer") => Propagation::HostToContainer,
             Some("Bidirectional") if privileged => Propagation::Bidirectional,
-            Some("Bidirectional") => bail!("volumeMounts[{i}]: Bidirectional mount propagation is available only to privileged containers"),
+            Some("Bidirectional") => {
+                bail!("volumeMounts[{i}]: Bidirectional mount propagation is available only to privileged containers")
+            }
             Some(o) => bail!("volumeMounts[{i}]: unknown mountPropagation {o:?}"),
         };
         out.push(Mount {

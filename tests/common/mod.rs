@@ -50,11 +50,8 @@ impl Agent {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("manifests")).unwrap();
         let cgroups = Cgroups::detect().expect("cgroups");
-        let cgroup = NestedRoot::create(
-            &cgroups,
-            &format!("ferrolet-it-{name}-{}", std::process::id()),
-        )
-        .expect("nested cgroup root");
+        let cgroup = NestedRoot::create(&cgroups, &format!("ferrolet-it-{name}-{}", std::process::id()))
+            .expect("nested cgroup root");
         let mut a = Agent {
             name: name.to_string(),
             root: dir.join("root"),
@@ -84,7 +81,11 @@ impl Agent {
                 format!(
                     "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n{}{}",
                     self.logs.display(),
-                    if self.extra_config.contains("readOnlyPort") { "" } else { "readOnlyPort: 0\n" },
+                    if self.extra_config.contains("readOnlyPort") {
+                        ""
+                    } else {
+                        "readOnlyPort: 0\n"
+                    },
                     self.extra_config
                 ),
             )
@@ -154,10 +155,7 @@ impl Agent {
         write!(s, "GET {path} HTTP/1.0\r\nHost: ferrolet\r\n\r\n").map_err(|e| e.to_string())?;
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
-        let split = buf
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or("no header end")?;
+        let split = buf.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no header end")?;
         let head = String::from_utf8_lossy(&buf[..split]).to_string();
         let code: u16 = head
             .split_whitespace()
@@ -199,13 +197,7 @@ impl Agent {
     }
 
     /// Wait until `f` holds for the pod `name` (Some) or its absence (None).
-    pub fn wait_pod(
-        &self,
-        name: &str,
-        what: &str,
-        timeout: Duration,
-        f: impl Fn(Option<&Pod>) -> bool,
-    ) -> Option<Pod> {
+    pub fn wait_pod(&self, name: &str, what: &str, timeout: Duration, f: impl Fn(Option<&Pod>) -> bool) -> Option<Pod> {
         let deadline = Instant::now() + timeout;
         loop {
             let p = self.pod(name);
@@ -224,15 +216,8 @@ impl Agent {
     }
 
     /// Wait until the pod exists and `f` holds for it.
-    pub fn wait_for(
-        &self,
-        name: &str,
-        what: &str,
-        timeout: Duration,
-        f: impl Fn(&Pod) -> bool,
-    ) -> Pod {
-        self.wait_pod(name, what, timeout, |p| p.is_some_and(&f))
-            .unwrap()
+    pub fn wait_for(&self, name: &str, what: &str, timeout: Duration, f: impl Fn(&Pod) -> bool) -> Pod {
+        self.wait_pod(name, what, timeout, |p| p.is_some_and(&f)).unwrap()
     }
 
     pub fn wait_gone(&self, name: &str, timeout: Duration) {
@@ -240,18 +225,13 @@ impl Agent {
     }
 
     pub fn wait_phase(&self, name: &str, phase: &str, timeout: Duration) -> Pod {
-        self.wait_pod(name, &format!("phase {phase}"), timeout, |p| {
-            phase_of(p) == Some(phase)
-        })
-        .unwrap()
+        self.wait_pod(name, &format!("phase {phase}"), timeout, |p| phase_of(p) == Some(phase))
+            .unwrap()
     }
 
     pub fn logs(&self, pod: &str, query: &str) -> String {
         let (code, body) = self
-            .get(&format!(
-                "/ferrolet/logs/default/{pod}-{}?{query}",
-                self.node
-            ))
+            .get(&format!("/ferrolet/logs/default/{pod}-{}?{query}", self.node))
             .expect("logs");
         let s = String::from_utf8_lossy(&body).to_string();
         assert_eq!(code, 200, "logs: {s}");
@@ -284,10 +264,7 @@ impl Agent {
 
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(c.id() as i32),
-                nix::sys::signal::SIGTERM,
-            );
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {
@@ -318,11 +295,7 @@ impl Drop for Agent {
             eprintln!("cgroup cleanup: {e}");
         }
         if std::thread::panicking() {
-            eprintln!(
-                "--- agent log of {} ---\n{}",
-                self.name,
-                tail(&self.agent_log(), 60)
-            );
+            eprintln!("--- agent log of {} ---\n{}", self.name, tail(&self.agent_log(), 60));
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -337,10 +310,7 @@ pub fn phase_of(p: Option<&Pod>) -> Option<&str> {
     p?.status.as_ref()?.phase.as_deref()
 }
 
-pub fn try_container_status<'a>(
-    p: &'a Pod,
-    name: &str,
-) -> Option<&'a k8s_openapi::api::core::v1::ContainerStatus> {
+pub fn try_container_status<'a>(p: &'a Pod, name: &str) -> Option<&'a k8s_openapi::api::core::v1::ContainerStatus> {
     let st = p.status.as_ref()?;
     st.container_statuses
         .iter()
@@ -349,10 +319,7 @@ pub fn try_container_status<'a>(
         .find(|c| c.name == name)
 }
 
-pub fn container_status<'a>(
-    p: &'a Pod,
-    name: &str,
-) -> &'a k8s_openapi::api::core::v1::ContainerStatus {
+pub fn container_status<'a>(p: &'a Pod, name: &str) -> &'a k8s_openapi::api::core::v1::ContainerStatus {
     try_container_status(p, name).unwrap_or_else(|| panic!("no status for container {name}"))
 }
 
@@ -367,9 +334,7 @@ pub fn waiting_reason(p: &Pod, name: &str) -> Option<String> {
 }
 
 pub fn restarts(p: &Pod, name: &str) -> i32 {
-    try_container_status(p, name)
-        .map(|c| c.restart_count)
-        .unwrap_or(0)
+    try_container_status(p, name).map(|c| c.restart_count).unwrap_or(0)
 }
 
 pub fn running(p: &Pod, name: &str) -> bool {

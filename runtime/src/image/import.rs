@@ -59,10 +59,7 @@ pub(super) fn read_archive(store: &ImageStore, path: &Path) -> Result<Vec<FoundI
             if !e.header().entry_type().is_file() {
                 continue;
             }
-            let name = e
-                .path()
-                .with_context(|| format!("reading {}", p(path)))?
-                .into_owned();
+            let name = e.path().with_context(|| format!("reading {}", p(path)))?.into_owned();
             let size = e.size();
             ing.file(&name, size, &mut e)?;
         }
@@ -75,14 +72,11 @@ fn walk_dir(ing: &mut Ingest, root: &Path, rel: &Path) -> Result<()> {
     for e in fs::read_dir(&dir).with_context(|| format!("listing {}", p(&dir)))? {
         let e = e.with_context(|| format!("listing {}", p(&dir)))?;
         let rel = rel.join(e.file_name());
-        let ft = e
-            .file_type()
-            .with_context(|| format!("reading {}", p(&e.path())))?;
+        let ft = e.file_type().with_context(|| format!("reading {}", p(&e.path())))?;
         if ft.is_dir() {
             walk_dir(ing, root, &rel)?;
         } else if ft.is_file() {
-            let mut f =
-                fs::File::open(e.path()).with_context(|| format!("opening {}", p(&e.path())))?;
+            let mut f = fs::File::open(e.path()).with_context(|| format!("opening {}", p(&e.path())))?;
             let size = f.metadata().map(|m| m.len()).unwrap_or(0);
             ing.file(&rel, size, &mut f)?;
         }
@@ -104,16 +98,11 @@ impl Ingest<'_> {
     fn file(&mut self, path: &Path, size: u64, r: &mut dyn Read) -> Result<()> {
         let name = normalize(path);
         let base = name.rsplit('/').next().unwrap_or("");
-        let is_meta = matches!(
-            base,
-            "index.json" | "oci-layout" | "manifest.json" | "repositories"
-        ) && !name.starts_with("blobs/");
+        let is_meta = matches!(base, "index.json" | "oci-layout" | "manifest.json" | "repositories")
+            && !name.starts_with("blobs/");
         if is_meta {
             if size > MAX_META {
-                return Err(Error::invalid_image(
-                    &self.origin,
-                    format!("{name} is too large"),
-                ));
+                return Err(Error::invalid_image(&self.origin, format!("{name} is too large")));
             }
             let mut buf = Vec::new();
             r.read_to_end(&mut buf)
@@ -122,9 +111,10 @@ impl Ingest<'_> {
             return Ok(());
         }
         let expected = match name.strip_prefix("blobs/sha256/") {
-            Some(hex) => Some(Digest::from_hex(hex).map_err(|e| {
-                Error::invalid_image(&self.origin, format!("blob name {name}: {e}"))
-            })?),
+            Some(hex) => Some(
+                Digest::from_hex(hex)
+                    .map_err(|e| Error::invalid_image(&self.origin, format!("blob name {name}: {e}")))?,
+            ),
             None => None,
         };
         // Docker's legacy per-layer `json` and `VERSION` files carry nothing we use.
@@ -142,12 +132,7 @@ impl Ingest<'_> {
 
     /// Stream `r` into the blob store, checking it hashes to `expected` when the archive names
     /// the blob by digest.
-    fn store_blob(
-        &self,
-        r: &mut dyn Read,
-        expected: Option<&Digest>,
-        name: &str,
-    ) -> Result<Digest> {
+    fn store_blob(&self, r: &mut dyn Read, expected: Option<&Digest>, name: &str) -> Result<Digest> {
         let tmp = self
             .store
             .dir()
@@ -159,10 +144,7 @@ impl Ingest<'_> {
             io::copy(r, &mut w).with_context(|| format!("reading {name} {}", self.origin))?;
             w.flush().with_context(|| format!("writing {}", p(&tmp)))?;
             let (bw, digest, _) = w.finish();
-            let f = bw
-                .into_inner()
-                .map_err(|e| e.into_error())
-                .context("flushing blob")?;
+            let f = bw.into_inner().map_err(|e| e.into_error()).context("flushing blob")?;
             f.sync_all().context("syncing blob")?;
             if let Some(exp) = expected {
                 if exp != &digest {
@@ -227,8 +209,7 @@ impl Ingest<'_> {
                 Some(n) => vec![Reference::parse(&n)?.normalized()],
                 None => Vec::new(),
             };
-            let digest = Digest::parse(desc.digest().as_ref())
-                .map_err(|e| Error::invalid_image(&self.origin, e))?;
+            let digest = Digest::parse(desc.digest().as_ref()).map_err(|e| Error::invalid_image(&self.origin, e))?;
             if let Some(img) = self.resolve_manifest(desc.media_type(), &digest, refs)? {
                 out.push(img);
             }
@@ -250,38 +231,32 @@ impl Ingest<'_> {
         refs: Vec<String>,
     ) -> Result<Option<FoundImage>> {
         let data = self.blob_bytes(digest)?;
-        let is_index = matches!(media_type, MediaType::ImageIndex)
-            || media_type.to_string().contains("manifest.list");
+        let is_index = matches!(media_type, MediaType::ImageIndex) || media_type.to_string().contains("manifest.list");
         if is_index {
-            let idx: ImageIndex = serde_json::from_slice(&data)
-                .with_context(|| format!("decoding index {digest} {}", self.origin))?;
+            let idx: ImageIndex =
+                serde_json::from_slice(&data).with_context(|| format!("decoding index {digest} {}", self.origin))?;
             for m in idx.manifests() {
-                let fits = m.platform().as_ref().is_none_or(|pl| {
-                    pl.os().to_string() == "linux" && pl.architecture().to_string() == arch()
-                });
+                let fits = m
+                    .platform()
+                    .as_ref()
+                    .is_none_or(|pl| pl.os().to_string() == "linux" && pl.architecture().to_string() == arch());
                 if fits {
-                    let d = Digest::parse(m.digest().as_ref())
-                        .map_err(|e| Error::invalid_image(&self.origin, e))?;
+                    let d = Digest::parse(m.digest().as_ref()).map_err(|e| Error::invalid_image(&self.origin, e))?;
                     return self.resolve_manifest(m.media_type(), &d, refs);
                 }
             }
             return Ok(None);
         }
-        let m: ImageManifest = serde_json::from_slice(&data)
-            .with_context(|| format!("decoding manifest {digest} {}", self.origin))?;
-        let config = Digest::parse(m.config().digest().as_ref())
-            .map_err(|e| Error::invalid_image(&self.origin, e))?;
+        let m: ImageManifest =
+            serde_json::from_slice(&data).with_context(|| format!("decoding manifest {digest} {}", self.origin))?;
+        let config = Digest::parse(m.config().digest().as_ref()).map_err(|e| Error::invalid_image(&self.origin, e))?;
         self.blob_bytes(&config)?;
         let mut layers = Vec::new();
         for l in m.layers() {
-            let d = Digest::parse(l.digest().as_ref())
-                .map_err(|e| Error::invalid_image(&self.origin, e))?;
+            let d = Digest::parse(l.digest().as_ref()).map_err(|e| Error::invalid_image(&self.origin, e))?;
             let path = self.store.blob_path(&d);
             let size = fs::metadata(&path).map(|m| m.len()).map_err(|_| {
-                Error::invalid_image(
-                    &self.origin,
-                    format!("layer {d} is referenced but not in the archive"),
-                )
+                Error::invalid_image(&self.origin, format!("layer {d} is referenced but not in the archive"))
             })?;
             if size != l.size() {
                 return Err(Error::invalid_image(
@@ -313,18 +288,10 @@ impl Ingest<'_> {
         let mut out = Vec::new();
         for e in entries {
             let config = self.blobs.get(&e.config).cloned().ok_or_else(|| {
-                Error::invalid_image(
-                    &self.origin,
-                    format!("config {} is not in the archive", e.config),
-                )
+                Error::invalid_image(&self.origin, format!("config {} is not in the archive", e.config))
             })?;
             // docker names the config file by its digest: hold it to that.
-            let stem = e
-                .config
-                .rsplit('/')
-                .next()
-                .unwrap_or("")
-                .trim_end_matches(".json");
+            let stem = e.config.rsplit('/').next().unwrap_or("").trim_end_matches(".json");
             if stem.len() == 64 && stem != config.hex() {
                 return Err(Error::DigestMismatch {
                     blob: format!("sha256:{stem}"),
@@ -334,9 +301,11 @@ impl Ingest<'_> {
             }
             let mut layers = Vec::new();
             for l in &e.layers {
-                layers.push(self.blobs.get(l).cloned().ok_or_else(|| {
-                    Error::invalid_image(&self.origin, format!("layer {l} is not in the archive"))
-                })?);
+                layers.push(
+                    self.blobs.get(l).cloned().ok_or_else(|| {
+                        Error::invalid_image(&self.origin, format!("layer {l} is not in the archive"))
+                    })?,
+                );
             }
             let mut refs = Vec::new();
             for t in e.repo_tags.unwrap_or_default() {

@@ -93,8 +93,7 @@ pub fn unpack_stream<R: Read>(reader: R, dest: &Path, label: &str) -> Result<Dig
             let dir = root.join(rel.parent().unwrap_or(Path::new("")));
             ensure_inside(&root, &dir).map_err(entry_err)?;
             fs::create_dir_all(&dir).with_context(|| format!("creating {}", p(&dir)))?;
-            set_xattr(&dir, "trusted.overlay.opaque", b"y")
-                .with_context(|| format!("marking {} opaque", p(&dir)))?;
+            set_xattr(&dir, "trusted.overlay.opaque", b"y").with_context(|| format!("marking {} opaque", p(&dir)))?;
             continue;
         }
         if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
@@ -106,8 +105,7 @@ pub fn unpack_stream<R: Read>(reader: R, dest: &Path, label: &str) -> Result<Dig
             fs::create_dir_all(&dir).with_context(|| format!("creating {}", p(&dir)))?;
             let target = dir.join(hidden);
             remove_any(&target)?;
-            mknod(&target, libc::S_IFCHR, 0)
-                .with_context(|| format!("creating whiteout {}", p(&target)))?;
+            mknod(&target, libc::S_IFCHR, 0).with_context(|| format!("creating whiteout {}", p(&target)))?;
             continue;
         }
         let kind = entry.header().entry_type();
@@ -130,8 +128,7 @@ pub fn unpack_stream<R: Read>(reader: R, dest: &Path, label: &str) -> Result<Dig
                 };
                 (fmt, libc::makedev(major, minor))
             };
-            mknod(&target, fmt | mode, dev)
-                .with_context(|| format!("creating device {}", p(&target)))?;
+            mknod(&target, fmt | mode, dev).with_context(|| format!("creating device {}", p(&target)))?;
             let uid = entry.header().uid().unwrap_or(0) as u32;
             let gid = entry.header().gid().unwrap_or(0) as u32;
             std::os::unix::fs::lchown(&target, Some(uid), Some(gid))
@@ -171,11 +168,7 @@ fn clean_path(path: &Path) -> std::result::Result<Option<PathBuf>, String> {
             Component::Normal(n) => out.push(n),
         }
     }
-    Ok(if out.as_os_str().is_empty() {
-        None
-    } else {
-        Some(out)
-    })
+    Ok(if out.as_os_str().is_empty() { None } else { Some(out) })
 }
 
 /// `dir` (which exists) must resolve inside `root`, through whatever symlinks the layer made.
@@ -193,9 +186,7 @@ fn ensure_inside(root: &Path, dir: &Path) -> std::result::Result<(), String> {
 
 fn remove_any(path: &Path) -> Result<()> {
     match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => {
-            fs::remove_dir_all(path).with_context(|| format!("removing {}", p(path)))
-        }
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path).with_context(|| format!("removing {}", p(path))),
         Ok(_) => fs::remove_file(path).with_context(|| format!("removing {}", p(path))),
         Err(_) => Ok(()),
     }
@@ -260,10 +251,7 @@ mod tests {
     #[test]
     fn clean_path_rules() {
         assert_eq!(clean_path(Path::new("./a/b")).unwrap(), Some("a/b".into()));
-        assert_eq!(
-            clean_path(Path::new("/etc/x")).unwrap(),
-            Some("etc/x".into())
-        );
+        assert_eq!(clean_path(Path::new("/etc/x")).unwrap(), Some("etc/x".into()));
         assert_eq!(clean_path(Path::new("./")).unwrap(), None);
         assert!(clean_path(Path::new("a/../../x")).is_err());
     }
@@ -281,10 +269,7 @@ mod tests {
     #[test]
     fn detects_compression() {
         assert_eq!(detect_compression(&[0x1f, 0x8b, 8]), Compression::Gzip);
-        assert_eq!(
-            detect_compression(&[0x28, 0xb5, 0x2f, 0xfd]),
-            Compression::Zstd
-        );
+        assert_eq!(detect_compression(&[0x28, 0xb5, 0x2f, 0xfd]), Compression::Zstd);
         assert_eq!(detect_compression(b"ustar"), Compression::None);
     }
 

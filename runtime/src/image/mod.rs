@@ -72,9 +72,7 @@ impl Image {
     pub fn image_id(&self) -> String {
         match self.record.refs.first() {
             Some(r) => {
-                let repo = Reference::parse(r)
-                    .map(|r| r.repository)
-                    .unwrap_or_else(|_| r.clone());
+                let repo = Reference::parse(r).map(|r| r.repository).unwrap_or_else(|_| r.clone());
                 format!("{repo}@{}", self.record.manifest)
             }
             None => self.record.id.to_string(),
@@ -110,8 +108,8 @@ impl ImageStore {
             if let Ok(rd) = fs::read_dir(store.dir.join(sub)) {
                 for e in rd.flatten() {
                     if e.file_name().to_string_lossy().starts_with(".tmp") || sub == "blobs/.tmp" {
-                        let _ = remove_tree(&e.path())
-                            .or_else(|_| fs::remove_file(e.path()).context("removing temp file"));
+                        let _ =
+                            remove_tree(&e.path()).or_else(|_| fs::remove_file(e.path()).context("removing temp file"));
                     }
                 }
             }
@@ -225,16 +223,12 @@ impl ImageStore {
                 ));
             }
             let mut layers = Vec::new();
-            let mut size = fs::metadata(self.blob_path(&img.config))
-                .map(|m| m.len())
-                .unwrap_or(0);
+            let mut size = fs::metadata(self.blob_path(&img.config)).map(|m| m.len()).unwrap_or(0);
             for (blob, diff_id) in img.layers.iter().zip(diff_ids) {
-                let diff_id = Digest::parse(diff_id)
-                    .map_err(|e| Error::invalid_image(&origin, format!("config: {e}")))?;
+                let diff_id =
+                    Digest::parse(diff_id).map_err(|e| Error::invalid_image(&origin, format!("config: {e}")))?;
                 self.ensure_layer(blob, &diff_id)?;
-                let blob_size = fs::metadata(self.blob_path(blob))
-                    .map(|m| m.len())
-                    .unwrap_or(0);
+                let blob_size = fs::metadata(self.blob_path(blob)).map(|m| m.len()).unwrap_or(0);
                 size += blob_size;
                 layers.push(LayerRecord {
                     digest: blob.clone(),
@@ -383,12 +377,7 @@ impl ImageStore {
 
     /// Every image id with its references, for the node's image list.
     pub fn refs_by_id(&self) -> Result<BTreeMap<Digest, Vec<String>>> {
-        Ok(self
-            .read_index()?
-            .images
-            .into_iter()
-            .map(|i| (i.id, i.refs))
-            .collect())
+        Ok(self.read_index()?.images.into_iter().map(|i| (i.id, i.refs)).collect())
     }
 }
 

@@ -32,18 +32,13 @@ impl Reference {
         // A tag is after the last ':' that comes after the last '/' (a ':' before it is a port).
         let last_slash = rest.rfind('/').map(|i| i + 1).unwrap_or(0);
         let (name, tag) = match rest[last_slash..].rfind(':') {
-            Some(i) => (
-                &rest[..last_slash + i],
-                Some(rest[last_slash + i + 1..].to_string()),
-            ),
+            Some(i) => (&rest[..last_slash + i], Some(rest[last_slash + i + 1..].to_string())),
             None => (rest, None),
         };
         if let Some(t) = &tag {
             let ok = !t.is_empty()
                 && t.len() <= 128
-                && t.chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                && t.chars().next().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
                 && t.chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-');
             if !ok {
@@ -51,8 +46,7 @@ impl Reference {
             }
         }
         let mut parts: Vec<&str> = name.split('/').collect();
-        let domain = if parts.len() > 1
-            && (parts[0].contains('.') || parts[0].contains(':') || parts[0] == "localhost")
+        let domain = if parts.len() > 1 && (parts[0].contains('.') || parts[0].contains(':') || parts[0] == "localhost")
         {
             parts.remove(0).to_string()
         } else {
@@ -114,8 +108,7 @@ fn valid_path_component(p: &str) -> bool {
     if !alnum(b[0]) || !alnum(b[b.len() - 1]) {
         return false;
     }
-    b.iter()
-        .all(|&c| alnum(c) || c == b'.' || c == b'_' || c == b'-')
+    b.iter().all(|&c| alnum(c) || c == b'.' || c == b'_' || c == b'-')
 }
 
 #[cfg(test)]
@@ -135,32 +128,19 @@ mod tests {
         assert_eq!(n("localhost:5000/x"), "localhost:5000/x:latest");
         assert_eq!(n("localhost/x:1"), "localhost/x:1");
         let d = format!("sha256:{}", "a".repeat(64));
-        assert_eq!(
-            n(&format!("busybox@{d}")),
-            format!("docker.io/library/busybox@{d}")
-        );
+        assert_eq!(n(&format!("busybox@{d}")), format!("docker.io/library/busybox@{d}"));
     }
 
     #[test]
     fn rejects_bad_references() {
-        for bad in [
-            "",
-            "Busybox",
-            "busybox:",
-            "a//b",
-            "busybox:-x",
-            "x@sha256:12",
-        ] {
+        for bad in ["", "Busybox", "busybox:", "a//b", "busybox:-x", "x@sha256:12"] {
             assert!(Reference::parse(bad).is_err(), "{bad} should be rejected");
         }
     }
 
     #[test]
     fn familiar_form() {
-        assert_eq!(
-            Reference::familiar("docker.io/library/busybox:1"),
-            "busybox:1"
-        );
+        assert_eq!(Reference::familiar("docker.io/library/busybox:1"), "busybox:1");
         assert_eq!(Reference::familiar("ghcr.io/a/b:1"), "ghcr.io/a/b:1");
     }
 }

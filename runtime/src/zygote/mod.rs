@@ -34,10 +34,8 @@ fn thread_count() -> usize {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("Threads:")
-                    .map(|v| v.trim().parse().unwrap_or(0))
-            })
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:").map(|v| v.trim().parse().unwrap_or(0)))
         })
         .unwrap_or(0)
 }
@@ -51,28 +49,15 @@ pub fn fork_zygote() -> Result<ZygoteHandle> {
             "fork_zygote needs a single-threaded process, this one has {n} threads; call it first in main()"
         )));
     }
-    let (parent, child) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| Error::Zygote(format!("socketpair: {e}")))?;
+    let (parent, child) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(|e| Error::Zygote(format!("socketpair: {e}")))?;
     // SAFETY: the process is single-threaded (checked above).
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
             drop(parent);
             // Die with the agent; the monitors it forked are in their own sessions and do not.
             // SAFETY: plain prctl.
-            unsafe {
-                libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                )
-            };
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
             close_other_fds(child.as_raw_fd());
             server::serve(child)
         }
@@ -144,9 +129,8 @@ impl ZygoteClient {
 
     /// Send a request with `fds` (after the reply pipe) and return its reply stream.
     pub(crate) fn call(&self, req: &Request, fds: &[&OwnedFd]) -> Result<Replies> {
-        let (r, w) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
-                .map_err(|e| Error::Zygote(format!("pipe: {e}")))?;
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+            .map_err(|e| Error::Zygote(format!("pipe: {e}")))?;
         // The worker writes blocking; only our end is non-blocking.
         // SAFETY: fcntl on an fd we own.
         unsafe {
@@ -157,9 +141,8 @@ impl ZygoteClient {
         raw.extend(fds.iter().map(|f| f.as_raw_fd()));
         {
             let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
-            proto::send_request(sock.as_raw_fd(), req, &raw).map_err(|e| {
-                Error::Zygote(format!("sending request (is the zygote alive?): {e}"))
-            })?;
+            proto::send_request(sock.as_raw_fd(), req, &raw)
+                .map_err(|e| Error::Zygote(format!("sending request (is the zygote alive?): {e}")))?;
         }
         drop(w);
         let receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(r)

@@ -88,22 +88,16 @@ pub(crate) fn send_request(sock: RawFd, req: &Request, fds: &[RawFd]) -> std::io
 }
 
 /// Receive one request. `Ok(None)` when the agent closed its end.
-pub(crate) fn recv_request(
-    sock: RawFd,
-    buf: &mut [u8],
-) -> std::io::Result<Option<(Request, Vec<OwnedFd>)>> {
+pub(crate) fn recv_request(sock: RawFd, buf: &mut [u8]) -> std::io::Result<Option<(Request, Vec<OwnedFd>)>> {
     let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
-        .map_err(std::io::Error::from)?;
+    let msg =
+        recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC).map_err(std::io::Error::from)?;
     let mut fds = Vec::new();
     for c in msg.cmsgs().map_err(std::io::Error::from)? {
         if let ControlMessageOwned::ScmRights(raw) = c {
             // SAFETY: the kernel installed these fds for us.
-            fds.extend(
-                raw.into_iter()
-                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-            );
+            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
         }
     }
     let n = msg.bytes;

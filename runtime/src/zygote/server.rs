@@ -13,9 +13,7 @@ use libcontainer::syscall::syscall::SyscallType;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
-use super::proto::{
-    error_chain, recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE,
-};
+use super::proto::{error_chain, recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
 
 /// Serve requests until the agent closes the socket. Never returns.
 pub(crate) fn serve(sock: OwnedFd) -> ! {
@@ -123,12 +121,7 @@ fn answer(reply: &OwnedFd, r: Result<Reply, libcontainer::error::LibcontainerErr
             0
         }
         Err(e) => {
-            write_reply(
-                reply,
-                &Reply::Failed {
-                    error: error_chain(&e),
-                },
-            );
+            write_reply(reply, &Reply::Failed { error: error_chain(&e) });
             1
         }
     }
@@ -167,12 +160,7 @@ fn exec(args: ExecArgs, reply: OwnedFd, mut fds: Vec<OwnedFd>) -> i32 {
     let pid = match built {
         Ok(pid) => pid,
         Err(e) => {
-            write_reply(
-                &reply,
-                &Reply::Failed {
-                    error: error_chain(&e),
-                },
-            );
+            write_reply(&reply, &Reply::Failed { error: error_chain(&e) });
             return 1;
         }
     };
@@ -228,8 +216,7 @@ fn pin(args: &PinArgs) -> Result<(), String> {
     if args.uts {
         flags |= CloneFlags::CLONE_NEWUTS;
     }
-    std::fs::create_dir_all(&args.dir)
-        .map_err(|e| format!("creating {}: {e}", args.dir.display()))?;
+    std::fs::create_dir_all(&args.dir).map_err(|e| format!("creating {}: {e}", args.dir.display()))?;
     nix::sched::unshare(flags).map_err(|e| format!("unshare: {e}"))?;
     if args.uts {
         if let Some(h) = &args.hostname {
@@ -244,8 +231,7 @@ fn pin(args: &PinArgs) -> Result<(), String> {
             continue;
         }
         let target = args.dir.join(name);
-        std::fs::File::create(&target)
-            .map_err(|e| format!("creating {}: {e}", target.display()))?;
+        std::fs::File::create(&target).map_err(|e| format!("creating {}: {e}", target.display()))?;
         let src = format!("/proc/self/ns/{name}");
         nix::mount::mount(
             Some(src.as_str()),
@@ -303,11 +289,7 @@ pub(crate) fn reset_signals() {
             let _ = unsafe { sigaction(s, &dfl) };
         }
     }
-    let _ = nix::sys::signal::sigprocmask(
-        nix::sys::signal::SigmaskHow::SIG_SETMASK,
-        Some(&SigSet::empty()),
-        None,
-    );
+    let _ = nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
 }
 
 pub(crate) fn set_process_name(name: &str) {
