@@ -381,10 +381,10 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
         )
         .build()
         .context_cfg("spec")?;
+    // Only a container with its own UTS namespace sets a hostname; a joined (pod) namespace
+    // already has one and the node's must not be touched. (oci-spec defaults it to "youki".)
     let private_uts = matches!(n.uts, NamespaceMode::Private);
-    if let Some(h) = cfg.hostname.as_ref().filter(|_| private_uts) {
-        spec.set_hostname(Some(h.clone()));
-    }
+    spec.set_hostname(cfg.hostname.clone().filter(|_| private_uts));
     Ok(spec)
 }
 

@@ -68,7 +68,15 @@ fn to_pod(v: Value, where_: &str) -> Result<Pod, String> {
         Some("v1") | None => {}
         Some(other) => return Err(format!("{where_}: apiVersion {other:?} is not v1")),
     }
-    serde_json::from_value::<Pod>(v).map_err(|e| format!("{where_}: {e}"))
+    serde_path_to_error::deserialize::<_, Pod>(v).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            format!("{where_}: {inner}")
+        } else {
+            format!("{where_}: {path}: {inner}")
+        }
+    })
 }
 
 fn short(v: &Value) -> String {
@@ -143,7 +151,9 @@ mod tests {
         let e = decode("kind: Pod\n  bad: [indent").unwrap_err();
         assert!(e.contains("YAML"), "{e}");
         let e = decode("{\"kind\":\"Pod\",\"spec\":{\"containers\":\"nope\"}}").unwrap_err();
-        assert!(e.contains("document 1"), "{e}");
+        assert!(e.contains("document 1") && e.contains("spec.containers"), "{e}");
+        let e = decode("kind: Pod\nspec:\n  containers:\n  - name: c\n    env: [{name: X, value: yes}]\n").unwrap_err();
+        assert!(e.contains("spec.containers[0].env[0].value"), "{e}");
     }
 
     #[test]

@@ -113,7 +113,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     };
 
     // Volume mounts first; the files kubelet manages only where the container has none.
-    let mut mounts = volumes::mounts_for(c, input.volumes, privileged)?;
+    let mut mounts = volumes::mounts_for(c, input.volumes, privileged, &env)?;
     let taken = |path: &str, mounts: &[Mount]| mounts.iter().any(|m| m.destination.trim_end_matches('/') == path);
     let bind = |dest: &str, source: PathBuf, readonly: bool| Mount {
         destination: dest.to_string(),

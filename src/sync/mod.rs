@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod container;
 pub mod dns;
 pub mod env;
+pub mod hooks;
 pub mod plan;
 pub mod sandbox;
 pub mod views;
@@ -60,6 +61,8 @@ pub enum Msg {
     Delete,
     /// Something changed (a container exited): sync now.
     Wake,
+    /// A probe result changed.
+    Probe(crate::probe::ProbeEvent),
 }
 
 pub struct Worker {
@@ -85,6 +88,7 @@ pub struct Worker {
     status: Option<PodStatus>,
     deleting: bool,
     initialized: bool,
+    probes: crate::probe::Probes,
 }
 
 /// The first resync after a failure that needs a retry.
@@ -102,8 +106,7 @@ impl Worker {
         let (tx, rx) = mpsc::unbounded_channel();
         let uid = pod::uid(&pod).to_string();
         let pod_dir = ctx.pod_dir(&uid);
-        let previous: Option<PersistedStatus> =
-            read_json_opt(&pod_dir.join("status.json")).ok().flatten();
+        let previous: Option<PersistedStatus> = read_json_opt(&pod_dir.join("status.json")).ok().flatten();
         let w = Worker {
             backoff: Backoff::new(
                 ctx.cfg.initial_container_restart_period,
@@ -127,15 +130,14 @@ impl Worker {
             rejected,
             deleting,
             initialized: false,
+            probes: crate::probe::Probes::default(),
         };
         tokio::spawn(w.run());
         tx
     }
 
     async fn run(mut self) {
-        self.ctx
-            .pods
-            .upsert(&self.uid, self.pod.clone(), self.status.clone());
+        self.ctx.pods.upsert(&self.uid, self.pod.clone(), self.status.clone());
         loop {
             if self.deleting {
                 self.terminate().await;
@@ -173,7 +175,68 @@ impl Worker {
                 self.ctx.pods.set_terminating(&self.uid);
             }
             Msg::Wake => {}
+            Msg::Probe(ev) => {
+                if !ev.success {
+                    let kind = ev.kind.name();
+                    if ev.kind != crate::probe::Kind::Readiness {
+                        self.event(
+                            "Killing",
+                            &format!(
+                                "Container {} failed {} probe, will be restarted",
+                                ev.container,
+                                kind.to_ascii_lowercase()
+                            ),
+                        );
+                    }
+                }
+                self.probes.apply(&ev);
+            }
         }
+    }
+
+    /// Where the pod's ports are reached (probes, hooks).
+    fn target(&self) -> crate::netns::PodTarget {
+        crate::netns::PodTarget {
+            ip: self.pod_ips().first().and_then(|ip| ip.parse().ok()),
+            netns: self.sandbox.as_ref().and_then(|s| s.net.clone()),
+        }
+    }
+
+    /// The pod's IPs: the node's for hostNetwork pods.
+    fn pod_ips(&self) -> Vec<String> {
+        if pod::host_network(&self.pod) {
+            return self.ctx.node.ip_strings();
+        }
+        self.sandbox.as_ref().map(|s| s.pod_ips.clone()).unwrap_or_default()
+    }
+
+    /// Start and stop probe tasks to match the running containers; returns them.
+    fn sync_probes(&mut self, views: &PodContainers) -> Vec<crate::probe::Target> {
+        let targets = self.probe_targets(views);
+        let tx = self.tx.clone();
+        let target = self.target();
+        self.probes
+            .sync(&self.ctx.rt, &pod::full_name(&self.pod), &target, &targets, move |ev| {
+                let _ = tx.send(Msg::Probe(ev));
+            });
+        targets
+    }
+
+    /// Running app containers and sidecars, for the probes.
+    fn probe_targets(&self, views: &PodContainers) -> Vec<crate::probe::Target> {
+        pod::containers(&self.pod)
+            .iter()
+            .chain(pod::init_containers(&self.pod).iter().filter(|c| pod::is_sidecar(c)))
+            .filter_map(|c| {
+                let v = views.latest(&c.name).filter(|v| v.is_running())?;
+                Some(crate::probe::Target {
+                    name: c.name.clone(),
+                    id: v.id.clone(),
+                    started_at: v.started_at.unwrap_or(v.created_at),
+                    spec: c.clone(),
+                })
+            })
+            .collect()
     }
 
     fn event(&self, reason: &str, message: &str) {
@@ -233,11 +296,7 @@ impl Worker {
 
     fn facts(&self) -> env::PodFacts {
         env::PodFacts {
-            pod_ips: self
-                .sandbox
-                .as_ref()
-                .map(|s| s.pod_ips.clone())
-                .unwrap_or_default(),
+            pod_ips: self.sandbox.as_ref().map(|s| s.pod_ips.clone()).unwrap_or_default(),
             host_ips: self.ctx.node.ip_strings(),
             node_cpu_milli: self.ctx.node.allocatable_cpu_milli,
             node_memory: self.ctx.node.allocatable_memory,
@@ -251,8 +310,7 @@ impl Worker {
             self.start_time = Some(Utc::now());
         }
         if let Some((reason, message)) = self.rejected.clone() {
-            let st =
-                crate::status::rejected(&self.pod, &reason, &message, &self.ctx.node.ip_strings());
+            let st = crate::status::rejected(&self.pod, &reason, &message, &self.ctx.node.ip_strings());
             self.publish(st);
             return None;
         }
@@ -260,14 +318,9 @@ impl Worker {
             Ok(()) => {}
             Err(e) => {
                 warn!(pod = %pod::full_name(&self.pod), error = %format!("{e:#}"), "pod setup failed; will retry");
-                for c in pod::containers(&self.pod)
-                    .iter()
-                    .chain(pod::init_containers(&self.pod))
-                {
-                    self.waiting.insert(
-                        c.name.clone(),
-                        ("ContainerCreating".into(), format!("{e:#}")),
-                    );
+                for c in pod::containers(&self.pod).iter().chain(pod::init_containers(&self.pod)) {
+                    self.waiting
+                        .insert(c.name.clone(), ("ContainerCreating".into(), format!("{e:#}")));
                 }
                 let views = self.views();
                 self.publish_status(&views);
@@ -284,8 +337,9 @@ impl Worker {
                 self.messages.insert(v.id.clone(), m);
             }
         }
-        let empty_set = BTreeSet::new();
-        let empty_map = BTreeMap::new();
+        let targets = self.sync_probes(&views);
+        let startup_pending = self.probes.startup_pending(&targets);
+        let unhealthy = self.probes.unhealthy(&targets);
         let hashes = self.hashes();
         let plan = plan::plan(&PlanInput {
             pod: &self.pod,
@@ -293,14 +347,16 @@ impl Worker {
             hashes: &hashes,
             backoff: &self.backoff,
             now: Utc::now(),
-            startup_pending: &empty_set,
-            unhealthy: &empty_map,
+            startup_pending: &startup_pending,
+            unhealthy: &unhealthy,
         });
         self.initialized = plan.initialized;
         let wake = self.execute(&plan, &views).await;
         let views = self.views();
         self.gc(&views).await;
         let views = self.views();
+        // Containers started just now get their probes at once, not at the next resync.
+        self.sync_probes(&views);
         self.publish_status(&views);
         wake
     }
@@ -308,13 +364,9 @@ impl Worker {
     /// Pod cgroup, sandbox, volumes and the managed files.
     async fn prepare_pod(&mut self) -> anyhow::Result<()> {
         use anyhow::Context;
-        std::fs::create_dir_all(&self.pod_dir)
-            .with_context(|| format!("creating {}", self.pod_dir.display()))?;
-        write_json_atomic(&self.pod_dir.join("pod.json"), &*self.pod)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        self.ctx
-            .cgroups
-            .ensure_pod(&self.pod, self.ctx.cfg.pod_pids_limit)?;
+        std::fs::create_dir_all(&self.pod_dir).with_context(|| format!("creating {}", self.pod_dir.display()))?;
+        write_json_atomic(&self.pod_dir.join("pod.json"), &*self.pod).map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.ctx.cgroups.ensure_pod(&self.pod, self.ctx.cfg.pod_pids_limit)?;
         let live = self.sandbox.as_ref().is_some_and(|s| s.is_live());
         if !live {
             if self.sandbox.is_some() {
@@ -328,12 +380,7 @@ impl Worker {
             self.sandbox = Some(sb);
         }
         let facts = self.facts();
-        self.volumes = volumes::setup(
-            &self.pod,
-            &self.pod_dir,
-            &facts,
-            self.ctx.node.allocatable_memory,
-        )?;
+        self.volumes = volumes::setup(&self.pod, &self.pod_dir, &facts, self.ctx.node.allocatable_memory)?;
         dns::write_files(&self.pod_dir, &self.pod, &facts.pod_ips, &self.ctx.cfg)
             .context("writing /etc/hosts and resolv.conf")?;
         Ok(())
@@ -342,20 +389,27 @@ impl Worker {
     async fn execute(&mut self, plan: &Plan, views: &PodContainers) -> Option<DateTime<Utc>> {
         let mut wake = plan.wake_at;
         // Kill first (spec changes, failed probes, completed pods' sidecars).
-        let grace = Duration::from_secs(pod::grace_period(&self.pod) as u64);
-        let kills = plan.kill.iter().map(|k| {
-            let v = views.all().find(|v| v.id == k.id).cloned();
-            self.event(
-                "Killing",
-                &format!("Stopping container {}: {}", k.name, k.reason),
-            );
-            stop_container(
-                self.ctx.rt.clone(),
-                k.id.clone(),
-                v.and_then(|v| v.stop_signal),
-                grace,
-            )
-        });
+        let kills: Vec<_> = plan
+            .kill
+            .iter()
+            .filter_map(|k| {
+                let v = views.all().find(|v| v.id == k.id).cloned()?;
+                self.event("Killing", &format!("Stopping container {}: {}", k.name, k.reason));
+                // A probe's own terminationGracePeriodSeconds applies to the kill it causes.
+                let spec = self.container_spec(&k.name);
+                let probe_grace = spec.as_ref().and_then(|c| {
+                    [c.liveness_probe.as_ref(), c.startup_probe.as_ref()]
+                        .into_iter()
+                        .flatten()
+                        .find_map(|p| p.termination_grace_period_seconds)
+                });
+                let grace = match probe_grace {
+                    Some(g) if k.reason.contains("probe") => g.max(1) as u64,
+                    _ => pod::grace_period(&self.pod) as u64,
+                };
+                Some(self.kill_one(v, Duration::from_secs(grace)))
+            })
+            .collect();
         futures::future::join_all(kills).await;
 
         // Waiting reasons: back-offs from this plan; started containers lose theirs below.
@@ -366,13 +420,9 @@ impl Worker {
                 pod::full_name(&self.pod)
             );
             if self.waiting.get(name).map(|w| w.0.as_str()) != Some("CrashLoopBackOff") {
-                self.event(
-                    "BackOff",
-                    &format!("Back-off restarting failed container {name}"),
-                );
+                self.event("BackOff", &format!("Back-off restarting failed container {name}"));
             }
-            self.waiting
-                .insert(name.clone(), ("CrashLoopBackOff".into(), msg));
+            self.waiting.insert(name.clone(), ("CrashLoopBackOff".into(), msg));
         }
         // A container no longer waiting (running, or exited for good) has no waiting reason.
         let waiting_names: Vec<String> = self.waiting.keys().cloned().collect();
@@ -463,13 +513,7 @@ impl Worker {
                     Some(self.retry_at()),
                 ))
             }
-            Ok(Err(e)) => {
-                return Err((
-                    "CreateContainerError".into(),
-                    e.to_string(),
-                    Some(self.retry_at()),
-                ))
-            }
+            Ok(Err(e)) => return Err(("CreateContainerError".into(), e.to_string(), Some(self.retry_at()))),
             Err(_) => {
                 return Err((
                     "CreateContainerError".into(),
@@ -482,24 +526,59 @@ impl Worker {
         self.known.insert(id.clone());
         self.event("Created", &format!("Created container {}", c.name));
         if let Some(t) = s.previous_finished {
-            self.backoff
-                .next(&plan::backoff_key(&c.name, &container::hash(&c)), t);
+            self.backoff.next(&plan::backoff_key(&c.name, &container::hash(&c)), t);
         }
         if let Err(e) = self.ctx.rt.start(&id).await {
             let _ = self.ctx.rt.delete(&id).await;
             self.known.remove(&id);
-            return Err((
-                "RunContainerError".into(),
-                e.to_string(),
-                Some(self.retry_at()),
-            ));
+            return Err(("RunContainerError".into(), e.to_string(), Some(self.retry_at())));
         }
         self.watch(&id);
-        self.event(
-            "Started",
-            &format!("Started container {} (image {image})", c.name),
-        );
+        self.event("Started", &format!("Started container {} (image {image})", c.name));
+        if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            let timeout = self.ctx.cfg.runtime_request_timeout;
+            if let Err(msg) = hooks::run(&self.ctx.rt, h, &id, &c, &self.target(), timeout).await {
+                let msg = format!("PostStartHook failed: {msg}");
+                warn!(pod = %pod::full_name(&self.pod), container = %c.name, reason = "FailedPostStartHook", "{msg}");
+                let grace = Duration::from_secs(pod::grace_period(&self.pod) as u64);
+                let signal = self.ctx.rt.inspect(&id).ok().and_then(|i| i.record.stop_signal);
+                stop_container(self.ctx.rt.clone(), id.clone(), signal, grace).await;
+                // The restart that follows waits out the crash-loop back-off.
+                self.backoff
+                    .next(&plan::backoff_key(&c.name, &container::hash(&c)), Utc::now());
+                return Err(("PostStartHookError".into(), msg, Some(self.retry_at())));
+            }
+        }
         Ok(())
+    }
+
+    /// Stop one container: its preStop hook first (inside the grace period), then the stop
+    /// signal, then SIGKILL when the rest of the grace period is over (at least 2 seconds
+    /// remain for the signal, as in kubelet).
+    fn kill_one(&self, v: ContainerView, grace: Duration) -> impl std::future::Future<Output = ()> + 'static {
+        let rt = self.ctx.rt.clone();
+        let spec = self.container_spec(&v.name);
+        let target = self.target();
+        let pod_name = pod::full_name(&self.pod);
+        async move {
+            let mut left = grace;
+            if let (true, Some(c)) = (v.is_running(), spec) {
+                if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
+                    let t0 = tokio::time::Instant::now();
+                    match tokio::time::timeout(grace, hooks::run(&rt, h, &v.id, &c, &target, grace)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(msg)) => {
+                            warn!(pod = %pod_name, container = %v.name, reason = "FailedPreStopHook", "PreStopHook failed: {msg}")
+                        }
+                        Err(_) => {
+                            warn!(pod = %pod_name, container = %v.name, reason = "FailedPreStopHook", "PreStopHook did not finish within the grace period")
+                        }
+                    }
+                    left = grace.saturating_sub(t0.elapsed()).max(Duration::from_secs(2));
+                }
+            }
+            stop_container(rt, v.id.clone(), v.stop_signal.clone(), left).await;
+        }
     }
 
     fn retry_at(&self) -> DateTime<Utc> {
@@ -509,10 +588,7 @@ impl Worker {
     /// kubelet's EnsureImageExists for a node without registry access: the image must be in
     /// the local store; a missing one is ErrImageNeverPull (policy Never) or ErrImagePull and
     /// then ImagePullBackOff, retried under back-off (an archive may be imported meanwhile).
-    fn check_image(
-        &mut self,
-        c: &Container,
-    ) -> Result<(), (String, String, Option<DateTime<Utc>>)> {
+    fn check_image(&mut self, c: &Container) -> Result<(), (String, String, Option<DateTime<Utc>>)> {
         let image = c.image.clone().unwrap_or_default();
         if self.ctx.rt.images().find(&image).is_ok() {
             self.image_backoff.forget(&image);
@@ -538,10 +614,7 @@ impl Worker {
             ));
         }
         self.image_backoff.next(&image, now);
-        let d = self
-            .image_backoff
-            .current(&image)
-            .unwrap_or(Duration::from_secs(10));
+        let d = self.image_backoff.current(&image).unwrap_or(Duration::from_secs(10));
         Err((
             "ErrImagePull".into(),
             format!(
@@ -576,20 +649,17 @@ impl Worker {
     }
 
     fn publish_status(&mut self, views: &PodContainers) {
-        let empty_set = BTreeSet::new();
-        let empty_map = BTreeMap::new();
-        let pod_ips = self
-            .sandbox
-            .as_ref()
-            .map(|s| s.pod_ips.clone())
-            .unwrap_or_default();
+        let targets = self.probe_targets(views);
+        let readiness = self.probes.readiness(&targets);
+        let startup_pending = self.probes.startup_pending(&targets);
+        let pod_ips = self.pod_ips();
         let host_ips = self.ctx.node.ip_strings();
         let st = crate::status::compute(&crate::status::StatusInput {
             pod: &self.pod,
             containers: views,
             waiting: &self.waiting,
-            readiness: &empty_map,
-            startup_pending: &empty_set,
+            readiness: &readiness,
+            startup_pending: &startup_pending,
             messages: &self.messages,
             sandbox_ready: self.sandbox.is_some(),
             initialized: self.initialized,
@@ -631,12 +701,7 @@ impl Worker {
             .filter(|v| v.is_running() || matches!(v.state, views::ViewState::Created))
             .map(|v| {
                 info!(pod = %pod::full_name(&self.pod), container = %v.name, "stopping: {why}");
-                stop_container(
-                    self.ctx.rt.clone(),
-                    v.id.clone(),
-                    v.stop_signal.clone(),
-                    grace,
-                )
+                self.kill_one(v.clone(), grace)
             })
             .collect::<Vec<_>>();
         futures::future::join_all(stops).await;
@@ -646,6 +711,7 @@ impl Worker {
     async fn terminate(&mut self) {
         let name = pod::full_name(&self.pod);
         info!(pod = %name, "terminating pod");
+        self.probes.stop_all();
         let grace = Duration::from_secs(pod::grace_period(&self.pod) as u64);
         let deadline = tokio::time::Instant::now() + grace;
         let views = self.views();
@@ -657,18 +723,8 @@ impl Worker {
         // App containers (and any running regular init container) first, all at once...
         let first: Vec<_> = views
             .all()
-            .filter(|v| {
-                (v.is_running() || matches!(v.state, views::ViewState::Created))
-                    && !is_sidecar(&v.name)
-            })
-            .map(|v| {
-                stop_container(
-                    self.ctx.rt.clone(),
-                    v.id.clone(),
-                    v.stop_signal.clone(),
-                    grace,
-                )
-            })
+            .filter(|v| (v.is_running() || matches!(v.state, views::ViewState::Created)) && !is_sidecar(&v.name))
+            .map(|v| self.kill_one(v.clone(), grace))
             .collect();
         futures::future::join_all(first).await;
         // ...then sidecars in reverse order with what is left of the grace period.
@@ -679,13 +735,7 @@ impl Worker {
         {
             if let Some(v) = views.latest(&c.name).filter(|v| v.is_running()) {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                stop_container(
-                    self.ctx.rt.clone(),
-                    v.id.clone(),
-                    v.stop_signal.clone(),
-                    left.max(Duration::from_secs(1)),
-                )
-                .await;
+                self.kill_one(v.clone(), left.max(Duration::from_secs(2))).await;
             }
         }
         for id in self.known.clone() {
@@ -722,12 +772,7 @@ struct PersistedStatus {
 }
 
 /// Signal a container (its image's StopSignal, else SIGTERM), wait up to `grace`, then SIGKILL.
-pub async fn stop_container(
-    rt: Arc<Runtime>,
-    id: String,
-    stop_signal: Option<String>,
-    grace: Duration,
-) {
+pub async fn stop_container(rt: Arc<Runtime>, id: String, stop_signal: Option<String>, grace: Duration) {
     let sig = stop_signal
         .as_deref()
         .and_then(|s| nix::sys::signal::Signal::from_str(s).ok())

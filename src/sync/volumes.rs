@@ -218,14 +218,29 @@ fn apply_fs_group(dir: &Path, gid: u32) -> Result<()> {
 }
 
 /// A container's volumeMounts as runtime bind mounts.
-pub fn mounts_for(c: &Container, volumes: &BTreeMap<String, VolumeHost>, privileged: bool) -> Result<Vec<Mount>> {
+/// `subPathExpr` is expanded with the container's environment (`$(VAR)`), as kubelet does.
+pub fn mounts_for(
+    c: &Container,
+    volumes: &BTreeMap<String, VolumeHost>,
+    privileged: bool,
+    env: &[(String, String)],
+) -> Result<Vec<Mount>> {
     let mut out = Vec::new();
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         let v = volumes
             .get(&m.name)
             .ok_or_else(|| anyhow!("volumeMounts[{i}]: volume {:?} not found", m.name))?;
         let mut source = v.path.clone();
-        if let Some(sp) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+        let expanded = m.sub_path_expr.as_deref().filter(|s| !s.is_empty()).map(|e| {
+            let lookup = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+            super::env::expand(e, &lookup)
+        });
+        if let Some(sp) = &expanded {
+            if sp.starts_with('/') || sp.split('/').any(|c| c == "..") {
+                bail!("volumeMounts[{i}].subPathExpr: {sp:?} must be a relative path without '..'");
+            }
+        }
+        if let Some(sp) = expanded.as_deref().or(m.sub_path.as_deref()).filter(|s| !s.is_empty()) {
             source = v.path.join(sp);
             if !source.exists() {
                 if v.writable_by_us || v.path.is_dir() {
