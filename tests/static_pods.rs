@@ -624,3 +624,87 @@ fn manifest_url_source() {
     a.wait_phase("remote2", "Running", T);
     a.wait_gone("remote", T);
 }
+
+#[test]
+fn pod_cgroup_tree_limits_and_oom_killed() {
+    let a = Agent::start("cgtree", &[]);
+    a.write(
+        "tree.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: tree}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sleep, \"3600\"]\n    resources:\n      requests: {{cpu: 100m, memory: 32Mi}}\n      limits: {{memory: 64Mi}}\n"
+        ),
+    );
+    a.write(
+        "oom.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: oom}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sh, -c, \"x=$(head -c 67108864 /dev/zero | tr '\\\\0' a)\"]\n    resources:\n      limits: {{memory: 16Mi, cpu: 500m}}\n"
+        ),
+    );
+    let p = a.wait_phase("tree", "Running", T);
+    assert_eq!(p.status.as_ref().unwrap().qos_class.as_deref(), Some("Burstable"));
+    let cg = ferrolet_runtime::cgroups::Cgroups::detect().unwrap();
+    let uid = p.metadata.uid.clone().unwrap();
+    let id = container_status(&p, "c")
+        .container_id
+        .clone()
+        .unwrap()
+        .trim_start_matches("ferrolet://")
+        .to_string();
+    let kubepods = format!("{}/kubepods", a.cgroup.path());
+    let pod_cg = format!("{kubepods}/burstable/pod{uid}");
+    let ctr_cg = format!("{pod_cg}/{id}");
+    let mem = |cgroup: &str, v1: &str, v2: &str| {
+        let d = cg.dir_for("memory", cgroup).unwrap();
+        std::fs::read_to_string(d.join(if cg.is_v2() { v2 } else { v1 }))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        mem(&ctr_cg, "memory.limit_in_bytes", "memory.max"),
+        (64u64 << 20).to_string(),
+        "container limit"
+    );
+    assert_eq!(
+        mem(&pod_cg, "memory.limit_in_bytes", "memory.max"),
+        (64u64 << 20).to_string(),
+        "pod limit"
+    );
+    let cpu = cg.dir_for("cpu", &pod_cg).unwrap();
+    if cg.is_v2() {
+        assert_eq!(
+            std::fs::read_to_string(cpu.join("cpu.weight")).unwrap().trim(),
+            "4",
+            "100m -> 102 shares -> weight 4"
+        );
+        for level in [kubepods.clone(), format!("{kubepods}/burstable"), pod_cg.clone()] {
+            let sc =
+                std::fs::read_to_string(cg.dir_for("memory", &level).unwrap().join("cgroup.subtree_control")).unwrap();
+            assert!(
+                sc.contains("memory") && sc.contains("cpu") && sc.contains("pids"),
+                "{level}: {sc}"
+            );
+        }
+    } else {
+        assert_eq!(std::fs::read_to_string(cpu.join("cpu.shares")).unwrap().trim(), "102");
+    }
+    let o = a.wait_phase("oom", "Failed", T);
+    let t = container_status(&o, "c")
+        .state
+        .as_ref()
+        .unwrap()
+        .terminated
+        .clone()
+        .unwrap();
+    assert_eq!((t.reason.as_deref(), t.exit_code), (Some("OOMKilled"), 137));
+    assert_eq!(o.status.as_ref().unwrap().qos_class.as_deref(), Some("Guaranteed"));
+    let guaranteed = format!("{kubepods}/pod{}", o.metadata.uid.clone().unwrap());
+    let mem_dir = cg.dir_for("memory", &guaranteed).unwrap();
+    assert!(mem_dir.exists(), "guaranteed pods sit directly under kubepods");
+    // Deleting the pods removes their cgroups.
+    a.remove("tree.yaml");
+    a.remove("oom.yaml");
+    a.wait_gone("tree", T);
+    a.wait_gone("oom", T);
+    assert!(!cg.dir_for("memory", &pod_cg).unwrap().exists(), "pod cgroup removed");
+}

@@ -238,7 +238,7 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
         process = process.no_new_privileges(true);
     }
     if let Some(adj) = cfg.resources.oom_score_adj {
-        process = process.oom_score_adj(adj);
+        process = process.oom_score_adj(allowed_oom_score_adj(adj));
     }
     let process = process.build().context_cfg("process")?;
 
@@ -386,6 +386,22 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
     let private_uts = matches!(n.uts, NamespaceMode::Private);
     spec.set_hostname(cfg.hostname.clone().filter(|_| private_uts));
     Ok(spec)
+}
+
+/// Lowering oom_score_adj below this process's own needs CAP_SYS_RESOURCE; without it (some
+/// sandboxes and unprivileged setups) the container gets the lowest value we may set rather
+/// than failing to start.
+fn allowed_oom_score_adj(want: i32) -> i32 {
+    let own: i32 = std::fs::read_to_string("/proc/self/oom_score_adj")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if want >= own || caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SYS_RESOURCE).unwrap_or(false)
+    {
+        return want;
+    }
+    tracing::debug!(want, own, "no CAP_SYS_RESOURCE: oom_score_adj clamped");
+    own
 }
 
 /// containerd's default mounts, minus any the container replaces, then the container's own,

@@ -77,6 +77,11 @@ fn main() {
         trial("memory_limit_in_cgroup_and_cleanup", memory_limit_in_cgroup_and_cleanup),
         trial("stats_of_busy_container", stats_of_busy_container),
         trial(
+            "memory_limit_is_enforced_oom_killed",
+            memory_limit_is_enforced_oom_killed,
+        ),
+        trial("cpu_and_pids_limits_are_enforced", cpu_and_pids_limits_are_enforced),
+        trial(
             "containers_survive_owner_sigkill_and_are_readopted",
             containers_survive_owner_sigkill_and_are_readopted,
         ),
@@ -513,6 +518,77 @@ fn stats_of_busy_container() -> Result<()> {
             ensure!(s.memory_usage_bytes.unwrap_or(0) > 0, "memory {s:?}");
             ensure!(s.memory_working_set_bytes.is_some(), "working set {s:?}");
             ensure!(s.pids.unwrap_or(0) >= 1, "pids {s:?}");
+            Ok(())
+        }
+        .await;
+        rt.delete(&id).await?;
+        r
+    })
+}
+
+fn memory_limit_is_enforced_oom_killed() -> Result<()> {
+    // The shell (the container's init) reads 64 MiB into a variable against a 16 MiB limit.
+    let mut c = config(
+        "oom",
+        &[
+            "sh",
+            "-c",
+            "x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo survived",
+        ],
+    );
+    c.resources.memory_limit = Some(16 << 20);
+    let (exit, out, _) = block(run(&c))?;
+    ensure!(exit.oom_killed, "the OOM kill is recorded: {exit:?} {out:?}");
+    ensure!(
+        exit.exit_code == 137 && exit.signal == Some(9),
+        "killed by the OOM killer: {exit:?}"
+    );
+    ensure!(out.is_empty(), "{out:?}");
+    Ok(())
+}
+
+fn cpu_and_pids_limits_are_enforced() -> Result<()> {
+    block(async {
+        let rt = &env().rt;
+        let mut c = config("limits", &["sh", "-c", "while :; do :; done"]);
+        c.resources.cpu_quota = Some(20_000);
+        c.resources.cpu_period = Some(100_000);
+        c.resources.pids_limit = Some(8);
+        let info = rt.create(&c).await?;
+        let id = info.id().to_string();
+        let cg = info.record.cgroup_path.clone();
+        let r = async {
+            rt.start(&id).await?;
+            let cpu = rt
+                .cgroups()
+                .dir_for("cpu", &cg)
+                .ok_or_else(|| anyhow!("no cpu controller"))?;
+            if rt.cgroups().is_v2() {
+                ensure!(std::fs::read_to_string(cpu.join("cpu.max"))?.trim() == "20000 100000");
+            } else {
+                ensure!(std::fs::read_to_string(cpu.join("cpu.cfs_quota_us"))?.trim() == "20000");
+            }
+            // A busy loop under a 20% quota uses about 0.2 cpu-seconds per second.
+            let s0 = rt.stats(&id)?.cpu_usage_nanos.unwrap_or(0);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let used = rt.stats(&id)?.cpu_usage_nanos.unwrap_or(0) - s0;
+            ensure!(used < 1_000_000_000, "quota enforced: {used}ns of cpu in 2s");
+            ensure!(used > 100_000_000, "it did run: {used}ns");
+            // pids.max: a fork bomb in miniature stops at the limit.
+            let spec = ExecSpec {
+                args: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "for i in $(seq 20); do sleep 5 & done 2>&1 | head -1; wait".into(),
+                ],
+                ..Default::default()
+            };
+            let o = rt.exec_capture(&id, &spec, Some(Duration::from_secs(20)), 4096).await?;
+            let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+            ensure!(
+                text.contains("can't fork") || text.contains("Resource temporarily unavailable") || o.exit_code != 0,
+                "pids.max stops forks: {o:?}"
+            );
             Ok(())
         }
         .await;
