@@ -708,3 +708,25 @@ fn pod_cgroup_tree_limits_and_oom_killed() {
     a.wait_gone("oom", T);
     assert!(!cg.dir_for("memory", &pod_cg).unwrap().exists(), "pod cgroup removed");
 }
+
+#[test]
+fn default_cgroup_root_is_the_agents_own_cgroup() {
+    let a = Agent::start_in_own_cgroup("owncg");
+    a.write("p.yaml", &pod_yaml("p", "Always", "sleep 3600"));
+    let p = a.wait_phase("p", "Running", T);
+    let cg = ferrolet_runtime::cgroups::Cgroups::detect().unwrap();
+    let uid = p.metadata.uid.clone().unwrap();
+    let pod_cg = format!("{}/kubepods/besteffort/pod{uid}", a.cgroup.path());
+    assert!(cg.dir_for("memory", &pod_cg).unwrap().is_dir(), "kubepods lives in the agent's own cgroup");
+    if cg.is_v2() {
+        // The agent (and its zygote) moved into a leaf so its cgroup could delegate controllers.
+        let own = cg.dir_for("memory", a.cgroup.path()).unwrap();
+        let leaf: Vec<u32> = std::fs::read_to_string(own.join("ferrolet.agent/cgroup.procs"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .collect();
+        assert!(leaf.contains(&a.pid()), "agent {} in the leaf: {leaf:?}", a.pid());
+        assert_eq!(std::fs::read_to_string(own.join("cgroup.procs")).unwrap().trim(), "", "no process left in the parent");
+    }
+}

@@ -186,17 +186,7 @@ impl Cgroups {
                 // Every ancestor below the mount must delegate the controllers to its children.
                 let mut cur = mount.clone();
                 for comp in Path::new(cgroup.trim_start_matches('/')).components() {
-                    let wanted = available_controllers(&cur);
-                    if !wanted.is_empty() {
-                        let line = wanted.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ");
-                        let sc = cur.join("cgroup.subtree_control");
-                        if let Err(e) = fs::write(&sc, &line) {
-                            return Err(Error::Cgroup {
-                                path: sc.display().to_string(),
-                                reason: format!("enabling {line}: {e} (a cgroup with processes in it cannot delegate controllers; nest the cgroup root in an empty cgroup)"),
-                            });
-                        }
-                    }
+                    enable_subtree_controllers(&cur)?;
                     cur = cur.join(comp);
                     if !cur.exists() {
                         fs::create_dir(&cur).map_err(|e| err(&cur, e))?;
@@ -492,6 +482,62 @@ pub fn shares_to_weight(shares: u64) -> u64 {
     }
     let s = shares.clamp(2, 262_144);
     1 + ((s - 2) * 9999) / 262_142
+}
+
+/// Make `dir` delegate to its children every controller it has and ferrolet uses. Only the
+/// missing ones are written, so levels above a delegated subtree (owned by systemd) are left
+/// alone when they already delegate.
+fn enable_subtree_controllers(dir: &Path) -> Result<()> {
+    let sc = dir.join("cgroup.subtree_control");
+    let enabled = read_trim(&sc);
+    let missing: Vec<String> = available_controllers(dir)
+        .into_iter()
+        .filter(|c| !enabled.split_whitespace().any(|e| e == c))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let line = missing.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ");
+    fs::write(&sc, &line).map_err(|e| Error::Cgroup {
+        path: sc.display().to_string(),
+        reason: format!(
+            "enabling {line}: {e} (a cgroup with processes in it cannot delegate controllers; nest the cgroup root in an empty cgroup)"
+        ),
+    })
+}
+
+/// On cgroup v2, move `pids` (the agent and its zygote) out of their cgroup `own` into the
+/// leaf `<own>/<leaf>`, so that `own` may delegate controllers to the pod cgroups created
+/// below it (the "no internal processes" rule). Refuses when `own` holds anyone else's
+/// processes. Nothing to do on v1 or in the root cgroup.
+pub fn vacate_own_cgroup(cgroups: &Cgroups, own: &str, leaf: &str, pids: &[i32]) -> Result<()> {
+    let CgroupMode::V2 { mount } = &cgroups.mode else { return Ok(()) };
+    if own == "/" || own.is_empty() {
+        return Ok(());
+    }
+    let dir = mount.join(own.trim_start_matches('/'));
+    let procs: Vec<i32> = fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    let foreign: Vec<i32> = procs.iter().copied().filter(|p| !pids.contains(p)).collect();
+    if !foreign.is_empty() {
+        return Err(Error::Cgroup {
+            path: dir.display().to_string(),
+            reason: format!(
+                "the cgroup ferrolet runs in holds other processes too ({foreign:?}), so it cannot hold the pod cgroups (cgroup v2 forbids controllers below a cgroup with processes); start ferrolet in a cgroup of its own (systemd: Delegate=yes) or set cgroupRoot"
+            ),
+        });
+    }
+    let leaf_dir = dir.join(leaf);
+    match fs::create_dir(&leaf_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::Cgroup { path: leaf_dir.display().to_string(), reason: e.to_string() }),
+    }
+    for p in procs {
+        write_cg(&leaf_dir, "cgroup.procs", &p.to_string())?;
+    }
+    Ok(())
 }
 
 fn available_controllers(dir: &Path) -> Vec<String> {

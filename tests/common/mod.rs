@@ -29,6 +29,9 @@ pub struct Agent {
     pub extra_config: String,
     child: Option<Child>,
     pub node: String,
+    /// Start the agent inside its own cgroup (the test's nested root) and let it pick its
+    /// default cgroup root there, instead of passing --cgroup-root.
+    own_cgroup: bool,
 }
 
 fn require_root() {
@@ -44,7 +47,17 @@ impl Agent {
         Agent::start_with_config(name, extra, "")
     }
 
+    /// An agent started inside a cgroup of its own, with no --cgroup-root: it uses its own
+    /// cgroup (on v2 moving itself into a leaf first).
+    pub fn start_in_own_cgroup(name: &str) -> Agent {
+        Agent::build(name, &[], "", true)
+    }
+
     pub fn start_with_config(name: &str, extra: &[&str], config: &str) -> Agent {
+        Agent::build(name, extra, config, false)
+    }
+
+    fn build(name: &str, extra: &[&str], config: &str, own_cgroup: bool) -> Agent {
         require_root();
         let dir = std::env::temp_dir().join(format!("ferrolet-it-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -62,6 +75,7 @@ impl Agent {
             args: extra.iter().map(|s| s.to_string()).collect(),
             extra_config: config.to_string(),
             child: None,
+            own_cgroup,
             node: format!("node-{name}"),
         };
         a.spawn();
@@ -98,9 +112,37 @@ impl Agent {
             .arg("--pod-manifest-path")
             .arg(&self.manifests)
             .arg("--root-dir")
-            .arg(&self.root)
-            .arg("--cgroup-root")
-            .arg(self.cgroup.path())
+            .arg(&self.root);
+        if self.own_cgroup {
+            // The child moves itself into the nested root in every hierarchy before exec.
+            let procs: Vec<std::ffi::CString> = Cgroups::detect()
+                .unwrap()
+                .dirs(self.cgroup.path())
+                .into_iter()
+                .map(|d| std::ffi::CString::new(d.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap())
+                .collect();
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only open/write/close between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    for p in &procs {
+                        let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                        if fd < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        let r = libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1);
+                        libc::close(fd);
+                        if r < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        } else {
+            cmd.arg("--cgroup-root").arg(self.cgroup.path());
+        }
+        cmd
             .arg("--hostname-override")
             .arg(&self.node)
             .arg("--file-check-frequency")
@@ -138,6 +180,10 @@ impl Agent {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
     pub fn agent_log(&self) -> String {
