@@ -274,10 +274,14 @@ impl Cgroups {
     /// Remove `cgroup` and every cgroup below it, deepest first, in every hierarchy. Processes
     /// still inside make this fail with the path named.
     pub fn remove(&self, cgroup: &str) -> Result<()> {
+        // Every hierarchy is attempted; the first failure is reported.
+        let mut first = None;
         for d in self.dirs(cgroup) {
-            remove_cgroup_dir(&d)?;
+            if let Err(e) = remove_cgroup_dir(&d) {
+                first.get_or_insert(e);
+            }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
     /// Remove `cgroup` and then each empty parent up to (not including) `stop`.

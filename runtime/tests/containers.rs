@@ -40,6 +40,8 @@ fn main() {
         child_main(&spec);
     }
     let zygote = fork_zygote().expect("fork zygote (must be single-threaded here)");
+    // Arguments first: a bad one must not leave a root dir or cgroups behind.
+    let args = Arguments::from_args();
     if !nix::unistd::geteuid().is_root() {
         eprintln!("these tests run real containers and need root");
         std::process::exit(1);
