@@ -1,0 +1,399 @@
+//! CNI mode: drive plugins from a network configuration list as the CNI 1.0.0 spec says.
+//!
+//! - `NetPlug::new` loads the lexically first config of `conf_dir`, checks every plugin binary
+//!   is in `bin_dirs` and asks each (VERSION) whether it supports the config's `cniVersion`.
+//! - ADD runs the plugins in order, each result becoming the next one's `prevResult`; the
+//!   final result is cached with the config it was made with (`results/`, like libcni's
+//!   /var/lib/cni/results). A failed ADD is undone with DEL before the error is returned.
+//! - DEL runs the plugins in reverse order with the cached config and result; it goes on past
+//!   a failing plugin (DEL is idempotent by spec) and reports the first failure. A namespace
+//!   that is gone is passed as an empty `CNI_NETNS`.
+//! - CHECK runs the plugins in order with the cached result (configs of 0.4.0 and later).
+//! - Before anything is executed for a sandbox, a record (`sandboxes/<id>.json`) holds the
+//!   request, the config and the arguments, so `teardown_by_id` and `gc` can DEL after a crash.
+
+mod config;
+mod exec;
+mod result;
+
+use config::NetConfList;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+use crate::fsutil;
+use crate::netns::{netns_exists, open_netns};
+use crate::record::Records;
+use crate::types::{CniConfig, NetworkStatus, SandboxNetwork};
+
+use exec::{exec_plugin, find_plugin, parse_result, Invocation};
+
+/// What is needed to DEL a sandbox's attachment without anything else.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    sandbox_id: String,
+    netns: PathBuf,
+    ifname: String,
+    network: String,
+    cni_args: String,
+    capability_args: Map<String, Value>,
+    /// The configuration list the attachment was made with.
+    config: Value,
+    /// True once ADD succeeded and the result is cached.
+    ready: bool,
+}
+
+/// The result cache, in libcni's shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CachedResult {
+    kind: String,
+    #[serde(rename = "containerId")]
+    container_id: String,
+    #[serde(rename = "ifName")]
+    ifname: String,
+    #[serde(rename = "networkName")]
+    network: String,
+    #[serde(rename = "cniArgs")]
+    cni_args: Vec<[String; 2]>,
+    #[serde(rename = "capabilityArgs")]
+    capability_args: Map<String, Value>,
+    config: Value,
+    result: Value,
+}
+
+pub(crate) struct CniNet {
+    cfg: CniConfig,
+    list: NetConfList,
+    /// Binary of each plugin type, resolved at start.
+    bins: Vec<PathBuf>,
+    cni_path: String,
+    records: Records,
+    results_dir: PathBuf,
+}
+
+fn split_args(args: &str) -> Vec<[String; 2]> {
+    args.split(';')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| [k.to_string(), v.to_string()])
+        .collect()
+}
+
+impl CniNet {
+    pub async fn new(cfg: CniConfig) -> Result<Self> {
+        if cfg.bin_dirs.is_empty() {
+            return Err(Error::invalid_config("bin_dirs", "empty"));
+        }
+        if cfg.timeout.is_zero() {
+            return Err(Error::invalid_config("timeout", "zero"));
+        }
+        let list = NetConfList::load_dir(&cfg.conf_dir)?;
+        let mut bins = Vec::new();
+        for pc in &list.plugins {
+            bins.push(find_plugin(&pc.plugin_type, &cfg.bin_dirs).map_err(|e| {
+                Error::cni_config(&list.file, format!("network {:?}: {e}", list.name))
+            })?);
+        }
+        let cni_path = std::env::join_paths(&cfg.bin_dirs)
+            .map_err(|e| Error::invalid_config("bin_dirs", e.to_string()))?
+            .to_string_lossy()
+            .into_owned();
+        let records = Records::new(&cfg.state_dir)?;
+        let results_dir = cfg.state_dir.join("results");
+        fsutil::ensure_dir(&results_dir)?;
+        let net = CniNet {
+            cfg,
+            list,
+            bins,
+            cni_path,
+            records,
+            results_dir,
+        };
+        net.probe_versions().await?;
+        info!(config = %net.list.file.display(), network = %net.list.name, version = %net.list.cni_version,
+              plugins = %net.list.plugins.iter().map(|p| p.plugin_type.as_str()).collect::<Vec<_>>().join(","),
+              "CNI network ready");
+        Ok(net)
+    }
+
+    /// VERSION each distinct plugin once; each must support the config's cniVersion.
+    async fn probe_versions(&self) -> Result<()> {
+        let mut seen = BTreeSet::new();
+        for (pc, bin) in self.list.plugins.iter().zip(&self.bins) {
+            if !seen.insert(pc.plugin_type.clone()) {
+                continue;
+            }
+            let inv = Invocation {
+                command: "VERSION",
+                container_id: "",
+                netns: "",
+                ifname: "",
+                args: "",
+                path: &self.cni_path,
+            };
+            let stdin = json!({"cniVersion": self.list.cni_version}).to_string();
+            let out = exec_plugin(bin, &pc.plugin_type, &inv, stdin.as_bytes(), self.cfg.timeout).await?;
+            let v = parse_result(&pc.plugin_type, "VERSION", &out)?;
+            let supported: Vec<String> = v["supportedVersions"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            if !supported.contains(&self.list.cni_version) {
+                return Err(Error::cni_config(
+                    &self.list.file,
+                    format!(
+                        "plugin {} does not support cniVersion {} (it supports: {})",
+                        pc.plugin_type,
+                        self.list.cni_version,
+                        supported.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn cache_path(&self, network: &str, id: &str, ifname: &str) -> PathBuf {
+        self.results_dir
+            .join(fsutil::safe_name(&format!("{network}-{id}-{ifname}")))
+    }
+
+    /// Run `command` on the plugins of `list` (in the given order).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_plugin(
+        &self,
+        list: &NetConfList,
+        idx: usize,
+        command: &str,
+        rec: &Record,
+        netns: &str,
+        prev: Option<&Value>,
+    ) -> Result<Vec<u8>> {
+        let pc = &list.plugins[idx];
+        let bin = find_plugin(&pc.plugin_type, &self.cfg.bin_dirs)?;
+        let stdin = config::plugin_stdin(list, pc, &rec.capability_args, prev).to_string();
+        let inv = Invocation {
+            command,
+            container_id: &rec.sandbox_id,
+            netns,
+            ifname: &rec.ifname,
+            args: &rec.cni_args,
+            path: &self.cni_path,
+        };
+        exec_plugin(&bin, &pc.plugin_type, &inv, stdin.as_bytes(), self.cfg.timeout).await
+    }
+
+    pub async fn setup(&self, req: &SandboxNetwork) -> Result<NetworkStatus> {
+        let id = &req.sandbox_id;
+        if let Some(old) = self.records.read::<Record>(id)? {
+            warn!(sandbox = %id, "sandbox already has a CNI attachment; deleting it first");
+            self.del(&old).await?;
+        }
+        open_netns(&req.netns)?;
+        let rec = Record {
+            sandbox_id: id.clone(),
+            netns: req.netns.clone(),
+            ifname: req.ifname.clone(),
+            network: self.list.name.clone(),
+            cni_args: config::cni_args(req),
+            capability_args: config::capability_args(req),
+            config: self.list.to_value(),
+            ready: false,
+        };
+        self.records.write(id, &rec)?;
+        let netns = req.netns.to_string_lossy().into_owned();
+        let mut prev: Option<Value> = None;
+        let mut failure = None;
+        for idx in 0..self.list.plugins.len() {
+            let ptype = self.list.plugins[idx].plugin_type.clone();
+            match self
+                .run_plugin(&self.list, idx, "ADD", &rec, &netns, prev.as_ref())
+                .await
+                .and_then(|out| parse_result(&ptype, "ADD", &out))
+            {
+                Ok(v) => {
+                    info!(sandbox = %id, plugin = %ptype, "CNI ADD done");
+                    prev = Some(v);
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let result = match (failure, prev) {
+            (Some(e), _) => Err(e),
+            (None, Some(result)) => {
+                let status = result::status_from_result(&result, &req.ifname);
+                if status.ips.is_empty() {
+                    Err(Error::PluginOutput {
+                        plugin: self.list.plugins.last().map(|p| p.plugin_type.clone()).unwrap_or_default(),
+                        command: "ADD".into(),
+                        reason: "the result of the plugin chain has no IP address".into(),
+                    })
+                } else {
+                    Ok((status, result))
+                }
+            }
+            (None, None) => unreachable!("a config list has at least one plugin"),
+        };
+        match result {
+            Ok((status, result)) => {
+                let cache = CachedResult {
+                    kind: "cniCacheV1".into(),
+                    container_id: id.clone(),
+                    ifname: req.ifname.clone(),
+                    network: self.list.name.clone(),
+                    cni_args: split_args(&rec.cni_args),
+                    capability_args: rec.capability_args.clone(),
+                    config: rec.config.clone(),
+                    result,
+                };
+                fsutil::write_json_atomic(&self.cache_path(&self.list.name, id, &req.ifname), &cache)?;
+                let rec = Record { ready: true, ..rec };
+                self.records.write(id, &rec)?;
+                info!(sandbox = %id, network = %self.list.name, ips = ?status.ips, "CNI network set up");
+                Ok(status)
+            }
+            Err(e) => {
+                warn!(sandbox = %id, error = %e, "CNI ADD failed; running DEL to undo");
+                if let Err(e2) = self.del(&rec).await {
+                    warn!(sandbox = %id, error = %e2, "DEL after a failed ADD failed; gc will retry");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// DEL an attachment from its record (and cached result), then forget it.
+    async fn del(&self, rec: &Record) -> Result<()> {
+        let cache_path = self.cache_path(&rec.network, &rec.sandbox_id, &rec.ifname);
+        let cache: Option<CachedResult> = fsutil::read_json_opt(&cache_path).unwrap_or_else(|e| {
+            warn!(sandbox = %rec.sandbox_id, error = %e, "unreadable CNI result cache; DEL without prevResult");
+            None
+        });
+        let config = cache.as_ref().map(|c| c.config.clone()).unwrap_or_else(|| rec.config.clone());
+        let list = NetConfList::parse(&cache_path, config.to_string().as_bytes())?;
+        let prev = cache.map(|c| c.result);
+        let netns = if netns_exists(&rec.netns) {
+            rec.netns.to_string_lossy().into_owned()
+        } else {
+            String::new()
+        };
+        let mut first_err = None;
+        for idx in (0..list.plugins.len()).rev() {
+            let ptype = &list.plugins[idx].plugin_type;
+            match self.run_plugin(&list, idx, "DEL", rec, &netns, prev.as_ref()).await {
+                Ok(_) => info!(sandbox = %rec.sandbox_id, plugin = %ptype, "CNI DEL done"),
+                Err(e) => {
+                    warn!(sandbox = %rec.sandbox_id, plugin = %ptype, error = %e, "CNI DEL failed");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        fsutil::remove_file_opt(&cache_path)?;
+        self.records.remove(&rec.sandbox_id)?;
+        info!(sandbox = %rec.sandbox_id, network = %rec.network, "CNI network torn down");
+        Ok(())
+    }
+
+    /// A record for a sandbox known only from a cached result (or from the request).
+    fn record_for(&self, id: &str, req: Option<&SandboxNetwork>) -> Result<Option<Record>> {
+        if let Some(rec) = self.records.read::<Record>(id)? {
+            return Ok(Some(rec));
+        }
+        // a cached result without a record: find it by container id
+        for name in fsutil::list_names(&self.results_dir)? {
+            let Ok(Some(c)) = fsutil::read_json_opt::<CachedResult>(&self.results_dir.join(&name)) else {
+                continue;
+            };
+            if c.container_id == id {
+                return Ok(Some(Record {
+                    sandbox_id: id.to_string(),
+                    netns: req.map(|r| r.netns.clone()).unwrap_or_default(),
+                    ifname: c.ifname,
+                    network: c.network,
+                    cni_args: c.cni_args.iter().map(|[k, v]| format!("{k}={v}")).collect::<Vec<_>>().join(";"),
+                    capability_args: c.capability_args,
+                    config: c.config,
+                    ready: true,
+                }));
+            }
+        }
+        Ok(req.map(|req| Record {
+            sandbox_id: id.to_string(),
+            netns: req.netns.clone(),
+            ifname: req.ifname.clone(),
+            network: self.list.name.clone(),
+            cni_args: config::cni_args(req),
+            capability_args: config::capability_args(req),
+            config: self.list.to_value(),
+            ready: false,
+        }))
+    }
+
+    pub async fn teardown(&self, req: &SandboxNetwork) -> Result<()> {
+        match self.record_for(&req.sandbox_id, Some(req))? {
+            Some(rec) => self.del(&rec).await,
+            None => Ok(()),
+        }
+    }
+
+    pub async fn teardown_by_id(&self, id: &str) -> Result<()> {
+        match self.record_for(id, None)? {
+            Some(rec) => self.del(&rec).await,
+            None => Ok(()),
+        }
+    }
+
+    pub async fn check(&self, req: &SandboxNetwork) -> Result<()> {
+        let id = &req.sandbox_id;
+        let rec: Record = self
+            .records
+            .read(id)?
+            .ok_or_else(|| Error::check(id, "no CNI attachment recorded (setup was not run or was torn down)"))?;
+        if !rec.ready {
+            return Err(Error::check(id, "ADD did not finish"));
+        }
+        let cache_path = self.cache_path(&rec.network, id, &rec.ifname);
+        let cache: CachedResult = fsutil::read_json_opt(&cache_path)?
+            .ok_or_else(|| Error::check(id, format!("no cached result at {}", cache_path.display())))?;
+        let list = NetConfList::parse(&cache_path, cache.config.to_string().as_bytes())?;
+        if !list.supports_check() {
+            return Err(Error::check(
+                id,
+                format!("cniVersion {} of network {} does not support CHECK", list.cni_version, list.name),
+            ));
+        }
+        if list.disable_check {
+            return Ok(());
+        }
+        if !netns_exists(&req.netns) {
+            return Err(Error::check(id, format!("network namespace {} is gone", req.netns.display())));
+        }
+        let netns = req.netns.to_string_lossy().into_owned();
+        for idx in 0..list.plugins.len() {
+            self.run_plugin(&list, idx, "CHECK", &rec, &netns, Some(&cache.result))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Ids of every sandbox with a record or a cached result.
+    pub fn gc_candidates(&self) -> Result<BTreeSet<String>> {
+        let mut ids: BTreeSet<String> = self.records.ids()?.into_iter().collect();
+        for name in fsutil::list_names(&self.results_dir)? {
+            if let Ok(Some(c)) = fsutil::read_json_opt::<CachedResult>(&self.results_dir.join(&name)) {
+                ids.insert(c.container_id);
+            }
+        }
+        Ok(ids)
+    }
+}
