@@ -101,7 +101,10 @@ impl BridgeNet {
         validate_ifname(&cfg.bridge).map_err(|r| Error::invalid_config("bridge", r))?;
         if cfg.nft_table.is_empty()
             || cfg.nft_table.len() > 64
-            || !cfg.nft_table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            || !cfg
+                .nft_table
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         {
             return Err(Error::invalid_config(
                 "nft_table",
@@ -200,13 +203,14 @@ impl BridgeNet {
                 let msg = LinkBridge::new(name).mtu(self.mtu).build();
                 match nl::create_link(h, msg, &format!("creating bridge {name}")).await {
                     Ok(()) => {
-                        let l = nl::link_by_name(h, name)
-                            .await?
-                            .ok_or_else(|| Error::invalid_config("bridge", format!("{name} vanished after creation")))?;
+                        let l = nl::link_by_name(h, name).await?.ok_or_else(|| {
+                            Error::invalid_config("bridge", format!("{name} vanished after creation"))
+                        })?;
                         // Pin the random MAC: a bridge otherwise takes the lowest MAC of its
                         // ports, and changes it as pods come and go (stale ARP in pods).
                         if let Some(mac) = &l.mac {
-                            let bytes: Vec<u8> = mac.split(':').filter_map(|b| u8::from_str_radix(b, 16).ok()).collect();
+                            let bytes: Vec<u8> =
+                                mac.split(':').filter_map(|b| u8::from_str_radix(b, 16).ok()).collect();
                             nl::set_link(
                                 h,
                                 LinkUnspec::new_with_index(l.index).address(bytes).build(),
@@ -263,7 +267,9 @@ impl BridgeNet {
             if id == req.sandbox_id {
                 continue;
             }
-            let Some(rec) = self.records.read::<Record>(&id)? else { continue };
+            let Some(rec) = self.records.read::<Record>(&id)? else {
+                continue;
+            };
             for pm in &req.port_mappings {
                 for other in &rec.port_mappings {
                     let ip_clash = match (pm.effective_host_ip(), other.effective_host_ip()) {
@@ -336,6 +342,7 @@ impl BridgeNet {
             let ip = self.ipam.allocate(id, &req.requested_ips)?;
             rec.ips = vec![ip];
             self.records.write(id, &rec)?;
+            crate::failpoint("bridge-after-ipam").await;
             self.configure(req, &mut rec).await
         }
         .await;
@@ -404,7 +411,9 @@ impl BridgeNet {
             .ok_or_else(|| Error::sandbox(&req.sandbox_id, format!("veth {veth} vanished after creation")))?;
         nl::set_link(
             &h,
-            LinkUnspec::new_with_index(host.index).alias(req.sandbox_id.clone()).build(),
+            LinkUnspec::new_with_index(host.index)
+                .alias(req.sandbox_id.clone())
+                .build(),
             &format!("labelling {veth} with its sandbox"),
         )
         .await?;
@@ -417,6 +426,7 @@ impl BridgeNet {
                 .context(format!("setting hairpin mode on {veth}"))?;
         }
         info!(sandbox = %req.sandbox_id, veth = %veth, bridge = %self.cfg.bridge, "veth created");
+        crate::failpoint("bridge-after-veth").await;
 
         let ph = netns::netns_handle(&req.netns).await?;
         if let Some(lo) = nl::link_by_name(&ph, "lo").await? {
@@ -425,7 +435,10 @@ impl BridgeNet {
             }
         }
         let pod = nl::link_by_name(&ph, &req.ifname).await?.ok_or_else(|| {
-            Error::netns(&req.netns, format!("interface {} missing after veth creation", req.ifname))
+            Error::netns(
+                &req.netns,
+                format!("interface {} missing after veth creation", req.ifname),
+            )
         })?;
         nl::add_addr(&ph, pod.index, &req.ifname, ip, self.subnet.prefix_len()).await?;
         nl::set_up(&ph, pod.index, &req.ifname).await?;
@@ -448,8 +461,13 @@ impl BridgeNet {
                 return Err(Error::HostPortConflict {
                     port: pm.map_or(0, |p| p.host_port),
                     protocol: pm.map_or("?".into(), |p| p.protocol.to_string()),
-                    host_ip: pm.and_then(|p| p.effective_host_ip()).map_or("*".into(), |i| i.to_string()),
-                    owner: format!("(unknown: an element of nft table {} not made by a recorded sandbox)", self.cfg.nft_table),
+                    host_ip: pm
+                        .and_then(|p| p.effective_host_ip())
+                        .map_or("*".into(), |i| i.to_string()),
+                    owner: format!(
+                        "(unknown: an element of nft table {} not made by a recorded sandbox)",
+                        self.cfg.nft_table
+                    ),
                 });
             }
             return Err(e);
@@ -480,7 +498,9 @@ impl BridgeNet {
         note(
             async {
                 if let Some(l) = nl::link_by_name(&h, &rec.veth).await? {
-                    if l.alias.as_deref().is_none_or(|a| a == id.as_str()) && nl::del_link(&h, l.index, &rec.veth).await? {
+                    if l.alias.as_deref().is_none_or(|a| a == id.as_str())
+                        && nl::del_link(&h, l.index, &rec.veth).await?
+                    {
                         info!(sandbox = %id, veth = %rec.veth, "veth deleted");
                     }
                 }
@@ -488,15 +508,13 @@ impl BridgeNet {
             }
             .await,
         );
-        note(
-            (|| {
-                for ip in &rec.ips {
-                    self.ipam.release(*ip, id)?;
-                }
-                self.ipam.release_all(id)?;
-                Ok(())
-            })(),
-        );
+        note((|| {
+            for ip in &rec.ips {
+                self.ipam.release(*ip, id)?;
+            }
+            self.ipam.release_all(id)?;
+            Ok(())
+        })());
         if let Some(e) = first_err {
             return Err(e);
         }
@@ -598,13 +616,19 @@ impl BridgeNet {
             .await?
             .ok_or_else(|| Error::check(id, format!("host interface {} is missing", rec.veth)))?;
         if veth.controller != Some(bridge.index) {
-            return Err(Error::check(id, format!("{} is not a port of bridge {}", rec.veth, self.cfg.bridge)));
+            return Err(Error::check(
+                id,
+                format!("{} is not a port of bridge {}", rec.veth, self.cfg.bridge),
+            ));
         }
         if !veth.up {
             return Err(Error::check(id, format!("{} is down", rec.veth)));
         }
         if !netns_exists(&req.netns) {
-            return Err(Error::check(id, format!("network namespace {} is gone", req.netns.display())));
+            return Err(Error::check(
+                id,
+                format!("network namespace {} is gone", req.netns.display()),
+            ));
         }
         let ph = netns::netns_handle(&req.netns).await?;
         let pod = nl::link_by_name(&ph, &req.ifname)
@@ -622,7 +646,10 @@ impl BridgeNet {
             .iter()
             .any(|r| r.dst.prefix_len() == 0 && r.gateway == Some(rec.gateway))
         {
-            return Err(Error::check(id, format!("no default route via {} in the pod", rec.gateway)));
+            return Err(Error::check(
+                id,
+                format!("no default route via {} in the pod", rec.gateway),
+            ));
         }
         if let Some(bw) = &rec.bandwidth {
             for (rate, handle, index, name) in [
@@ -630,7 +657,10 @@ impl BridgeNet {
                 (bw.egress_rate, &ph, pod.index, req.ifname.as_str()),
             ] {
                 if rate > 0 && tc::root_qdisc_kind(handle, index).await?.as_deref() != Some("tbf") {
-                    return Err(Error::check(id, format!("bandwidth limit (tbf qdisc) missing on {name}")));
+                    return Err(Error::check(
+                        id,
+                        format!("bandwidth limit (tbf qdisc) missing on {name}"),
+                    ));
                 }
             }
         }

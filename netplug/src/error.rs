@@ -41,23 +41,9 @@ pub enum Error {
     CniConfig { file: String, reason: String },
     #[error("CNI plugin {plugin:?} not found in {dirs}")]
     PluginNotFound { plugin: String, dirs: String },
-    /// A plugin ran and failed; `code`, `msg` and `details` are decoded from the JSON error it
-    /// printed (CNI spec "Error" object), `exit` is its exit status.
-    #[error(
-        "CNI plugin {plugin} {command} failed: {msg}{}{} (code {code}, {exit}){}",
-        if details.is_empty() { "" } else { ": " },
-        details,
-        if stderr.is_empty() { String::new() } else { format!("; stderr: {stderr}") }
-    )]
-    Plugin {
-        plugin: String,
-        command: String,
-        code: u32,
-        msg: String,
-        details: String,
-        exit: String,
-        stderr: String,
-    },
+    /// A plugin ran and failed (boxed: it is the largest variant).
+    #[error("{0}")]
+    Plugin(Box<PluginFailure>),
     #[error("CNI plugin {plugin} {command} timed out after {timeout:?} and was killed")]
     PluginTimeout {
         plugin: String,
@@ -107,6 +93,34 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A CNI plugin that ran and failed: `code`, `msg` and `details` are decoded from the JSON
+/// error object it printed (CNI spec "Error"), `exit` is its exit status, `stderr` the tail of
+/// what it wrote there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginFailure {
+    pub plugin: String,
+    pub command: String,
+    pub code: u32,
+    pub msg: String,
+    pub details: String,
+    pub exit: String,
+    pub stderr: String,
+}
+
+impl std::fmt::Display for PluginFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CNI plugin {} {} failed: {}", self.plugin, self.command, self.msg)?;
+        if !self.details.is_empty() {
+            write!(f, ": {}", self.details)?;
+        }
+        write!(f, " (code {}, {})", self.code, self.exit)?;
+        if !self.stderr.is_empty() {
+            write!(f, "; stderr: {}", self.stderr)?;
+        }
+        Ok(())
+    }
+}
 
 impl Error {
     pub fn invalid_config(field: impl Into<String>, reason: impl Into<String>) -> Self {
@@ -203,11 +217,7 @@ fn netlink_error(context: String, e: rtnetlink::Error) -> Error {
                 Some(n) => std::io::Error::from_raw_os_error(n).to_string(),
                 None => "netlink error without code".to_string(),
             };
-            Error::Netlink {
-                context,
-                reason,
-                errno,
-            }
+            Error::Netlink { context, reason, errno }
         }
         other => Error::Netlink {
             context,
@@ -228,7 +238,7 @@ mod tests {
 
     #[test]
     fn plugin_error_message_names_plugin_and_decoded_fields() {
-        let e = Error::Plugin {
+        let e = Error::Plugin(Box::new(PluginFailure {
             plugin: "bridge".into(),
             command: "ADD".into(),
             code: 11,
@@ -236,7 +246,7 @@ mod tests {
             details: "range exhausted".into(),
             exit: "exit status 1".into(),
             stderr: String::new(),
-        };
+        }));
         assert_eq!(
             e.to_string(),
             "CNI plugin bridge ADD failed: failed to allocate: range exhausted (code 11, exit status 1)"
@@ -250,6 +260,9 @@ mod tests {
         let e: Result<()> = Err(rtnetlink::Error::NetlinkError(msg)).context("creating bridge ferrolet0");
         let e = e.unwrap_err();
         assert!(e.is_exists());
-        assert!(e.to_string().starts_with("creating bridge ferrolet0: File exists"), "{e}");
+        assert!(
+            e.to_string().starts_with("creating bridge ferrolet0: File exists"),
+            "{e}"
+        );
     }
 }

@@ -342,9 +342,13 @@ mod tests {
         let n = net("10.1.0.0/24");
         let gw = ip("10.1.0.1");
         assert!(unassignable_reason(&n, gw, ip("10.1.0.0")).unwrap().contains("network"));
-        assert!(unassignable_reason(&n, gw, ip("10.1.0.255")).unwrap().contains("broadcast"));
+        assert!(unassignable_reason(&n, gw, ip("10.1.0.255"))
+            .unwrap()
+            .contains("broadcast"));
         assert!(unassignable_reason(&n, gw, ip("10.1.0.1")).unwrap().contains("gateway"));
-        assert!(unassignable_reason(&n, gw, ip("10.2.0.1")).unwrap().contains("not in subnet"));
+        assert!(unassignable_reason(&n, gw, ip("10.2.0.1"))
+            .unwrap()
+            .contains("not in subnet"));
         assert!(unassignable_reason(&n, gw, ip("10.1.0.9")).is_none());
     }
 
@@ -359,7 +363,9 @@ mod tests {
         }
         assert_eq!(
             got,
-            ["10.9.0.2", "10.9.0.3", "10.9.0.4", "10.9.0.5", "10.9.0.6"].map(ip).to_vec()
+            ["10.9.0.2", "10.9.0.3", "10.9.0.4", "10.9.0.5", "10.9.0.6"]
+                .map(ip)
+                .to_vec()
         );
         let e = ipam.allocate("s5", &[]).unwrap_err();
         assert!(matches!(e, Error::SubnetExhausted { .. }), "{e}");
@@ -429,7 +435,10 @@ mod tests {
         assert_eq!(all.len(), 200, "an IP was handed out twice");
         assert_eq!(ipam.allocations().unwrap().len(), 200);
         // no claim temp files left
-        assert!(fsutil::list_names(ipam.dir()).unwrap().iter().all(|n| !n.starts_with(".claim")));
+        assert!(fsutil::list_names(ipam.dir())
+            .unwrap()
+            .iter()
+            .all(|n| !n.starts_with(".claim")));
     }
 
     #[test]

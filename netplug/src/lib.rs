@@ -33,14 +33,27 @@ mod types;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-pub use error::{Error, Result};
+pub use error::{Error, PluginFailure, Result};
 pub use types::{
-    validate_sandbox_id, Bandwidth, BridgeConfig, CniConfig, Mode, NetworkStatus, PortMapping, Protocol,
-    SandboxNetwork,
+    validate_sandbox_id, Bandwidth, BridgeConfig, CniConfig, Mode, NetworkStatus, PortMapping, Protocol, SandboxNetwork,
 };
 
 use bridge::BridgeNet;
 use cni::CniNet;
+
+/// Crash-test hook. When the environment variable `FERROLET_NETPLUG_FAILPOINT` names this
+/// point, the operation stops here for good, so that a test can SIGKILL the process at a known
+/// step (the integration tests do, to prove a crash leaks nothing that `gc` can not collect).
+/// Points: `bridge-after-ipam` (IP allocated and recorded), `bridge-after-veth` (veth created),
+/// `cni-after-add` (a plugin's ADD done). Unset (always, in production) it costs one env lookup.
+pub(crate) async fn failpoint(name: &str) {
+    if std::env::var_os("FERROLET_NETPLUG_FAILPOINT").is_some_and(|v| v == name) {
+        tracing::warn!(failpoint = name, "failpoint reached; waiting to be killed");
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        }
+    }
+}
 
 /// The veth host-side name the bridge mode uses for a sandbox ("veth" + 8 hex digits).
 pub fn bridge_veth_name(sandbox_id: &str) -> String {

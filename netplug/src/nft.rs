@@ -249,7 +249,11 @@ impl Nft {
         let mut first_err = None;
         for e in elems {
             match self
-                .run(&["-f", "-"], Some(&self.render_del(std::slice::from_ref(e))), "removing hostPort")
+                .run(
+                    &["-f", "-"],
+                    Some(&self.render_del(std::slice::from_ref(e))),
+                    "removing hostPort",
+                )
                 .await
             {
                 Ok(_) => info!(table = %self.table, map = e.map(), elem = %e.key(), "hostPort removed"),
@@ -271,30 +275,34 @@ impl Nft {
         let mut out = Vec::new();
         for map in ["hostports", "hostports_ip"] {
             let json = match self
-                .run(&["-j", "list", "map", "inet", &self.table, map], None, "listing hostPorts")
+                .run(
+                    &["-j", "list", "map", "inet", &self.table, map],
+                    None,
+                    "listing hostPorts",
+                )
                 .await
             {
                 Ok(j) => j,
                 Err(e) if e.to_string().contains("No such file") => continue,
                 Err(e) => return Err(e),
             };
-            out.extend(parse_elements(&json, map == "hostports_ip").map_err(|reason| Error::Nft {
-                action: format!("decoding the elements of map {map}"),
-                table: self.table.clone(),
-                stderr: reason,
-            })?);
+            out.extend(
+                parse_elements(&json, map == "hostports_ip").map_err(|reason| Error::Nft {
+                    action: format!("decoding the elements of map {map}"),
+                    table: self.table.clone(),
+                    stderr: reason,
+                })?,
+            );
         }
         Ok(out)
     }
 
     async fn run(&self, args: &[&str], stdin: Option<&str>, action: &str) -> Result<String> {
-        run_nft(&self.nft, args, stdin)
-            .await
-            .map_err(|stderr| Error::Nft {
-                action: action.to_string(),
-                table: self.table.clone(),
-                stderr,
-            })
+        run_nft(&self.nft, args, stdin).await.map_err(|stderr| Error::Nft {
+            action: action.to_string(),
+            table: self.table.clone(),
+            stderr,
+        })
     }
 }
 
@@ -394,7 +402,13 @@ mod tests {
     use super::*;
 
     fn nft(masq: bool) -> Nft {
-        Nft::new("/usr/sbin/nft".into(), "ferrolet", "10.88.0.0/16".parse().unwrap(), "ferrolet0", masq)
+        Nft::new(
+            "/usr/sbin/nft".into(),
+            "ferrolet",
+            "10.88.0.0/16".parse().unwrap(),
+            "ferrolet0",
+            masq,
+        )
     }
 
     fn pm(host_port: u16, container_port: u16, protocol: Protocol, host_ip: Option<&str>) -> PortMapping {
@@ -410,8 +424,12 @@ mod tests {
     fn base_ruleset_v4() {
         let s = nft(true).render_base();
         assert!(s.contains("add table inet ferrolet\n"));
-        assert!(s.contains("add map inet ferrolet hostports { type inet_proto . inet_service : ipv4_addr . inet_service ; }"));
-        assert!(s.contains("add chain inet ferrolet prerouting { type nat hook prerouting priority -100 ; policy accept ; }"));
+        assert!(s.contains(
+            "add map inet ferrolet hostports { type inet_proto . inet_service : ipv4_addr . inet_service ; }"
+        ));
+        assert!(s.contains(
+            "add chain inet ferrolet prerouting { type nat hook prerouting priority -100 ; policy accept ; }"
+        ));
         assert!(s.contains("flush chain inet ferrolet postrouting\n"));
         assert!(s.contains("add rule inet ferrolet prerouting fib daddr type local jump hostports"));
         assert!(s.contains("dnat ip to ip daddr . meta l4proto . th dport map @hostports_ip"));
@@ -425,7 +443,13 @@ mod tests {
 
     #[test]
     fn base_ruleset_v6() {
-        let n = Nft::new("/usr/sbin/nft".into(), "t6", "fd00:88::/64".parse().unwrap(), "br6", true);
+        let n = Nft::new(
+            "/usr/sbin/nft".into(),
+            "t6",
+            "fd00:88::/64".parse().unwrap(),
+            "br6",
+            true,
+        );
         let s = n.render_base();
         assert!(s.contains("type ip6_addr") || s.contains("type ipv6_addr . inet_proto"));
         assert!(s.contains("dnat ip6 to ip6 daddr . meta l4proto . th dport map @hostports_ip"));
@@ -469,9 +493,11 @@ mod tests {
         assert_eq!(got[0].protocol, Protocol::Sctp);
         assert_eq!(got[0].pod_ip, "10.88.0.6".parse::<IpAddr>().unwrap());
         // an empty map has no "elem"
-        assert!(parse_elements(r#"{"nftables": [{"map": {"name": "hostports"}}]}"#, false)
-            .unwrap()
-            .is_empty());
+        assert!(
+            parse_elements(r#"{"nftables": [{"map": {"name": "hostports"}}]}"#, false)
+                .unwrap()
+                .is_empty()
+        );
         assert!(parse_elements("not json", false).is_err());
     }
 }

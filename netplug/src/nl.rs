@@ -64,7 +64,9 @@ pub async fn link_by_name(h: &Handle, name: &str) -> Result<Option<Link>> {
         Ok(Some(msg)) => Ok(Some(Link::from_msg(&msg))),
         Ok(None) => Ok(None),
         Err(e) => {
-            let e = Err::<(), _>(e).context(format!("looking up interface {name}")).unwrap_err();
+            let e = Err::<(), _>(e)
+                .context(format!("looking up interface {name}"))
+                .unwrap_err();
             if e.is_not_found() {
                 Ok(None)
             } else {
@@ -76,7 +78,13 @@ pub async fn link_by_name(h: &Handle, name: &str) -> Result<Option<Link>> {
 
 /// Every link of the namespace.
 pub async fn links(h: &Handle) -> Result<Vec<Link>> {
-    let msgs: Vec<LinkMessage> = h.link().get().execute().try_collect().await.context("listing interfaces")?;
+    let msgs: Vec<LinkMessage> = h
+        .link()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .context("listing interfaces")?;
     Ok(msgs.iter().map(Link::from_msg).collect())
 }
 
@@ -118,7 +126,13 @@ pub async fn set_up(h: &Handle, index: u32, name: &str) -> Result<()> {
 
 /// Delete a link; a link that is already gone is fine. Returns whether it existed.
 pub async fn del_link(h: &Handle, index: u32, name: &str) -> Result<bool> {
-    match h.link().del(index).execute().await.context(format!("deleting interface {name}")) {
+    match h
+        .link()
+        .del(index)
+        .execute()
+        .await
+        .context(format!("deleting interface {name}"))
+    {
         Ok(()) => Ok(true),
         Err(e) if e.is_not_found() => Ok(false),
         Err(e) => Err(e),
@@ -160,7 +174,14 @@ pub async fn addrs(h: &Handle, index: Option<u32>) -> Result<Vec<(u32, IpAddr, u
 /// Add the default route via `gw` (on-link through `index`); an existing one is fine.
 pub async fn add_default_route(h: &Handle, index: u32, name: &str, gw: IpAddr) -> Result<()> {
     let msg = RouteMessageBuilder::<IpAddr>::new()
-        .destination_prefix(if gw.is_ipv4() { IpAddr::V4(0.into()) } else { IpAddr::V6(0.into()) }, 0)
+        .destination_prefix(
+            if gw.is_ipv4() {
+                IpAddr::V4(0.into())
+            } else {
+                IpAddr::V6(0.into())
+            },
+            0,
+        )
         .and_then(|b| b.gateway(gw))
         .map_err(|e| Error::invalid_config("gateway", format!("{gw}: {e}")))?
         .output_interface(index)
@@ -189,7 +210,13 @@ pub struct Route {
 pub async fn routes(h: &Handle, v6: bool) -> Result<Vec<Route>> {
     let mut msg = RouteMessage::default();
     msg.header.address_family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
-    let msgs: Vec<RouteMessage> = h.route().get(msg).execute().try_collect().await.context("listing routes")?;
+    let msgs: Vec<RouteMessage> = h
+        .route()
+        .get(msg)
+        .execute()
+        .try_collect()
+        .await
+        .context("listing routes")?;
     let mut out = Vec::new();
     for m in msgs {
         let table = m

@@ -53,9 +53,15 @@ pub(crate) fn tbf_options(rate: u64, burst: u32, limit: u32) -> Vec<TcOption> {
     parms.extend_from_slice(&0u32.to_ne_bytes()); // mtu: only for peakrate
     let mut opts = vec![TcOption::Other(DefaultNla::new(TCA_TBF_PARMS, parms))];
     if rate > u32::MAX as u64 {
-        opts.push(TcOption::Other(DefaultNla::new(TCA_TBF_RATE64, rate.to_ne_bytes().to_vec())));
+        opts.push(TcOption::Other(DefaultNla::new(
+            TCA_TBF_RATE64,
+            rate.to_ne_bytes().to_vec(),
+        )));
     }
-    opts.push(TcOption::Other(DefaultNla::new(TCA_TBF_BURST, burst.to_ne_bytes().to_vec())));
+    opts.push(TcOption::Other(DefaultNla::new(
+        TCA_TBF_BURST,
+        burst.to_ne_bytes().to_vec(),
+    )));
     opts
 }
 

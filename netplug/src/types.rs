@@ -303,7 +303,13 @@ mod tests {
             protocol: Protocol::Tcp,
             host_ip: None,
         };
-        req.port_mappings = vec![pm, PortMapping { container_port: 81, ..pm }];
+        req.port_mappings = vec![
+            pm,
+            PortMapping {
+                container_port: 81,
+                ..pm
+            },
+        ];
         let e = req.validate().unwrap_err().to_string();
         assert!(e.contains("port_mappings[1]") && e.contains("8080/tcp"), "{e}");
         // same port, other protocol is fine

@@ -50,7 +50,8 @@ impl NetConfList {
     /// Parse the contents of a config file; `.conflist` is a list, anything else a single
     /// plugin config. Errors name the file and the field.
     pub fn parse(file: &Path, data: &[u8]) -> Result<Self> {
-        let v: Value = serde_json::from_slice(data).map_err(|e| Error::cni_config(file, format!("invalid JSON: {e}")))?;
+        let v: Value =
+            serde_json::from_slice(data).map_err(|e| Error::cni_config(file, format!("invalid JSON: {e}")))?;
         let obj = v
             .as_object()
             .ok_or_else(|| Error::cni_config(file, "top level is not a JSON object"))?;
@@ -80,7 +81,11 @@ impl NetConfList {
         }
         let mut plugins = Vec::new();
         for (i, rp) in raw_plugins.into_iter().enumerate() {
-            let where_ = if is_list { format!("plugins[{i}]") } else { "config".into() };
+            let where_ = if is_list {
+                format!("plugins[{i}]")
+            } else {
+                "config".into()
+            };
             let Value::Object(raw) = rp else {
                 return Err(Error::cni_config(file, format!("{where_}: not a JSON object")));
             };
@@ -160,7 +165,10 @@ impl NetConfList {
 fn str_field(file: &Path, obj: &Map<String, Value>, key: &str) -> Result<String> {
     match obj.get(key) {
         Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        Some(_) => Err(Error::cni_config(file, format!("field {key:?}: not a non-empty string"))),
+        Some(_) => Err(Error::cni_config(
+            file,
+            format!("field {key:?}: not a non-empty string"),
+        )),
         None => Err(Error::cni_config(file, format!("field {key:?}: missing"))),
     }
 }
@@ -294,7 +302,10 @@ mod tests {
         assert_eq!(l.name, "podnet");
         assert_eq!(l.plugins.len(), 3);
         assert_eq!(l.plugins[1].plugin_type, "portmap");
-        assert_eq!(l.plugins[1].capabilities.iter().collect::<Vec<_>>(), vec!["portMappings"]);
+        assert_eq!(
+            l.plugins[1].capabilities.iter().collect::<Vec<_>>(),
+            vec!["portMappings"]
+        );
         assert!(l.supports_check());
         // round trip through the cached form
         let again = NetConfList::parse(&l.file, l.to_value().to_string().as_bytes()).unwrap();
@@ -320,9 +331,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(e, "CNI config /x/bad.conflist: field \"name\": missing");
-        let e = NetConfList::parse(f, br#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"a"},{"x":1}]}"#)
-            .unwrap_err()
-            .to_string();
+        let e = NetConfList::parse(
+            f,
+            br#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"a"},{"x":1}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
             "CNI config /x/bad.conflist: plugins[1]: field \"type\" missing or not a non-empty string"

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tracing::debug;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PluginFailure, Result};
 
 /// The CNI environment of one invocation.
 #[derive(Debug, Clone)]
@@ -39,7 +39,11 @@ pub fn find_plugin(name: &str, dirs: &[PathBuf]) -> Result<PathBuf> {
     }
     Err(Error::PluginNotFound {
         plugin: name.to_string(),
-        dirs: dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+        dirs: dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
     })
 }
 
@@ -49,7 +53,7 @@ pub(crate) fn decode_failure(plugin: &str, command: &str, exit: String, stdout: 
     let stderr_s = tail(stderr);
     let parsed: Option<Value> = serde_json::from_slice(stdout).ok();
     match parsed.as_ref().and_then(Value::as_object) {
-        Some(o) if o.contains_key("msg") || o.contains_key("code") => Error::Plugin {
+        Some(o) if o.contains_key("msg") || o.contains_key("code") => Error::Plugin(Box::new(PluginFailure {
             plugin: plugin.to_string(),
             command: command.to_string(),
             code: o.get("code").and_then(Value::as_u64).unwrap_or(0) as u32,
@@ -57,10 +61,10 @@ pub(crate) fn decode_failure(plugin: &str, command: &str, exit: String, stdout: 
             details: o.get("details").and_then(Value::as_str).unwrap_or("").to_string(),
             exit,
             stderr: stderr_s,
-        },
+        })),
         _ => {
             let out = tail(stdout);
-            Error::Plugin {
+            Error::Plugin(Box::new(PluginFailure {
                 plugin: plugin.to_string(),
                 command: command.to_string(),
                 code: 0,
@@ -72,7 +76,7 @@ pub(crate) fn decode_failure(plugin: &str, command: &str, exit: String, stdout: 
                 details: String::new(),
                 exit,
                 stderr: stderr_s,
-            }
+            }))
         }
     }
 }
@@ -180,14 +184,15 @@ mod tests {
 
     #[test]
     fn decodes_the_spec_error_object() {
-        let out = br#"{"cniVersion":"1.0.0","code":7,"msg":"invalid network config","details":"unknown field \"bridgee\""}"#;
+        let out =
+            br#"{"cniVersion":"1.0.0","code":7,"msg":"invalid network config","details":"unknown field \"bridgee\""}"#;
         let e = decode_failure("bridge", "ADD", "exit status 1".into(), out, b"");
         assert_eq!(
             e.to_string(),
             "CNI plugin bridge ADD failed: invalid network config: unknown field \"bridgee\" (code 7, exit status 1)"
         );
         match e {
-            Error::Plugin { code, .. } => assert_eq!(code, 7),
+            Error::Plugin(f) => assert_eq!(f.code, 7),
             other => panic!("{other:?}"),
         }
     }
@@ -218,7 +223,13 @@ mod tests {
         let e = find_plugin("nope", &[dir.path().to_path_buf(), "/nonexistent".into()])
             .unwrap_err()
             .to_string();
-        assert_eq!(e, format!("CNI plugin \"nope\" not found in {}, /nonexistent", dir.path().display()));
+        assert_eq!(
+            e,
+            format!(
+                "CNI plugin \"nope\" not found in {}, /nonexistent",
+                dir.path().display()
+            )
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -243,20 +254,38 @@ mod tests {
             args: "K8S_POD_NAME=a",
             path: "/usr/lib/cni",
         };
-        let out = exec_plugin(&script, "fake", &inv, b"{}", Duration::from_secs(10)).await.unwrap();
+        let out = exec_plugin(&script, "fake", &inv, b"{}", Duration::from_secs(10))
+            .await
+            .unwrap();
         let v = parse_result("fake", "ADD", &out).unwrap();
         assert_eq!(v["args"], "K8S_POD_NAME=a");
         assert_eq!(v["netns"], "/run/netns/x");
 
-        let del = Invocation { command: "DEL", ..inv.clone() };
-        let e = exec_plugin(&script, "fake", &del, b"{}", Duration::from_secs(10)).await.unwrap_err();
-        assert_eq!(e.to_string(), "CNI plugin fake DEL failed: try again (code 11, exit status 1)");
+        let del = Invocation {
+            command: "DEL",
+            ..inv.clone()
+        };
+        let e = exec_plugin(&script, "fake", &del, b"{}", Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "CNI plugin fake DEL failed: try again (code 11, exit status 1)"
+        );
 
-        let check = Invocation { command: "CHECK", ..inv };
+        let check = Invocation {
+            command: "CHECK",
+            ..inv
+        };
         let t = std::time::Instant::now();
-        let e = exec_plugin(&script, "fake", &check, b"{}", Duration::from_millis(300)).await.unwrap_err();
+        let e = exec_plugin(&script, "fake", &check, b"{}", Duration::from_millis(300))
+            .await
+            .unwrap_err();
         assert!(matches!(e, Error::PluginTimeout { .. }), "{e}");
         assert!(t.elapsed() < Duration::from_secs(5));
-        assert_eq!(e.to_string(), "CNI plugin fake CHECK timed out after 300ms and was killed");
+        assert_eq!(
+            e.to_string(),
+            "CNI plugin fake CHECK timed out after 300ms and was killed"
+        );
     }
 }

@@ -94,9 +94,10 @@ impl CniNet {
         let list = NetConfList::load_dir(&cfg.conf_dir)?;
         let mut bins = Vec::new();
         for pc in &list.plugins {
-            bins.push(find_plugin(&pc.plugin_type, &cfg.bin_dirs).map_err(|e| {
-                Error::cni_config(&list.file, format!("network {:?}: {e}", list.name))
-            })?);
+            bins.push(
+                find_plugin(&pc.plugin_type, &cfg.bin_dirs)
+                    .map_err(|e| Error::cni_config(&list.file, format!("network {:?}: {e}", list.name)))?,
+            );
         }
         let cni_path = std::env::join_paths(&cfg.bin_dirs)
             .map_err(|e| Error::invalid_config("bin_dirs", e.to_string()))?
@@ -218,6 +219,7 @@ impl CniNet {
                 Ok(v) => {
                     info!(sandbox = %id, plugin = %ptype, "CNI ADD done");
                     prev = Some(v);
+                    crate::failpoint("cni-after-add").await;
                 }
                 Err(e) => {
                     failure = Some(e);
@@ -231,7 +233,12 @@ impl CniNet {
                 let status = result::status_from_result(&result, &req.ifname);
                 if status.ips.is_empty() {
                     Err(Error::PluginOutput {
-                        plugin: self.list.plugins.last().map(|p| p.plugin_type.clone()).unwrap_or_default(),
+                        plugin: self
+                            .list
+                            .plugins
+                            .last()
+                            .map(|p| p.plugin_type.clone())
+                            .unwrap_or_default(),
                         command: "ADD".into(),
                         reason: "the result of the plugin chain has no IP address".into(),
                     })
@@ -276,7 +283,10 @@ impl CniNet {
             warn!(sandbox = %rec.sandbox_id, error = %e, "unreadable CNI result cache; DEL without prevResult");
             None
         });
-        let config = cache.as_ref().map(|c| c.config.clone()).unwrap_or_else(|| rec.config.clone());
+        let config = cache
+            .as_ref()
+            .map(|c| c.config.clone())
+            .unwrap_or_else(|| rec.config.clone());
         let list = NetConfList::parse(&cache_path, config.to_string().as_bytes())?;
         let prev = cache.map(|c| c.result);
         let netns = if netns_exists(&rec.netns) {
@@ -320,7 +330,12 @@ impl CniNet {
                     netns: req.map(|r| r.netns.clone()).unwrap_or_default(),
                     ifname: c.ifname,
                     network: c.network,
-                    cni_args: c.cni_args.iter().map(|[k, v]| format!("{k}={v}")).collect::<Vec<_>>().join(";"),
+                    cni_args: c
+                        .cni_args
+                        .iter()
+                        .map(|[k, v]| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(";"),
                     capability_args: c.capability_args,
                     config: c.config,
                     ready: true,
@@ -369,14 +384,20 @@ impl CniNet {
         if !list.supports_check() {
             return Err(Error::check(
                 id,
-                format!("cniVersion {} of network {} does not support CHECK", list.cni_version, list.name),
+                format!(
+                    "cniVersion {} of network {} does not support CHECK",
+                    list.cni_version, list.name
+                ),
             ));
         }
         if list.disable_check {
             return Ok(());
         }
         if !netns_exists(&req.netns) {
-            return Err(Error::check(id, format!("network namespace {} is gone", req.netns.display())));
+            return Err(Error::check(
+                id,
+                format!("network namespace {} is gone", req.netns.display()),
+            ));
         }
         let netns = req.netns.to_string_lossy().into_owned();
         for idx in 0..list.plugins.len() {
