@@ -331,7 +331,10 @@ impl BridgeNet {
             bandwidth: req.bandwidth,
             mac: None,
         };
-        {
+        if req.port_mappings.is_empty() {
+            self.records.write(id, &rec)?;
+        } else {
+            // check and record under one lock, so two sandboxes can not both claim a hostPort
             let _g = self.ports_lock.lock().await;
             if let Some(conflict) = self.port_conflict(req)? {
                 return Err(conflict);

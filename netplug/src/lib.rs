@@ -173,7 +173,10 @@ impl NetPlug {
     }
 
     /// Tear down everything belonging to sandboxes not in `live_sandbox_ids`; returns the ids
-    /// collected. Tries every sandbox; if some failed, returns the first error after.
+    /// collected. Tries every sandbox; if some failed, returns the first error after. The list
+    /// must include sandboxes whose setup may be running concurrently: anything of ours that
+    /// belongs to no listed sandbox is collected (bridge mode: also unlabelled veths on the
+    /// bridge and hostPort elements of unallocated IPs).
     pub async fn gc(&self, live_sandbox_ids: &[String]) -> Result<Vec<String>> {
         let live: HashSet<&str> = live_sandbox_ids.iter().map(String::as_str).collect();
         let candidates = match &self.inner {
@@ -216,4 +219,18 @@ impl NetPlug {
             None => Ok(collected),
         }
     }
+}
+
+/// The futures of [`NetPlug`] can be spawned on a multi-threaded runtime.
+#[allow(dead_code)]
+fn assert_send_sync(n: &NetPlug, r: &SandboxNetwork) {
+    fn send<T: Send>(_: T) {}
+    fn sync<T: Send + Sync>() {}
+    sync::<NetPlug>();
+    send(n.setup(r));
+    send(n.teardown(r));
+    send(n.teardown_by_id("x"));
+    send(n.check(r));
+    send(n.gc(&[]));
+    send(NetPlug::new(Mode::Bridge(BridgeConfig::default())));
 }

@@ -139,11 +139,17 @@ pub async fn del_link(h: &Handle, index: u32, name: &str) -> Result<bool> {
     }
 }
 
-/// Add `ip/prefix` to a link; an address already there is fine.
+/// Add `ip/prefix` to a link; an address already there is fine. IPv6 addresses skip duplicate
+/// address detection (the IPAM guarantees uniqueness; DAD would leave the address unusable for
+/// about a second).
 pub async fn add_addr(h: &Handle, index: u32, name: &str, ip: IpAddr, prefix: u8) -> Result<()> {
-    match h
-        .address()
-        .add(index, ip, prefix)
+    let mut req = h.address().add(index, ip, prefix);
+    if ip.is_ipv6() {
+        req.message_mut().attributes.push(AddressAttribute::Flags(
+            netlink_packet_route::address::AddressFlags::Nodad,
+        ));
+    }
+    match req
         .execute()
         .await
         .context(format!("adding address {ip}/{prefix} to {name}"))

@@ -123,6 +123,7 @@ fn main() {
         trial("bridge_concurrent_setups", bridge_concurrent_setups),
         trial("bridge_bandwidth_limits", bridge_bandwidth_limits),
         trial("bridge_check_detects_breakage", bridge_check_detects_breakage),
+        trial("bridge_ipv6_subnet", bridge_ipv6_subnet),
         trial(
             "bridge_killed_mid_setup_gc_collects",
             bridge_killed_mid_setup_gc_collects,
@@ -443,7 +444,8 @@ fn serve(ns: Option<&Path>, proto: Protocol, port: u16) -> Result<Server> {
             if let Some(ns) = &ns {
                 setns(std::fs::File::open(ns)?, CloneFlags::CLONE_NEWNET)?;
             }
-            let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+            // [::] also takes IPv4 (v4-mapped peers are shown canonical)
+            let addr = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
             Ok(match proto {
                 Protocol::Tcp => {
                     let l = TcpListener::bind(addr)?;
@@ -451,7 +453,7 @@ fn serve(ns: Option<&Path>, proto: Protocol, port: u16) -> Result<Server> {
                     Box::new(move || match l.accept() {
                         Ok((mut s, peer)) => {
                             let _ = s.set_nonblocking(false);
-                            let _ = s.write_all(format!("peer={}", peer.ip()).as_bytes());
+                            let _ = s.write_all(format!("peer={}", peer.ip().to_canonical()).as_bytes());
                             true
                         }
                         Err(_) => false,
@@ -464,7 +466,7 @@ fn serve(ns: Option<&Path>, proto: Protocol, port: u16) -> Result<Server> {
                         let mut buf = [0u8; 64];
                         match u.recv_from(&mut buf) {
                             Ok((_, peer)) => {
-                                let _ = u.send_to(format!("peer={}", peer.ip()).as_bytes(), peer);
+                                let _ = u.send_to(format!("peer={}", peer.ip().to_canonical()).as_bytes(), peer);
                                 true
                             }
                             Err(_) => false,
@@ -511,7 +513,12 @@ fn ask(ns: Option<&Path>, proto: Protocol, addr: SocketAddr) -> Result<IpAddr> {
                 Ok(out)
             }
             _ => {
-                let u = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+                let any: IpAddr = if addr.is_ipv4() {
+                    Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    std::net::Ipv6Addr::UNSPECIFIED.into()
+                };
+                let u = UdpSocket::bind((any, 0))?;
                 u.set_read_timeout(Some(Duration::from_millis(700)))?;
                 for _ in 0..5 {
                     u.send_to(b"hello", addr)?;
@@ -878,6 +885,73 @@ fn bridge_check_detects_breakage() -> Result<()> {
     ensure!(e.contains(&veth) && e.contains("missing"), "{e}");
     // teardown still works
     block_on(net.teardown(&a.pod.req))?;
+    Ok(())
+}
+
+/// Add an IPv6 address without duplicate address detection (usable at once); existing is fine.
+async fn add_v6(h: &rtnetlink::Handle, index: u32, ip: &str, prefix: u8) -> Result<()> {
+    let mut req = h.address().add(index, ip.parse()?, prefix);
+    req.message_mut()
+        .attributes
+        .push(netlink_packet_route::address::AddressAttribute::Flags(
+            netlink_packet_route::address::AddressFlags::Nodad,
+        ));
+    match req.execute().await {
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+fn bridge_ipv6_subnet() -> Result<()> {
+    // the node's outside link gets fd00:203::1/64, the outside host fd00:203::2/64
+    block_on(async {
+        let (c, h, _) = rtnetlink::new_connection()?;
+        tokio::spawn(c);
+        let out0 = link_index(&h, "out0").await?.context("out0")?;
+        add_v6(&h, out0, "fd00:203::1", 64).await
+    })?;
+    in_ns(Some(&env().outside), || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(async {
+            let (c, h, _) = rtnetlink::new_connection()?;
+            tokio::spawn(c);
+            let eth0 = link_index(&h, "eth0").await?.context("eth0")?;
+            add_v6(&h, eth0, "fd00:203::2", 64).await
+        })
+    })?;
+    let cfg = BridgeConfig {
+        bridge: "fv6br0".into(),
+        subnet: "fd00:88::/64".parse()?,
+        nft_table: "ferrolet6".into(),
+        ..BridgeConfig::new(state("bridge6"))
+    };
+    let net = block_on(NetPlug::new(Mode::Bridge(cfg)))?;
+    let (h, c) = (port(), port());
+    let (a, ip_a) = attach(&net, Pod::new("b6-a")?.with_ports(&[(h, c, Protocol::Tcp, None)]))?;
+    let (b, ip_b) = attach(&net, Pod::new("b6-b")?)?;
+    ensure!(ip_a == "fd00:88::2".parse::<IpAddr>()?, "first pod got {ip_a}");
+    block_on(net.check(&a.pod.req))?;
+    let gw: IpAddr = "fd00:88::1".parse()?;
+    let _t = serve(Some(a.pod.ns()), Protocol::Tcp, c)?;
+    let peer = ask(None, Protocol::Tcp, sa(ip_a, c))?;
+    ensure!(peer == gw, "node -> pod over IPv6: pod saw {peer}");
+    let peer = ask(Some(b.pod.ns()), Protocol::Tcp, sa(ip_a, c))?;
+    ensure!(peer == ip_b, "pod -> pod over IPv6: pod saw {peer}");
+    let node6: IpAddr = "fd00:203::1".parse()?;
+    let peer = ask(None, Protocol::Tcp, sa(node6, h))?;
+    ensure!(peer == node6, "IPv6 hostPort from the node: pod saw {peer}");
+    let peer = ask(Some(b.pod.ns()), Protocol::Tcp, sa(node6, h))?;
+    ensure!(peer == gw, "IPv6 pod -> pod via hostPort: pod saw {peer}");
+    let port = port();
+    let _o = serve(Some(&env().outside), Protocol::Tcp, port)?;
+    let peer = ask(
+        Some(a.pod.ns()),
+        Protocol::Tcp,
+        sa("fd00:203::2".parse::<IpAddr>()?, port),
+    )?;
+    ensure!(peer == node6, "IPv6 masquerade: outside saw {peer}");
+    drop((a, b));
+    ensure!(block_on(net.gc(&[]))?.is_empty(), "teardown left something for gc");
     Ok(())
 }
 
