@@ -9,10 +9,12 @@
 //! creates the pair (IFLA_NET_NS_FD on the peer), which is "create, move by fd, rename" in one
 //! step: there is no moment when it exists in the node namespace or under a temporary name.
 //!
-//! Order of setup, each step recorded first so that a crash at any point can be undone by
-//! `teardown_by_id`/`gc`: hostPort conflict check and record (phase `setup`), IP allocation
-//! (exclusive file), record with the IP, veth, pod side, bandwidth, nft elements, record
-//! (phase `ready`). A failed setup undoes what it did before returning the error.
+//! Order of setup, so that a crash at any point can be undone by `teardown_by_id`/`gc`: the
+//! record (phase `setup`, with the hostPorts, after the conflict check), the IP allocation (an
+//! exclusive file naming the sandbox), the veth (host end labelled with the sandbox id), pod
+//! side, bandwidth, nft elements, the record again (phase `ready`). A failed setup undoes what
+//! it did before returning the error. The pod's namespace thread is started while the host
+//! side is being made; a setup without hostPorts execs nothing.
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
@@ -94,6 +96,8 @@ pub(crate) struct BridgeNet {
     nft: Nft,
     /// Serialises hostPort conflict checks with the recording of a sandbox's mappings.
     ports_lock: tokio::sync::Mutex<()>,
+    /// Index of the bridge as last fully ensured (address, up, sysctls).
+    bridge_ok: std::sync::Mutex<Option<u32>>,
 }
 
 impl BridgeNet {
@@ -184,9 +188,10 @@ impl BridgeNet {
             records,
             nft,
             ports_lock: tokio::sync::Mutex::new(()),
+            bridge_ok: std::sync::Mutex::new(None),
             cfg,
         };
-        net.ensure_bridge(&h).await?;
+        net.bridge_index(&h).await?;
         net.nft.ensure_base().await?;
         info!(bridge = %net.cfg.bridge, subnet = %subnet, gateway = %gateway, mtu, "bridge network ready");
         Ok(net)
@@ -342,11 +347,11 @@ impl BridgeNet {
             self.records.write(id, &rec)?;
         }
         let result = async {
+            // (not re-recorded: the IP's file names the sandbox, and undo looks there too)
             let ip = self.ipam.allocate(id, &req.requested_ips)?;
             rec.ips = vec![ip];
-            self.records.write(id, &rec)?;
             crate::failpoint("bridge-after-ipam").await;
-            self.configure(req, &mut rec).await
+            self.configure(req, &rec).await
         }
         .await;
         match result {
@@ -367,12 +372,27 @@ impl BridgeNet {
         }
     }
 
-    async fn configure(&self, req: &SandboxNetwork, rec: &mut Record) -> Result<NetworkStatus> {
-        let ip = rec.ips[0];
+    /// The bridge's index: fast when it is the one fully set up before (exists, up), else
+    /// [`Self::ensure_bridge`] again (someone deleted or downed it).
+    async fn bridge_index(&self, h: &Handle) -> Result<u32> {
+        let cached = *self.bridge_ok.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = nl::link_by_name(h, &self.cfg.bridge).await? {
+            if l.up && Some(l.index) == cached {
+                return Ok(l.index);
+            }
+        }
+        let index = self.ensure_bridge(h).await?;
+        *self.bridge_ok.lock().unwrap_or_else(|e| e.into_inner()) = Some(index);
+        Ok(index)
+    }
+
+    /// Host side: the veth pair, its pod end created inside the pod namespace (named `ifname`;
+    /// it can not be created up: a veth refuses to open before its peer is linked), its host
+    /// end up on the bridge, labelled with the sandbox id, hairpin on.
+    async fn host_side(&self, req: &SandboxNetwork, veth: &str) -> Result<nl::Link> {
         let h = netns::node_handle()?;
-        let bridge_index = self.ensure_bridge(&h).await?;
-        let veth = rec.veth.clone();
-        if let Some(old) = nl::link_by_name(&h, &veth).await? {
+        let bridge_index = self.bridge_index(&h).await?;
+        if let Some(old) = nl::link_by_name(&h, veth).await? {
             match old.alias.as_deref() {
                 Some(a) if a != req.sandbox_id => {
                     return Err(Error::sandbox(
@@ -381,7 +401,7 @@ impl BridgeNet {
                     ))
                 }
                 _ => {
-                    nl::del_link(&h, old.index, &veth).await?;
+                    nl::del_link(&h, old.index, veth).await?;
                 }
             }
         }
@@ -391,7 +411,7 @@ impl BridgeNet {
             .setns_by_fd(ns.as_raw_fd())
             .build();
         let msg = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
-            .name(veth.clone())
+            .name(veth.to_string())
             .mtu(self.mtu)
             .controller(bridge_index)
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
@@ -409,9 +429,10 @@ impl BridgeNet {
         )
         .await?;
         drop(ns);
-        let host = nl::link_by_name(&h, &veth)
+        let host = nl::link_by_name(&h, veth)
             .await?
             .ok_or_else(|| Error::sandbox(&req.sandbox_id, format!("veth {veth} vanished after creation")))?;
+        // (IFLA_IFALIAS is ignored by RTM_NEWLINK: a separate request)
         nl::set_link(
             &h,
             LinkUnspec::new_with_index(host.index)
@@ -429,21 +450,37 @@ impl BridgeNet {
                 .context(format!("setting hairpin mode on {veth}"))?;
         }
         info!(sandbox = %req.sandbox_id, veth = %veth, bridge = %self.cfg.bridge, "veth created");
+        Ok(host)
+    }
+
+    async fn configure(&self, req: &SandboxNetwork, rec: &Record) -> Result<NetworkStatus> {
+        let ip = rec.ips[0];
+        let veth = rec.veth.clone();
+        let h = netns::node_handle()?;
+        // The namespace thread starts while the host side is being made.
+        let (host, ph) = tokio::join!(self.host_side(req, &veth), netns::netns_handle(&req.netns));
+        let host = host?;
+        let ph = ph?;
         crate::failpoint("bridge-after-veth").await;
 
-        let ph = netns::netns_handle(&req.netns).await?;
-        if let Some(lo) = nl::link_by_name(&ph, "lo").await? {
-            if !lo.up {
-                nl::set_up(&ph, lo.index, "lo").await?;
-            }
-        }
         let pod = nl::link_by_name(&ph, &req.ifname).await?.ok_or_else(|| {
             Error::netns(
                 &req.netns,
                 format!("interface {} missing after veth creation", req.ifname),
             )
         })?;
-        nl::add_addr(&ph, pod.index, &req.ifname, ip, self.subnet.prefix_len()).await?;
+        let lo_up = async {
+            match nl::link_by_name(&ph, "lo").await? {
+                Some(lo) if !lo.up => nl::set_up(&ph, lo.index, "lo").await,
+                _ => Ok(()),
+            }
+        };
+        let (lo, addr) = tokio::join!(
+            lo_up,
+            nl::add_addr(&ph, pod.index, &req.ifname, ip, self.subnet.prefix_len())
+        );
+        lo?;
+        addr?;
         nl::set_up(&ph, pod.index, &req.ifname).await?;
         nl::add_default_route(&ph, pod.index, &req.ifname, self.gateway).await?;
         info!(sandbox = %req.sandbox_id, interface = %req.ifname, address = %format!("{ip}/{}", self.subnet.prefix_len()), gateway = %self.gateway, "pod interface configured");
@@ -496,7 +533,13 @@ impl BridgeNet {
                 }
             }
         };
-        note(self.nft.remove(&Self::elems(&rec.ips, &rec.port_mappings)).await);
+        // the record may predate the allocation: the IPAM knows the rest
+        let mut ips = rec.ips.clone();
+        match self.ipam.owned_by(id) {
+            Ok(owned) => ips.extend(owned.into_iter().filter(|ip| !rec.ips.contains(ip))),
+            Err(e) => note(Err(e)),
+        }
+        note(self.nft.remove(&Self::elems(&ips, &rec.port_mappings)).await);
         let h = netns::node_handle()?;
         note(
             async {

@@ -92,6 +92,13 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
+    if let Ok(filter) = std::env::var("NETPLUG_TEST_LOG") {
+        // e.g. NETPLUG_TEST_LOG=ferrolet_netplug=debug: the crate's events on stderr
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let outside = root.join("netns").join("outside");
     let _ = ENV.set(Env {
         rt,
