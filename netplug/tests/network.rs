@@ -10,7 +10,8 @@
 //! bind-mounted pod namespaces and state vanish with the process, pass or fail, and the host's
 //! interfaces, routes, sysctls and rulesets are never touched. Pod namespaces are files made
 //! here (a thread unshares CLONE_NEWNET and bind-mounts /proc/thread-self/ns/net); code runs in
-//! them from threads that setns() into them. The node has "node0" (a veth) with 192.0.2.1/24 and
+//! them from threads that setns() into them. The node has "node0" (a veth) with 198.51.100.1/24
+//! (TEST-NET-2; TEST-NET-1 is this machine's real network) and
 //! an "outside" namespace behind a veth, 203.0.113.1 (node) <-> 203.0.113.2 (outside).
 
 use std::collections::HashSet;
@@ -31,7 +32,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 
-const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const NODE_OUT_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 const OUTSIDE_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
 const CNI_BIN: &str = "/usr/lib/cni";
@@ -660,13 +661,16 @@ fn bridge_hostport_tcp_udp_from_node() -> Result<()> {
 fn bridge_hostport_specific_host_ip() -> Result<()> {
     let net = bridge()?;
     let (h, c) = (port(), port());
-    let pod = Pod::new("b-hpip")?.with_ports(&[(h, c, Protocol::Tcp, Some("192.0.2.1"))]);
+    let pod = Pod::new("b-hpip")?.with_ports(&[(h, c, Protocol::Tcp, Some("198.51.100.1"))]);
     let (a, _ip) = attach(net, pod)?;
     let _t = serve(Some(a.pod.ns()), Protocol::Tcp, c)?;
     ensure!(ask(None, Protocol::Tcp, sa(NODE_IP, h))? == IpAddr::V4(NODE_IP));
     // another local address of the node does not forward that port
     let r = ask(None, Protocol::Tcp, sa(NODE_OUT_IP, h));
-    ensure!(r.is_err(), "hostIP 192.0.2.1 mapping answered on {NODE_OUT_IP}: {r:?}");
+    ensure!(
+        r.is_err(),
+        "hostIP 198.51.100.1 mapping answered on {NODE_OUT_IP}: {r:?}"
+    );
     Ok(())
 }
 
@@ -740,7 +744,7 @@ fn bridge_teardown_idempotent_and_clean() -> Result<()> {
     let (h1, h2) = (port(), port());
     let pod = Pod::new("b-idem")?.with_ports(&[
         (h1, 80, Protocol::Tcp, None),
-        (h2, 53, Protocol::Udp, Some("192.0.2.1")),
+        (h2, 53, Protocol::Udp, Some("198.51.100.1")),
     ]);
     let st = block_on(net.setup(&pod.req))?;
     let ip = st.ips[0];
@@ -1140,7 +1144,7 @@ fn bridge_killed_mid_setup_gc_collects() -> Result<()> {
 fn bridge_bad_config_subnet_overlap() -> Result<()> {
     let cfg = BridgeConfig {
         bridge: "fbad0".into(),
-        subnet: "192.0.2.0/25".parse()?,
+        subnet: "198.51.100.0/25".parse()?,
         nft_table: "ferrolet_bad".into(),
         ..BridgeConfig::new(state("bad"))
     };
@@ -1148,7 +1152,7 @@ fn bridge_bad_config_subnet_overlap() -> Result<()> {
     let m = e.to_string();
     ensure!(matches!(e, Error::SubnetOverlap { .. }), "{m}");
     ensure!(
-        m == "pod subnet 192.0.2.0/25 overlaps node route 192.0.2.0/24 via node0",
+        m == "pod subnet 198.51.100.0/25 overlaps node route 198.51.100.0/24 via node0",
         "unexpected message: {m}"
     );
     ensure!(!node_link_exists("fbad0")?, "bridge created despite the error");
