@@ -82,8 +82,13 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         // cgroup v2: the agent's own cgroup becomes the parent of kubepods, so the agent (and
         // its zygote, and so the monitors) move into a leaf of it.
         let me = std::process::id() as i32;
-        ferrolet_runtime::cgroups::vacate_own_cgroup(rt.cgroups(), cgroups.root(), "ferrolet.agent", &[me, rt.zygote_pid()])
-            .map_err(|e| anyhow!("{e}"))?;
+        ferrolet_runtime::cgroups::vacate_own_cgroup(
+            rt.cgroups(),
+            cgroups.root(),
+            "ferrolet.agent",
+            &[me, rt.zygote_pid()],
+        )
+        .map_err(|e| anyhow!("{e}"))?;
     }
     let mut record = load_record(&cfg.root_dir);
     if record.cgroup_root != cgroups.root() {

@@ -295,3 +295,45 @@ spec:
         "subPathExpr expanded"
     );
 }
+
+#[test]
+fn sub_path_expr_must_stay_inside_the_volume() {
+    let a = Agent::start("subpathbad", &[]);
+    a.write(
+        "bad.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: bad}}\nspec:\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sleep, \"600\"]\n    env: [{{name: POD_NAME, value: \"..\"}}]\n    volumeMounts: [{{name: w, mountPath: /w, subPathExpr: \"$(POD_NAME)\"}}]\n  volumes: [{{name: w, emptyDir: {{}}}}]\n"
+        ),
+    );
+    let p = a.wait_for("bad", "CreateContainerConfigError", T, |p| waiting_reason(p, "c").as_deref() == Some("CreateContainerConfigError"));
+    let msg = container_status(&p, "c").state.as_ref().unwrap().waiting.as_ref().unwrap().message.clone().unwrap();
+    assert!(msg.contains("must not contain '..'"), "{msg}");
+}
+
+/// runtime.go's "should run with the expected status": a container that fails once, then
+/// succeeds, then runs, under each restart policy.
+#[test]
+fn expected_status_under_each_restart_policy() {
+    let a = Agent::start("expected", &[]);
+    let script = "echo x >> /restart-count/restartCount; n=$(wc -l < /restart-count/restartCount); if [ $n -eq 1 ]; then exit 1; fi; if [ $n -eq 2 ]; then exit 0; fi; while true; do sleep 1; done";
+    for (name, policy) in [("rpa", "Always"), ("rpof", "OnFailure"), ("rpn", "Never")] {
+        a.write(
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: {policy}\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sh, -c, {script:?}]\n    volumeMounts: [{{name: rc, mountPath: /restart-count}}]\n  volumes: [{{name: rc, emptyDir: {{medium: Memory}}}}]\n"
+            ),
+        );
+    }
+    let p = a.wait_for("rpa", "running after two restarts", T, |p| restarts(p, "c") == 2 && running(p, "c"));
+    assert_eq!(phase_of(Some(&p)), Some("Running"));
+    let p = a.wait_phase("rpof", "Succeeded", T);
+    assert_eq!(restarts(&p, "c"), 1);
+    assert!(container_status(&p, "c").state.as_ref().unwrap().terminated.is_some());
+    let p = a.wait_phase("rpn", "Failed", T);
+    assert_eq!(restarts(&p, "c"), 0);
+    let ready = |p: &Pod| {
+        p.status.as_ref().unwrap().conditions.as_ref().unwrap().iter().any(|c| c.type_ == "Ready" && c.status == "True")
+    };
+    assert!(ready(&a.pod("rpa").unwrap()));
+    assert!(!ready(&a.pod("rpof").unwrap()) && !ready(&a.pod("rpn").unwrap()));
+}

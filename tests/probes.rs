@@ -356,3 +356,85 @@ fn grpc_liveness_probe() {
             || a.agent_log().contains("NOT_SERVING")
     );
 }
+
+#[test]
+fn readiness_turns_false_while_terminating_and_liveness_stops() {
+    let a = Agent::start("termready", &[]);
+    a.write(
+        "t.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: t}}
+spec:
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: c
+    image: {IMAGE}
+    command: [sh, -c, "trap 'rm -f /tmp/ready /tmp/live; sleep 4; exit 0' TERM; touch /tmp/ready /tmp/live; while true; do sleep 0.2; done"]
+    readinessProbe:
+      exec: {{command: [cat, /tmp/ready]}}
+      periodSeconds: 1
+      failureThreshold: 1
+    livenessProbe:
+      exec: {{command: [cat, /tmp/live]}}
+      periodSeconds: 1
+      failureThreshold: 1
+"#
+        ),
+    );
+    a.wait_for("t", "ready", T, ready);
+    a.remove("t.yaml");
+    // The pod goes not-ready before it is gone, and no liveness kill happens meanwhile.
+    let p = a.wait_pod("t", "not ready while terminating", T, |p| p.is_none() || p.is_some_and(|p| !ready(p)));
+    assert!(p.is_some(), "readiness must turn false before the pod is removed");
+    a.wait_gone("t", T);
+    assert!(!a.agent_log().contains("failed liveness probe"), "liveness stops once termination starts");
+}
+
+#[test]
+fn probe_grace_period_overrides_the_pods() {
+    let a = Agent::start("probegrace", &[]);
+    a.write(
+        "g.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: g}}\nspec:\n  terminationGracePeriodSeconds: 500\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sleep, \"1000\"]\n    livenessProbe:\n      httpGet: {{path: /healthz, port: 8080}}\n      periodSeconds: 1\n      failureThreshold: 1\n      terminationGracePeriodSeconds: 2\n"
+        ),
+    );
+    // sleep as PID 1 ignores TERM: only the probe's 2s grace (not the pod's 500s) lets it restart.
+    a.wait_for("g", "restarted within the probe's grace period", Duration::from_secs(30), |p| restarts(p, "c") >= 1);
+}
+
+#[test]
+fn http_redirects_local_followed_foreign_not() {
+    let a = Agent::start("redirects", &[]);
+    // CGI scripts answering 302, from a host directory (busybox httpd runs them).
+    let cgi = scratch(&a.dir, "cgi-bin");
+    for (file, loc) in [("local", "/missing"), ("foreign", "http://0.0.0.0/")] {
+        let script = format!("#!/bin/sh\necho 'Status: 302 Found'\necho 'Location: {loc}'\necho\necho '<a href=\"{loc}\">Found</a>.'\n");
+        let path = cgi.join(file);
+        std::fs::write(&path, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [httpd, -f, -p, \"8080\", -h, /www]\n    volumeMounts: [{{name: cgi, mountPath: /www/cgi-bin}}]\n    livenessProbe:\n      httpGet: {{path: /cgi-bin/{name}, port: 8080}}\n      initialDelaySeconds: 1\n      periodSeconds: 1\n      failureThreshold: 1\n  volumes: [{{name: cgi, hostPath: {{path: {}}}}}]\n",
+            cgi.display()
+        )
+    };
+    // A redirect to this host is followed: /missing answers 404 and the container restarts.
+    a.write("local.yaml", &pod("local"));
+    // A redirect elsewhere is not followed: success with a warning, no restart.
+    a.write("foreign.yaml", &pod("foreign"));
+    a.wait_for("local", "restarted after the followed redirect", T, |p| restarts(p, "c") >= 1);
+    std::thread::sleep(Duration::from_secs(3));
+    let f = a.pod("foreign").unwrap();
+    assert!(running(&f, "c") && restarts(&f, "c") == 0, "a foreign redirect does not fail the probe");
+    let log = a.agent_log();
+    assert!(
+        log.contains("Liveness probe warning: Probe terminated redirects, Response body: <a href=\"http://0.0.0.0/\">Found</a>."),
+        "{}",
+        tail(&log, 20)
+    );
+}

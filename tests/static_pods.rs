@@ -717,7 +717,10 @@ fn default_cgroup_root_is_the_agents_own_cgroup() {
     let cg = ferrolet_runtime::cgroups::Cgroups::detect().unwrap();
     let uid = p.metadata.uid.clone().unwrap();
     let pod_cg = format!("{}/kubepods/besteffort/pod{uid}", a.cgroup.path());
-    assert!(cg.dir_for("memory", &pod_cg).unwrap().is_dir(), "kubepods lives in the agent's own cgroup");
+    assert!(
+        cg.dir_for("memory", &pod_cg).unwrap().is_dir(),
+        "kubepods lives in the agent's own cgroup"
+    );
     if cg.is_v2() {
         // The agent (and its zygote) moved into a leaf so its cgroup could delegate controllers.
         let own = cg.dir_for("memory", a.cgroup.path()).unwrap();
@@ -727,6 +730,10 @@ fn default_cgroup_root_is_the_agents_own_cgroup() {
             .filter_map(|l| l.parse().ok())
             .collect();
         assert!(leaf.contains(&a.pid()), "agent {} in the leaf: {leaf:?}", a.pid());
-        assert_eq!(std::fs::read_to_string(own.join("cgroup.procs")).unwrap().trim(), "", "no process left in the parent");
+        assert_eq!(
+            std::fs::read_to_string(own.join("cgroup.procs")).unwrap().trim(),
+            "",
+            "no process left in the parent"
+        );
     }
 }

@@ -515,7 +515,9 @@ fn enable_subtree_controllers(dir: &Path) -> Result<()> {
 /// below it (the "no internal processes" rule). Refuses when `own` holds anyone else's
 /// processes. Nothing to do on v1 or in the root cgroup.
 pub fn vacate_own_cgroup(cgroups: &Cgroups, own: &str, leaf: &str, pids: &[i32]) -> Result<()> {
-    let CgroupMode::V2 { mount } = &cgroups.mode else { return Ok(()) };
+    let CgroupMode::V2 { mount } = &cgroups.mode else {
+        return Ok(());
+    };
     if own == "/" || own.is_empty() {
         return Ok(());
     }
@@ -536,7 +538,12 @@ pub fn vacate_own_cgroup(cgroups: &Cgroups, own: &str, leaf: &str, pids: &[i32])
     match fs::create_dir(&leaf_dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(Error::Cgroup { path: leaf_dir.display().to_string(), reason: e.to_string() }),
+        Err(e) => {
+            return Err(Error::Cgroup {
+                path: leaf_dir.display().to_string(),
+                reason: e.to_string(),
+            })
+        }
     }
     for p in procs {
         write_cg(&leaf_dir, "cgroup.procs", &p.to_string())?;

@@ -61,7 +61,6 @@ fn main() {
         images,
     });
 
-    let args = Arguments::from_args();
     let tests = vec![
         trial("images_import_oci_and_docker_save", images_import_oci_and_docker_save),
         trial("images_corrupt_blob_is_rejected", images_corrupt_blob_is_rejected),

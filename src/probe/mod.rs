@@ -75,6 +75,8 @@ pub struct Probes {
     failed: HashMap<String, String>,
     /// The shared "started" gate for each container's liveness/readiness tasks.
     gates: HashMap<String, tokio::sync::watch::Sender<bool>>,
+    /// Kinds stopped for good (a terminating pod runs no liveness or startup probe).
+    stopped: Vec<Kind>,
 }
 
 impl Probes {
@@ -107,7 +109,7 @@ impl Probes {
                 let Some(probe) = probe_of(&r.spec, k).cloned() else {
                     continue;
                 };
-                if self.tasks.contains_key(&(r.id.clone(), k)) {
+                if self.stopped.contains(&k) || self.tasks.contains_key(&(r.id.clone(), k)) {
                     continue;
                 }
                 let w = ProbeWorker {
@@ -126,7 +128,8 @@ impl Probes {
     }
 
     /// Apply a result; true when something the pod status or sync depends on changed.
-    pub fn apply(&mut self, ev: &ProbeEvent) -> bool {
+    /// `kill_reason` says why a failed liveness/startup probe kills the container.
+    pub fn apply(&mut self, ev: &ProbeEvent, kill_reason: String) -> bool {
         match ev.kind {
             Kind::Readiness => self.ready.insert(ev.container_id.clone(), ev.success) != Some(ev.success),
             Kind::Startup if ev.success => {
@@ -139,12 +142,7 @@ impl Probes {
                 if ev.success {
                     return self.failed.remove(&ev.container_id).is_some();
                 }
-                let reason = format!(
-                    "Container {} failed {} probe, will be restarted",
-                    ev.container,
-                    ev.kind.name().to_ascii_lowercase()
-                );
-                self.failed.insert(ev.container_id.clone(), reason);
+                self.failed.insert(ev.container_id.clone(), kill_reason);
                 true
             }
         }
@@ -174,6 +172,18 @@ impl Probes {
             .iter()
             .filter_map(|r| self.failed.get(&r.id).map(|m| (r.name.clone(), m.clone())))
             .collect()
+    }
+
+    /// Stop the probes of these kinds for good (pod termination).
+    pub fn stop_kinds(&mut self, kinds: &[Kind]) {
+        self.tasks.retain(|(_, k), h| {
+            let stop = kinds.contains(k);
+            if stop {
+                h.abort();
+            }
+            !stop
+        });
+        self.stopped.extend(kinds.iter().copied());
     }
 
     pub fn stop_all(&mut self) {
@@ -268,7 +278,7 @@ impl ProbeWorker {
         let p = &self.probe;
         let c = &self.container.spec;
         if let Some(e) = &p.exec {
-            run::exec(&self.rt, &self.container.id, e, timeout).await
+            run::exec(&self.rt, &self.container.id, e, c, timeout).await
         } else if let Some(h) = &p.http_get {
             run::http(h, c, &self.target, timeout).await
         } else if let Some(t) = &p.tcp_socket {

@@ -55,15 +55,27 @@ pub fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16, String> {
     }
 }
 
-pub async fn exec(rt: &Runtime, id: &str, action: &ExecAction, timeout: Duration) -> Outcome {
-    let cmd = action.command.clone().unwrap_or_default();
+/// `$(VAR)` in an exec probe's command is expanded with the container's static env entries
+/// (those with a value, not valueFrom), as kubelet does.
+pub async fn exec(rt: &Runtime, id: &str, action: &ExecAction, c: &Container, timeout: Duration) -> Outcome {
+    let static_env: Vec<(String, String)> = c
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+        .collect();
+    let cmd = crate::sync::env::expand_all(&action.command.clone().unwrap_or_default(), &static_env);
     let spec = ExecSpec {
         args: cmd.clone(),
         ..Default::default()
     };
     match rt.exec_capture(id, &spec, Some(timeout), MAX_OUTPUT).await {
         Err(e) => Outcome::Failure(e.to_string()),
-        Ok(o) if o.timed_out => Outcome::Failure(format!("command {:?} timed out", cmd.join(" "))),
+        Ok(o) if o.timed_out => Outcome::Failure(format!(
+            "command timed out: {:?} timed out after {}",
+            cmd.join(" "),
+            crate::units::format_duration(timeout)
+        )),
         Ok(o) => {
             let mut out = o.stdout;
             out.extend_from_slice(&o.stderr);
@@ -229,10 +241,13 @@ pub async fn http(action: &HTTPGetAction, c: &Container, target: &PodTarget, tim
                 }
             }
         }
-        return if (200..400).contains(&r.status) {
-            Outcome::Success(String::new())
-        } else {
-            Outcome::Failure(format!("HTTP probe failed with statuscode: {}", r.status))
+        return match r.status {
+            200..=299 => Outcome::Success(String::new()),
+            300..=399 => Outcome::Success(format!(
+                "Probe terminated redirects, Response body: {}",
+                String::from_utf8_lossy(&r.body)
+            )),
+            code => Outcome::Failure(format!("HTTP probe failed with statuscode: {code}")),
         };
     }
     Outcome::Failure("stopped after 10 redirects".into())
@@ -266,20 +281,12 @@ pub async fn grpc(action: &GRPCAction, target: &PodTarget, timeout: Duration) ->
     let service = action.service.clone().unwrap_or_default();
     let secs = timeout.as_secs().max(1);
     let fut = async {
-        let stream = connect(addr, ns, timeout).await.map_err(|e| {
-            format!(
-                "timeout: failed to connect service {:?} within {secs}s: {e}",
-                addr.to_string()
-            )
-        })?;
+        let stream = connect(addr, ns, timeout)
+            .await
+            .map_err(|e| format!("error: failed to connect service at {:?}: {e}", addr.to_string()))?;
         let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
             .await
-            .map_err(|e| {
-                format!(
-                    "timeout: failed to connect service {:?} within {secs}s: {e}",
-                    addr.to_string()
-                )
-            })?;
+            .map_err(|e| format!("error: failed to connect service at {:?}: {e}", addr.to_string()))?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -299,9 +306,15 @@ pub async fn grpc(action: &GRPCAction, target: &PodTarget, timeout: Duration) ->
             .header("user-agent", USER_AGENT)
             .body(Full::new(Bytes::from(frame)))
             .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| format!("rpc error: {e}"))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| format!("error: health rpc probe failed: {e}"))?;
         let (parts, body) = resp.into_parts();
-        let collected = body.collect().await.map_err(|e| format!("rpc error: {e}"))?;
+        let collected = body
+            .collect()
+            .await
+            .map_err(|e| format!("error: health rpc probe failed: {e}"))?;
         let trailers = collected.trailers().cloned();
         let data = collected.to_bytes();
         let grpc_status = trailers
@@ -319,7 +332,15 @@ pub async fn grpc(action: &GRPCAction, target: &PodTarget, timeout: Duration) ->
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("")
                 .to_string();
-            return Err(format!("rpc error: code = {} desc = {m}", grpc_code_name(grpc_status)));
+            if grpc_status == 12 {
+                return Err(format!(
+                    "error: this server does not implement the grpc health protocol (grpc.health.v1.Health): {m}"
+                ));
+            }
+            return Err(format!(
+                "error: health rpc probe failed: rpc error: code = {} desc = {m}",
+                grpc_code_name(grpc_status)
+            ));
         }
         let status = data.get(5..).map(parse_status).unwrap_or(0);
         Ok(status)

@@ -1,22 +1,27 @@
 //! Lifecycle hooks (kubelet's HandlerRunner): exec in the container, an HTTP GET to the pod
-//! (host defaults to the pod IP), or a sleep. postStart runs right after the container starts
+//! (host defaults to the pod IP; any HTTP response counts as success, only failing to get one
+//! fails; TLS is not verified), or a sleep. postStart runs right after the container starts
 //! and a failure kills the container; preStop runs before the stop signal and its time comes
-//! out of the grace period.
+//! out of the grace period. Error messages are kubelet's.
 
 use std::time::Duration;
 
 use ferrolet_runtime::{ExecSpec, Runtime};
-use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
+use k8s_openapi::api::core::v1::{Container, HTTPHeader, LifecycleHandler};
 
 use crate::netns::PodTarget;
 use crate::probe::run::{http_get_once, resolve_port, MAX_OUTPUT};
 
-/// Run `h` for container `id`; an error is the message kubelet would put in the event.
+pub const USER_AGENT: &str = "kube-lifecycle/1.37";
+
+/// Run `h` for container `id` of pod `pod` (`name_namespace(uid)`); `timeout` bounds exec and
+/// HTTP hooks and the sleep.
 pub async fn run(
     rt: &Runtime,
     h: &LifecycleHandler,
     id: &str,
     c: &Container,
+    pod: &str,
     target: &PodTarget,
     timeout: Duration,
 ) -> Result<(), String> {
@@ -26,62 +31,82 @@ pub async fn run(
             args: cmd.clone(),
             ..Default::default()
         };
+        let fail = |err: String, out: &[u8]| {
+            format!(
+                "Exec lifecycle hook ({cmd:?}) for Container {:?} in Pod {pod:?} failed - error: {err}, message: {:?}",
+                c.name,
+                String::from_utf8_lossy(out)
+            )
+        };
         let o = rt
             .exec_capture(id, &spec, Some(timeout), MAX_OUTPUT)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| fail(e.to_string(), b""))?;
+        let mut out = o.stdout.clone();
+        out.extend_from_slice(&o.stderr);
         if o.timed_out {
-            return Err(format!("command '{}' timed out after {timeout:?}", cmd.join(" ")));
+            return Err(fail(
+                format!("command '{}' timed out after {timeout:?}", cmd.join(" ")),
+                &out,
+            ));
         }
         if o.exit_code != 0 {
-            let mut out = o.stdout;
-            out.extend_from_slice(&o.stderr);
-            return Err(format!(
-                "command '{}' exited with {}: {}",
-                cmd.join(" "),
-                o.exit_code,
-                String::from_utf8_lossy(&out)
+            return Err(fail(
+                format!(
+                    "command '{}' exited with {}: {}",
+                    cmd.join(" "),
+                    o.exit_code,
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                &out,
             ));
         }
         return Ok(());
     }
     if let Some(g) = &h.http_get {
-        let port = resolve_port(&g.port, c)?;
-        let (addr, ns) = target.resolve(g.host.as_deref(), port).map_err(|e| e.to_string())?;
+        let path = g.path.clone().unwrap_or_else(|| "/".into());
+        let fail = |err: String| {
+            format!(
+                "HTTP lifecycle hook ({path}) for Container {:?} in Pod {pod:?} failed - error: {err}",
+                c.name
+            )
+        };
+        let port = resolve_port(&g.port, c).map_err(fail)?;
+        let (addr, ns) = target
+            .resolve(g.host.as_deref(), port)
+            .map_err(|e| fail(e.to_string()))?;
         let host = g
             .host
             .clone()
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| addr.ip().to_string());
-        let path = g.path.clone().unwrap_or_else(|| "/".into());
         let https = g.scheme.as_deref() == Some("HTTPS");
-        let r = http_get_once(
-            https,
-            addr,
-            ns,
-            &format!("{host}:{port}"),
-            &path,
-            g.http_headers.as_deref().unwrap_or(&[]),
-            timeout,
-        )
-        .await?;
-        if r.status >= 400 {
-            return Err(format!(
-                "HTTP lifecycle hook ({path}) for Container {:?} returned status {}: {}",
-                c.name,
-                r.status,
-                String::from_utf8_lossy(&r.body)
-            ));
+        let mut headers: Vec<HTTPHeader> = g.http_headers.clone().unwrap_or_default();
+        if !headers.iter().any(|h| h.name.eq_ignore_ascii_case("user-agent")) {
+            headers.push(HTTPHeader {
+                name: "User-Agent".into(),
+                value: USER_AGENT.into(),
+            });
         }
+        http_get_once(https, addr, ns, &format!("{host}:{port}"), &path, &headers, timeout)
+            .await
+            .map_err(fail)?;
         return Ok(());
     }
     if let Some(s) = &h.sleep {
         let d = Duration::from_secs(s.seconds.max(0) as u64);
-        tokio::time::sleep(d.min(timeout)).await;
+        if d > timeout {
+            tokio::time::sleep(timeout).await;
+            return Err(format!(
+                "Sleep lifecycle hook ({}) for Container {:?} in Pod {pod:?} failed - error: container terminated before sleep hook finished",
+                s.seconds, c.name
+            ));
+        }
+        tokio::time::sleep(d).await;
         return Ok(());
     }
     if h.tcp_socket.is_some() {
-        return Err("tcpSocket lifecycle handlers are not supported (deprecated in Kubernetes)".into());
+        return Err("Cannot run handler: invalid handler: tcpSocket lifecycle handlers are not supported".into());
     }
-    Err("lifecycle handler has no action".into())
+    Err("Cannot run handler: invalid handler: no action".into())
 }

@@ -91,6 +91,9 @@ pub struct Worker {
     probes: crate::probe::Probes,
 }
 
+/// The least time a container gets between its stop signal and SIGKILL (kubelet's).
+const MIN_GRACE: Duration = Duration::from_secs(2);
+
 /// The first resync after a failure that needs a retry.
 const RETRY: Duration = Duration::from_secs(5);
 
@@ -176,21 +179,27 @@ impl Worker {
             }
             Msg::Wake => {}
             Msg::Probe(ev) => {
-                if !ev.success {
-                    let kind = ev.kind.name();
-                    if ev.kind != crate::probe::Kind::Readiness {
-                        self.event(
-                            "Killing",
-                            &format!(
-                                "Container {} failed {} probe, will be restarted",
-                                ev.container,
-                                kind.to_ascii_lowercase()
-                            ),
-                        );
-                    }
+                let reason = self.probe_kill_message(&ev);
+                if !ev.success && ev.kind != crate::probe::Kind::Readiness {
+                    self.event("Killing", &reason);
                 }
-                self.probes.apply(&ev);
+                self.probes.apply(&ev, reason);
             }
+        }
+    }
+
+    /// kubelet's words for a kill a liveness or startup probe causes.
+    fn probe_kill_message(&self, ev: &crate::probe::ProbeEvent) -> String {
+        let kind = ev.kind.name().to_ascii_lowercase();
+        let sidecar = pod::init_containers(&self.pod)
+            .iter()
+            .any(|c| c.name == ev.container && pod::is_sidecar(c));
+        if sidecar {
+            format!("Init container {} failed {kind} probe", ev.container)
+        } else if pod::restart_policy(&self.pod) == "Never" {
+            format!("Container {} failed {kind} probe", ev.container)
+        } else {
+            format!("Container {} failed {kind} probe, will be restarted", ev.container)
         }
     }
 
@@ -537,8 +546,8 @@ impl Worker {
         self.event("Started", &format!("Started container {} (image {image})", c.name));
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let timeout = self.ctx.cfg.runtime_request_timeout;
-            if let Err(msg) = hooks::run(&self.ctx.rt, h, &id, &c, &self.target(), timeout).await {
-                let msg = format!("PostStartHook failed: {msg}");
+            let pod_name = pod::full_name(&self.pod);
+            if let Err(msg) = hooks::run(&self.ctx.rt, h, &id, &c, &pod_name, &self.target(), timeout).await {
                 warn!(pod = %pod::full_name(&self.pod), container = %c.name, reason = "FailedPostStartHook", "{msg}");
                 let grace = Duration::from_secs(pod::grace_period(&self.pod) as u64);
                 let signal = self.ctx.rt.inspect(&id).ok().and_then(|i| i.record.stop_signal);
@@ -556,29 +565,14 @@ impl Worker {
     /// signal, then SIGKILL when the rest of the grace period is over (at least 2 seconds
     /// remain for the signal, as in kubelet).
     fn kill_one(&self, v: ContainerView, grace: Duration) -> impl std::future::Future<Output = ()> + 'static {
-        let rt = self.ctx.rt.clone();
-        let spec = self.container_spec(&v.name);
-        let target = self.target();
-        let pod_name = pod::full_name(&self.pod);
-        async move {
-            let mut left = grace;
-            if let (true, Some(c)) = (v.is_running(), spec) {
-                if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
-                    let t0 = tokio::time::Instant::now();
-                    match tokio::time::timeout(grace, hooks::run(&rt, h, &v.id, &c, &target, grace)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(msg)) => {
-                            warn!(pod = %pod_name, container = %v.name, reason = "FailedPreStopHook", "PreStopHook failed: {msg}")
-                        }
-                        Err(_) => {
-                            warn!(pod = %pod_name, container = %v.name, reason = "FailedPreStopHook", "PreStopHook did not finish within the grace period")
-                        }
-                    }
-                    left = grace.saturating_sub(t0.elapsed()).max(Duration::from_secs(2));
-                }
-            }
-            stop_container(rt, v.id.clone(), v.stop_signal.clone(), left).await;
-        }
+        kill_container(
+            self.ctx.rt.clone(),
+            self.container_spec(&v.name),
+            self.target(),
+            pod::full_name(&self.pod),
+            v,
+            grace,
+        )
     }
 
     fn retry_at(&self) -> DateTime<Utc> {
@@ -711,9 +705,11 @@ impl Worker {
     async fn terminate(&mut self) {
         let name = pod::full_name(&self.pod);
         info!(pod = %name, "terminating pod");
-        self.probes.stop_all();
+        // Liveness and startup probes stop (no kill may come from them now); readiness keeps
+        // running so the pod can turn not-ready while its containers wind down.
+        self.probes
+            .stop_kinds(&[crate::probe::Kind::Liveness, crate::probe::Kind::Startup]);
         let grace = Duration::from_secs(pod::grace_period(&self.pod) as u64);
-        let deadline = tokio::time::Instant::now() + grace;
         let views = self.views();
         let is_sidecar = |n: &str| {
             pod::init_containers(&self.pod)
@@ -726,18 +722,41 @@ impl Worker {
             .filter(|v| (v.is_running() || matches!(v.state, views::ViewState::Created)) && !is_sidecar(&v.name))
             .map(|v| self.kill_one(v.clone(), grace))
             .collect();
-        futures::future::join_all(first).await;
         // ...then sidecars in reverse order with what is left of the grace period.
-        for c in pod::init_containers(&self.pod)
+        let sidecars: Vec<_> = pod::init_containers(&self.pod)
             .iter()
             .rev()
             .filter(|c| pod::is_sidecar(c))
-        {
-            if let Some(v) = views.latest(&c.name).filter(|v| v.is_running()) {
+            .filter_map(|c| views.latest(&c.name).filter(|v| v.is_running()).cloned())
+            .map(|v| {
+                let spec = self.container_spec(&v.name);
+                (v, spec)
+            })
+            .collect();
+        let (rt, target, pod_name) = (self.ctx.rt.clone(), self.target(), name.clone());
+        let stopping = async move {
+            let deadline = tokio::time::Instant::now() + grace;
+            futures::future::join_all(first).await;
+            for (v, spec) in sidecars {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                self.kill_one(v.clone(), left.max(Duration::from_secs(2))).await;
+                kill_container(rt.clone(), spec, target.clone(), pod_name.clone(), v, left).await;
+            }
+        };
+        tokio::pin!(stopping);
+        loop {
+            tokio::select! {
+                _ = &mut stopping => break,
+                m = self.rx.recv() => {
+                    if let Some(Msg::Probe(ev)) = m {
+                        let reason = self.probe_kill_message(&ev);
+                        self.probes.apply(&ev, reason);
+                        let v = self.views();
+                        self.publish_status(&v);
+                    }
+                }
             }
         }
+        self.probes.stop_all();
         for id in self.known.clone() {
             if let Err(e) = self.ctx.rt.delete(&id).await {
                 warn!(pod = %name, container = %id, error = %e, "removing container");
@@ -793,7 +812,7 @@ fn termination_message(v: &ContainerView) -> String {
         .termination_message_file
         .as_ref()
         .and_then(|f| std::fs::read(f).ok())
-        .map(|d| String::from_utf8_lossy(&d[..d.len().min(MAX)]).into_owned())
+        .map(|d| String::from_utf8_lossy(&d[d.len().saturating_sub(MAX)..]).into_owned())
         .unwrap_or_default();
     let failed = v.exit().is_some_and(|e| e.exit_code != 0);
     if from_file.is_empty() && failed && v.termination_message_policy == "FallbackToLogsOnError" {
@@ -824,4 +843,34 @@ pub fn log_tail(path: &std::path::Path, lines: usize, max: usize) -> String {
         out = out[i..].to_string();
     }
     out
+}
+
+/// See [`Worker::kill_one`]; owns everything so it can run beside the worker's own loop.
+async fn kill_container(
+    rt: Arc<Runtime>,
+    spec: Option<Container>,
+    target: crate::netns::PodTarget,
+    pod_name: String,
+    v: ContainerView,
+    grace: Duration,
+) {
+    let mut left = grace;
+    // preStop only for a running container, and only with a grace period to run in.
+    if let (true, Some(c)) = (v.is_running() && !grace.is_zero(), spec) {
+        if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
+            let t0 = tokio::time::Instant::now();
+            match tokio::time::timeout(grace, hooks::run(&rt, h, &v.id, &c, &pod_name, &target, grace)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(msg)) => {
+                    warn!(pod = %pod_name, container = %v.name, reason = "FailedPreStopHook", "PreStopHook failed: {msg}")
+                }
+                Err(_) => {
+                    warn!(pod = %pod_name, container = %v.name, reason = "FailedPreStopHook", "PreStopHook did not finish within the grace period")
+                }
+            }
+            left = grace.saturating_sub(t0.elapsed());
+        }
+    }
+    // kubelet's minimumGracePeriodInSeconds: the stop signal always gets 2 seconds.
+    stop_container(rt, v.id.clone(), v.stop_signal.clone(), left.max(MIN_GRACE)).await;
 }

@@ -231,15 +231,10 @@ pub fn mounts_for(
             .get(&m.name)
             .ok_or_else(|| anyhow!("volumeMounts[{i}]: volume {:?} not found", m.name))?;
         let mut source = v.path.clone();
-        let expanded = m.sub_path_expr.as_deref().filter(|s| !s.is_empty()).map(|e| {
-            let lookup = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
-            super::env::expand(e, &lookup)
-        });
-        if let Some(sp) = &expanded {
-            if sp.starts_with('/') || sp.split('/').any(|c| c == "..") {
-                bail!("volumeMounts[{i}].subPathExpr: {sp:?} must be a relative path without '..'");
-            }
-        }
+        let expanded = match m.sub_path_expr.as_deref().filter(|s| !s.is_empty()) {
+            Some(e) => Some(expand_sub_path(e, env)?),
+            None => None,
+        };
         if let Some(sp) = expanded.as_deref().or(m.sub_path.as_deref()).filter(|s| !s.is_empty()) {
             source = v.path.join(sp);
             if !source.exists() {
@@ -282,6 +277,37 @@ pub fn mounts_for(
     Ok(out)
 }
 
+/// Expand a subPathExpr as kubelet does: every referenced variable must have a non-empty
+/// value, and the result must be a relative path without `..`.
+pub fn expand_sub_path(expr: &str, env: &[(String, String)]) -> Result<String> {
+    let value = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    let mut missing = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("$(") {
+        let escaped = i > 0 && rest.as_bytes()[i - 1] == b'$';
+        let after = &rest[i + 2..];
+        let Some(j) = after.find(')') else { break };
+        let name = &after[..j];
+        if !escaped && value(name).is_none_or(|v| v.is_empty()) {
+            missing.push(name.to_string());
+        }
+        rest = &after[j + 1..];
+    }
+    if !missing.is_empty() {
+        missing.sort();
+        missing.dedup();
+        bail!("missing value for {}", missing.join(", "));
+    }
+    let p = super::env::expand(expr, &|n: &str| value(n));
+    if p.starts_with('/') {
+        bail!("error SubPath `{p}` must not be an absolute path");
+    }
+    if p.split('/').any(|c| c == "..") {
+        bail!("unable to provision SubPath `{p}`: must not contain '..'");
+    }
+    Ok(p)
+}
+
 /// Unmount tmpfs emptyDirs and remove the pod's volume directories (hostPaths are untouched).
 pub fn teardown(pod_dir: &Path) -> Result<()> {
     let base = pod_volumes_dir(pod_dir).join("kubernetes.io~empty-dir");
@@ -314,4 +340,28 @@ pub fn is_mountpoint(p: &Path) -> bool {
             let s = p.display().to_string();
             m.lines().any(|l| l.split(' ').nth(4) == Some(s.as_str()))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_path_expr_rules() {
+        let env = vec![
+            ("POD".to_string(), "p1".to_string()),
+            ("EMPTY".to_string(), String::new()),
+            ("UP".to_string(), "..".into()),
+        ];
+        assert_eq!(expand_sub_path("logs/$(POD)", &env).unwrap(), "logs/p1");
+        assert_eq!(expand_sub_path("$$(POD)", &env).unwrap(), "$(POD)");
+        let e = expand_sub_path("$(EMPTY)/$(NOPE)", &env).unwrap_err().to_string();
+        assert_eq!(e, "missing value for EMPTY, NOPE");
+        let e = expand_sub_path("$(UP)", &env).unwrap_err().to_string();
+        assert!(e.contains("must not contain '..'"), "{e}");
+        assert!(expand_sub_path("/abs", &env)
+            .unwrap_err()
+            .to_string()
+            .contains("absolute"));
+    }
 }

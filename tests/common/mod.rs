@@ -142,8 +142,7 @@ impl Agent {
         } else {
             cmd.arg("--cgroup-root").arg(self.cgroup.path());
         }
-        cmd
-            .arg("--hostname-override")
+        cmd.arg("--hostname-override")
             .arg(&self.node)
             .arg("--file-check-frequency")
             .arg("2s")
