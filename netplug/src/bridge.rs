@@ -747,6 +747,19 @@ impl BridgeNet {
     }
 
     /// Ids of every sandbox that has something of ours: records, IPs, labelled veths.
+    /// Remove the node-wide parts: the nftables table and the bridge. Sandboxes are the
+    /// caller's to tear down first (their records and IPs stay otherwise).
+    pub async fn uninstall(&self) -> Result<()> {
+        self.nft.delete_table().await?;
+        let h = netns::node_handle()?;
+        if let Some(l) = nl::link_by_name(&h, &self.cfg.bridge).await? {
+            nl::del_link(&h, l.index, &self.cfg.bridge).await?;
+            info!(bridge = %self.cfg.bridge, "bridge deleted");
+        }
+        *self.bridge_ok.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(())
+    }
+
     pub async fn gc_candidates(&self) -> Result<BTreeSet<String>> {
         let h = netns::node_handle()?;
         Ok(self.known_ids(&h).await?.0)

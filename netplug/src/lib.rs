@@ -172,6 +172,16 @@ impl NetPlug {
         }
     }
 
+    /// Remove what [`NetPlug::new`] put on the node (bridge mode: the bridge and the nftables
+    /// table; CNI: nothing, the plugins own their node state). For decommissioning a node
+    /// (`ferrolet reset`), after every sandbox was torn down.
+    pub async fn uninstall(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Bridge(b) => b.uninstall().await,
+            Inner::Cni(_) => Ok(()),
+        }
+    }
+
     /// Tear down everything belonging to sandboxes not in `live_sandbox_ids`; returns the ids
     /// collected. Tries every sandbox; if some failed, returns the first error after. The list
     /// must include sandboxes whose setup may be running concurrently: anything of ours that

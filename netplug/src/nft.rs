@@ -270,6 +270,21 @@ impl Nft {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// Remove the whole table (nothing to do when it does not exist).
+    pub async fn delete_table(&self) -> Result<()> {
+        match self
+            .run(&["delete", "table", "inet", &self.table], None, "deleting the table")
+            .await
+        {
+            Ok(_) => {
+                info!(table = %self.table, "nftables table deleted");
+                Ok(())
+            }
+            Err(e) if e.to_string().contains("No such file") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Every hostPort element in the table (none when the table does not exist).
     pub async fn list(&self) -> Result<Vec<HostPortElem>> {
         let mut out = Vec::new();

@@ -37,8 +37,14 @@ const V2_CONTROLLERS: &[&str] = &["cpu", "cpuset", "io", "memory", "pids", "huge
 pub enum CgroupMode {
     /// cgroup2 mounted at this path holds every controller.
     V2 { mount: PathBuf },
-    /// v1 controllers, each at its mount point (`cpu,cpuacct` may share one).
-    V1 { mounts: BTreeMap<String, PathBuf> },
+    /// v1 controllers, each at its mount point (`cpu,cpuacct` may share one). `named` holds
+    /// the hierarchies without a controller ferrolet drives (`name=systemd`, and the hybrid
+    /// layout's cgroup2 under the key ""): other runtimes create cgroups there, so nested
+    /// roots and removal cover them too.
+    V1 {
+        mounts: BTreeMap<String, PathBuf>,
+        named: BTreeMap<String, PathBuf>,
+    },
 }
 
 /// Limits for a pod or QoS level cgroup.
@@ -78,6 +84,7 @@ impl Cgroups {
             reason: e.to_string(),
         })?;
         let mut v1 = BTreeMap::new();
+        let mut named = BTreeMap::new();
         let mut v2: Option<PathBuf> = None;
         for line in info.lines() {
             // "... mountpoint opts ... - fstype source superopts"
@@ -96,6 +103,10 @@ impl Cgroups {
                     for opt in superopts.split(',') {
                         if V1_CONTROLLERS.contains(&opt) {
                             v1.entry(opt.to_string()).or_insert_with(|| PathBuf::from(unescape(mp)));
+                        } else if opt.starts_with("name=") {
+                            named
+                                .entry(opt.to_string())
+                                .or_insert_with(|| PathBuf::from(unescape(mp)));
                         }
                     }
                 }
@@ -103,12 +114,18 @@ impl Cgroups {
             }
         }
         let unified_root = is_cgroup2(Path::new("/sys/fs/cgroup"));
+        let v1_mode = |mounts, mut named: BTreeMap<String, PathBuf>, v2: Option<PathBuf>| {
+            if let Some(unified) = v2 {
+                named.insert(String::new(), unified);
+            }
+            CgroupMode::V1 { mounts, named }
+        };
         let mode = if v1.contains_key("memory") && !unified_root {
-            CgroupMode::V1 { mounts: v1 }
+            v1_mode(v1, named, v2)
         } else if let Some(m) = v2 {
             CgroupMode::V2 { mount: m }
         } else if !v1.is_empty() {
-            CgroupMode::V1 { mounts: v1 }
+            v1_mode(v1, named, None)
         } else {
             return Err(Error::Cgroup {
                 path: "/sys/fs/cgroup".into(),
@@ -156,7 +173,7 @@ impl Cgroups {
         let rel = cgroup.trim_start_matches('/');
         match &self.mode {
             CgroupMode::V2 { mount } => vec![mount.join(rel)],
-            CgroupMode::V1 { mounts } => {
+            CgroupMode::V1 { mounts, .. } => {
                 let mut v: Vec<PathBuf> = mounts.values().map(|m| m.join(rel)).collect();
                 v.sort();
                 v.dedup();
@@ -165,12 +182,19 @@ impl Cgroups {
         }
     }
 
+    /// [`dirs`](Cgroups::dirs) plus the hierarchies without controllers (v1 `name=` ones and
+    /// a hybrid node's cgroup2): where a process must be moved to be fully inside a cgroup.
+    pub fn all_dirs(&self, cgroup: &str) -> Vec<PathBuf> {
+        let rel = cgroup.trim_start_matches('/');
+        self.mounts().into_iter().map(|m| m.join(rel)).collect()
+    }
+
     /// The directory of `cgroup` in the hierarchy holding `controller`.
     pub fn dir_for(&self, controller: &str, cgroup: &str) -> Option<PathBuf> {
         let rel = cgroup.trim_start_matches('/');
         match &self.mode {
             CgroupMode::V2 { mount } => Some(mount.join(rel)),
-            CgroupMode::V1 { mounts } => mounts.get(controller).map(|m| m.join(rel)),
+            CgroupMode::V1 { mounts, .. } => mounts.get(controller).map(|m| m.join(rel)),
         }
     }
 
@@ -276,7 +300,7 @@ impl Cgroups {
     pub fn remove(&self, cgroup: &str) -> Result<()> {
         // Every hierarchy is attempted; the first failure is reported.
         let mut first = None;
-        for d in self.dirs(cgroup) {
+        for d in self.all_dirs(cgroup) {
             if let Err(e) = remove_cgroup_dir(&d) {
                 first.get_or_insert(e);
             }
@@ -426,12 +450,12 @@ impl NestedRoot {
 }
 
 impl Cgroups {
-    /// Mount points of the hierarchies (one on v2).
+    /// Mount points of every hierarchy (one on v2), including v1's controller-less ones.
     pub fn mounts(&self) -> Vec<PathBuf> {
         match &self.mode {
             CgroupMode::V2 { mount } => vec![mount.clone()],
-            CgroupMode::V1 { mounts } => {
-                let mut v: Vec<PathBuf> = mounts.values().cloned().collect();
+            CgroupMode::V1 { mounts, named } => {
+                let mut v: Vec<PathBuf> = mounts.values().chain(named.values()).cloned().collect();
                 v.sort();
                 v.dedup();
                 v
@@ -444,11 +468,17 @@ impl Cgroups {
         let data = fs::read_to_string("/proc/self/cgroup").ok()?;
         let ctrls: Vec<String> = match &self.mode {
             CgroupMode::V2 { .. } => return data.lines().find(|l| l.starts_with("0::")).map(|l| l[3..].to_string()),
-            CgroupMode::V1 { mounts } => mounts
-                .iter()
-                .filter(|(_, m)| m.as_path() == mount)
-                .map(|(c, _)| c.clone())
-                .collect(),
+            CgroupMode::V1 { mounts, named } => {
+                if named.get("").is_some_and(|m| m.as_path() == mount) {
+                    return data.lines().find(|l| l.starts_with("0::")).map(|l| l[3..].to_string());
+                }
+                mounts
+                    .iter()
+                    .chain(named.iter())
+                    .filter(|(_, m)| m.as_path() == mount)
+                    .map(|(c, _)| c.clone())
+                    .collect()
+            }
         };
         data.lines().find_map(|l| {
             let mut f = l.splitn(3, ':');
