@@ -12,7 +12,7 @@ fi
 
 # Debian packages: libseccomp for the seccomp profiles, busybox-static for the demo image,
 # CNI plugins and nftables for pod networking, iproute2 for the network tests' namespaces.
-packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iproute2 ${FERROLET_EXTRA_PACKAGES:-})
+packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iptables iproute2 ${FERROLET_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -107,6 +107,12 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
     info!(cgroup_root = %cgroups.root(), v2 = rt.cgroups().is_v2(), "pod cgroups");
 
+    let net = crate::network::PodNetwork::new(&cfg);
+    record.network = Some(serde_json::to_value(net.settings())?);
+    save_record(&cfg.root_dir, &record)?;
+    // Before any pod worker: collects the network of sandboxes that are gone.
+    net.init().await;
+
     let node = NodeInfo::detect(&cfg);
     let ctx = Arc::new(Ctx {
         cfg: cfg.clone(),
@@ -114,6 +120,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         node,
         pods: Arc::new(PodManager::default()),
         cgroups,
+        net,
     });
 
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();

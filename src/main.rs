@@ -12,6 +12,7 @@ mod dispatcher;
 mod images;
 mod logs;
 mod netns;
+mod network;
 mod node;
 mod pod;
 mod podcgroups;

@@ -74,6 +74,16 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
         }
     }
     rt.remove_orphans().map_err(|e| anyhow!("{e}"))?;
+    if let Some(v) = rec.network.clone() {
+        match serde_json::from_value::<crate::network::NetworkSettings>(v) {
+            Ok(settings) => {
+                if let Err(e) = crate::network::remove_all(&settings).await {
+                    eprintln!("pod network: {e:#}");
+                }
+            }
+            Err(e) => eprintln!("agent.json network: {e}"),
+        }
+    }
     let pods_dir = root.join("pods");
     let mut pods = 0;
     for e in std::fs::read_dir(&pods_dir).into_iter().flatten().flatten() {

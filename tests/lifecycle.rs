@@ -305,8 +305,19 @@ fn sub_path_expr_must_stay_inside_the_volume() {
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: bad}}\nspec:\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sleep, \"600\"]\n    env: [{{name: POD_NAME, value: \"..\"}}]\n    volumeMounts: [{{name: w, mountPath: /w, subPathExpr: \"$(POD_NAME)\"}}]\n  volumes: [{{name: w, emptyDir: {{}}}}]\n"
         ),
     );
-    let p = a.wait_for("bad", "CreateContainerConfigError", T, |p| waiting_reason(p, "c").as_deref() == Some("CreateContainerConfigError"));
-    let msg = container_status(&p, "c").state.as_ref().unwrap().waiting.as_ref().unwrap().message.clone().unwrap();
+    let p = a.wait_for("bad", "CreateContainerConfigError", T, |p| {
+        waiting_reason(p, "c").as_deref() == Some("CreateContainerConfigError")
+    });
+    let msg = container_status(&p, "c")
+        .state
+        .as_ref()
+        .unwrap()
+        .waiting
+        .as_ref()
+        .unwrap()
+        .message
+        .clone()
+        .unwrap();
     assert!(msg.contains("must not contain '..'"), "{msg}");
 }
 
@@ -324,7 +335,9 @@ fn expected_status_under_each_restart_policy() {
             ),
         );
     }
-    let p = a.wait_for("rpa", "running after two restarts", T, |p| restarts(p, "c") == 2 && running(p, "c"));
+    let p = a.wait_for("rpa", "running after two restarts", T, |p| {
+        restarts(p, "c") == 2 && running(p, "c")
+    });
     assert_eq!(phase_of(Some(&p)), Some("Running"));
     let p = a.wait_phase("rpof", "Succeeded", T);
     assert_eq!(restarts(&p, "c"), 1);
@@ -332,7 +345,14 @@ fn expected_status_under_each_restart_policy() {
     let p = a.wait_phase("rpn", "Failed", T);
     assert_eq!(restarts(&p, "c"), 0);
     let ready = |p: &Pod| {
-        p.status.as_ref().unwrap().conditions.as_ref().unwrap().iter().any(|c| c.type_ == "Ready" && c.status == "True")
+        p.status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
     };
     assert!(ready(&a.pod("rpa").unwrap()));
     assert!(!ready(&a.pod("rpof").unwrap()) && !ready(&a.pod("rpn").unwrap()));

@@ -386,10 +386,15 @@ spec:
     a.wait_for("t", "ready", T, ready);
     a.remove("t.yaml");
     // The pod goes not-ready before it is gone, and no liveness kill happens meanwhile.
-    let p = a.wait_pod("t", "not ready while terminating", T, |p| p.is_none() || p.is_some_and(|p| !ready(p)));
+    let p = a.wait_pod("t", "not ready while terminating", T, |p| {
+        p.is_none() || p.is_some_and(|p| !ready(p))
+    });
     assert!(p.is_some(), "readiness must turn false before the pod is removed");
     a.wait_gone("t", T);
-    assert!(!a.agent_log().contains("failed liveness probe"), "liveness stops once termination starts");
+    assert!(
+        !a.agent_log().contains("failed liveness probe"),
+        "liveness stops once termination starts"
+    );
 }
 
 #[test]
@@ -402,7 +407,12 @@ fn probe_grace_period_overrides_the_pods() {
         ),
     );
     // sleep as PID 1 ignores TERM: only the probe's 2s grace (not the pod's 500s) lets it restart.
-    a.wait_for("g", "restarted within the probe's grace period", Duration::from_secs(30), |p| restarts(p, "c") >= 1);
+    a.wait_for(
+        "g",
+        "restarted within the probe's grace period",
+        Duration::from_secs(30),
+        |p| restarts(p, "c") >= 1,
+    );
 }
 
 #[test]
@@ -411,7 +421,9 @@ fn http_redirects_local_followed_foreign_not() {
     // CGI scripts answering 302, from a host directory (busybox httpd runs them).
     let cgi = scratch(&a.dir, "cgi-bin");
     for (file, loc) in [("local", "/missing"), ("foreign", "http://0.0.0.0/")] {
-        let script = format!("#!/bin/sh\necho 'Status: 302 Found'\necho 'Location: {loc}'\necho\necho '<a href=\"{loc}\">Found</a>.'\n");
+        let script = format!(
+            "#!/bin/sh\necho 'Status: 302 Found'\necho 'Location: {loc}'\necho\necho '<a href=\"{loc}\">Found</a>.'\n"
+        );
         let path = cgi.join(file);
         std::fs::write(&path, script).unwrap();
         use std::os::unix::fs::PermissionsExt;
@@ -427,13 +439,20 @@ fn http_redirects_local_followed_foreign_not() {
     a.write("local.yaml", &pod("local"));
     // A redirect elsewhere is not followed: success with a warning, no restart.
     a.write("foreign.yaml", &pod("foreign"));
-    a.wait_for("local", "restarted after the followed redirect", T, |p| restarts(p, "c") >= 1);
+    a.wait_for("local", "restarted after the followed redirect", T, |p| {
+        restarts(p, "c") >= 1
+    });
     std::thread::sleep(Duration::from_secs(3));
     let f = a.pod("foreign").unwrap();
-    assert!(running(&f, "c") && restarts(&f, "c") == 0, "a foreign redirect does not fail the probe");
+    assert!(
+        running(&f, "c") && restarts(&f, "c") == 0,
+        "a foreign redirect does not fail the probe"
+    );
     let log = a.agent_log();
     assert!(
-        log.contains("Liveness probe warning: Probe terminated redirects, Response body: <a href=\"http://0.0.0.0/\">Found</a>."),
+        log.contains(
+            "Liveness probe warning: Probe terminated redirects, Response body: <a href=\"http://0.0.0.0/\">Found</a>."
+        ),
         "{}",
         tail(&log, 20)
     );

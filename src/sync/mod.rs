@@ -45,6 +45,7 @@ pub struct Ctx {
     pub node: NodeInfo,
     pub pods: Arc<PodManager>,
     pub cgroups: PodCgroups,
+    pub net: crate::network::PodNetwork,
 }
 
 impl Ctx {
@@ -376,16 +377,21 @@ impl Worker {
         std::fs::create_dir_all(&self.pod_dir).with_context(|| format!("creating {}", self.pod_dir.display()))?;
         write_json_atomic(&self.pod_dir.join("pod.json"), &*self.pod).map_err(|e| anyhow::anyhow!("{e}"))?;
         self.ctx.cgroups.ensure_pod(&self.pod, self.ctx.cfg.pod_pids_limit)?;
-        let live = self.sandbox.as_ref().is_some_and(|s| s.is_live());
+        let net = &self.ctx.net;
+        let want = net.enabled().then(|| net.settings().mode.as_str());
+        let live = self.sandbox.as_ref().is_some_and(|s| s.is_live(want));
         if !live {
-            if self.sandbox.is_some() {
+            if let Some(old) = self.sandbox.clone() {
                 self.event(
                     "SandboxChanged",
                     "Pod sandbox changed, it will be killed and re-created.",
                 );
                 self.kill_all("the pod sandbox changed").await;
+                // Kept until released: a failed release is retried with the next sync.
+                self.detach_network(&old).await?;
+                self.sandbox = None;
             }
-            let sb = sandbox::create(&self.ctx.rt, &self.pod, &self.pod_dir).await?;
+            let sb = sandbox::create(&self.ctx.rt, &self.ctx.net, &self.pod, &self.pod_dir).await?;
             self.sandbox = Some(sb);
         }
         let facts = self.facts();
@@ -393,6 +399,14 @@ impl Worker {
         dns::write_files(&self.pod_dir, &self.pod, &facts.pod_ips, &self.ctx.cfg)
             .context("writing /etc/hosts and resolv.conf")?;
         Ok(())
+    }
+
+    /// Release a sandbox's network (IPs, interfaces, hostPorts) when it had one.
+    async fn detach_network(&self, sb: &Sandbox) -> anyhow::Result<()> {
+        if sb.network.is_none() && !(sb.net.is_some() && self.ctx.net.enabled()) {
+            return Ok(());
+        }
+        self.ctx.net.detach(&sb.id).await
     }
 
     async fn execute(&mut self, plan: &Plan, views: &PodContainers) -> Option<DateTime<Utc>> {
@@ -763,6 +777,11 @@ impl Worker {
             }
         }
         self.known.clear();
+        if let Some(sb) = self.sandbox.take() {
+            if let Err(e) = self.detach_network(&sb).await {
+                warn!(pod = %name, error = %format!("{e:#}"), "tearing down the pod network");
+            }
+        }
         if let Err(e) = sandbox::teardown_local(&self.pod_dir) {
             warn!(pod = %name, error = %format!("{e:#}"), "tearing down sandbox");
         }

@@ -12,6 +12,7 @@ use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
+use crate::network::PodNetwork;
 use crate::pod;
 
 const NSFS_MAGIC: i64 = 0x6e73_6673;
@@ -28,6 +29,10 @@ pub struct Sandbox {
     pub shm: PathBuf,
     pub pod_ips: Vec<String>,
     pub boot_id: String,
+    /// The pod network mode the sandbox is attached to ("bridge", "cni"); none when it has no
+    /// network of its own or networking is off.
+    #[serde(default)]
+    pub network: Option<String>,
 }
 
 pub fn sandbox_dir(pod_dir: &Path) -> PathBuf {
@@ -52,9 +57,12 @@ fn pinned(p: &Option<PathBuf>) -> bool {
 }
 
 impl Sandbox {
-    /// Still usable: same boot, namespaces still pinned.
-    pub fn is_live(&self) -> bool {
-        self.boot_id == ferrolet_runtime::fsutil::boot_id()
+    /// Still usable: same boot, namespaces still pinned, attached to the network it needs
+    /// (`network`: the current mode when pods get a network).
+    pub fn is_live(&self, network: Option<&str>) -> bool {
+        let net_ok = self.net.is_none() || self.network.as_deref() == network;
+        net_ok
+            && self.boot_id == ferrolet_runtime::fsutil::boot_id()
             && pinned(&self.net)
             && pinned(&self.ipc)
             && pinned(&self.uts)
@@ -62,8 +70,9 @@ impl Sandbox {
     }
 }
 
-/// Create the sandbox for `p` under `pod_dir`.
-pub async fn create(rt: &Runtime, p: &Pod, pod_dir: &Path) -> Result<Sandbox> {
+/// Create the sandbox for `p` under `pod_dir` and attach it to the pod network. The record is
+/// saved before the network is set up, so a crash in between leaves an id to tear down.
+pub async fn create(rt: &Runtime, net: &PodNetwork, p: &Pod, pod_dir: &Path) -> Result<Sandbox> {
     let dir = sandbox_dir(pod_dir);
     // Leftovers of an earlier sandbox (e.g. before a reboot).
     teardown_local(pod_dir)?;
@@ -95,7 +104,7 @@ pub async fn create(rt: &Runtime, p: &Pod, pod_dir: &Path) -> Result<Sandbox> {
         .context("mounting the pod's /dev/shm")?;
         shm
     };
-    let sb = Sandbox {
+    let mut sb = Sandbox {
         id: format!("{}-{}", pod::uid(p), &ferrolet_runtime::fsutil::random_hex(4)),
         created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         net: own_net.then(|| dir.join("net")),
@@ -104,8 +113,24 @@ pub async fn create(rt: &Runtime, p: &Pod, pod_dir: &Path) -> Result<Sandbox> {
         shm,
         pod_ips: Vec::new(),
         boot_id: ferrolet_runtime::fsutil::boot_id(),
+        network: None,
     };
     save(pod_dir, &sb)?;
+    if let (Some(netns), true) = (&sb.net, net.enabled()) {
+        match net.attach(&sb.id, netns, p).await {
+            Ok(ips) => {
+                sb.pod_ips = ips;
+                sb.network = Some(net.settings().mode.clone());
+                save(pod_dir, &sb)?;
+            }
+            Err(e) => {
+                // Setup leaves nothing behind on error; the namespaces go too, and the next
+                // sync makes a new sandbox.
+                teardown_local(pod_dir)?;
+                return Err(e.context("Failed to create pod sandbox"));
+            }
+        }
+    }
     Ok(sb)
 }
 

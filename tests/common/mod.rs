@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod net;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -32,6 +34,27 @@ pub struct Agent {
     /// Start the agent inside its own cgroup (the test's nested root) and let it pick its
     /// default cgroup root there, instead of passing --cgroup-root.
     own_cgroup: bool,
+    /// The network namespace the agent (and its `reset`) runs in, and its `--network`.
+    netns: Option<PathBuf>,
+    network: String,
+    /// More environment for the agent process.
+    pub env: Vec<(String, String)>,
+}
+
+/// Make `cmd` enter the network namespace pinned at `ns` before exec.
+pub fn enter_netns(cmd: &mut Command, ns: &Path) {
+    use std::os::fd::{AsRawFd, IntoRawFd};
+    use std::os::unix::process::CommandExt;
+    let fd = std::fs::File::open(ns).expect("open netns").into_raw_fd();
+    // SAFETY: setns on an fd opened above; nothing else between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 fn require_root() {
@@ -57,7 +80,30 @@ impl Agent {
         Agent::build(name, extra, config, false)
     }
 
+    /// An agent inside the test network namespace `ns` with pod network `network`
+    /// (bridge, cni or none).
+    pub fn start_in_netns(name: &str, ns: &Path, network: &str, extra: &[&str], config: &str) -> Agent {
+        Agent::build_with(name, extra, config, false, Some(ns.to_path_buf()), network, Vec::new())
+    }
+
+    /// Like [`Agent::start_in_netns`], with more environment for the agent.
+    pub fn start_in_netns_env(name: &str, ns: &Path, network: &str, config: &str, env: Vec<(String, String)>) -> Agent {
+        Agent::build_with(name, &[], config, false, Some(ns.to_path_buf()), network, env)
+    }
+
     fn build(name: &str, extra: &[&str], config: &str, own_cgroup: bool) -> Agent {
+        Agent::build_with(name, extra, config, own_cgroup, None, "none", Vec::new())
+    }
+
+    fn build_with(
+        name: &str,
+        extra: &[&str],
+        config: &str,
+        own_cgroup: bool,
+        netns: Option<PathBuf>,
+        network: &str,
+        env: Vec<(String, String)>,
+    ) -> Agent {
         require_root();
         let dir = std::env::temp_dir().join(format!("ferrolet-it-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -77,6 +123,9 @@ impl Agent {
             child: None,
             own_cgroup,
             node: format!("node-{name}"),
+            netns,
+            network: network.to_string(),
+            env,
         };
         a.spawn();
         a
@@ -117,7 +166,7 @@ impl Agent {
             // The child moves itself into the nested root in every hierarchy before exec.
             let procs: Vec<std::ffi::CString> = Cgroups::detect()
                 .unwrap()
-                .dirs(self.cgroup.path())
+                .all_dirs(self.cgroup.path())
                 .into_iter()
                 .map(|d| std::ffi::CString::new(d.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap())
                 .collect();
@@ -149,14 +198,18 @@ impl Agent {
             .arg("--sync-frequency")
             .arg("10s")
             .arg("--network")
-            .arg("none")
+            .arg(&self.network)
             .arg("--initial-container-restart-period")
             .arg("1s")
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
-        cmd.env("RUST_LOG", "ferrolet=debug,ferrolet_runtime=info");
+        cmd.env("RUST_LOG", "ferrolet=debug,ferrolet_runtime=info,ferrolet_netplug=info");
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        if let Some(ns) = &self.netns {
+            enter_netns(&mut cmd, ns);
+        }
         self.child = Some(cmd.spawn().expect("spawn ferrolet"));
         self.wait_ready();
     }
@@ -302,6 +355,26 @@ impl Agent {
         }
     }
 
+    /// kill -9, then start again with this environment.
+    pub fn restart_with_env(&mut self, env: Vec<(String, String)>) {
+        self.kill9();
+        self.env = env;
+        self.spawn();
+    }
+
+    /// Wait until the agent's log contains `needle`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.agent_log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "agent log never said {needle:?}:\n{}",
+                tail(&self.agent_log(), 40)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn restart(&mut self) {
         self.kill9();
         self.spawn();
@@ -326,11 +399,12 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
-        let out = Command::new(BIN)
-            .arg("reset")
-            .arg("--root-dir")
-            .arg(&self.root)
-            .output();
+        let mut reset = Command::new(BIN);
+        reset.arg("reset").arg("--root-dir").arg(&self.root);
+        if let Some(ns) = &self.netns {
+            enter_netns(&mut reset, ns);
+        }
+        let out = reset.output();
         if let Ok(o) = &out {
             if !o.status.success() {
                 eprintln!("reset failed: {}", String::from_utf8_lossy(&o.stderr));

@@ -1,0 +1,334 @@
+//! Pod networking with real pods: the agent runs inside a network namespace each test creates
+//! (standing in for the node, see common/net.rs), in the built-in bridge mode and in CNI mode
+//! with Debian's containernetworking-plugins. Pods serve HTTP with busybox httpd.
+
+mod common;
+
+use std::time::Duration;
+
+use common::net::{allocations, TestNet, NODE_IP};
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+
+const T: Duration = Duration::from_secs(40);
+
+/// A pod serving "hello from NAME" on `port`, with optional extra spec lines for the container.
+fn web(name: &str, port: u16, container_extra: &str, pod_extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n{pod_extra}  containers:\n  - name: web\n    image: {IMAGE}\n    command: [sh, -c, \"mkdir -p /www && echo hello from {name} > /www/index.html && exec httpd -f -p {port} -h /www\"]\n{container_extra}"
+    )
+}
+
+fn pod_ip(p: &Pod) -> String {
+    p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default()
+}
+
+fn running_with_ip(a: &Agent, name: &str) -> Pod {
+    a.wait_for(name, "running with an IP", T, |p| {
+        running(p, "web") && !pod_ip(p).is_empty()
+    })
+}
+
+fn in_subnet(ip: &str, prefix: &str) -> bool {
+    ip.starts_with(prefix)
+}
+
+fn exec(a: &Agent, pod: &str, cmd: &[&str]) -> String {
+    let full = format!("{pod}-{}", a.node);
+    let mut args = vec!["exec", full.as_str(), "--"];
+    args.extend_from_slice(cmd);
+    let out = a.cli(&args);
+    assert!(
+        out.status.success(),
+        "exec {cmd:?} in {pod}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const BRIDGE_CONFIG: &str = "ferrolet:\n  podSubnet: 10.66.0.0/24\n";
+
+#[test]
+fn bridge_pods_get_ips_reachable_from_node_and_pods() {
+    let net = TestNet::create("bridge");
+    let a = Agent::start_in_netns("netbridge", &net.path, "bridge", &[], BRIDGE_CONFIG);
+    a.write(
+        "a.yaml",
+        &web("a", 8080, "    ports: [{containerPort: 8080, hostPort: 18080}]\n", ""),
+    );
+    a.write("b.yaml", &web("b", 8080, "", ""));
+    let pa = running_with_ip(&a, "a");
+    let pb = running_with_ip(&a, "b");
+    let (ipa, ipb) = (pod_ip(&pa), pod_ip(&pb));
+    assert!(
+        in_subnet(&ipa, "10.66.0.") && in_subnet(&ipb, "10.66.0."),
+        "{ipa} {ipb}"
+    );
+    assert_ne!(ipa, ipb);
+    let st = pa.status.as_ref().unwrap();
+    assert_eq!(st.pod_ips.as_ref().unwrap()[0].ip, ipa);
+    assert_eq!(st.host_ip.as_deref(), Some(NODE_IP));
+
+    // node -> pod
+    let body = net.http_get_eventually(&format!("{ipa}:8080"), "/", T).unwrap();
+    assert_eq!(body.trim(), "hello from a");
+    // pod -> pod
+    let got = exec(&a, "b", &["wget", "-q", "-O-", &format!("http://{ipa}:8080/")]);
+    assert_eq!(got.trim(), "hello from a");
+    // the pod's view: eth0 with its IP, a default route, /etc/hosts naming it
+    let addrs = exec(&a, "b", &["ip", "-o", "addr", "show", "eth0"]);
+    assert!(addrs.contains(&format!("{ipb}/24")), "{addrs}");
+    let hosts = exec(&a, "b", &["cat", "/etc/hosts"]);
+    assert!(hosts.contains(&format!("{ipb}\tb-node-netbridge")), "{hosts}");
+    // hostPort from the node side, on the node's address and on localhost
+    let body = net.http_get_eventually(&format!("{NODE_IP}:18080"), "/", T).unwrap();
+    assert_eq!(body.trim(), "hello from a");
+    let body = net.http_get_eventually("127.0.0.1:18080", "/", T).unwrap();
+    assert_eq!(body.trim(), "hello from a");
+    // hairpin: the pod reaches itself through its hostPort
+    let got = exec(&a, "a", &["wget", "-q", "-O-", &format!("http://{NODE_IP}:18080/")]);
+    assert_eq!(got.trim(), "hello from a");
+    assert_eq!(net.bridge_ports("ferrolet0").len(), 2);
+
+    // Deleting a pod takes its veth, IP and hostPort with it.
+    a.remove("a.yaml");
+    a.wait_gone("a", T);
+    assert_eq!(net.bridge_ports("ferrolet0").len(), 1);
+    let ipam = a.root.join("network/ipam/10.66.0.0_24");
+    assert_eq!(allocations(&ipam), vec![ipb.clone()]);
+    let maps = net.nft(&["list", "table", "inet", "ferrolet"]).unwrap();
+    assert!(!maps.contains("18080"), "hostPort left behind:\n{maps}");
+    assert!(net.http_get(&format!("{NODE_IP}:18080"), "/").is_err());
+}
+
+#[test]
+fn host_network_pod_uses_the_node_namespace() {
+    let net = TestNet::create("hostnet");
+    let a = Agent::start_in_netns("hostnet", &net.path, "bridge", &[], BRIDGE_CONFIG);
+    a.write("h.yaml", &web("h", 18081, "", "  hostNetwork: true\n"));
+    let p = a.wait_for("h", "running", T, |p| running(p, "web"));
+    assert_eq!(pod_ip(&p), NODE_IP, "a hostNetwork pod has the node's IP");
+    let body = net.http_get_eventually("127.0.0.1:18081", "/", T).unwrap();
+    assert_eq!(body.trim(), "hello from h");
+    assert!(
+        net.bridge_ports("ferrolet0").is_empty(),
+        "no veth for a hostNetwork pod"
+    );
+}
+
+#[test]
+fn ips_are_released_and_reused() {
+    let net = TestNet::create("reuse");
+    // A /29 has five addresses for pods: three rounds of four pods need them back.
+    let a = Agent::start_in_netns(
+        "netreuse",
+        &net.path,
+        "bridge",
+        &[],
+        "ferrolet:\n  podSubnet: 10.66.1.0/29\n",
+    );
+    let ipam = a.root.join("network/ipam/10.66.1.0_29");
+    for round in 0..3 {
+        let names: Vec<String> = (0..4).map(|i| format!("r{round}p{i}")).collect();
+        for n in &names {
+            a.write(&format!("{n}.yaml"), &web(n, 8080, "", ""));
+        }
+        let mut ips: Vec<String> = names.iter().map(|n| pod_ip(&running_with_ip(&a, n))).collect();
+        ips.sort();
+        ips.dedup();
+        assert_eq!(ips.len(), 4, "round {round}: distinct IPs {ips:?}");
+        assert_eq!(allocations(&ipam), ips);
+        for n in &names {
+            a.remove(&format!("{n}.yaml"));
+        }
+        for n in &names {
+            a.wait_gone(n, T);
+        }
+        assert!(allocations(&ipam).is_empty(), "round {round}: {:?}", allocations(&ipam));
+        assert!(net.bridge_ports("ferrolet0").is_empty());
+    }
+}
+
+#[test]
+fn agent_crash_leaves_no_double_allocation() {
+    let net = TestNet::create("crash");
+    let mut a = Agent::start_in_netns("netcrash", &net.path, "bridge", &[], BRIDGE_CONFIG);
+    let ipam = a.root.join("network/ipam/10.66.0.0_24");
+    a.write("keep.yaml", &web("keep", 8080, "", ""));
+    a.write("gone.yaml", &web("gone", 8080, "", ""));
+    let keep = pod_ip(&running_with_ip(&a, "keep"));
+    let gone = pod_ip(&running_with_ip(&a, "gone"));
+
+    // Killed while idle; a pod deleted while the agent is down is collected at the next start.
+    a.kill9();
+    a.remove("gone.yaml");
+    a.restart_with_env(Vec::new());
+    a.wait_gone("gone", T);
+    assert_eq!(allocations(&ipam), vec![keep.clone()]);
+    assert_eq!(
+        pod_ip(&running_with_ip(&a, "keep")),
+        keep,
+        "the pod kept its IP across the restart"
+    );
+
+    // Killed in the middle of a setup: IP allocated and veth created, nothing else.
+    a.restart_with_env(vec![("FERROLET_NETPLUG_FAILPOINT".into(), "bridge-after-veth".into())]);
+    a.write("mid.yaml", &web("mid", 8080, "", ""));
+    a.wait_log("failpoint reached", T);
+    a.restart_with_env(Vec::new());
+    let mid = pod_ip(&running_with_ip(&a, "mid"));
+    assert_ne!(mid, keep);
+    let mut want = vec![keep.clone(), mid.clone()];
+    want.sort();
+    assert_eq!(
+        allocations(&ipam),
+        want,
+        "one IP per pod, nothing leaked ({gone} was freed)"
+    );
+    assert_eq!(net.bridge_ports("ferrolet0").len(), 2, "one veth per pod");
+    let body = net.http_get_eventually(&format!("{mid}:8080"), "/", T).unwrap();
+    assert_eq!(body.trim(), "hello from mid");
+}
+
+#[test]
+fn bad_network_config_shows_in_pod_status_and_spares_other_pods() {
+    let net = TestNet::create("badnet");
+    // The pod subnet overlaps the node's own route on node0.
+    let a = Agent::start_in_netns(
+        "badnet",
+        &net.path,
+        "bridge",
+        &[],
+        "ferrolet:\n  podSubnet: 198.51.100.0/25\n",
+    );
+    a.write("p.yaml", &web("p", 8080, "", ""));
+    a.write("h.yaml", &web("h", 18082, "", "  hostNetwork: true\n"));
+    a.wait_for("h", "hostNetwork pod running", T, |p| running(p, "web"));
+    let p = a.wait_for("p", "waiting with the network error", T, |p| {
+        try_container_status(p, "web")
+            .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.message.clone())
+            .is_some_and(|m| m.contains("overlaps"))
+    });
+    assert_eq!(waiting_reason(&p, "web").as_deref(), Some("ContainerCreating"));
+    let msg = container_status(&p, "web")
+        .state
+        .as_ref()
+        .unwrap()
+        .waiting
+        .as_ref()
+        .unwrap()
+        .message
+        .clone()
+        .unwrap();
+    assert!(msg.contains("198.51.100.0/25") && msg.contains("node0"), "{msg}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// CNI mode
+
+fn cni_config(net: &TestNet, subnet: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let conf = net.dir.join("net.d");
+    let ipam = net.dir.join("cni-ipam");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(
+        conf.join("10-it.conflist"),
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "ferrolet-it",
+            "plugins": [
+                {"type": "bridge", "bridge": "cni-it0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
+                          "routes": [{"dst": "0.0.0.0/0"}], "dataDir": ipam}},
+                {"type": "portmap", "capabilities": {"portMappings": true}}
+            ]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    (conf, ipam.join("ferrolet-it"))
+}
+
+fn cni_agent(name: &str, net: &TestNet, conf: &std::path::Path) -> Agent {
+    Agent::start_in_netns(
+        name,
+        &net.path,
+        "cni",
+        &[],
+        &format!(
+            "ferrolet:\n  cniConfDir: {}\n  cniBinDirs: [/usr/lib/cni, /opt/cni/bin]\n",
+            conf.display()
+        ),
+    )
+}
+
+#[test]
+fn cni_pods_get_ips_hostports_and_release_them() {
+    let net = TestNet::create("cni");
+    let (conf, ipam) = cni_config(&net, "10.67.0.0/24");
+    let a = cni_agent("netcni", &net, &conf);
+    a.write(
+        "a.yaml",
+        &web("a", 8080, "    ports: [{containerPort: 8080, hostPort: 18090}]\n", ""),
+    );
+    a.write("b.yaml", &web("b", 8080, "", ""));
+    let ipa = pod_ip(&running_with_ip(&a, "a"));
+    let ipb = pod_ip(&running_with_ip(&a, "b"));
+    assert!(
+        in_subnet(&ipa, "10.67.0.") && in_subnet(&ipb, "10.67.0."),
+        "{ipa} {ipb}"
+    );
+    let body = net.http_get_eventually(&format!("{ipa}:8080"), "/", T).unwrap();
+    assert_eq!(body.trim(), "hello from a");
+    let got = exec(&a, "b", &["wget", "-q", "-O-", &format!("http://{ipa}:8080/")]);
+    assert_eq!(got.trim(), "hello from a");
+    let body = net.http_get_eventually(&format!("{NODE_IP}:18090"), "/", T).unwrap();
+    assert_eq!(body.trim(), "hello from a");
+    let mut both = vec![ipa.clone(), ipb.clone()];
+    both.sort();
+    assert_eq!(allocations(&ipam), both);
+
+    // DEL releases the IP (host-local) and the hostPort (portmap).
+    a.remove("a.yaml");
+    a.wait_gone("a", T);
+    assert_eq!(allocations(&ipam), vec![ipb]);
+    assert!(net.http_get(&format!("{NODE_IP}:18090"), "/").is_err());
+}
+
+#[test]
+fn cni_bad_config_is_reported_then_fixed() {
+    let net = TestNet::create("cnibad");
+    let conf = net.dir.join("net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(conf.join("10-bad.conflist"), "{ not json").unwrap();
+    let a = cni_agent("netcnibad", &net, &conf);
+    a.write("p.yaml", &web("p", 8080, "", ""));
+    a.write("h.yaml", &web("h", 18083, "", "  hostNetwork: true\n"));
+    a.wait_for("h", "hostNetwork pod running", T, |p| running(p, "web"));
+    let p = a.wait_for("p", "waiting with the CNI config error", T, |p| {
+        try_container_status(p, "web")
+            .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.message.clone())
+            .is_some_and(|m| m.contains("10-bad.conflist"))
+    });
+    assert_eq!(waiting_reason(&p, "web").as_deref(), Some("ContainerCreating"));
+
+    // An unknown plugin is named too.
+    std::fs::remove_file(conf.join("10-bad.conflist")).unwrap();
+    std::fs::write(
+        conf.join("20-unknown.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"x","plugins":[{"type":"no-such-plugin"}]}"#,
+    )
+    .unwrap();
+    a.wait_for("p", "waiting with the unknown plugin", T, |p| {
+        try_container_status(p, "web")
+            .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.message.clone())
+            .is_some_and(|m| m.contains("no-such-plugin"))
+    });
+
+    // Fixed: the next sync builds the network and the pod runs.
+    std::fs::remove_file(conf.join("20-unknown.conflist")).unwrap();
+    let (_, ipam) = cni_config(&net, "10.67.1.0/24");
+    let ip = pod_ip(&running_with_ip(&a, "p"));
+    assert!(in_subnet(&ip, "10.67.1."), "{ip}");
+    assert_eq!(allocations(&ipam), vec![ip]);
+}
