@@ -14,7 +14,11 @@ fn main() {
     let root = std::env::temp_dir().join(format!("ferrolet-floor-{}", std::process::id()));
     let rt = Runtime::new(&root, zygote).expect("runtime");
     rt.images().import(std::path::Path::new(image)).expect("import");
-    let cg = NestedRoot::create(&Cgroups::detect().unwrap(), &format!("ferrolet-floor-{}", std::process::id())).unwrap();
+    let cg = NestedRoot::create(
+        &Cgroups::detect().unwrap(),
+        &format!("ferrolet-floor-{}", std::process::id()),
+    )
+    .unwrap();
     let cfg = ContainerConfig {
         name: "floor".into(),
         image: "busybox:1.35".into(),
@@ -22,7 +26,10 @@ fn main() {
         cgroup_parent: cg.path().to_string(),
         ..Default::default()
     };
-    let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let mut phases: [Vec<f64>; 5] = Default::default();
     for _ in 0..n {
         tokio.block_on(async {

@@ -1,0 +1,187 @@
+//! A ferrolet agent under benchmark: started from the release binary with its own root dir,
+//! manifest dir and nested cgroup root; pods are written as manifests whose container touches
+//! a file first thing, so "running" is measured from inside the container.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+
+use crate::procstat;
+
+pub struct Agent {
+    pub bin: PathBuf,
+    pub root: PathBuf,
+    pub manifests: PathBuf,
+    pub marks: PathBuf,
+    child: Option<Child>,
+}
+
+impl Agent {
+    pub fn start(bin: &Path, dir: &Path, cgroup_root: &str, network: &str, log: &Path) -> Result<Agent> {
+        let root = dir.join("root");
+        let manifests = dir.join("manifests");
+        let marks = dir.join("marks");
+        for d in [&root, &manifests, &marks] {
+            std::fs::create_dir_all(d)?;
+        }
+        let config = dir.join("kubelet.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nreadOnlyPort: 0\nmaxPods: 500\npodLogsDir: {}\nfileCheckFrequency: 20s\n",
+                dir.join("logs").display()
+            ),
+        )?;
+        let logf = std::fs::File::create(log)?;
+        let child = Command::new(bin)
+            .args(["run", "--config"])
+            .arg(&config)
+            .arg("--pod-manifest-path")
+            .arg(&manifests)
+            .arg("--root-dir")
+            .arg(&root)
+            .arg("--cgroup-root")
+            .arg(cgroup_root)
+            .arg("--network")
+            .arg(network)
+            .arg("--hostname-override")
+            .arg("bench")
+            .env("RUST_LOG", "ferrolet=warn,ferrolet_runtime=warn")
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone()?)
+            .stderr(logf)
+            .spawn()
+            .context("starting ferrolet")?;
+        let a = Agent {
+            bin: bin.to_path_buf(),
+            root,
+            manifests,
+            marks,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while a.get("/healthz").is_err() {
+            if Instant::now() > deadline {
+                bail!("the agent did not come up; see {}", log.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(a)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    fn get(&self, path: &str) -> Result<Vec<u8>> {
+        let mut s = UnixStream::connect(self.root.join("ferrolet.sock"))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: f\r\n\r\n")?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf)?;
+        let split = buf.windows(4).position(|w| w == b"\r\n\r\n").context("bad response")?;
+        Ok(buf[split + 4..].to_vec())
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.get("/pods")
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["items"].as_array().map(|a| a.len()))
+            .unwrap_or(usize::MAX)
+    }
+
+    /// The pod IPs the agent reports.
+    pub fn pod_ips(&self) -> Vec<String> {
+        self.get("/pods")
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["items"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Write the manifest of pod `name` (renamed into place); returns when it landed.
+    pub fn add(&self, name: &str, manifest: &str) -> Result<SystemTime> {
+        let tmp = self.manifests.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, manifest)?;
+        let t0 = SystemTime::now();
+        std::fs::rename(&tmp, self.manifests.join(format!("{name}.yaml")))?;
+        Ok(t0)
+    }
+
+    pub fn remove(&self, name: &str) -> Result<()> {
+        std::fs::remove_file(self.manifests.join(format!("{name}.yaml")))?;
+        Ok(())
+    }
+
+    /// The agent, its zygote and every container monitor.
+    pub fn processes(&self) -> Vec<i32> {
+        let mut v = vec![self.pid()];
+        v.extend(procstat::children(self.pid()).into_iter().filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "ferrolet-zygote")
+        }));
+        v.extend(procstat::monitors(&self.root));
+        v
+    }
+
+    /// Stop the agent and remove everything it ran.
+    pub fn finish(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::SIGTERM);
+            let _ = c.wait();
+        }
+        let _ = Command::new(&self.bin)
+            .args(["reset", "--root-dir"])
+            .arg(&self.root)
+            .output();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            let _ = Command::new(&self.bin)
+                .args(["reset", "--root-dir"])
+                .arg(&self.root)
+                .output();
+        }
+    }
+}
+
+/// A pod whose container marks its start by creating `<marks>/<name>`, then sleeps.
+pub fn pod_manifest(name: &str, marks: &Path, image: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {image}\n    command: [sh, -c, \"touch /marks/{name}; exec sleep 100000\"]\n    volumeMounts: [{{name: marks, mountPath: /marks}}]\n  volumes: [{{name: marks, hostPath: {{path: {}}}}}]\n",
+        marks.display()
+    )
+}
+
+/// When the mark of `name` appeared (its mtime), waiting up to `timeout`.
+pub fn wait_mark(marks: &Path, name: &str, timeout: Duration) -> Result<SystemTime> {
+    let p = marks.join(name);
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(m) = std::fs::metadata(&p) {
+            return Ok(m.modified()?);
+        }
+        if Instant::now() > deadline {
+            bail!("pod {name} did not start within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+pub fn ms_between(a: SystemTime, b: SystemTime) -> f64 {
+    match b.duration_since(a) {
+        Ok(d) => d.as_secs_f64() * 1000.0,
+        Err(e) => -(e.duration().as_secs_f64() * 1000.0),
+    }
+}

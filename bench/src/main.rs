@@ -1,0 +1,578 @@
+//! ferrolet's benchmarks, printed as numbers and ratios against peers measured in the same run
+//! (crun, runc, podman from Debian). Nothing here passes or fails. Run as root:
+//! `scripts/bench` (installs the peers, builds release binaries, writes bench/RESULTS.md).
+//!
+//! Everything runs inside a private network namespace (the agent's bridge and podman's
+//! networks never touch the node) and below this process's own cgroup.
+
+mod agent;
+mod peers;
+mod procstat;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{anyhow, Context, Result};
+use clap::Parser;
+use ferrolet_runtime::cgroups::{Cgroups, NestedRoot};
+use ferrolet_runtime::{ContainerConfig, Runtime};
+
+use agent::{ms_between, pod_manifest, wait_mark, Agent};
+use procstat::percentile;
+
+#[derive(Parser, Debug)]
+#[command(about = "ferrolet benchmarks beside crun, runc and podman")]
+struct Opts {
+    /// Pods created one after another for the latency figures.
+    #[arg(long, default_value_t = 50)]
+    pods: usize,
+    /// Pods written at once for the burst figures.
+    #[arg(long, default_value_t = 100)]
+    burst: usize,
+    /// Container create+start+delete runs for the runtime floor.
+    #[arg(long, default_value_t = 50)]
+    runs: usize,
+    /// Seconds of steady state for the CPU figure.
+    #[arg(long, default_value_t = 60)]
+    cpu_seconds: u64,
+    /// Skip podman (crun and runc still run).
+    #[arg(long)]
+    skip_podman: bool,
+    /// The ferrolet binary (release build).
+    #[arg(long, default_value = "target/release/ferrolet")]
+    ferrolet: PathBuf,
+    /// The demo image archives.
+    #[arg(long, default_value = "images/out")]
+    images: PathBuf,
+    /// Where to write the results as Markdown (the last one given wins).
+    #[arg(long, default_value = "bench/RESULTS.md", overrides_with = "out")]
+    out: PathBuf,
+}
+
+/// One line of the results table.
+struct Row {
+    metric: String,
+    ferrolet: Option<f64>,
+    podman: Option<f64>,
+    crun: Option<f64>,
+    runc: Option<f64>,
+    /// Which peer the ratio compares with.
+    against: &'static str,
+    unit: &'static str,
+}
+
+impl Row {
+    fn new(metric: impl Into<String>, unit: &'static str, against: &'static str) -> Row {
+        Row {
+            metric: metric.into(),
+            ferrolet: None,
+            podman: None,
+            crun: None,
+            runc: None,
+            against,
+            unit,
+        }
+    }
+    fn ratio(&self) -> String {
+        let peer = match self.against {
+            "podman" => self.podman,
+            "crun" => self.crun,
+            "runc" => self.runc,
+            _ => None,
+        };
+        match (self.ferrolet, peer) {
+            (Some(f), Some(p)) if p > 0.0 => format!("{:.2}× {}", f / p, self.against),
+            _ => "-".into(),
+        }
+    }
+}
+
+fn fmt(v: Option<f64>, unit: &str) -> String {
+    match v {
+        Some(x) if x.is_finite() => {
+            if x >= 100.0 {
+                format!("{x:.0} {unit}")
+            } else if x >= 10.0 {
+                format!("{x:.1} {unit}")
+            } else {
+                format!("{x:.2} {unit}")
+            }
+        }
+        Some(_) => "n/a".into(),
+        None => "-".into(),
+    }
+}
+
+fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    (percentile(&v, 50.0), percentile(&v, 90.0), percentile(&v, 99.0))
+}
+
+fn loopback_up() {
+    // SAFETY: socket/ioctl on a zeroed ifreq naming "lo".
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo\0".iter().enumerate() {
+            ifr.ifr_name[i] = *b as libc::c_char;
+        }
+        if libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr) == 0 {
+            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr);
+        }
+        libc::close(s);
+    }
+}
+
+fn main() -> Result<()> {
+    let opts = Opts::parse();
+    // The runtime floor goes through the runtime crate: its zygote first (DESIGN.md §1).
+    let zygote = ferrolet_runtime::fork_zygote().map_err(|e| anyhow!("{e}"))?;
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!("the benchmarks run containers and need root");
+    }
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).context("entering a private network namespace")?;
+    loopback_up();
+    let dir = std::env::temp_dir().join(format!("ferrolet-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let cgroups = Cgroups::detect().map_err(|e| anyhow!("{e}"))?;
+    let cg =
+        NestedRoot::create(&cgroups, &format!("ferrolet-bench-{}", std::process::id())).map_err(|e| anyhow!("{e}"))?;
+    // Clean up after a panic too: the run happens behind catch_unwind.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&opts, zygote, &dir, &cgroups, &cg)))
+        .unwrap_or_else(|_| Err(anyhow!("the benchmark panicked")));
+    let _ = cg.cleanup();
+    let _ = std::fs::remove_dir_all(&dir);
+    let rows = result?;
+    let table = render(&rows);
+    println!("\n{table}");
+    let md = format!("{}\n{table}\n{}", header(), notes(&opts));
+    std::fs::write(&opts.out, md).with_context(|| format!("writing {}", opts.out.display()))?;
+    println!("written to {}", opts.out.display());
+    Ok(())
+}
+
+fn run(
+    opts: &Opts,
+    zygote: ferrolet_runtime::ZygoteHandle,
+    dir: &Path,
+    cgroups: &Cgroups,
+    cg: &NestedRoot,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let oci_tar = opts.images.join("busybox.oci.tar");
+    let docker_tar = opts.images.join("busybox.docker.tar");
+    let image = "docker.io/library/busybox:1.35";
+
+    // 1. The runtime floor: create+start+wait+delete of `true`.
+    eprintln!("== runtime floor ({} runs each)", opts.runs);
+    let mut floor = Row::new("container create+start+delete, p50", "ms", "runc");
+    let spec: serde_json::Value;
+    {
+        let rt = Runtime::new(dir.join("rt"), zygote).map_err(|e| anyhow!("{e}"))?;
+        rt.images().import(&oci_tar).map_err(|e| anyhow!("{e}"))?;
+        let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let cfg = ContainerConfig {
+            name: "floor".into(),
+            image: image.into(),
+            command: vec!["true".into()],
+            cgroup_parent: cg.path().to_string(),
+            ..Default::default()
+        };
+        // The spec ferrolet generates for this container: the peers run the same one.
+        spec = tokio
+            .block_on(async {
+                let c = rt.create(&cfg).await?;
+                let spec = std::fs::read(rt.root().join("containers").join(c.id()).join("config.json"));
+                rt.delete(c.id()).await?;
+                Ok::<_, ferrolet_runtime::Error>(spec)
+            })
+            .map_err(|e| anyhow!("{e}"))
+            .and_then(|r| Ok(serde_json::from_slice(&r?)?))?;
+        let mut v = Vec::new();
+        for _ in 0..opts.runs {
+            let t = Instant::now();
+            tokio
+                .block_on(async {
+                    let c = rt.create(&cfg).await?;
+                    rt.start(c.id()).await?;
+                    rt.wait(c.id()).await?;
+                    rt.delete(c.id()).await
+                })
+                .map_err(|e| anyhow!("{e}"))?;
+            v.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        floor.ferrolet = Some(stats(v).0);
+    }
+    let rootfs = dir.join("rootfs");
+    peers::unpack_rootfs(&oci_tar, &rootfs)?;
+    for name in ["crun", "runc"] {
+        let r = peers::OciRuntime::new(name, dir, &rootfs, cgroups, cg.path(), &spec).and_then(|rt| {
+            let v = (0..opts.runs).map(|i| rt.run_once(i)).collect::<Result<Vec<_>>>()?;
+            Ok(stats(v).0)
+        });
+        let val = match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                eprintln!("   {name}: {e:#}");
+                Some(f64::NAN)
+            }
+        };
+        if name == "crun" {
+            floor.crun = val;
+        } else {
+            floor.runc = val;
+        }
+    }
+    rows.push(floor);
+
+    // 2.-6. ferrolet without a pod network: latency, memory, burst, CPU.
+    let bin = std::fs::canonicalize(&opts.ferrolet)
+        .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
+    let mut lat = [
+        Row::new(
+            format!(
+                "pod start latency p50 ({} pods, one after another, no pod network)",
+                opts.pods
+            ),
+            "ms",
+            "podman",
+        ),
+        Row::new("pod start latency p90", "ms", "podman"),
+        Row::new("pod start latency p99", "ms", "podman"),
+    ];
+    let mut lat_net = [
+        Row::new(
+            format!("pod start latency p50 ({} pods, with pod network)", opts.pods),
+            "ms",
+            "podman",
+        ),
+        Row::new("pod start latency p90, with pod network", "ms", "podman"),
+        Row::new("pod start latency p99, with pod network", "ms", "podman"),
+    ];
+    let mut burst_up = Row::new(
+        format!("burst: {} pods written at once, all running", opts.burst),
+        "s",
+        "podman",
+    );
+    let mut burst_down = Row::new(format!("burst: {} pods deleted, all gone", opts.burst), "s", "podman");
+    let mut mem_idle = Row::new("memory (PSS): idle agent", "MiB", "podman");
+    let mut mem_10 = Row::new("memory (PSS): 10 pods", "MiB", "podman");
+    let mut mem_100 = Row::new(format!("memory (PSS): {} pods", opts.burst), "MiB", "podman");
+    let mut mem_per_pod = Row::new("memory (PSS) per pod", "KiB", "podman");
+    let mut cpu = Row::new(
+        format!("CPU per minute, {} idle pods (agent + monitors / conmons)", opts.burst),
+        "s",
+        "podman",
+    );
+
+    eprintln!("== ferrolet: {} pods one after another, no pod network", opts.pods);
+    {
+        let a = Agent::start(
+            &bin,
+            &dir.join("ferrolet-nonet"),
+            &format!("{}/nonet", cg.path()),
+            "none",
+            &dir.join("agent-nonet.log"),
+        )?;
+        std::thread::sleep(Duration::from_secs(2));
+        mem_idle.ferrolet = Some(pss_mib(&a.processes()));
+        let mut v = Vec::new();
+        for i in 0..opts.pods {
+            let name = format!("seq{i}");
+            let t0 = a.add(&name, &pod_manifest(&name, &a.marks, image))?;
+            v.push(ms_between(t0, wait_mark(&a.marks, &name, Duration::from_secs(60))?));
+            if i + 1 == 10 {
+                std::thread::sleep(Duration::from_millis(500));
+                mem_10.ferrolet = Some(pss_mib(&a.processes()));
+            }
+        }
+        let (p50, p90, p99) = stats(v);
+        lat[0].ferrolet = Some(p50);
+        lat[1].ferrolet = Some(p90);
+        lat[2].ferrolet = Some(p99);
+        for i in 0..opts.pods {
+            a.remove(&format!("seq{i}"))?;
+        }
+        wait_until(Duration::from_secs(120), || a.pod_count() == 0)?;
+
+        eprintln!("== ferrolet: burst of {}", opts.burst);
+        let t0 = SystemTime::now();
+        for i in 0..opts.burst {
+            let name = format!("burst{i}");
+            a.add(&name, &pod_manifest(&name, &a.marks, image))?;
+        }
+        let mut last = t0;
+        for i in 0..opts.burst {
+            last = last.max(wait_mark(&a.marks, &format!("burst{i}"), Duration::from_secs(300))?);
+        }
+        burst_up.ferrolet = Some(ms_between(t0, last) / 1000.0);
+        std::thread::sleep(Duration::from_secs(2));
+        let procs = a.processes();
+        mem_100.ferrolet = Some(pss_mib(&procs));
+        if let (Some(idle), Some(full)) = (mem_idle.ferrolet, mem_100.ferrolet) {
+            mem_per_pod.ferrolet = Some((full - idle) * 1024.0 / opts.burst as f64);
+        }
+        eprintln!("== ferrolet: CPU over {}s with {} pods", opts.cpu_seconds, opts.burst);
+        cpu.ferrolet = Some(cpu_per_minute(&procs, opts.cpu_seconds));
+        let t = Instant::now();
+        for i in 0..opts.burst {
+            a.remove(&format!("burst{i}"))?;
+        }
+        wait_until(Duration::from_secs(300), || {
+            a.pod_count() == 0 && container_count(&a.root) == 0
+        })?;
+        burst_down.ferrolet = Some(t.elapsed().as_secs_f64());
+        a.finish();
+    }
+
+    eprintln!(
+        "== ferrolet: {} pods one after another, built-in bridge network",
+        opts.pods
+    );
+    let net = (|| -> Result<(f64, f64, f64)> {
+        let a = Agent::start(
+            &bin,
+            &dir.join("ferrolet-net"),
+            &format!("{}/net", cg.path()),
+            "bridge",
+            &dir.join("agent-net.log"),
+        )?;
+        let mut v = Vec::new();
+        for i in 0..opts.pods {
+            let name = format!("net{i}");
+            let t0 = a.add(&name, &pod_manifest(&name, &a.marks, image))?;
+            v.push(ms_between(t0, wait_mark(&a.marks, &name, Duration::from_secs(60))?));
+            if i == 0 {
+                std::thread::sleep(Duration::from_millis(300));
+                if a.pod_ips().is_empty() {
+                    a.finish();
+                    anyhow::bail!("the agent gave its pods no IP: no pod network to measure");
+                }
+            }
+        }
+        for i in 0..opts.pods {
+            a.remove(&format!("net{i}"))?;
+        }
+        wait_until(Duration::from_secs(120), || a.pod_count() == 0)?;
+        a.finish();
+        Ok(stats(v))
+    })();
+    match net {
+        Ok((p50, p90, p99)) => {
+            lat_net[0].ferrolet = Some(p50);
+            lat_net[1].ferrolet = Some(p90);
+            lat_net[2].ferrolet = Some(p99);
+        }
+        Err(e) => eprintln!("   bridge network: {e:#}"),
+    }
+
+    if !opts.skip_podman {
+        if let Err(e) = podman(
+            opts,
+            dir,
+            cgroups,
+            &docker_tar,
+            image,
+            &mut lat,
+            &mut lat_net,
+            &mut burst_up,
+            &mut burst_down,
+            &mut mem_10,
+            &mut mem_100,
+            &mut mem_per_pod,
+            &mut cpu,
+        ) {
+            eprintln!("   podman: {e:#}");
+        }
+    }
+    rows.extend(lat);
+    rows.extend(lat_net);
+    rows.extend([burst_up, burst_down, mem_idle, mem_10, mem_100, mem_per_pod, cpu]);
+    Ok(rows)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn podman(
+    opts: &Opts,
+    dir: &Path,
+    cgroups: &Cgroups,
+    docker_tar: &Path,
+    image: &str,
+    lat: &mut [Row; 3],
+    lat_net: &mut [Row; 3],
+    burst_up: &mut Row,
+    burst_down: &mut Row,
+    mem_10: &mut Row,
+    mem_100: &mut Row,
+    mem_per_pod: &mut Row,
+    cpu: &mut Row,
+) -> Result<()> {
+    eprintln!(
+        "== podman kube play: {} pods one after another, no pod network",
+        opts.pods
+    );
+    let p = peers::Podman::new(dir, cgroups, docker_tar)?;
+    let marks = dir.join("podman-marks");
+    std::fs::create_dir_all(&marks)?;
+    let manifests = dir.join("podman-manifests");
+    std::fs::create_dir_all(&manifests)?;
+    let play = |name: &str, net: bool| -> Result<SystemTime> {
+        let f = manifests.join(format!("{name}.yaml"));
+        std::fs::write(&f, pod_manifest(name, &marks, image))?;
+        let t0 = SystemTime::now();
+        let f = f.display().to_string();
+        if net {
+            p.run(&["kube", "play", &f])?;
+        } else {
+            p.run(&["kube", "play", "--network", "none", &f])?;
+        }
+        Ok(t0)
+    };
+    let mut v = Vec::new();
+    for i in 0..opts.pods {
+        let name = format!("seq{i}");
+        let t0 = play(&name, false)?;
+        v.push(ms_between(t0, wait_mark(&marks, &name, Duration::from_secs(60))?));
+        if i + 1 == 10 {
+            std::thread::sleep(Duration::from_millis(500));
+            mem_10.podman = Some(pss_mib(&p.processes()));
+        }
+    }
+    let (p50, p90, p99) = stats(v);
+    lat[0].podman = Some(p50);
+    lat[1].podman = Some(p90);
+    lat[2].podman = Some(p99);
+    p.run(&["pod", "rm", "-af", "-t", "0"])?;
+
+    eprintln!("== podman kube play: burst of {}", opts.burst);
+    let all = manifests.join("burst.yaml");
+    let docs: Vec<String> = (0..opts.burst)
+        .map(|i| pod_manifest(&format!("burst{i}"), &marks, image))
+        .collect();
+    std::fs::write(&all, docs.join("---\n"))?;
+    let t0 = SystemTime::now();
+    p.run(&["kube", "play", "--network", "none", &all.display().to_string()])?;
+    let mut last = t0;
+    for i in 0..opts.burst {
+        last = last.max(wait_mark(&marks, &format!("burst{i}"), Duration::from_secs(600))?);
+    }
+    burst_up.podman = Some(ms_between(t0, last) / 1000.0);
+    std::thread::sleep(Duration::from_secs(2));
+    let procs = p.processes();
+    mem_100.podman = Some(pss_mib(&procs));
+    mem_per_pod.podman = mem_100.podman.map(|m| m * 1024.0 / opts.burst as f64);
+    eprintln!("== podman: CPU over {}s with {} pods", opts.cpu_seconds, opts.burst);
+    cpu.podman = Some(cpu_per_minute(&procs, opts.cpu_seconds));
+    let t = Instant::now();
+    p.run(&["kube", "down", &all.display().to_string()])?;
+    burst_down.podman = Some(t.elapsed().as_secs_f64());
+
+    eprintln!(
+        "== podman kube play: {} pods one after another, default pod network",
+        opts.pods
+    );
+    let mut v = Vec::new();
+    for i in 0..opts.pods {
+        let name = format!("net{i}");
+        let t0 = play(&name, true)?;
+        v.push(ms_between(t0, wait_mark(&marks, &name, Duration::from_secs(60))?));
+    }
+    let (p50, p90, p99) = stats(v);
+    lat_net[0].podman = Some(p50);
+    lat_net[1].podman = Some(p90);
+    lat_net[2].podman = Some(p99);
+    p.finish();
+    Ok(())
+}
+
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        if Instant::now() > deadline {
+            anyhow::bail!("timed out after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn container_count(root: &Path) -> usize {
+    std::fs::read_dir(root.join("containers"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+fn pss_mib(pids: &[i32]) -> f64 {
+    pids.iter().map(|p| procstat::pss_kib(*p)).sum::<u64>() as f64 / 1024.0
+}
+
+/// CPU seconds the processes used per minute, measured over `secs`.
+fn cpu_per_minute(pids: &[i32], secs: u64) -> f64 {
+    let before: u64 = pids.iter().map(|p| procstat::cpu_ticks(*p)).sum();
+    std::thread::sleep(Duration::from_secs(secs));
+    let after: u64 = pids.iter().map(|p| procstat::cpu_ticks(*p)).sum();
+    (after.saturating_sub(before)) as f64 / procstat::ticks_per_second() as f64 * 60.0 / secs as f64
+}
+
+fn render(rows: &[Row]) -> String {
+    let mut s = String::from("| metric | ferrolet | podman | crun | runc | ratio |\n|---|---|---|---|---|---|\n");
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.metric,
+            fmt(r.ferrolet, r.unit),
+            fmt(r.podman, r.unit),
+            fmt(r.crun, r.unit),
+            fmt(r.runc, r.unit),
+            r.ratio()
+        ));
+    }
+    s
+}
+
+fn header() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
+        .map(|k| k / 1024 / 1024)
+        .unwrap_or(0);
+    let kernel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let cg = Cgroups::detect()
+        .map(|c| if c.is_v2() { "cgroup v2" } else { "cgroup v1 (hybrid)" })
+        .unwrap_or("?");
+    format!(
+        "# ferrolet benchmark results\n\nMeasured {} on {cpu}, {cores} cores, {mem} GiB RAM, Linux {kernel}, {cg}.\nProduced by `scripts/bench` (see the README's Benchmarks section for what each number means).\n",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
+    )
+}
+
+fn notes(opts: &Opts) -> String {
+    format!(
+        "Notes:\n\
+- Pod start latency: from the manifest landing in the watched directory (ferrolet) or `podman kube play` being invoked, to the container's first command creating a file (its mtime): p50/p90/p99 over {} pods created one after another, each waited for.\n\
+- Burst: {} pods written at once (ferrolet: {0} files; podman: one {0}-document `kube play`), to the last container running; deletion: files removed (ferrolet) or `kube down` (podman), to nothing left.\n\
+- Memory: PSS from /proc/*/smaps_rollup of the agent, its zygote and every container monitor (ferrolet) versus conmon and catatonit (podman has no daemon; its per-pod processes are what stays resident). Per pod: (PSS with {1} pods - idle) / {1} for ferrolet, PSS / {1} for podman.\n\
+- CPU: user+system time of the same processes over {2}s of steady state, scaled to one minute.\n\
+- Runtime floor: create+start+wait+delete of `/bin/true` in a busybox container: ferrolet's runtime crate in-process versus `crun run` / `runc run` on the OCI spec ferrolet generated for the same container (same namespaces, mounts, capabilities, masked paths and RuntimeDefault seccomp profile; rootfs unpacked read-only instead of an overlay; no device rules, which these runtimes would need a devices cgroup for here), {3} runs, p50. On a hybrid node crun runs in a private mount namespace with the cgroup2 mount hidden (it refuses hybrid layouts), so it uses the same v1 controllers as the others.\n\
+- podman 4.3 runs with runc (crun refuses this machine's hybrid cgroups), the cgroupfs manager, inside a private mount and cgroup namespace rooted below the benchmark's cgroup (its /run, /var/lib and CNI config in the benchmark's directory), with explicit nofile/nproc ulimits (its defaults need CAP_SYS_RESOURCE). Its no-network runs use `--network none`.\n\
+- Everything ran inside a private network namespace; ratios are ferrolet ÷ the named peer (below 1 means ferrolet is faster or smaller).\n",
+        opts.pods, opts.burst, opts.cpu_seconds, opts.runs
+    )
+}

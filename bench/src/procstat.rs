@@ -1,0 +1,89 @@
+//! What the kernel says about processes: PSS from smaps_rollup and CPU time from stat.
+
+use std::path::Path;
+
+/// Proportional set size of `pid` in KiB (0 if it is gone).
+pub fn pss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Pss:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// utime + stime of `pid` in clock ticks (0 if it is gone).
+pub fn cpu_ticks(pid: i32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+}
+
+pub fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf with a constant name.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
+}
+
+/// Processes whose command name is `comm`.
+pub fn pids_named(comm: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm))
+        .collect()
+}
+
+/// The children of `pid`.
+pub fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let p = t.path().join("children");
+        if let Ok(s) = std::fs::read_to_string(&p) {
+            out.extend(s.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
+/// Monitor pids recorded by a ferrolet runtime under `root`.
+pub fn monitors(root: &Path) -> Vec<i32> {
+    std::fs::read_dir(root.join("containers"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("monitor.json")).ok())
+        .filter_map(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .filter_map(|v| v["monitorPid"].as_i64().map(|p| p as i32))
+        .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+        .collect()
+}
+
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0) * (sorted.len() - 1) as f64;
+    let lo = rank.floor() as usize;
+    let hi = rank.ceil() as usize;
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
+}
