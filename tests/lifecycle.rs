@@ -308,16 +308,7 @@ fn sub_path_expr_must_stay_inside_the_volume() {
     let p = a.wait_for("bad", "CreateContainerConfigError", T, |p| {
         waiting_reason(p, "c").as_deref() == Some("CreateContainerConfigError")
     });
-    let msg = container_status(&p, "c")
-        .state
-        .as_ref()
-        .unwrap()
-        .waiting
-        .as_ref()
-        .unwrap()
-        .message
-        .clone()
-        .unwrap();
+    let msg = waiting_message(&p, "c").unwrap();
     assert!(msg.contains("must not contain '..'"), "{msg}");
 }
 

@@ -206,21 +206,10 @@ fn bad_network_config_shows_in_pod_status_and_spares_other_pods() {
     a.write("h.yaml", &web("h", 18082, "", "  hostNetwork: true\n"));
     a.wait_for("h", "hostNetwork pod running", T, |p| running(p, "web"));
     let p = a.wait_for("p", "waiting with the network error", T, |p| {
-        try_container_status(p, "web")
-            .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.message.clone())
-            .is_some_and(|m| m.contains("overlaps"))
+        waiting_message(p, "web").is_some_and(|m| m.contains("overlaps"))
     });
     assert_eq!(waiting_reason(&p, "web").as_deref(), Some("ContainerCreating"));
-    let msg = container_status(&p, "web")
-        .state
-        .as_ref()
-        .unwrap()
-        .waiting
-        .as_ref()
-        .unwrap()
-        .message
-        .clone()
-        .unwrap();
+    let msg = waiting_message(&p, "web").unwrap();
     assert!(msg.contains("198.51.100.0/25") && msg.contains("node0"), "{msg}");
 }
 
@@ -306,9 +295,7 @@ fn cni_bad_config_is_reported_then_fixed() {
     a.write("h.yaml", &web("h", 18083, "", "  hostNetwork: true\n"));
     a.wait_for("h", "hostNetwork pod running", T, |p| running(p, "web"));
     let p = a.wait_for("p", "waiting with the CNI config error", T, |p| {
-        try_container_status(p, "web")
-            .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.message.clone())
-            .is_some_and(|m| m.contains("10-bad.conflist"))
+        waiting_message(p, "web").is_some_and(|m| m.contains("10-bad.conflist"))
     });
     assert_eq!(waiting_reason(&p, "web").as_deref(), Some("ContainerCreating"));
 
@@ -320,9 +307,7 @@ fn cni_bad_config_is_reported_then_fixed() {
     )
     .unwrap();
     a.wait_for("p", "waiting with the unknown plugin", T, |p| {
-        try_container_status(p, "web")
-            .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.message.clone())
-            .is_some_and(|m| m.contains("no-such-plugin"))
+        waiting_message(p, "web").is_some_and(|m| m.contains("no-such-plugin"))
     });
 
     // Fixed: the next sync builds the network and the pod runs.

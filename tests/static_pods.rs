@@ -188,16 +188,7 @@ fn restart_policies_exit_0_and_1() {
     let p = a.wait_for("always-fail", "CrashLoopBackOff", T, |p| {
         waiting_reason(p, "main").as_deref() == Some("CrashLoopBackOff")
     });
-    let msg = container_status(&p, "main")
-        .state
-        .as_ref()
-        .unwrap()
-        .waiting
-        .as_ref()
-        .unwrap()
-        .message
-        .clone()
-        .unwrap();
+    let msg = waiting_message(&p, "main").unwrap();
     assert!(
         msg.contains("back-off") && msg.contains("restarting failed container=main"),
         "{msg}"
@@ -364,16 +355,7 @@ fn missing_image_is_reported() {
     let p = a.wait_for("never", "ErrImageNeverPull", T, |p| {
         waiting_reason(p, "c").as_deref() == Some("ErrImageNeverPull")
     });
-    let msg = container_status(&p, "c")
-        .state
-        .as_ref()
-        .unwrap()
-        .waiting
-        .as_ref()
-        .unwrap()
-        .message
-        .clone()
-        .unwrap();
+    let msg = waiting_message(&p, "c").unwrap();
     assert!(msg.contains("example.com/nothing:1") && msg.contains("Never"), "{msg}");
 }
 

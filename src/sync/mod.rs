@@ -342,11 +342,8 @@ impl Worker {
             if v.is_running() || matches!(v.state, views::ViewState::Created) {
                 self.watch(&v.id.clone());
             }
-            if v.exit().is_some() && !self.messages.contains_key(&v.id) {
-                let m = termination_message(v);
-                self.messages.insert(v.id.clone(), m);
-            }
         }
+        self.record_termination_messages(&views);
         let targets = self.sync_probes(&views);
         let startup_pending = self.probes.startup_pending(&targets);
         let unhealthy = self.probes.unhealthy(&targets);
@@ -656,7 +653,21 @@ impl Worker {
         }
     }
 
+    /// Read the termination message of each container that exited, once (the file may go
+    /// with the container).
+    fn record_termination_messages(&mut self, views: &PodContainers) {
+        for v in views.all() {
+            if v.exit().is_some() && !self.messages.contains_key(&v.id) {
+                let m = termination_message(v);
+                self.messages.insert(v.id.clone(), m);
+            }
+        }
+    }
+
     fn publish_status(&mut self, views: &PodContainers) {
+        // A container may have exited since the sync began: its message goes out with its
+        // terminated state, never in a later update.
+        self.record_termination_messages(views);
         let targets = self.probe_targets(views);
         let readiness = self.probes.readiness(&targets);
         let startup_pending = self.probes.startup_pending(&targets);

@@ -452,6 +452,16 @@ pub fn waiting_reason(p: &Pod, name: &str) -> Option<String> {
         .clone()
 }
 
+pub fn waiting_message(p: &Pod, name: &str) -> Option<String> {
+    try_container_status(p, name)?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .message
+        .clone()
+}
+
 pub fn restarts(p: &Pod, name: &str) -> i32 {
     try_container_status(p, name).map(|c| c.restart_count).unwrap_or(0)
 }
