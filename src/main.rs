@@ -1,31 +1,34 @@
 //! ferrolet: a Kubernetes node agent with its own container runtime.
 //!
-//! The data path reads like kubelet's: sources (manifest dir, URL) -> dispatcher (pod config
-//! and admission) -> one worker per pod -> sync (cgroup, sandbox, volumes, containers) ->
-//! status, served by the HTTP API. The runtime crate creates the containers; it needs its
-//! zygote forked before any thread exists, so `main` does that before starting tokio.
+//! The data path reads like kubelet's, one module a stage: sources and the pod config
+//! ([`podconfig`]) -> the agent's main loop ([`agent`]) -> one worker per pod ([`worker`]) ->
+//! pod setup ([`podsetup`]: cgroup, sandbox, network, volumes) and containers through the
+//! Kubernetes/runtime boundary ([`kuberuntime`]), watched by probes ([`prober`]) and hooks
+//! ([`lifecycle`]) -> status ([`status`]) -> the HTTP API ([`server`]) and the CLI ([`cli`]).
+//! docs/agent.md maps each module to its kubelet counterpart. The runtime crate creates the
+//! containers; it needs its zygote forked before any thread exists, so `main` does that before
+//! starting tokio (docs/runtime.md#the-zygote).
 
 mod agent;
+mod backoff;
 mod cli;
 mod config;
-mod dispatcher;
+mod errors;
 mod images;
-mod logs;
-mod netns;
-mod network;
+mod kuberuntime;
+mod lifecycle;
 mod node;
 mod pod;
-mod podcgroups;
-mod podmanager;
+mod podconfig;
+mod podsetup;
 mod probe;
-mod reset;
+mod prober;
 mod server;
-mod sources;
 mod status;
-mod sync;
-mod units;
+mod tasks;
+mod worker;
 
-use anyhow::{anyhow, Result};
+use anyhow::{Context, Result};
 use clap::Parser;
 use cli::{Cli, Command};
 
@@ -48,50 +51,31 @@ fn init_logging(verbosity: u8) {
         .init();
 }
 
-fn build_config(flags: &cli::RunFlags) -> Result<(config::Config, Vec<String>)> {
-    let mut cfg = config::Config::default();
-    let mut warnings = Vec::new();
-    if let Some(path) = &flags.config {
-        warnings = config::apply_file(&mut cfg, path)?;
-    }
-    config::apply_flags(&mut cfg, flags)?;
-    if flags.root_dir.is_none()
-        && flags.image_import_dir.is_none()
-        && cfg.image_import_dir == config::Config::default().image_import_dir
-    {
-        cfg.image_import_dir = cfg.root_dir.join("images/import");
-    }
-    cfg.validate()?;
-    Ok((cfg, warnings))
-}
-
 fn tokio_rt(multi: bool) -> Result<tokio::runtime::Runtime> {
     let mut b = if multi {
         tokio::runtime::Builder::new_multi_thread()
     } else {
         tokio::runtime::Builder::new_current_thread()
     };
-    b.enable_all()
-        .build()
-        .map_err(|e| anyhow!("starting the async runtime: {e}"))
+    b.enable_all().build().context("starting the async runtime")
 }
 
 fn real_main() -> Result<i32> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(flags) => {
-            let (cfg, warnings) = build_config(&flags)?;
+            let (cfg, warnings) = config::load(&flags)?;
             agent::require_root()?;
-            // Before any thread exists (DESIGN.md §1).
-            let zygote = ferrolet_runtime::fork_zygote().map_err(|e| anyhow!("{e}"))?;
+            // Before any thread exists (docs/runtime.md#the-zygote).
+            let zygote = ferrolet_runtime::fork_zygote()?;
             init_logging(cfg.verbosity);
             tokio_rt(true)?.block_on(agent::run(cfg, zygote, warnings))?;
             Ok(0)
         }
         Command::Reset(a) => {
             agent::require_root()?;
-            let zygote = ferrolet_runtime::fork_zygote().map_err(|e| anyhow!("{e}"))?;
-            tokio_rt(false)?.block_on(reset::run(&a.root_dir, zygote))
+            let zygote = ferrolet_runtime::fork_zygote()?;
+            tokio_rt(false)?.block_on(cli::reset::run(&a.root_dir, zygote))
         }
         Command::Pods(a) => tokio_rt(false)?.block_on(cli::pods::run(&a)),
         Command::Logs(a) => tokio_rt(false)?.block_on(cli::logs::run(&a)),

@@ -1,7 +1,7 @@
 //! `ferrolet images import|ls|rm`, straight on the image store under the root dir (the agent
 //! need not run; it sees the changes at once).
 
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use ferrolet_runtime::image::{ImageStore, Reference};
 
 use super::ImagesCommand;
@@ -24,7 +24,7 @@ fn human(bytes: u64) -> String {
 pub fn run(cmd: &ImagesCommand) -> Result<i32> {
     match cmd {
         ImagesCommand::Import { root, files } => {
-            let store = ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
+            let store = ImageStore::open(root.root_dir.join("images"))?;
             let mut failed = 0;
             for f in files {
                 match store.import(f) {
@@ -47,9 +47,9 @@ pub fn run(cmd: &ImagesCommand) -> Result<i32> {
             Ok(if failed > 0 { 1 } else { 0 })
         }
         ImagesCommand::Ls { root } => {
-            let store = ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
+            let store = ImageStore::open(root.root_dir.join("images"))?;
             println!("{:<50} {:<15} {:<14} SIZE", "IMAGE", "TAG", "IMAGE ID");
-            for i in store.list().map_err(|e| anyhow!("{e}"))? {
+            for i in store.list()? {
                 let names: Vec<(String, String)> = if i.refs.is_empty() {
                     vec![("<none>".into(), "<none>".into())]
                 } else {
@@ -71,8 +71,8 @@ pub fn run(cmd: &ImagesCommand) -> Result<i32> {
             Ok(0)
         }
         ImagesCommand::Rm { root, refs } => {
-            let store = ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
-            let users = crate::reset::image_users(&root.root_dir);
+            let store = ImageStore::open(root.root_dir.join("images"))?;
+            let users = super::reset::image_users(&root.root_dir);
             let mut failed = 0;
             for r in refs {
                 match store.remove(r, &users) {

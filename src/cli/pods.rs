@@ -7,6 +7,7 @@ use chrono::Utc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::PodsArgs;
+use crate::pod::reasons;
 
 pub async fn run(args: &PodsArgs) -> Result<i32> {
     let socket = args.root.root_dir.join("ferrolet.sock");
@@ -182,7 +183,7 @@ pub fn summarize(p: &Pod, terminating: bool) -> (String, String, String) {
             .waiting
             .as_ref()
             .and_then(|w| w.reason.clone())
-            .filter(|r| !r.is_empty() && r != "PodInitializing")
+            .filter(|r| !r.is_empty() && r != reasons::POD_INITIALIZING)
         {
             reason = format!("Init:{r}");
         } else {
@@ -223,7 +224,7 @@ pub fn summarize(p: &Pod, terminating: bool) -> (String, String, String) {
                 ready += 1;
             }
         }
-        if reason == "Completed" && has_running {
+        if reason == reasons::COMPLETED && has_running {
             let ready_cond = st
                 .conditions
                 .iter()

@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
 
 use super::{resolve_relative, Config, NetworkMode};
-use crate::units::{bytes, parse_duration};
+use crate::pod::units::{bytes, parse_duration};
 
 /// KubeletConfiguration fields accepted but not acted on (yet).
 pub const KNOWN_UNSUPPORTED: &[&str] = &[
@@ -196,7 +196,7 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
                     match res.as_str() {
                         "cpu" => {
                             cfg.system_reserved_cpu_milli =
-                                crate::units::milli(&q).map_err(|e| anyhow!("{f}.cpu: {e}"))?
+                                crate::pod::units::milli(&q).map_err(|e| anyhow!("{f}.cpu: {e}"))?
                         }
                         "memory" => cfg.system_reserved_memory = bytes(&q).map_err(|e| anyhow!("{f}.memory: {e}"))?,
                         other => warnings.push(format!("{f}.{other} is not enforced by ferrolet")),

@@ -1,7 +1,9 @@
 //! The agent's configuration: built-in defaults that work on a fresh machine, then a
-//! KubeletConfiguration file (`--config`), then flags with kubelet's names. Later wins.
+//! KubeletConfiguration file (`--config`, [`file`]), then flags with kubelet's names
+//! ([`flags`]). Later wins. [`load`] does all three and the checks across fields.
 
 mod file;
+mod flags;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -9,7 +11,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-pub use file::apply_file;
+use crate::pod::validation::is_dns_subdomain;
+
+pub use flags::RunFlags;
 
 /// Where pod networking comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,6 +128,27 @@ impl Default for Config {
     }
 }
 
+/// The configuration `ferrolet run` runs with: defaults, then the `--config` file, then the
+/// flags, then the checks across fields. Also returns warnings about file fields that are
+/// accepted but not acted on.
+pub fn load(flags: &RunFlags) -> Result<(Config, Vec<String>)> {
+    let mut cfg = Config::default();
+    let mut warnings = Vec::new();
+    if let Some(path) = &flags.config {
+        warnings = file::apply_file(&mut cfg, path)?;
+    }
+    flags::apply(&mut cfg, flags)?;
+    // Image archives are imported from under the root dir unless a location was given.
+    if flags.root_dir.is_none()
+        && flags.image_import_dir.is_none()
+        && cfg.image_import_dir == Config::default().image_import_dir
+    {
+        cfg.image_import_dir = cfg.root_dir.join("images/import");
+    }
+    cfg.validate()?;
+    Ok((cfg, warnings))
+}
+
 impl Config {
     /// Paths under the root dir.
     pub fn pods_dir(&self) -> PathBuf {
@@ -171,111 +196,6 @@ impl Config {
     }
 }
 
-/// Apply `ferrolet run` flags (kubelet's names) over the file and defaults.
-pub fn apply_flags(cfg: &mut Config, f: &crate::cli::RunFlags) -> Result<()> {
-    use crate::units::{bytes, parse_duration};
-    let dur = |name: &str, v: &Option<String>| -> Result<Option<Duration>> {
-        v.as_deref()
-            .map(|s| parse_duration(s).map_err(|e| anyhow::anyhow!("--{name}: {e}")))
-            .transpose()
-    };
-    if let Some(p) = &f.pod_manifest_path {
-        cfg.static_pod_path = Some(absolute(p)?);
-    }
-    if let Some(u) = &f.manifest_url {
-        cfg.static_pod_url = Some(u.clone());
-    }
-    if !f.manifest_url_header.is_empty() {
-        cfg.static_pod_url_headers = f
-            .manifest_url_header
-            .iter()
-            .map(|h| parse_header(h))
-            .collect::<Result<_>>()?;
-    }
-    if let Some(r) = &f.root_dir {
-        cfg.root_dir = absolute(r)?;
-        cfg.image_import_dir = cfg.root_dir.join("images/import");
-    }
-    if let Some(h) = &f.hostname_override {
-        cfg.node_name = h.trim().to_ascii_lowercase();
-    }
-    if let Some(v) = f.v {
-        cfg.verbosity = v;
-    }
-    if let Some(d) = dur("file-check-frequency", &f.file_check_frequency)? {
-        cfg.file_check_frequency = d;
-    }
-    if let Some(d) = dur("http-check-frequency", &f.http_check_frequency)? {
-        cfg.http_check_frequency = d;
-    }
-    if let Some(d) = dur("sync-frequency", &f.sync_frequency)? {
-        cfg.sync_frequency = d;
-    }
-    if let Some(d) = dur("runtime-request-timeout", &f.runtime_request_timeout)? {
-        cfg.runtime_request_timeout = d;
-    }
-    if let Some(d) = dur("initial-container-restart-period", &f.initial_container_restart_period)? {
-        cfg.initial_container_restart_period = d;
-    }
-    if let Some(c) = &f.cgroup_root {
-        cfg.cgroup_root = c.clone();
-    }
-    if let Some(b) = f.cgroups_per_qos {
-        cfg.cgroups_per_qos = b;
-    }
-    if let Some(m) = f.max_pods {
-        cfg.max_pods = m;
-    }
-    if let Some(m) = f.pod_max_pids {
-        cfg.pod_pids_limit = m;
-    }
-    if let Some(p) = f.read_only_port {
-        cfg.read_only_port = p;
-    }
-    if let Some(a) = f.address {
-        cfg.address = a;
-    }
-    if !f.cluster_dns.is_empty() {
-        cfg.cluster_dns = f.cluster_dns.clone();
-    }
-    if let Some(d) = &f.cluster_domain {
-        cfg.cluster_domain = d.clone();
-    }
-    if let Some(r) = &f.resolv_conf {
-        cfg.resolv_conf = r.clone();
-    }
-    if let Some(c) = &f.pod_cidr {
-        cfg.pod_cidr = Some(c.clone());
-    }
-    if let Some(ip) = f.node_ip {
-        cfg.node_ip = Some(ip);
-    }
-    if let Some(s) = &f.container_log_max_size {
-        cfg.container_log_max_size = bytes(s).map_err(|e| anyhow::anyhow!("--container-log-max-size: {e}"))? as u64;
-    }
-    if let Some(n) = f.container_log_max_files {
-        cfg.container_log_max_files = n;
-    }
-    if let Some(n) = &f.network {
-        cfg.network.mode = match n.as_str() {
-            "bridge" => NetworkMode::Bridge,
-            "cni" => NetworkMode::Cni,
-            "none" => NetworkMode::None,
-            o => bail!("--network: expected bridge, cni or none, got {o:?}"),
-        };
-    }
-    if let Some(d) = &f.cni_conf_dir {
-        cfg.network.cni_conf_dir = d.clone();
-    }
-    if !f.cni_bin_dir.is_empty() {
-        cfg.network.cni_bin_dirs = f.cni_bin_dir.clone();
-    }
-    if let Some(d) = &f.image_import_dir {
-        cfg.image_import_dir = absolute(d)?;
-    }
-    Ok(())
-}
-
 fn absolute(p: &Path) -> Result<PathBuf> {
     if p.is_absolute() {
         Ok(p.to_path_buf())
@@ -301,20 +221,6 @@ fn default_node_name() -> String {
         .map(|h| h.trim().to_ascii_lowercase())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
-}
-
-pub fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && !s.is_empty() && s.split('.').all(is_dns_label)
-}
-
-pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
 }
 
 /// Parse `key:value` (kubelet's --manifest-url-header form).

@@ -1,17 +1,44 @@
-//! Pods as the agent handles them: decoding manifests, kubelet's defaulting and static-pod
-//! identity, validation (including what ferrolet refuses to run), and the QoS class.
+//! Pods as the agent handles them, and the Kubernetes vocabulary every other part shares:
+//! decoding manifests, kubelet's defaulting and static-pod identity, validation (including
+//! what ferrolet refuses to run), the QoS class, resource quantities and durations, `$(VAR)`
+//! expansion, the reason strings kubelet writes into statuses, and the agent's table of pods.
+//! Nothing here does I/O beyond reading a manifest's bytes.
 
 pub mod defaults;
+pub mod expansion;
+pub mod fieldpath;
+pub mod manager;
 pub mod manifest;
 pub mod qos;
+pub mod reasons;
+pub mod units;
 pub mod validation;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 /// kubelet's annotations on static pods.
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
 pub const CONFIG_SEEN: &str = "kubernetes.io/config.seen";
+
+/// A pod's `spec.restartPolicy` (validation admits only these three; defaulting sets Always).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    /// Whether a container that exited with `exit_code` runs again under this policy.
+    pub fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => exit_code != 0,
+            RestartPolicy::Never => false,
+        }
+    }
+}
 
 pub fn name(pod: &Pod) -> &str {
     pod.metadata.name.as_deref().unwrap_or("")
@@ -30,8 +57,8 @@ pub fn full_name(pod: &Pod) -> String {
     format!("{}_{}({})", name(pod), namespace(pod), uid(pod))
 }
 
-pub fn spec(pod: &Pod) -> &k8s_openapi::api::core::v1::PodSpec {
-    static EMPTY: std::sync::OnceLock<k8s_openapi::api::core::v1::PodSpec> = std::sync::OnceLock::new();
+pub fn spec(pod: &Pod) -> &PodSpec {
+    static EMPTY: std::sync::OnceLock<PodSpec> = std::sync::OnceLock::new();
     pod.spec.as_ref().unwrap_or_else(|| EMPTY.get_or_init(Default::default))
 }
 
@@ -43,13 +70,32 @@ pub fn containers(pod: &Pod) -> &[Container] {
     &spec(pod).containers
 }
 
+/// Every container of the pod: app containers first, then init containers.
+pub fn all_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
+    containers(pod).iter().chain(init_containers(pod))
+}
+
+/// The container named `name`, app or init.
+pub fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+    all_containers(pod).find(|c| c.name == name)
+}
+
 /// A sidecar: an init container with `restartPolicy: Always`.
 pub fn is_sidecar(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
 }
 
-pub fn restart_policy(pod: &Pod) -> &str {
-    spec(pod).restart_policy.as_deref().unwrap_or("Always")
+/// Whether `name` is one of the pod's sidecars.
+pub fn is_sidecar_name(pod: &Pod, name: &str) -> bool {
+    init_containers(pod).iter().any(|c| c.name == name && is_sidecar(c))
+}
+
+pub fn restart_policy(pod: &Pod) -> RestartPolicy {
+    match spec(pod).restart_policy.as_deref() {
+        Some("OnFailure") => RestartPolicy::OnFailure,
+        Some("Never") => RestartPolicy::Never,
+        _ => RestartPolicy::Always,
+    }
 }
 
 pub fn host_network(pod: &Pod) -> bool {
@@ -58,4 +104,25 @@ pub fn host_network(pod: &Pod) -> bool {
 
 pub fn grace_period(pod: &Pod) -> i64 {
     spec(pod).termination_grace_period_seconds.unwrap_or(30).max(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_policy_parsing_and_rules() {
+        let p = |policy: &str| -> Pod {
+            serde_json::from_value(
+                serde_json::json!({"metadata":{"name":"p"},"spec":{"restartPolicy":policy,"containers":[]}}),
+            )
+            .unwrap()
+        };
+        assert_eq!(restart_policy(&p("Never")), RestartPolicy::Never);
+        assert_eq!(restart_policy(&p("OnFailure")), RestartPolicy::OnFailure);
+        assert_eq!(restart_policy(&Pod::default()), RestartPolicy::Always);
+        assert!(RestartPolicy::Always.restarts(0));
+        assert!(!RestartPolicy::OnFailure.restarts(0) && RestartPolicy::OnFailure.restarts(2));
+        assert!(!RestartPolicy::Never.restarts(1));
+    }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::units::{bytes, milli};
+use crate::pod::units::{bytes, milli};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QosClass {

@@ -6,8 +6,7 @@ use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
-use crate::config::{is_dns_label, is_dns_subdomain};
-use crate::units::{bytes, milli};
+use crate::pod::units::{bytes, milli};
 
 /// Every problem found; empty means valid.
 pub fn validate(pod: &Pod) -> Vec<String> {
@@ -341,6 +340,22 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
         }
     }
     None
+}
+
+/// An RFC 1123 subdomain: dot-separated DNS labels, at most 253 characters.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && !s.is_empty() && s.split('.').all(is_dns_label)
+}
+
+/// An RFC 1123 label: lowercase alphanumerics and '-', at most 63, not starting or ending with '-'.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
 }
 
 #[cfg(test)]

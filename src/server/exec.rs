@@ -8,13 +8,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::status::RUNTIME_PREFIX;
-use crate::sync::Ctx;
+use super::State;
+use crate::kuberuntime::logs::container_name;
+use crate::kuberuntime::runtime_container_id;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ExecRequest {
@@ -32,19 +33,27 @@ pub enum ExecReply {
     Error { message: String },
 }
 
-pub async fn serve(ctx: Arc<Ctx>, path: std::path::PathBuf) -> Result<()> {
+pub async fn serve(st: Arc<State>, path: std::path::PathBuf) -> Result<()> {
     let _ = std::fs::remove_file(&path);
     let listener = tokio::net::UnixListener::bind(&path).map_err(|e| anyhow!("binding {}: {e}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     loop {
-        let (stream, _) = listener.accept().await?;
-        let ctx = ctx.clone();
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors, say: refuse this one, keep serving.
+                warn!(error = %e, "exec socket: accepting a connection");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let st = st.clone();
         tokio::spawn(async move {
             let Ok(std_stream) = stream.into_std() else {
                 return;
             };
-            if let Err(e) = handle(ctx, std_stream).await {
+            if let Err(e) = handle(st, std_stream).await {
                 warn!(error = %format!("{e:#}"), "exec request failed");
             }
         });
@@ -57,7 +66,7 @@ fn reply(s: &mut UnixStream, r: &ExecReply) {
     let _ = s.write_all(&line);
 }
 
-async fn handle(ctx: Arc<Ctx>, stream: UnixStream) -> Result<()> {
+async fn handle(st: Arc<State>, stream: UnixStream) -> Result<()> {
     stream.set_nonblocking(false)?;
     let (stream, req, fds) = tokio::task::spawn_blocking(move || -> Result<_> {
         let (req, fds) = recv_with_fds(&stream)?;
@@ -65,7 +74,7 @@ async fn handle(ctx: Arc<Ctx>, stream: UnixStream) -> Result<()> {
     })
     .await??;
     let mut out = stream.try_clone()?;
-    match run(&ctx, &req, fds, stream).await {
+    match run(&st, &req, fds, stream).await {
         Ok(code) => reply(&mut out, &ExecReply::Exited { exit_code: code }),
         Err(e) => reply(
             &mut out,
@@ -77,18 +86,18 @@ async fn handle(ctx: Arc<Ctx>, stream: UnixStream) -> Result<()> {
     Ok(())
 }
 
-async fn run(ctx: &Arc<Ctx>, req: &ExecRequest, mut fds: Vec<OwnedFd>, stream: UnixStream) -> Result<i32> {
-    if fds.len() != 3 {
+async fn run(st: &Arc<State>, req: &ExecRequest, fds: Vec<OwnedFd>, stream: UnixStream) -> Result<i32> {
+    let Ok::<[OwnedFd; 3], _>([stdin, stdout, stderr]) = fds.try_into() else {
         bail!("exec needs stdin, stdout and stderr passed as file descriptors");
-    }
+    };
     if req.command.is_empty() {
         bail!("you must specify at least one command for the container");
     }
-    let entry = ctx
+    let entry = st
         .pods
-        .find(&req.namespace, &req.pod, &ctx.node.name)
+        .find(&req.namespace, &req.pod, &st.node_name)
         .ok_or_else(|| anyhow!("pod {}/{} not found", req.namespace, req.pod))?;
-    let name = crate::logs::container_name(&entry, req.container.as_deref())?;
+    let name = container_name(&entry, req.container.as_deref())?;
     let statuses = entry
         .status
         .container_statuses
@@ -102,24 +111,15 @@ async fn run(ctx: &Arc<Ctx>, req: &ExecRequest, mut fds: Vec<OwnedFd>, stream: U
     if cs.state.as_ref().and_then(|s| s.running.as_ref()).is_none() {
         bail!("container {name} is not running");
     }
-    let id = cs
-        .container_id
-        .clone()
-        .unwrap_or_default()
-        .trim_start_matches(RUNTIME_PREFIX)
-        .to_string();
-    let stderr = fds.pop().expect("3");
-    let stdout = fds.pop().expect("2");
-    let stdin = fds.pop().expect("1");
+    let id = runtime_container_id(cs.container_id.as_deref().unwrap_or_default()).to_string();
     let spec = ferrolet_runtime::ExecSpec {
         args: req.command.clone(),
         ..Default::default()
     };
-    let proc_ = ctx
+    let proc_ = st
         .rt
         .exec(&id, &spec, ferrolet_runtime::ExecIo { stdin, stdout, stderr })
-        .await
-        .map_err(|e| anyhow!("{e}"))?;
+        .await?;
     info!(pod = %req.pod, container = %name, command = ?req.command, "exec");
     let pid = proc_.pid();
     {
@@ -137,7 +137,7 @@ async fn run(ctx: &Arc<Ctx>, req: &ExecRequest, mut fds: Vec<OwnedFd>, stream: U
         let _ = std::io::Read::read(&mut &stream, &mut buf);
     });
     tokio::select! {
-        code = proc_.wait() => Ok(code.map_err(|e| anyhow!("{e}"))?),
+        code = proc_.wait() => Ok(code?),
         _ = watcher => {
             // SAFETY: plain kill of the process we started.
             if let Ok(p) = ferrolet_runtime::pidfd::PidFd::open(pid) { let _ = p.send_signal(libc::SIGKILL); }
@@ -158,7 +158,7 @@ fn recv_with_fds(stream: &UnixStream) -> Result<(ExecRequest, Vec<OwnedFd>)> {
     )
     .map_err(|e| anyhow!("receiving exec request: {e}"))?;
     let mut fds = Vec::new();
-    for c in msg.cmsgs().map_err(|e| anyhow!("{e}"))? {
+    for c in msg.cmsgs().context("reading the passed descriptors")? {
         if let ControlMessageOwned::ScmRights(raw) = c {
             // SAFETY: the kernel just gave us these descriptors.
             fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));

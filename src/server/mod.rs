@@ -1,24 +1,87 @@
-//! The agent's HTTP API, served on a loopback port (kubelet's read-only port) and on a unix
-//! socket for the CLI: `/healthz`, `/pods` (a v1 PodList as kubelet returns it),
-//! `/containerLogs/{namespace}/{pod}/{container}`, and `/ferrolet/...` extras the CLI uses
-//! (pods with manifest errors, logs with a default container).
+//! The agent's servers (kubelet's pkg/kubelet/server): the HTTP API on a loopback port
+//! (kubelet's read-only port) and on a unix socket for the CLI: `/healthz`, `/pods` (a v1
+//! PodList as kubelet returns it), `/containerLogs/{namespace}/{pod}/{container}`, and
+//! `/ferrolet/...` extras the CLI uses (pods with manifest errors, logs with a default
+//! container); and the exec socket ([`exec`]).
 
 pub mod exec;
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use ferrolet_runtime::Runtime;
+use tracing::{error, info};
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use tokio::sync::mpsc;
 
-use crate::logs::{self, LogOptions};
-use crate::sync::Ctx;
+use crate::config::Config;
+use crate::kuberuntime::logs::{self, LogOptions};
+use crate::pod::manager::PodManager;
+use crate::tasks::supervise;
 
-pub fn router(ctx: Arc<Ctx>) -> Router {
+/// What the servers read: the pod table and the runtime (for logs and exec).
+pub struct State {
+    pub rt: Arc<Runtime>,
+    pub pods: Arc<PodManager>,
+    /// The node's name (a static pod's name ends with it).
+    pub node_name: String,
+}
+
+impl State {
+    pub fn new(rt: Arc<Runtime>, pods: Arc<PodManager>, node_name: String) -> Arc<State> {
+        Arc::new(State { rt, pods, node_name })
+    }
+}
+
+/// Start every server the configuration asks for: the CLI socket and the exec socket always,
+/// the HTTP API on `address:readOnlyPort` when enabled (a port that cannot be bound stops the
+/// agent). Each runs in the background and is restarted if it panics.
+pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
+    let app = router(state.clone());
+    {
+        let (app, path) = (app.clone(), cfg.socket_path());
+        supervise("API socket", Duration::from_secs(1), move || {
+            let (app, path) = (app.clone(), path.clone());
+            async move {
+                if let Err(e) = serve_unix(app, path).await {
+                    error!("{e:#}");
+                }
+            }
+        });
+    }
+    {
+        let path = cfg.exec_socket_path();
+        supervise("exec socket", Duration::from_secs(1), move || {
+            let (state, path) = (state.clone(), path.clone());
+            async move {
+                if let Err(e) = exec::serve(state, path).await {
+                    error!("exec socket: {e:#}");
+                }
+            }
+        });
+    }
+    if cfg.enable_server && cfg.read_only_port != 0 {
+        let addr = std::net::SocketAddr::new(cfg.address, cfg.read_only_port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("binding the HTTP API on {addr}: {e}"))?;
+        info!(%addr, "HTTP API listening");
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                error!("HTTP API: {e}");
+            }
+        });
+    }
+    Ok(())
+}
+
+pub fn router(state: Arc<State>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/pods", get(pods))
@@ -26,67 +89,67 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
         .route("/ferrolet/pods", get(ferrolet_pods))
         .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
-        .with_state(ctx)
+        .with_state(state)
 }
 
 fn error(code: StatusCode, msg: impl Into<String>) -> Response {
     (code, msg.into()).into_response()
 }
 
-async fn pods(State(ctx): State<Arc<Ctx>>) -> Response {
+async fn pods(axum::extract::State(st): axum::extract::State<Arc<State>>) -> Response {
     let list = serde_json::json!({
         "kind": "PodList",
         "apiVersion": "v1",
         "metadata": {},
-        "items": ctx.pods.pods(),
+        "items": st.pods.pods(),
     });
     ([(header::CONTENT_TYPE, "application/json")], list.to_string()).into_response()
 }
 
-async fn ferrolet_pods(State(ctx): State<Arc<Ctx>>) -> Response {
+async fn ferrolet_pods(axum::extract::State(st): axum::extract::State<Arc<State>>) -> Response {
     let body = serde_json::json!({
-        "node": ctx.node.name,
-        "items": ctx.pods.entries().into_iter().map(|e| {
+        "node": st.node_name,
+        "items": st.pods.entries().into_iter().map(|e| {
             let mut p = (*e.pod).clone();
             p.status = Some(e.status);
             serde_json::json!({"pod": p, "terminating": e.terminating})
         }).collect::<Vec<_>>(),
-        "manifestErrors": ctx.pods.source_errors(),
+        "manifestErrors": st.pods.source_errors(),
     });
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 async fn container_logs(
-    State(ctx): State<Arc<Ctx>>,
+    axum::extract::State(st): axum::extract::State<Arc<State>>,
     Path((namespace, pod, container)): Path<(String, String, String)>,
     Query(mut opts): Query<LogOptions>,
 ) -> Response {
     opts.container = Some(container);
-    serve_logs(ctx, &namespace, &pod, opts).await
+    serve_logs(st, &namespace, &pod, opts).await
 }
 
 async fn ferrolet_logs(
-    State(ctx): State<Arc<Ctx>>,
+    axum::extract::State(st): axum::extract::State<Arc<State>>,
     Path((namespace, pod)): Path<(String, String)>,
     Query(opts): Query<LogOptions>,
 ) -> Response {
-    serve_logs(ctx, &namespace, &pod, opts).await
+    serve_logs(st, &namespace, &pod, opts).await
 }
 
-async fn serve_logs(ctx: Arc<Ctx>, namespace: &str, pod: &str, opts: LogOptions) -> Response {
-    let Some(entry) = ctx.pods.find(namespace, pod, &ctx.node.name) else {
+async fn serve_logs(st: Arc<State>, namespace: &str, pod: &str, opts: LogOptions) -> Response {
+    let Some(entry) = st.pods.find(namespace, pod, &st.node_name) else {
         return error(StatusCode::NOT_FOUND, format!("pod {namespace}/{pod} not found"));
     };
     let name = match logs::container_name(&entry, opts.container.as_deref()) {
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let (path, id) = match logs::locate(&ctx.rt, &entry, &name, opts.previous) {
+    let (path, id) = match logs::locate(&st.rt, &entry, &name, opts.previous) {
         Ok(x) => x,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e:#}")),
     };
     let (tx, rx) = mpsc::channel::<bytes::Bytes>(16);
-    tokio::spawn(logs::stream(ctx.rt.clone(), path, id, opts, tx));
+    tokio::spawn(logs::stream(st.rt.clone(), path, id, opts, tx));
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
     });

@@ -1,0 +1,289 @@
+//! The agent assembled (kubelet's NewMainKubelet and Run): the runtime and its images, the pod
+//! cgroups and network, the managers the pod workers share, the sources feeding the pod config,
+//! the main loop ([`sync_loop`]), the background duties, and the servers (HTTP API, CLI socket,
+//! exec socket). Stopping the agent leaves the pods running; the next start adopts them.
+
+pub mod record;
+mod sync_loop;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use ferrolet_runtime::{Runtime, ZygoteHandle};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::config::Config;
+use crate::images::local::{self, ImportDir};
+use crate::images::ImageManager;
+use crate::kuberuntime::labels::LABEL_POD_UID;
+use crate::node::NodeInfo;
+use crate::pod::manager::PodManager;
+use crate::podconfig::{file::FileSource, http::HttpSource, PodConfig};
+use crate::podsetup::cgroups::PodCgroups;
+use crate::podsetup::PodSetup;
+use crate::status::StatusManager;
+use crate::tasks::{blocking, spawn_loop, supervise};
+use crate::worker::{Managers, PodWorkers};
+use record::{load_record, save_record};
+use sync_loop::Event;
+
+/// Only one agent per root dir.
+fn lock_root(root: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = root.join("ferrolet.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|_| anyhow!("another ferrolet is running with --root-dir {}", root.display()))
+}
+
+/// The cgroup directories the kubepods tree will need that do not exist yet (recorded so
+/// `ferrolet reset` can remove exactly those).
+fn missing_cgroup_dirs(rt: &Runtime, kubepods: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in rt.cgroups().dirs(kubepods) {
+        let mut chain = Vec::new();
+        let mut cur = dir.as_path();
+        while !cur.exists() {
+            chain.push(cur.to_path_buf());
+            match cur.parent() {
+                Some(p) => cur = p,
+                None => break,
+            }
+        }
+        out.extend(chain.into_iter().rev());
+    }
+    out
+}
+
+/// The pod cgroup tree: the agent's own cgroup as the default root (moving the agent and its
+/// zygote into a leaf on v2), what it is about to create recorded in agent.json first, then the
+/// QoS level cgroups.
+fn setup_cgroups(cfg: &Config, rt: &Runtime) -> Result<PodCgroups> {
+    let cgroups = PodCgroups::new(cfg, rt.cgroups())?;
+    if cfg.cgroup_root.is_empty() {
+        // cgroup v2: the agent's own cgroup becomes the parent of kubepods, so the agent (and
+        // its zygote, and so the monitors) move into a leaf of it.
+        let me = std::process::id() as i32;
+        ferrolet_runtime::cgroups::vacate_own_cgroup(
+            rt.cgroups(),
+            cgroups.root(),
+            "ferrolet.agent",
+            &[me, rt.zygote_pid()],
+        )?;
+    }
+    let mut record = load_record(&cfg.root_dir);
+    if record.cgroup_root != cgroups.root() {
+        record.created_cgroup_dirs.clear();
+    }
+    record.cgroup_root = cgroups.root().to_string();
+    record.pod_logs_dir = cfg.pod_logs_dir.clone();
+    for d in missing_cgroup_dirs(rt, &cgroups.kubepods()) {
+        if !record.created_cgroup_dirs.contains(&d) {
+            record.created_cgroup_dirs.push(d);
+        }
+    }
+    save_record(&cfg.root_dir, &record)?;
+    if cfg.cgroups_per_qos {
+        cgroups.init().context("creating the kubepods cgroups")?;
+    }
+    info!(cgroup_root = %cgroups.root(), v2 = rt.cgroups().is_v2(), "pod cgroups");
+    Ok(cgroups)
+}
+
+/// The runtime's containers from an earlier run, by the pod UID on their labels.
+fn adoptable_containers(rt: &Runtime) -> HashMap<String, Vec<String>> {
+    let mut adoptable: HashMap<String, Vec<String>> = HashMap::new();
+    match rt.list() {
+        Ok(list) => {
+            for c in list {
+                if let Some(uid) = c.record.labels.get(LABEL_POD_UID) {
+                    adoptable.entry(uid.clone()).or_default().push(c.id().to_string());
+                }
+            }
+        }
+        Err(e) => warn!(error = %crate::errors::chain(&e), "listing containers at start"),
+    }
+    let n: usize = adoptable.values().map(Vec::len).sum();
+    if n > 0 {
+        info!(
+            containers = n,
+            pods = adoptable.len(),
+            "found containers from an earlier run"
+        );
+    }
+    adoptable
+}
+
+pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Result<()> {
+    for w in &warnings {
+        warn!("config: {w}");
+    }
+    let cfg = Arc::new(cfg);
+    std::fs::create_dir_all(&cfg.root_dir).with_context(|| format!("creating {}", cfg.root_dir.display()))?;
+    let _lock = lock_root(&cfg.root_dir)?;
+    for d in [cfg.pods_dir(), cfg.pod_logs_dir.clone(), cfg.image_import_dir.clone()] {
+        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    if let Some(p) = &cfg.static_pod_path {
+        if p == Path::new("/etc/ferrolet/manifests") && !p.exists() {
+            let _ = std::fs::create_dir_all(p);
+        }
+    }
+
+    let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote)?);
+    let n = rt.remove_orphans()?;
+    if n > 0 {
+        info!(count = n, "removed half-created containers from an interrupted run");
+    }
+    let mut import = ImportDir::new(cfg.image_import_dir.clone());
+    import = {
+        let (rt, load_demo) = (rt.clone(), cfg.load_demo_image);
+        blocking("loading images", move || {
+            if load_demo {
+                local::load_demo(rt.images());
+            }
+            import.scan(rt.images());
+            Ok(import)
+        })
+        .await?
+    };
+
+    let cgroups = {
+        let (cfg, rt) = (cfg.clone(), rt.clone());
+        blocking("setting up the pod cgroups", move || setup_cgroups(&cfg, &rt)).await?
+    };
+    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups);
+    {
+        let mut record = load_record(&cfg.root_dir);
+        record.network = Some(serde_json::to_value(setup.network().settings())?);
+        save_record(&cfg.root_dir, &record)?;
+    }
+    // Before any pod worker: collects the network of sandboxes that are gone.
+    setup.network().init().await;
+
+    let pods = Arc::new(PodManager::default());
+    let node = NodeInfo::detect(&cfg);
+    let managers = Arc::new(Managers {
+        cfg: cfg.clone(),
+        rt: rt.clone(),
+        node: node.clone(),
+        pods: pods.clone(),
+        status: StatusManager::new(pods.clone()),
+        setup,
+        images: ImageManager::new(rt.clone(), cfg.image_import_dir.clone()),
+    });
+
+    // Sources -> pod config -> pod workers.
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
+    let mut sources = Vec::new();
+    if let Some(path) = cfg.static_pod_path.clone() {
+        sources.push("file");
+        let (tx, node_name, every) = (ev_tx.clone(), cfg.node_name.clone(), cfg.file_check_frequency);
+        supervise("file source", Duration::from_secs(1), move || {
+            FileSource::new(path.clone(), node_name.clone()).run(snapshots_to(tx.clone()), every)
+        });
+    }
+    if let Some(url) = cfg.static_pod_url.clone() {
+        sources.push("http");
+        let (tx, headers, node_name, every) = (
+            ev_tx.clone(),
+            cfg.static_pod_url_headers.clone(),
+            cfg.node_name.clone(),
+            cfg.http_check_frequency,
+        );
+        supervise("http source", Duration::from_secs(1), move || {
+            HttpSource::new(url.clone(), headers.clone(), node_name.clone()).run(snapshots_to(tx.clone()), every)
+        });
+    }
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let workers = PodWorkers::new(managers.clone(), adoptable_containers(&rt), done_tx);
+    tokio::spawn(sync_loop::run(
+        PodConfig::new(sources),
+        workers,
+        pods.clone(),
+        ev_rx,
+        done_rx,
+    ));
+
+    // Background duties: archives dropped in the import directory; housekeeping.
+    {
+        let (import, rt) = (Arc::new(Mutex::new(import)), rt.clone());
+        let every = cfg.file_check_frequency.min(cfg.sync_frequency);
+        spawn_loop("image import", every, move || {
+            let (import, rt) = (import.clone(), rt.clone());
+            async move {
+                tokio::time::sleep(every).await;
+                let scanned = blocking("importing images", move || {
+                    import.lock().unwrap_or_else(|e| e.into_inner()).scan(rt.images());
+                    Ok(())
+                })
+                .await;
+                if let Err(e) = scanned {
+                    error!(error = %format!("{e:#}"), "image import");
+                }
+                true
+            }
+        });
+    }
+    {
+        let (ev_tx, every) = (ev_tx.clone(), cfg.sync_frequency);
+        spawn_loop("housekeeping", every, move || {
+            let ev_tx = ev_tx.clone();
+            async move {
+                tokio::time::sleep(every).await;
+                ev_tx.send(Event::Housekeeping).is_ok()
+            }
+        });
+    }
+
+    crate::server::serve_all(
+        &cfg,
+        crate::server::State::new(rt.clone(), pods.clone(), node.name.clone()),
+    )
+    .await?;
+    info!(
+        node = %cfg.node_name,
+        root = %cfg.root_dir.display(),
+        manifests = %cfg.static_pod_path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
+        "ferrolet started"
+    );
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    info!("shutting down; pods keep running and are adopted by the next start");
+    let _ = std::fs::remove_file(cfg.socket_path());
+    let _ = std::fs::remove_file(cfg.exec_socket_path());
+    Ok(())
+}
+
+/// A source's sender of snapshots, feeding the main loop.
+fn snapshots_to(events: mpsc::UnboundedSender<Event>) -> mpsc::UnboundedSender<crate::podconfig::Snapshot> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(s) = rx.recv().await {
+            if events.send(Event::Snapshot(s)).is_err() {
+                return;
+            }
+        }
+    });
+    tx
+}
+
+pub fn require_root() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("ferrolet runs containers and needs root");
+    }
+    Ok(())
+}

@@ -1,0 +1,33 @@
+//! `agent.json`: what the agent created outside its root dir (the kubepods cgroup tree, the pod
+//! network's settings, the pod log directory), so `ferrolet reset` can remove exactly that even
+//! when the configuration has changed since.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use ferrolet_runtime::fsutil::{read_json_opt, write_json_atomic};
+use serde::{Deserialize, Serialize};
+
+/// What the agent created outside its root dir, so `reset` can remove it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRecord {
+    pub cgroup_root: String,
+    /// cgroup directories (in every hierarchy) created for the kubepods tree, outermost first.
+    pub created_cgroup_dirs: Vec<PathBuf>,
+    pub pod_logs_dir: PathBuf,
+    #[serde(default)]
+    pub network: Option<serde_json::Value>,
+}
+
+pub fn record_path(root: &Path) -> PathBuf {
+    root.join("agent.json")
+}
+
+pub fn load_record(root: &Path) -> AgentRecord {
+    read_json_opt(&record_path(root)).ok().flatten().unwrap_or_default()
+}
+
+pub fn save_record(root: &Path, rec: &AgentRecord) -> Result<()> {
+    Ok(write_json_atomic(&record_path(root), rec)?)
+}

@@ -1,0 +1,64 @@
+//! The agent's main loop (kubelet's syncLoop): the sources' snapshots go through the pod config
+//! into pod operations for the pod workers; finished workers and the housekeeping tick come
+//! back here. Every change of the set of pods on the node passes through this one task, in
+//! order; the pod workers do the slow parts.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tracing::error;
+
+use crate::pod::manager::PodManager;
+use crate::podconfig::{PodConfig, Snapshot};
+use crate::tasks::panic_message;
+use crate::worker::PodWorkers;
+
+pub enum Event {
+    /// A source's complete view of its pods.
+    Snapshot(Snapshot),
+    /// Periodic housekeeping (containers nobody owns).
+    Housekeeping,
+}
+
+pub async fn run(
+    mut config: PodConfig,
+    mut workers: PodWorkers,
+    pods: Arc<PodManager>,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    mut finished: mpsc::UnboundedReceiver<String>,
+) {
+    // With no sources at all there is nothing to wait for.
+    workers.clean_orphans(config.all_sources_seen());
+    loop {
+        let step = tokio::select! {
+            ev = events.recv() => match ev {
+                Some(ev) => Step::Event(ev),
+                None => return,
+            },
+            uid = finished.recv() => match uid {
+                Some(uid) => Step::Finished(uid),
+                None => return,
+            },
+        };
+        // One bad event must not end the loop that every pod change goes through.
+        let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match step {
+            Step::Event(Event::Snapshot(s)) => {
+                pods.set_source_errors(s.source, &s.errors);
+                for op in config.apply(s) {
+                    workers.handle(op);
+                }
+                workers.clean_orphans(config.all_sources_seen());
+            }
+            Step::Event(Event::Housekeeping) => workers.housekeeping(),
+            Step::Finished(uid) => workers.finished(&uid),
+        }));
+        if let Err(p) = handled {
+            error!("handling a pod change panicked: {}; carrying on", panic_message(p));
+        }
+    }
+}
+
+enum Step {
+    Event(Event),
+    Finished(String),
+}

@@ -1,0 +1,188 @@
+//! `ferrolet run`'s flags, named as kubelet names them, and how they apply over the
+//! configuration file and the defaults. An unset flag leaves the value alone; a bad value is an
+//! error naming the flag.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use super::{absolute, parse_header, Config, NetworkMode};
+
+/// Flags named as kubelet names them. Unset flags leave the config file's (or the default)
+/// value alone.
+#[derive(Args, Debug, Default)]
+pub struct RunFlags {
+    /// KubeletConfiguration file (kubelet.config.k8s.io/v1beta1).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Directory (or file) of static pod manifests.
+    #[arg(long = "pod-manifest-path")]
+    pub pod_manifest_path: Option<PathBuf>,
+    /// URL of static pod manifests (kubelet's manifestURL).
+    #[arg(long = "manifest-url")]
+    pub manifest_url: Option<String>,
+    /// key:value header for --manifest-url (repeatable).
+    #[arg(long = "manifest-url-header")]
+    pub manifest_url_header: Vec<String>,
+    #[arg(long = "root-dir")]
+    pub root_dir: Option<PathBuf>,
+    #[arg(long = "hostname-override")]
+    pub hostname_override: Option<String>,
+    /// Log verbosity (kubelet's -v / --v).
+    #[arg(long = "v", short = 'v')]
+    pub v: Option<u8>,
+    #[arg(long = "file-check-frequency")]
+    pub file_check_frequency: Option<String>,
+    #[arg(long = "http-check-frequency")]
+    pub http_check_frequency: Option<String>,
+    #[arg(long = "sync-frequency")]
+    pub sync_frequency: Option<String>,
+    #[arg(long = "cgroup-root")]
+    pub cgroup_root: Option<String>,
+    #[arg(long = "cgroups-per-qos", num_args = 0..=1, default_missing_value = "true")]
+    pub cgroups_per_qos: Option<bool>,
+    #[arg(long = "max-pods")]
+    pub max_pods: Option<u32>,
+    #[arg(long = "pod-max-pids")]
+    pub pod_max_pids: Option<i64>,
+    #[arg(long = "read-only-port")]
+    pub read_only_port: Option<u16>,
+    #[arg(long = "address")]
+    pub address: Option<std::net::IpAddr>,
+    #[arg(long = "cluster-dns", value_delimiter = ',')]
+    pub cluster_dns: Vec<std::net::IpAddr>,
+    #[arg(long = "cluster-domain")]
+    pub cluster_domain: Option<String>,
+    #[arg(long = "resolv-conf")]
+    pub resolv_conf: Option<PathBuf>,
+    #[arg(long = "pod-cidr")]
+    pub pod_cidr: Option<String>,
+    #[arg(long = "node-ip")]
+    pub node_ip: Option<std::net::IpAddr>,
+    #[arg(long = "runtime-request-timeout")]
+    pub runtime_request_timeout: Option<String>,
+    #[arg(long = "container-log-max-size")]
+    pub container_log_max_size: Option<String>,
+    #[arg(long = "container-log-max-files")]
+    pub container_log_max_files: Option<u32>,
+    /// Pod network: bridge (built in), cni, or none.
+    #[arg(long = "network")]
+    pub network: Option<String>,
+    #[arg(long = "cni-conf-dir")]
+    pub cni_conf_dir: Option<PathBuf>,
+    #[arg(long = "cni-bin-dir", value_delimiter = ',')]
+    pub cni_bin_dir: Vec<PathBuf>,
+    /// Image archives dropped here are imported.
+    #[arg(long = "image-import-dir")]
+    pub image_import_dir: Option<PathBuf>,
+    /// First crash-loop back-off (kubelet's is 10s).
+    #[arg(long = "initial-container-restart-period", hide = true)]
+    pub initial_container_restart_period: Option<String>,
+}
+
+/// Apply `ferrolet run` flags (kubelet's names) over the file and defaults.
+pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
+    use crate::pod::units::{bytes, parse_duration};
+    let dur = |name: &str, v: &Option<String>| -> Result<Option<Duration>> {
+        v.as_deref()
+            .map(|s| parse_duration(s).map_err(|e| anyhow::anyhow!("--{name}: {e}")))
+            .transpose()
+    };
+    if let Some(p) = &f.pod_manifest_path {
+        cfg.static_pod_path = Some(absolute(p)?);
+    }
+    if let Some(u) = &f.manifest_url {
+        cfg.static_pod_url = Some(u.clone());
+    }
+    if !f.manifest_url_header.is_empty() {
+        cfg.static_pod_url_headers = f
+            .manifest_url_header
+            .iter()
+            .map(|h| parse_header(h))
+            .collect::<Result<_>>()?;
+    }
+    if let Some(r) = &f.root_dir {
+        cfg.root_dir = absolute(r)?;
+        cfg.image_import_dir = cfg.root_dir.join("images/import");
+    }
+    if let Some(h) = &f.hostname_override {
+        cfg.node_name = h.trim().to_ascii_lowercase();
+    }
+    if let Some(v) = f.v {
+        cfg.verbosity = v;
+    }
+    if let Some(d) = dur("file-check-frequency", &f.file_check_frequency)? {
+        cfg.file_check_frequency = d;
+    }
+    if let Some(d) = dur("http-check-frequency", &f.http_check_frequency)? {
+        cfg.http_check_frequency = d;
+    }
+    if let Some(d) = dur("sync-frequency", &f.sync_frequency)? {
+        cfg.sync_frequency = d;
+    }
+    if let Some(d) = dur("runtime-request-timeout", &f.runtime_request_timeout)? {
+        cfg.runtime_request_timeout = d;
+    }
+    if let Some(d) = dur("initial-container-restart-period", &f.initial_container_restart_period)? {
+        cfg.initial_container_restart_period = d;
+    }
+    if let Some(c) = &f.cgroup_root {
+        cfg.cgroup_root = c.clone();
+    }
+    if let Some(b) = f.cgroups_per_qos {
+        cfg.cgroups_per_qos = b;
+    }
+    if let Some(m) = f.max_pods {
+        cfg.max_pods = m;
+    }
+    if let Some(m) = f.pod_max_pids {
+        cfg.pod_pids_limit = m;
+    }
+    if let Some(p) = f.read_only_port {
+        cfg.read_only_port = p;
+    }
+    if let Some(a) = f.address {
+        cfg.address = a;
+    }
+    if !f.cluster_dns.is_empty() {
+        cfg.cluster_dns = f.cluster_dns.clone();
+    }
+    if let Some(d) = &f.cluster_domain {
+        cfg.cluster_domain = d.clone();
+    }
+    if let Some(r) = &f.resolv_conf {
+        cfg.resolv_conf = r.clone();
+    }
+    if let Some(c) = &f.pod_cidr {
+        cfg.pod_cidr = Some(c.clone());
+    }
+    if let Some(ip) = f.node_ip {
+        cfg.node_ip = Some(ip);
+    }
+    if let Some(s) = &f.container_log_max_size {
+        cfg.container_log_max_size = bytes(s).map_err(|e| anyhow::anyhow!("--container-log-max-size: {e}"))? as u64;
+    }
+    if let Some(n) = f.container_log_max_files {
+        cfg.container_log_max_files = n;
+    }
+    if let Some(n) = &f.network {
+        cfg.network.mode = match n.as_str() {
+            "bridge" => NetworkMode::Bridge,
+            "cni" => NetworkMode::Cni,
+            "none" => NetworkMode::None,
+            o => bail!("--network: expected bridge, cni or none, got {o:?}"),
+        };
+    }
+    if let Some(d) = &f.cni_conf_dir {
+        cfg.network.cni_conf_dir = d.clone();
+    }
+    if !f.cni_bin_dir.is_empty() {
+        cfg.network.cni_bin_dirs = f.cni_bin_dir.clone();
+    }
+    if let Some(d) = &f.image_import_dir {
+        cfg.image_import_dir = absolute(d)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! A Kubernetes container of a pod turned into what the runtime runs (kubelet's
+//! generateContainerConfig): command/args/env with $(VAR) expansion, user and groups from the
+//! security contexts, capabilities, seccomp, read-only rootfs, the sandbox's namespaces, cgroup
+//! limits from requests and limits, volume mounts plus the files kubelet manages (/etc/hosts,
+//! /etc/hostname, /etc/resolv.conf, /dev/shm, the termination message file), and labels that
+//! let the agent find the container again after a restart.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Result};
+use ferrolet_runtime::config::{
+    CapabilityChanges, ContainerConfig, LogConfig, Mount, MountKind, NamespaceMode, Namespaces, Propagation, Resources,
+    SeccompProfile, UserConfig,
+};
+use k8s_openapi::api::core::v1::{Container, Pod, SeccompProfile as K8sSeccomp};
+
+use super::env;
+use super::labels::{container_annotations, container_labels, ContainerKind, TerminationMessage};
+use crate::config::Config;
+use crate::pod::expansion::expand_all;
+use crate::pod::fieldpath::PodFacts;
+use crate::pod::{self, qos};
+use crate::podsetup::dns;
+use crate::podsetup::sandbox::Sandbox;
+use crate::podsetup::volumes::{self, VolumeHost};
+
+/// Where a pod's container logs go: `<podLogsDir>/<ns>_<name>_<uid>/<container>/<attempt>.log`.
+pub fn pod_log_dir(cfg: &Config, p: &Pod) -> PathBuf {
+    cfg.pod_logs_dir
+        .join(format!("{}_{}_{}", pod::namespace(p), pod::name(p), pod::uid(p)))
+}
+
+pub struct BuildInput<'a> {
+    pub cfg: &'a Config,
+    pub pod: &'a Pod,
+    pub container: &'a Container,
+    pub kind: ContainerKind,
+    pub attempt: u32,
+    pub sandbox: &'a Sandbox,
+    pub pod_cgroup: &'a str,
+    pub pod_dir: &'a Path,
+    pub volumes: &'a BTreeMap<String, VolumeHost>,
+    pub facts: &'a PodFacts,
+    pub node_memory: i64,
+}
+
+/// Errors here are kubelet's CreateContainerConfigError.
+pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
+    let (p, c, cfg) = (input.pod, input.container, input.cfg);
+    let spec = pod::spec(p);
+    let psc = spec.security_context.clone().unwrap_or_default();
+    let csc = c.security_context.clone().unwrap_or_default();
+
+    let env = env::build(p, c, input.facts).map_err(|e| anyhow!("{e}"))?;
+    let command = expand_all(c.command.as_deref().unwrap_or(&[]), &env);
+    let args = expand_all(c.args.as_deref().unwrap_or(&[]), &env);
+
+    let uid = csc.run_as_user.or(psc.run_as_user);
+    let gid = csc.run_as_group.or(psc.run_as_group);
+    let to_u32 =
+        |v: i64, what: &str| u32::try_from(v).map_err(|_| anyhow!("securityContext.{what}: {v} is out of range"));
+    let mut groups: Vec<u32> = Vec::new();
+    for g in psc.supplemental_groups.iter().flatten() {
+        groups.push(to_u32(*g, "supplementalGroups")?);
+    }
+    if let Some(fg) = psc.fs_group {
+        groups.push(to_u32(fg, "fsGroup")?);
+    }
+    let privileged = csc.privileged.unwrap_or(false);
+
+    let seccomp = match csc.seccomp_profile.as_ref().or(psc.seccomp_profile.as_ref()) {
+        Some(s) => seccomp_of(s, cfg)?,
+        None if cfg.seccomp_default => SeccompProfile::RuntimeDefault,
+        None => SeccompProfile::Unconfined,
+    };
+
+    let ns_of = |p: &Option<PathBuf>| match p {
+        Some(p) => NamespaceMode::Path(p.clone()),
+        None => NamespaceMode::Host,
+    };
+    let namespaces = Namespaces {
+        network: ns_of(&input.sandbox.net),
+        ipc: ns_of(&input.sandbox.ipc),
+        uts: ns_of(&input.sandbox.uts),
+        pid: if spec.host_pid.unwrap_or(false) {
+            NamespaceMode::Host
+        } else {
+            NamespaceMode::Private
+        },
+    };
+
+    let qos_class = qos::qos_class(p);
+    let cpu_req = qos::request(c, "cpu");
+    let cpu_lim = qos::limit(c, "cpu");
+    let mem_lim = qos::limit(c, "memory");
+    let resources = Resources {
+        cpu_shares: Some(qos::milli_cpu_to_shares(if cpu_req == 0 { cpu_lim } else { cpu_req })),
+        cpu_quota: (cpu_lim > 0).then(|| qos::milli_cpu_to_quota(cpu_lim)),
+        cpu_period: (cpu_lim > 0).then_some(qos::CPU_PERIOD_US),
+        memory_limit: (mem_lim > 0).then_some(mem_lim),
+        pids_limit: None,
+        oom_score_adj: Some(qos::oom_score_adj(
+            qos_class,
+            qos::request(c, "memory"),
+            input.node_memory,
+        )),
+    };
+
+    // Volume mounts first; the files kubelet manages only where the container has none.
+    let mut mounts = volumes::mounts_for(c, input.volumes, privileged, &env)?;
+    let taken = |path: &str, mounts: &[Mount]| mounts.iter().any(|m| m.destination.trim_end_matches('/') == path);
+    let bind = |dest: &str, source: PathBuf, readonly: bool| Mount {
+        destination: dest.to_string(),
+        source,
+        kind: MountKind::Bind,
+        readonly,
+        propagation: Propagation::Private,
+        options: Vec::new(),
+    };
+    for (dest, file) in [
+        ("/etc/hosts", "etc-hosts"),
+        ("/etc/hostname", "hostname"),
+        ("/etc/resolv.conf", "resolv.conf"),
+    ] {
+        if !taken(dest, &mounts) {
+            mounts.push(bind(dest, input.pod_dir.join(file), false));
+        }
+    }
+    if !taken("/dev/shm", &mounts) {
+        mounts.push(bind("/dev/shm", input.sandbox.shm.clone(), false));
+    }
+    let tm_path = c
+        .termination_message_path
+        .clone()
+        .unwrap_or_else(|| "/dev/termination-log".into());
+    let tm_file = termination_message_file(input.pod_dir, &c.name)?;
+    if !tm_path.is_empty() && !taken(&tm_path, &mounts) {
+        mounts.push(bind(&tm_path, tm_file.clone(), false));
+    }
+
+    let sysctls: BTreeMap<String, String> = psc
+        .sysctls
+        .iter()
+        .flatten()
+        .map(|s| (s.name.clone(), s.value.clone()))
+        .collect();
+
+    let labels = container_labels(p, c);
+    let annotations = container_annotations(
+        c,
+        input.kind,
+        input.attempt,
+        &TerminationMessage {
+            path: &tm_path,
+            file: &tm_file,
+        },
+    );
+
+    Ok(ContainerConfig {
+        name: c.name.clone(),
+        image: c.image.clone().unwrap_or_default(),
+        command,
+        args,
+        env,
+        working_dir: c.working_dir.clone().filter(|w| !w.is_empty()),
+        user: UserConfig {
+            uid: uid.map(|u| to_u32(u, "runAsUser")).transpose()?,
+            gid: gid.map(|g| to_u32(g, "runAsGroup")).transpose()?,
+            supplemental_groups: groups,
+            require_non_root: csc.run_as_non_root.or(psc.run_as_non_root).unwrap_or(false),
+        },
+        hostname: Some(dns::hostname(p)),
+        rlimits: Vec::new(),
+        capabilities: CapabilityChanges {
+            add: csc
+                .capabilities
+                .as_ref()
+                .and_then(|c| c.add.clone())
+                .unwrap_or_default(),
+            drop: csc
+                .capabilities
+                .as_ref()
+                .and_then(|c| c.drop.clone())
+                .unwrap_or_default(),
+        },
+        privileged,
+        readonly_rootfs: csc.read_only_root_filesystem.unwrap_or(false),
+        no_new_privileges: csc.allow_privilege_escalation == Some(false),
+        seccomp,
+        unmasked_proc: csc.proc_mount.as_deref() == Some("Unmasked"),
+        namespaces,
+        cgroup_parent: input.pod_cgroup.to_string(),
+        resources,
+        mounts,
+        sysctls,
+        labels,
+        annotations,
+        log: LogConfig {
+            path: pod_log_dir(cfg, p).join(&c.name).join(format!("{}.log", input.attempt)),
+            max_size: cfg.container_log_max_size,
+            max_files: cfg.container_log_max_files,
+        },
+    })
+}
+
+fn seccomp_of(s: &K8sSeccomp, cfg: &Config) -> Result<SeccompProfile> {
+    Ok(match s.type_.as_str() {
+        "RuntimeDefault" => SeccompProfile::RuntimeDefault,
+        "Unconfined" => SeccompProfile::Unconfined,
+        "Localhost" => {
+            let rel = s
+                .localhost_profile
+                .as_deref()
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| anyhow!("seccompProfile: localhostProfile is required for type Localhost"))?;
+            if rel.starts_with('/') || rel.split('/').any(|c| c == "..") {
+                return Err(anyhow!(
+                    "seccompProfile.localhostProfile {rel:?} must be relative to <root-dir>/seccomp"
+                ));
+            }
+            let path = cfg.root_dir.join("seccomp").join(rel);
+            if !path.is_file() {
+                return Err(anyhow!(
+                    "seccompProfile: localhost profile {} does not exist",
+                    path.display()
+                ));
+            }
+            SeccompProfile::Localhost(path)
+        }
+        other => {
+            return Err(anyhow!(
+                "seccompProfile.type {other:?} is not RuntimeDefault, Unconfined or Localhost"
+            ))
+        }
+    })
+}
+
+/// The file behind a container's terminationMessagePath (one per container name, truncated for
+/// each new attempt).
+fn termination_message_file(pod_dir: &Path, name: &str) -> Result<PathBuf> {
+    let dir = pod_dir.join("containers").join(name);
+    std::fs::create_dir_all(&dir)?;
+    let f = dir.join(format!("termination-log-{}", ferrolet_runtime::fsutil::random_hex(4)));
+    std::fs::write(&f, b"")?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666))?;
+    Ok(f)
+}

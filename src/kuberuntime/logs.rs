@@ -1,0 +1,208 @@
+//! Container logs as kubelet serves them (`/containerLogs`): read the CRI log file of the
+//! current (or previous) attempt, join partial lines, honour tailLines / limitBytes /
+//! sinceSeconds / timestamps, and with follow keep reading as the file grows (and rotates)
+//! until the container stops.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use bytes::Bytes;
+use ferrolet_runtime::crilog::{self, LogLine};
+use ferrolet_runtime::Runtime;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::mpsc;
+
+use super::runtime_container_id;
+use super::views::parse_time;
+use crate::pod::manager::PodEntry;
+use crate::pod::reasons;
+
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LogOptions {
+    pub follow: bool,
+    pub previous: bool,
+    pub timestamps: bool,
+    pub tail_lines: Option<usize>,
+    pub limit_bytes: Option<usize>,
+    pub since_seconds: Option<i64>,
+    pub container: Option<String>,
+}
+
+/// Pick the container: the named one, or the pod's only (or default-annotated) container.
+pub fn container_name(entry: &PodEntry, requested: Option<&str>) -> Result<String> {
+    let p = &entry.pod;
+    let all: Vec<&str> = crate::pod::all_containers(p).map(|c| c.name.as_str()).collect();
+    if let Some(r) = requested.filter(|r| !r.is_empty()) {
+        if all.contains(&r) {
+            return Ok(r.to_string());
+        }
+        bail!("container {r} is not valid for pod {}", crate::pod::name(p));
+    }
+    if let Some(d) = p
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("kubectl.kubernetes.io/default-container"))
+    {
+        return Ok(d.clone());
+    }
+    let apps: Vec<&str> = crate::pod::containers(p).iter().map(|c| c.name.as_str()).collect();
+    match apps.as_slice() {
+        [one] => Ok(one.to_string()),
+        [] => bail!("pod {} has no containers", crate::pod::name(p)),
+        many => Ok(many[0].to_string()),
+    }
+}
+
+/// The log file and container id to read, from the pod's status.
+pub fn locate(rt: &Runtime, entry: &PodEntry, container: &str, previous: bool) -> Result<(PathBuf, String)> {
+    let st = &entry.status;
+    let statuses = st
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(st.init_container_statuses.iter().flatten());
+    let cs = statuses
+        .into_iter()
+        .find(|c| c.name == container)
+        .ok_or_else(|| anyhow!("container {container:?} has no status yet"))?;
+    let id = if previous {
+        cs.last_state
+            .as_ref()
+            .and_then(|l| l.terminated.as_ref())
+            .and_then(|t| t.container_id.clone())
+            .ok_or_else(|| {
+                anyhow!(
+                    "previous terminated container {container:?} in pod {:?} not found",
+                    crate::pod::name(&entry.pod)
+                )
+            })?
+    } else {
+        cs.container_id.clone().ok_or_else(|| {
+            let why = cs
+                .state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .and_then(|w| w.reason.clone())
+                .unwrap_or_else(|| reasons::CONTAINER_CREATING.into());
+            anyhow!(
+                "container {container:?} in pod {:?} is waiting to start: {why}",
+                crate::pod::name(&entry.pod)
+            )
+        })?
+    };
+    let id = runtime_container_id(&id).to_string();
+    let info = rt.inspect(&id)?;
+    Ok((info.record.log_path.clone(), id))
+}
+
+fn render(l: &LogLine, timestamps: bool, out: &mut Vec<u8>) {
+    if timestamps {
+        out.extend_from_slice(l.timestamp.as_bytes());
+        out.push(b' ');
+    }
+    out.extend_from_slice(&l.message);
+    if !l.partial {
+        out.push(b'\n');
+    }
+}
+
+fn since_ok(l: &LogLine, since: Option<chrono::DateTime<chrono::Utc>>) -> bool {
+    match since {
+        None => true,
+        Some(t) => parse_time(&l.timestamp).is_none_or(|ts| ts >= t),
+    }
+}
+
+/// Stream a container's log into `tx`, following while the container runs if asked.
+pub async fn stream(rt: Arc<Runtime>, path: PathBuf, id: String, opts: LogOptions, tx: mpsc::Sender<Bytes>) {
+    let since = opts
+        .since_seconds
+        .map(|s| chrono::Utc::now() - chrono::Duration::seconds(s));
+    let mut budget = opts.limit_bytes.unwrap_or(usize::MAX);
+    let data = tokio::fs::read(&path).await.unwrap_or_default();
+    let mut offset = data.len() as u64;
+    // Only complete lines now; a trailing partial line is re-read when followed.
+    let complete = data.iter().rposition(|&b| b == b'\n').map(|i| i + 1).unwrap_or(0);
+    if opts.follow {
+        offset = complete as u64;
+    }
+    let mut recs: Vec<LogLine> = crilog::read_records(&data[..if opts.follow { complete } else { data.len() }])
+        .into_iter()
+        .filter(|l| since_ok(l, since))
+        .collect();
+    if let Some(n) = opts.tail_lines {
+        let skip = recs.len().saturating_sub(n);
+        recs.drain(..skip);
+    }
+    let mut buf = Vec::new();
+    for r in &recs {
+        render(r, opts.timestamps, &mut buf);
+    }
+    if !send_limited(&tx, buf, &mut budget).await || !opts.follow {
+        return;
+    }
+    // Follow: poll the file; reopen when it is rotated; stop once the container has stopped
+    // and the file has been drained.
+    let mut pending = Vec::new();
+    let mut ino = inode(&path);
+    loop {
+        let running = rt.inspect(&id).map(|i| i.is_running()).unwrap_or(false);
+        let cur = inode(&path);
+        if cur != ino {
+            // Rotated: finish the old file from the rotated copy is not possible by name;
+            // start the new file from its beginning.
+            ino = cur;
+            offset = 0;
+            pending.clear();
+        }
+        let mut chunk = Vec::new();
+        if let Ok(mut f) = tokio::fs::File::open(&path).await {
+            let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+            if len < offset {
+                offset = 0;
+            }
+            if len > offset && f.seek(std::io::SeekFrom::Start(offset)).await.is_ok() {
+                let _ = f.read_to_end(&mut chunk).await;
+                offset += chunk.len() as u64;
+            }
+        }
+        if !chunk.is_empty() {
+            pending.extend_from_slice(&chunk);
+            let cut = pending.iter().rposition(|&b| b == b'\n').map(|i| i + 1).unwrap_or(0);
+            let ready: Vec<u8> = pending.drain(..cut).collect();
+            let mut out = Vec::new();
+            for r in crilog::read_records(&ready).iter().filter(|l| since_ok(l, since)) {
+                render(r, opts.timestamps, &mut out);
+            }
+            if !send_limited(&tx, out, &mut budget).await {
+                return;
+            }
+        } else if !running {
+            return;
+        }
+        if tx.is_closed() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn send_limited(tx: &mpsc::Sender<Bytes>, mut data: Vec<u8>, budget: &mut usize) -> bool {
+    if data.is_empty() {
+        return !tx.is_closed();
+    }
+    if data.len() > *budget {
+        data.truncate(*budget);
+    }
+    *budget -= data.len();
+    tx.send(Bytes::from(data)).await.is_ok() && *budget > 0
+}
+
+fn inode(p: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).map(|m| m.ino()).unwrap_or(0)
+}

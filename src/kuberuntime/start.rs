@@ -1,0 +1,115 @@
+//! Starting a container, in kubelet's steps (kuberuntime's startContainer): make sure the
+//! image is there, generate the container's config, create it, start it, run its postStart
+//! hook. Each step that fails says why as the container's waiting state, with kubelet's reason.
+//! The pod worker calls the steps one by one because it keeps track of what was created.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use ferrolet_runtime::Runtime;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use tracing::warn;
+
+use super::container::{self, BuildInput};
+use super::kill::stop_container;
+use super::labels::ContainerKind;
+use crate::config::Config;
+use crate::images::ImageManager;
+use crate::lifecycle;
+use crate::pod::fieldpath::PodFacts;
+use crate::pod::reasons::{self, Waiting};
+use crate::pod::{self};
+use crate::podsetup::sandbox::Sandbox;
+use crate::podsetup::volumes::VolumeHost;
+use crate::probe::netns::PodTarget;
+
+/// How soon a failed start is tried again (the crash-loop back-off applies on top for
+/// containers that ran).
+pub const RETRY: Duration = Duration::from_secs(5);
+
+/// One container to create, and everything its config is generated from.
+pub struct CreateRequest<'a> {
+    pub cfg: &'a Config,
+    pub rt: &'a Runtime,
+    pub images: &'a ImageManager,
+    pub pod: &'a Pod,
+    pub container: &'a Container,
+    pub kind: ContainerKind,
+    pub attempt: u32,
+    pub sandbox: &'a Sandbox,
+    pub pod_cgroup: &'a str,
+    pub pod_dir: &'a Path,
+    pub volumes: &'a BTreeMap<String, VolumeHost>,
+    pub facts: &'a PodFacts,
+    pub node_memory: i64,
+}
+
+/// Image, config, create: the id of a created (not yet started) container.
+pub async fn create_container(req: &CreateRequest<'_>) -> Result<String, Waiting> {
+    let c = req.container;
+    req.images.ensure_image_exists(pod::uid(req.pod), c)?;
+    let cfg = container::build(&BuildInput {
+        cfg: req.cfg,
+        pod: req.pod,
+        container: c,
+        kind: req.kind,
+        attempt: req.attempt,
+        sandbox: req.sandbox,
+        pod_cgroup: req.pod_cgroup,
+        pod_dir: req.pod_dir,
+        volumes: req.volumes,
+        facts: req.facts,
+        node_memory: req.node_memory,
+    })
+    .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
+    let timeout = req.cfg.runtime_request_timeout;
+    match tokio::time::timeout(timeout, req.rt.create(&cfg)).await {
+        Ok(Ok(info)) => Ok(info.id().to_string()),
+        Ok(Err(ferrolet_runtime::Error::InvalidConfig { field, reason })) => {
+            Err(Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{field}: {reason}")).retry_in(RETRY))
+        }
+        Ok(Err(e)) => Err(Waiting::new(reasons::CREATE_CONTAINER_ERROR, crate::errors::chain(&e)).retry_in(RETRY)),
+        Err(_) => Err(Waiting::new(
+            reasons::CREATE_CONTAINER_ERROR,
+            format!("context deadline exceeded ({timeout:?})"),
+        )
+        .retry_in(RETRY)),
+    }
+}
+
+/// Let a created container run. A container that fails to start is deleted.
+pub async fn start_created(rt: &Runtime, id: &str) -> Result<(), Waiting> {
+    if let Err(e) = rt.start(id).await {
+        let message = crate::errors::chain(&e);
+        if let Err(e) = rt.delete(id).await {
+            warn!(container = %id, error = %crate::errors::chain(&e), "removing a container that failed to start");
+        }
+        return Err(Waiting::new(reasons::RUN_CONTAINER_ERROR, message).retry_in(RETRY));
+    }
+    Ok(())
+}
+
+/// Run the container's postStart hook, if it has one. When the hook fails the container is
+/// stopped (within the pod's grace period) and the failure is returned.
+pub async fn run_post_start(
+    rt: &std::sync::Arc<Runtime>,
+    pod: &Pod,
+    c: &Container,
+    id: &str,
+    target: &PodTarget,
+    timeout: Duration,
+) -> Result<(), Waiting> {
+    let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) else {
+        return Ok(());
+    };
+    let pod_name = pod::full_name(pod);
+    if let Err(e) = lifecycle::run(rt, h, id, c, &pod_name, target, timeout).await {
+        warn!(pod = %pod_name, container = %c.name, reason = reasons::EVENT_FAILED_POST_START_HOOK, "{e}");
+        let grace = Duration::from_secs(pod::grace_period(pod) as u64);
+        let signal = rt.inspect(id).ok().and_then(|i| i.record.stop_signal);
+        stop_container(rt.clone(), id.to_string(), signal, grace).await;
+        return Err(Waiting::new(reasons::POST_START_HOOK_ERROR, e.0).retry_in(RETRY));
+    }
+    Ok(())
+}

@@ -1,0 +1,46 @@
+//! A container's termination message as kubelet reads it (kuberuntime's
+//! getTerminationMessage): the file behind terminationMessagePath, or with
+//! `terminationMessagePolicy: FallbackToLogsOnError` and a failed container, the end of its log.
+
+use super::views::ContainerView;
+
+/// The terminated state's message: the termination message file, or with
+/// FallbackToLogsOnError and a failure, the end of the log (80 lines, at most 2048 bytes).
+pub fn termination_message(v: &ContainerView) -> String {
+    const MAX: usize = 4096;
+    let from_file = v
+        .termination_message_file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .map(|d| String::from_utf8_lossy(&d[d.len().saturating_sub(MAX)..]).into_owned())
+        .unwrap_or_default();
+    let failed = v.exit().is_some_and(|e| e.exit_code != 0);
+    if from_file.is_empty() && failed && v.termination_message_policy == "FallbackToLogsOnError" {
+        return log_tail(&v.log_path, 80, 2048);
+    }
+    from_file
+}
+
+/// The last `lines` lines of a container's log, at most `max` bytes, as kubelet's
+/// FallbackToLogsOnError reads them.
+pub fn log_tail(path: &std::path::Path, lines: usize, max: usize) -> String {
+    let Ok(data) = std::fs::read(path) else {
+        return String::new();
+    };
+    let recs = ferrolet_runtime::crilog::read_records(&data);
+    let start = recs.len().saturating_sub(lines);
+    let mut out = String::new();
+    for r in &recs[start..] {
+        out.push_str(&String::from_utf8_lossy(&r.message));
+        out.push('\n');
+    }
+    if out.len() > max {
+        let cut = out.len() - max;
+        let mut i = cut;
+        while !out.is_char_boundary(i) {
+            i += 1;
+        }
+        out = out[i..].to_string();
+    }
+    out
+}

@@ -1,0 +1,84 @@
+//! The reason strings kubelet writes into pod and container statuses and events, named once
+//! so the pod workers that set them, the status that reports them and the CLI that reads them
+//! agree to the letter (kubelet: pkg/kubelet/container/sync_result.go, pkg/kubelet/images,
+//! kuberuntime and status).
+
+// A container waiting to run.
+pub const CONTAINER_CREATING: &str = "ContainerCreating";
+pub const POD_INITIALIZING: &str = "PodInitializing";
+pub const CRASH_LOOP_BACK_OFF: &str = "CrashLoopBackOff";
+pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
+pub const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
+pub const RUN_CONTAINER_ERROR: &str = "RunContainerError";
+pub const POST_START_HOOK_ERROR: &str = "PostStartHookError";
+pub const ERR_IMAGE_PULL: &str = "ErrImagePull";
+pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
+pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
+
+// A container that ended.
+pub const COMPLETED: &str = "Completed";
+pub const ERROR: &str = "Error";
+pub const OOM_KILLED: &str = "OOMKilled";
+/// The runtime lost track of how the container ended.
+pub const UNKNOWN: &str = "Unknown";
+
+// Pod conditions.
+pub const CONTAINERS_NOT_READY: &str = "ContainersNotReady";
+pub const CONTAINERS_NOT_INITIALIZED: &str = "ContainersNotInitialized";
+pub const POD_COMPLETED: &str = "PodCompleted";
+
+// Pods the node refuses (admission).
+pub const UNSUPPORTED_POD_SPEC: &str = "UnsupportedPodSpec";
+pub const OUT_OF_PODS: &str = "OutOfpods";
+/// `OutOf<resource>` as kubelet's resource admission words it (OutOfcpu, OutOfmemory).
+pub fn out_of(resource: &str) -> String {
+    format!("OutOf{resource}")
+}
+
+// Events (logged as kubelet would record them).
+pub const EVENT_KILLING: &str = "Killing";
+pub const EVENT_CREATED: &str = "Created";
+pub const EVENT_STARTED: &str = "Started";
+pub const EVENT_BACK_OFF: &str = "BackOff";
+pub const EVENT_SANDBOX_CHANGED: &str = "SandboxChanged";
+pub const EVENT_UNHEALTHY: &str = "Unhealthy";
+pub const EVENT_PROBE_WARNING: &str = "ProbeWarning";
+pub const EVENT_FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
+pub const EVENT_FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
+
+/// Why a container is not running, as its waiting state shows it, and when the pod worker
+/// should try again (kubelet's SyncResult errors: the reason names the error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// One of the reason constants above.
+    pub reason: &'static str,
+    pub message: String,
+    /// When to try again; `None` for a problem only a change of the pod can fix.
+    pub retry_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Waiting {
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Waiting {
+        Waiting {
+            reason,
+            message: message.into(),
+            retry_at: None,
+        }
+    }
+
+    pub fn retry_at(mut self, t: chrono::DateTime<chrono::Utc>) -> Waiting {
+        self.retry_at = Some(t);
+        self
+    }
+
+    /// Retry after `d` from now.
+    pub fn retry_in(self, d: std::time::Duration) -> Waiting {
+        self.retry_at(chrono::Utc::now() + chrono::Duration::from_std(d).unwrap_or_default())
+    }
+}
+
+impl std::fmt::Display for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.reason, self.message)
+    }
+}

@@ -1,0 +1,92 @@
+//! Admission (kubelet's lifecycle admit handlers, for what a node without an API server can
+//! check): a new pod is refused when ferrolet cannot run something it asks for, when the node
+//! already runs maxPods pods, or when its cpu or memory requests do not fit in what the active
+//! pods leave of allocatable. A refused pod is Failed with kubelet's reason and message.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::node::NodeInfo;
+use crate::pod::{qos, reasons, validation};
+
+/// Why the node refuses a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub reason: String,
+    pub message: String,
+}
+
+/// Can the node take `p` beside the `active` pods (admitted, not terminating, not finished)?
+pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo) -> Result<(), Rejection> {
+    if let Some(why) = validation::unsupported(p) {
+        return Err(Rejection {
+            reason: reasons::UNSUPPORTED_POD_SPEC.into(),
+            message: why,
+        });
+    }
+    if active.len() as u32 >= node.max_pods {
+        return Err(Rejection {
+            reason: reasons::OUT_OF_PODS.into(),
+            message: format!(
+                "Node didn't have enough resource: pods, requested: 1, used: {}, capacity: {}",
+                active.len(),
+                node.max_pods
+            ),
+        });
+    }
+    for (res, cap) in [("cpu", node.allocatable_cpu_milli), ("memory", node.allocatable_memory)] {
+        let want = qos::pod_requests(p, res);
+        if want == 0 {
+            continue;
+        }
+        let used: i64 = active.iter().map(|a| qos::pod_requests(a, res)).sum();
+        if used + want > cap {
+            return Err(Rejection {
+                reason: reasons::out_of(res),
+                message: format!(
+                    "Node didn't have enough resource: {res}, requested: {want}, used: {used}, capacity: {cap}"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(max_pods: u32) -> NodeInfo {
+        NodeInfo {
+            name: "n".into(),
+            ips: Vec::new(),
+            ephemeral_storage: 0,
+            allocatable_cpu_milli: 1000,
+            allocatable_memory: 1 << 30,
+            max_pods,
+        }
+    }
+
+    fn pod(cpu: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({"metadata":{"name":"p"},"spec":{"containers":[
+                {"name":"c","image":"x","resources":{"requests":{"cpu":cpu}}}]}}))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn pods_and_cpu_must_fit() {
+        assert!(admit(&pod("500m"), &[], &node(2)).is_ok());
+        let full = admit(&pod("500m"), &[pod("100m"), pod("100m")], &node(2)).unwrap_err();
+        assert_eq!(full.reason, "OutOfpods");
+        let cpu = admit(&pod("600m"), &[pod("500m")], &node(5)).unwrap_err();
+        assert_eq!(cpu.reason, "OutOfcpu");
+        assert!(
+            cpu.message.contains("requested: 600, used: 500, capacity: 1000"),
+            "{}",
+            cpu.message
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! The pod sandbox without a pause container (docs/sandbox.md): network, IPC and UTS
+//! namespaces created once per pod and pinned by bind mounts under the pod's directory, and a
+//! /dev/shm tmpfs shared by its containers. Containers join the namespaces by path. The record
+//! (`sandbox.json`) also holds the pod's network attachment, which [`super::PodSetup`] adds.
+//! After a reboot the pins are gone: the sandbox is recreated and the pod's containers with it,
+//! as kubelet does when a sandbox changes. Everything here blocks (mounts, fsync'd writes):
+//! call it off the async threads.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use ferrolet_runtime::fsutil::{read_json_opt, write_json_atomic};
+use ferrolet_runtime::Runtime;
+use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
+
+use crate::pod;
+
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    /// Stable id for the network layer (CNI_CONTAINERID).
+    pub id: String,
+    pub created_at: String,
+    pub net: Option<PathBuf>,
+    pub ipc: Option<PathBuf>,
+    pub uts: Option<PathBuf>,
+    pub shm: PathBuf,
+    pub pod_ips: Vec<String>,
+    pub boot_id: String,
+    /// The pod network mode the sandbox is attached to ("bridge", "cni"); none when it has no
+    /// network of its own or networking is off.
+    #[serde(default)]
+    pub network: Option<String>,
+}
+
+pub fn sandbox_dir(pod_dir: &Path) -> PathBuf {
+    pod_dir.join("sandbox")
+}
+
+fn record_path(pod_dir: &Path) -> PathBuf {
+    pod_dir.join("sandbox.json")
+}
+
+pub fn load(pod_dir: &Path) -> Option<Sandbox> {
+    read_json_opt(&record_path(pod_dir)).ok().flatten()
+}
+
+fn pinned(p: &Option<PathBuf>) -> bool {
+    match p {
+        None => true,
+        Some(p) => nix::sys::statfs::statfs(p)
+            .map(|s| s.filesystem_type().0 == NSFS_MAGIC)
+            .unwrap_or(false),
+    }
+}
+
+impl Sandbox {
+    /// Still usable: same boot, namespaces still pinned, attached to the network it needs
+    /// (`network`: the current mode when pods get a network).
+    pub fn is_live(&self, network: Option<&str>) -> bool {
+        let net_ok = self.net.is_none() || self.network.as_deref() == network;
+        net_ok
+            && self.boot_id == ferrolet_runtime::fsutil::boot_id()
+            && pinned(&self.net)
+            && pinned(&self.ipc)
+            && pinned(&self.uts)
+            && (!self.shm.starts_with("/dev") || self.shm == Path::new("/dev/shm"))
+    }
+}
+
+/// The namespaces the sandbox of `p` gets of its own (the rest are the node's).
+pub struct OwnNamespaces {
+    pub net: bool,
+    pub ipc: bool,
+    pub uts: bool,
+}
+
+pub fn own_namespaces(p: &Pod) -> OwnNamespaces {
+    let host_net = pod::host_network(p);
+    OwnNamespaces {
+        net: !host_net,
+        ipc: !pod::spec(p).host_ipc.unwrap_or(false),
+        uts: !host_net,
+    }
+}
+
+/// Clear what an earlier sandbox of this pod left (e.g. before a reboot) and make the directory
+/// the namespaces are pinned in.
+pub fn prepare_dir(pod_dir: &Path) -> Result<PathBuf> {
+    teardown_local(pod_dir)?;
+    let dir = sandbox_dir(pod_dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Mount the pod's /dev/shm (the node's with hostIPC) and record the sandbox, without a
+/// network yet. Call after the namespaces are pinned in `dir`.
+pub fn finish(p: &Pod, pod_dir: &Path, own: &OwnNamespaces) -> Result<Sandbox> {
+    let dir = sandbox_dir(pod_dir);
+    let shm = if own.ipc {
+        let shm = dir.join("shm");
+        std::fs::create_dir_all(&shm)?;
+        nix::mount::mount(
+            Some("shm"),
+            &shm,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC,
+            Some("mode=1777,size=65536k"),
+        )
+        .context("mounting the pod's /dev/shm")?;
+        shm
+    } else {
+        PathBuf::from("/dev/shm")
+    };
+    let sb = Sandbox {
+        id: format!("{}-{}", pod::uid(p), &ferrolet_runtime::fsutil::random_hex(4)),
+        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        net: own.net.then(|| dir.join("net")),
+        ipc: own.ipc.then(|| dir.join("ipc")),
+        uts: own.uts.then(|| dir.join("uts")),
+        shm,
+        pod_ips: Vec::new(),
+        boot_id: ferrolet_runtime::fsutil::boot_id(),
+        network: None,
+    };
+    // Saved before any network exists, so a crash after this leaves an id to tear down.
+    save(pod_dir, &sb)?;
+    Ok(sb)
+}
+
+/// Ids of the sandboxes recorded under `pods_dir` (every pod directory's `sandbox.json`).
+pub fn recorded_ids(pods_dir: &Path) -> Vec<String> {
+    std::fs::read_dir(pods_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| load(&e.path()))
+        .map(|s| s.id)
+        .collect()
+}
+
+pub fn save(pod_dir: &Path, sb: &Sandbox) -> Result<()> {
+    Ok(write_json_atomic(&record_path(pod_dir), sb)?)
+}
+
+/// Unpin namespaces, unmount /dev/shm, forget the record. Network teardown is the caller's.
+pub fn teardown_local(pod_dir: &Path) -> Result<()> {
+    let dir = sandbox_dir(pod_dir);
+    if dir.exists() {
+        Runtime::unpin_namespaces(&dir)?;
+        let shm = dir.join("shm");
+        if shm.exists() {
+            ferrolet_runtime::rootfs::unmount(&shm).context("unmounting pod /dev/shm")?;
+        }
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(record_path(pod_dir));
+    Ok(())
+}

@@ -1,0 +1,369 @@
+//! Pod volumes on the node (kubelet's volume manager, for the volume types a node without an
+//! API server can serve): emptyDir (a directory, or tmpfs for `medium: Memory`), hostPath
+//! with its type checks, and downwardAPI files; then each container's volumeMounts become bind
+//! mounts (subPath, readOnly, mountPropagation). Directories live where kubelet keeps them:
+//! `<root>/pods/<uid>/volumes/<plugin>/<name>`.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ferrolet_runtime::config::{Mount, MountKind, Propagation};
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+
+use crate::pod;
+use crate::pod::expansion::expand;
+use crate::pod::fieldpath::{field_ref, resource_field, PodFacts};
+
+#[derive(Debug, Clone)]
+pub struct VolumeHost {
+    pub path: PathBuf,
+    /// downwardAPI volumes are always read-only in the container.
+    pub readonly: bool,
+    /// emptyDir: subPaths may be created inside it.
+    pub writable_by_us: bool,
+}
+
+pub fn pod_volumes_dir(pod_dir: &Path) -> PathBuf {
+    pod_dir.join("volumes")
+}
+
+/// Set up every volume of the pod; returns where each lives on the node.
+pub fn setup(p: &Pod, pod_dir: &Path, facts: &PodFacts, node_memory: i64) -> Result<BTreeMap<String, VolumeHost>> {
+    let mut out = BTreeMap::new();
+    let fs_group = pod::spec(p).security_context.as_ref().and_then(|s| s.fs_group);
+    for v in pod::spec(p).volumes.iter().flatten() {
+        let host =
+            setup_one(p, v, pod_dir, facts, node_memory, fs_group).with_context(|| format!("volume {:?}", v.name))?;
+        out.insert(v.name.clone(), host);
+    }
+    Ok(out)
+}
+
+fn setup_one(
+    p: &Pod,
+    v: &Volume,
+    pod_dir: &Path,
+    facts: &PodFacts,
+    node_memory: i64,
+    fs_group: Option<i64>,
+) -> Result<VolumeHost> {
+    let base = pod_volumes_dir(pod_dir);
+    if let Some(e) = &v.empty_dir {
+        let dir = base.join("kubernetes.io~empty-dir").join(&v.name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        if e.medium.as_deref() == Some("Memory") && !is_mountpoint(&dir) {
+            let size = match &e.size_limit {
+                Some(q) => crate::pod::units::bytes(&q.0).map_err(|e| anyhow!("sizeLimit: {e}"))?,
+                None => node_memory,
+            };
+            let opts = format!("mode=0777,size={}", size.max(4096));
+            nix::mount::mount(
+                Some("tmpfs"),
+                &dir,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some(opts.as_str()),
+            )
+            .with_context(|| format!("mounting tmpfs on {}", dir.display()))?;
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
+        if let Some(g) = fs_group {
+            apply_fs_group(&dir, g as u32)?;
+        }
+        return Ok(VolumeHost {
+            path: dir,
+            readonly: false,
+            writable_by_us: true,
+        });
+    }
+    if let Some(h) = &v.host_path {
+        let path = PathBuf::from(&h.path);
+        check_host_path(&path, h.type_.as_deref().unwrap_or(""))?;
+        return Ok(VolumeHost {
+            path,
+            readonly: false,
+            writable_by_us: false,
+        });
+    }
+    if let Some(d) = &v.downward_api {
+        let dir = base.join("kubernetes.io~downward-api").join(&v.name);
+        std::fs::create_dir_all(&dir)?;
+        let mode = d.default_mode.unwrap_or(0o644) as u32;
+        for item in d.items.iter().flatten() {
+            if item.path.starts_with('/') || item.path.split('/').any(|c| c == "..") {
+                bail!("items path {:?} must be relative without '..'", item.path);
+            }
+            let content = if let Some(f) = &item.field_ref {
+                match f.field_path.as_str() {
+                    "metadata.labels" => kv_lines(p.metadata.labels.as_ref()),
+                    "metadata.annotations" => kv_lines(p.metadata.annotations.as_ref()),
+                    path => field_ref(p, path, facts).map_err(|e| anyhow!("{}: {e}", item.path))?,
+                }
+            } else if let Some(r) = &item.resource_field_ref {
+                let cname = r.container_name.as_deref().unwrap_or("");
+                let c = pod::containers(p)
+                    .iter()
+                    .find(|c| c.name == cname)
+                    .ok_or_else(|| anyhow!("{}: resourceFieldRef.containerName {cname:?} not found", item.path))?;
+                let div = r.divisor.as_ref().map(|q| q.0.clone()).unwrap_or_else(|| "1".into());
+                resource_field(c, &r.resource, &div, facts).map_err(|e| anyhow!("{}: {e}", item.path))?
+            } else {
+                bail!("{}: needs fieldRef or resourceFieldRef", item.path);
+            };
+            let file = dir.join(&item.path);
+            if let Some(parent) = file.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            ferrolet_runtime::fsutil::write_atomic(&file, content.as_bytes())?;
+            let m = item.mode.map(|m| m as u32).unwrap_or(mode);
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m))?;
+        }
+        return Ok(VolumeHost {
+            path: dir,
+            readonly: true,
+            writable_by_us: false,
+        });
+    }
+    bail!("unsupported volume type")
+}
+
+/// `key="value"` lines sorted by key, as the downward API writes labels and annotations.
+fn kv_lines(m: Option<&BTreeMap<String, String>>) -> String {
+    m.into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", serde_json::Value::String(v.clone())))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn check_host_path(path: &Path, typ: &str) -> Result<()> {
+    let md = std::fs::metadata(path);
+    use std::os::unix::fs::FileTypeExt;
+    match typ {
+        "" => Ok(()),
+        "DirectoryOrCreate" => {
+            if md.is_err() {
+                std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+                return Ok(());
+            }
+            if !md?.is_dir() {
+                bail!("hostPath type check failed: {} is not a directory", path.display());
+            }
+            Ok(())
+        }
+        "FileOrCreate" => {
+            if md.is_err() {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(path)?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))?;
+                return Ok(());
+            }
+            if !md?.is_file() {
+                bail!("hostPath type check failed: {} is not a file", path.display());
+            }
+            Ok(())
+        }
+        "Directory" | "File" | "Socket" | "CharDevice" | "BlockDevice" => {
+            let md = md.map_err(|_| anyhow!("hostPath type check failed: {} does not exist", path.display()))?;
+            let ft = md.file_type();
+            let ok = match typ {
+                "Directory" => ft.is_dir(),
+                "File" => ft.is_file(),
+                "Socket" => ft.is_socket(),
+                "CharDevice" => ft.is_char_device(),
+                _ => ft.is_block_device(),
+            };
+            if !ok {
+                bail!("hostPath type check failed: {} is not a {typ}", path.display());
+            }
+            Ok(())
+        }
+        other => bail!("hostPath type {other:?} is not a known type"),
+    }
+}
+
+/// kubelet's SetVolumeOwnership: group fsGroup, group rw, setgid on directories.
+fn apply_fs_group(dir: &Path, gid: u32) -> Result<()> {
+    let md = std::fs::symlink_metadata(dir)?;
+    if md.gid() != gid {
+        std::os::unix::fs::lchown(dir, None, Some(gid))?;
+    }
+    let mode = md.mode() & 0o7777;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o2070))?;
+    if md.is_dir() {
+        for e in std::fs::read_dir(dir)?.flatten() {
+            let t = e.file_type()?;
+            if t.is_symlink() {
+                continue;
+            }
+            if t.is_dir() {
+                apply_fs_group(&e.path(), gid)?;
+            } else {
+                let m = e.metadata()?;
+                if m.gid() != gid {
+                    std::os::unix::fs::lchown(e.path(), None, Some(gid))?;
+                }
+                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode((m.mode() & 0o7777) | 0o060))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A container's volumeMounts as runtime bind mounts.
+/// `subPathExpr` is expanded with the container's environment (`$(VAR)`), as kubelet does.
+pub fn mounts_for(
+    c: &Container,
+    volumes: &BTreeMap<String, VolumeHost>,
+    privileged: bool,
+    env: &[(String, String)],
+) -> Result<Vec<Mount>> {
+    let mut out = Vec::new();
+    for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
+        let v = volumes
+            .get(&m.name)
+            .ok_or_else(|| anyhow!("volumeMounts[{i}]: volume {:?} not found", m.name))?;
+        let mut source = v.path.clone();
+        let expanded = match m.sub_path_expr.as_deref().filter(|s| !s.is_empty()) {
+            Some(e) => Some(expand_sub_path(e, env)?),
+            None => None,
+        };
+        if let Some(sp) = expanded.as_deref().or(m.sub_path.as_deref()).filter(|s| !s.is_empty()) {
+            source = v.path.join(sp);
+            if !source.exists() {
+                if v.writable_by_us || v.path.is_dir() {
+                    std::fs::create_dir_all(&source)
+                        .with_context(|| format!("creating subPath {}", source.display()))?;
+                    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o777)).ok();
+                } else {
+                    bail!(
+                        "volumeMounts[{i}]: subPath {sp:?} does not exist in volume {:?}",
+                        m.name
+                    );
+                }
+            }
+            let real = std::fs::canonicalize(&source)?;
+            let root = std::fs::canonicalize(&v.path)?;
+            if !real.starts_with(&root) {
+                bail!("volumeMounts[{i}]: subPath {sp:?} resolves outside the volume");
+            }
+            source = real;
+        }
+        let propagation = match m.mount_propagation.as_deref() {
+            None | Some("None") => Propagation::Private,
+            Some("HostToContainer") => Propagation::HostToContainer,
+            Some("Bidirectional") if privileged => Propagation::Bidirectional,
+            Some("Bidirectional") => {
+                bail!("volumeMounts[{i}]: Bidirectional mount propagation is available only to privileged containers")
+            }
+            Some(o) => bail!("volumeMounts[{i}]: unknown mountPropagation {o:?}"),
+        };
+        out.push(Mount {
+            destination: m.mount_path.clone(),
+            source,
+            kind: MountKind::Bind,
+            readonly: m.read_only.unwrap_or(false) || v.readonly,
+            propagation,
+            options: Vec::new(),
+        });
+    }
+    Ok(out)
+}
+
+/// Expand a subPathExpr as kubelet does: every referenced variable must have a non-empty
+/// value, and the result must be a relative path without `..`.
+pub fn expand_sub_path(expr: &str, env: &[(String, String)]) -> Result<String> {
+    let value = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    let mut missing = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("$(") {
+        let escaped = i > 0 && rest.as_bytes()[i - 1] == b'$';
+        let after = &rest[i + 2..];
+        let Some(j) = after.find(')') else { break };
+        let name = &after[..j];
+        if !escaped && value(name).is_none_or(|v| v.is_empty()) {
+            missing.push(name.to_string());
+        }
+        rest = &after[j + 1..];
+    }
+    if !missing.is_empty() {
+        missing.sort();
+        missing.dedup();
+        bail!("missing value for {}", missing.join(", "));
+    }
+    let p = expand(expr, &|n: &str| value(n));
+    if p.starts_with('/') {
+        bail!("error SubPath `{p}` must not be an absolute path");
+    }
+    if p.split('/').any(|c| c == "..") {
+        bail!("unable to provision SubPath `{p}`: must not contain '..'");
+    }
+    Ok(p)
+}
+
+/// Unmount tmpfs emptyDirs and remove the pod's volume directories (hostPaths are untouched).
+pub fn teardown(pod_dir: &Path) -> Result<()> {
+    let base = pod_volumes_dir(pod_dir).join("kubernetes.io~empty-dir");
+    if let Ok(rd) = std::fs::read_dir(&base) {
+        for e in rd.flatten() {
+            if is_mountpoint(&e.path()) {
+                ferrolet_runtime::rootfs::unmount(&e.path())
+                    .with_context(|| format!("unmounting {}", e.path().display()))?;
+            }
+        }
+    }
+    match std::fs::remove_dir_all(pod_volumes_dir(pod_dir)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).context("removing pod volumes"),
+    }
+}
+
+pub fn is_mountpoint(p: &Path) -> bool {
+    let (Ok(a), Ok(b)) = (
+        std::fs::metadata(p),
+        p.parent()
+            .map(std::fs::metadata)
+            .unwrap_or_else(|| Err(std::io::Error::other("root"))),
+    ) else {
+        return false;
+    };
+    a.dev() != b.dev()
+        || std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+            let s = p.display().to_string();
+            m.lines().any(|l| l.split(' ').nth(4) == Some(s.as_str()))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_path_expr_rules() {
+        let env = vec![
+            ("POD".to_string(), "p1".to_string()),
+            ("EMPTY".to_string(), String::new()),
+            ("UP".to_string(), "..".into()),
+        ];
+        assert_eq!(expand_sub_path("logs/$(POD)", &env).unwrap(), "logs/p1");
+        assert_eq!(expand_sub_path("$$(POD)", &env).unwrap(), "$(POD)");
+        let e = expand_sub_path("$(EMPTY)/$(NOPE)", &env).unwrap_err().to_string();
+        assert_eq!(e, "missing value for EMPTY, NOPE");
+        let e = expand_sub_path("$(UP)", &env).unwrap_err().to_string();
+        assert!(e.contains("must not contain '..'"), "{e}");
+        assert!(expand_sub_path("/abs", &env)
+            .unwrap_err()
+            .to_string()
+            .contains("absolute"));
+    }
+}

@@ -1,0 +1,294 @@
+//! Pod status as kubelet computes it (generateAPIPodStatus): the phase ([`super::phase`]) from
+//! the container states, the conditions (PodReadyToStartContainers, Initialized, ContainersReady,
+//! Ready, PodScheduled) with stable transition times, and a ContainerStatus per container with
+//! state, lastState, reasons, restart count and ids.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use ferrolet_runtime::image::Reference;
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+    HostIP, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::phase::{phase, Phase};
+use crate::kuberuntime::status_container_id;
+use crate::kuberuntime::views::{parse_time, ContainerView, PodContainers, ViewState};
+use crate::pod::reasons::{self, Waiting};
+use crate::pod::{self, qos};
+
+pub fn ktime(t: DateTime<Utc>) -> Time {
+    let secs = t.timestamp();
+    Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))
+}
+
+fn ktime_str(s: &str) -> Option<Time> {
+    parse_time(s).map(ktime)
+}
+
+/// Everything the status is computed from.
+pub struct StatusInput<'a> {
+    pub pod: &'a Pod,
+    pub containers: &'a PodContainers,
+    /// Why a container is waiting, when the worker knows better than "ContainerCreating":
+    /// by container name.
+    pub waiting: &'a BTreeMap<String, Waiting>,
+    /// Readiness of containers with a readiness probe (absent: ready when running).
+    pub readiness: &'a BTreeMap<String, bool>,
+    /// Containers with a startup probe that has not succeeded yet.
+    pub startup_pending: &'a BTreeSet<String>,
+    /// Termination messages by container id.
+    pub messages: &'a BTreeMap<String, String>,
+    pub sandbox_ready: bool,
+    pub initialized: bool,
+    pub pod_ips: &'a [String],
+    pub host_ips: &'a [String],
+    pub start_time: Option<DateTime<Utc>>,
+    pub previous: Option<&'a PodStatus>,
+}
+
+fn terminated(v: &ContainerView, messages: &BTreeMap<String, String>) -> Option<ContainerStateTerminated> {
+    let e = v.exit()?;
+    let reason = if e.oom_killed {
+        reasons::OOM_KILLED
+    } else if e.reason.is_some() {
+        reasons::UNKNOWN
+    } else if e.exit_code == 0 {
+        reasons::COMPLETED
+    } else {
+        reasons::ERROR
+    };
+    let message = messages
+        .get(&v.id)
+        .cloned()
+        .filter(|m| !m.is_empty())
+        .or_else(|| e.reason.clone());
+    Some(ContainerStateTerminated {
+        container_id: Some(status_container_id(&v.id)),
+        exit_code: e.exit_code,
+        signal: e.signal.filter(|s| *s != 0),
+        reason: Some(reason.into()),
+        message,
+        started_at: v.started_at.map(ktime),
+        finished_at: ktime_str(&e.finished_at),
+    })
+}
+
+pub(super) fn waiting(reason: &str, message: &str) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.into()),
+            message: Some(message.to_string()).filter(|m| !m.is_empty()),
+        }),
+        ..Default::default()
+    }
+}
+
+fn container_status(input: &StatusInput, c: &Container, default_waiting: &str) -> ContainerStatus {
+    let image = c.image.clone().unwrap_or_default();
+    let image = Reference::parse(&image).map(|r| r.normalized()).unwrap_or(image);
+    let latest = input.containers.latest(&c.name);
+    let mut st = ContainerStatus {
+        name: c.name.clone(),
+        image,
+        image_id: String::new(),
+        ready: false,
+        restart_count: 0,
+        started: Some(false),
+        ..Default::default()
+    };
+    let Some(v) = latest else {
+        st.state = Some(match input.waiting.get(&c.name) {
+            Some(w) => waiting(w.reason, &w.message),
+            None => waiting(default_waiting, ""),
+        });
+        return st;
+    };
+    st.restart_count = v.attempt as i32;
+    st.image_id = v.image_id.clone();
+    st.container_id = Some(status_container_id(&v.id));
+    let prev_terminated = || {
+        input
+            .containers
+            .previous(&c.name)
+            .and_then(|p| terminated(p, input.messages))
+    };
+    match &v.state {
+        ViewState::Created => {
+            st.state = Some(waiting(reasons::CONTAINER_CREATING, ""));
+            st.last_state = prev_terminated().map(|t| ContainerState {
+                terminated: Some(t),
+                ..Default::default()
+            });
+        }
+        ViewState::Running => {
+            st.state = Some(ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: v.started_at.map(ktime),
+                }),
+                ..Default::default()
+            });
+            let started = !input.startup_pending.contains(&c.name);
+            st.started = Some(started);
+            st.ready = started && input.readiness.get(&c.name).copied().unwrap_or(true);
+            st.last_state = prev_terminated().map(|t| ContainerState {
+                terminated: Some(t),
+                ..Default::default()
+            });
+        }
+        ViewState::Exited(_) => {
+            let t = terminated(v, input.messages);
+            match input.waiting.get(&c.name) {
+                // About to be restarted (e.g. CrashLoopBackOff): waiting, with the exit as lastState.
+                Some(w) => {
+                    st.state = Some(waiting(w.reason, &w.message));
+                    st.last_state = t.map(|t| ContainerState {
+                        terminated: Some(t),
+                        ..Default::default()
+                    });
+                }
+                None => {
+                    st.state = Some(ContainerState {
+                        terminated: t,
+                        ..Default::default()
+                    });
+                    st.last_state = prev_terminated().map(|t| ContainerState {
+                        terminated: Some(t),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+    }
+    st
+}
+
+fn condition(
+    prev: Option<&PodStatus>,
+    type_: &str,
+    ok: bool,
+    reason: Option<&str>,
+    message: Option<String>,
+    now: DateTime<Utc>,
+) -> PodCondition {
+    let status = if ok { "True" } else { "False" };
+    let previous = prev
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_));
+    let transition = match previous {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => Some(ktime(now)),
+    };
+    PodCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.map(str::to_string),
+        message,
+        last_transition_time: transition,
+        last_probe_time: None,
+        observed_generation: None,
+    }
+}
+
+pub fn compute(input: &StatusInput) -> PodStatus {
+    let p = input.pod;
+    let now = Utc::now();
+    let init: Vec<ContainerStatus> = pod::init_containers(p)
+        .iter()
+        .map(|c| container_status(input, c, reasons::POD_INITIALIZING))
+        .collect();
+    let init_pending = !input.initialized;
+    let apps: Vec<ContainerStatus> = pod::containers(p)
+        .iter()
+        .map(|c| {
+            container_status(
+                input,
+                c,
+                if init_pending && !init.is_empty() {
+                    reasons::POD_INITIALIZING
+                } else {
+                    reasons::CONTAINER_CREATING
+                },
+            )
+        })
+        .collect();
+    let phase = phase(p, &init, &apps);
+    let completed = phase.is_terminal();
+    let unready: Vec<&str> = apps
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .chain(
+            init.iter()
+                .zip(pod::init_containers(p))
+                .filter(|(s, c)| pod::is_sidecar(c) && !s.ready)
+                .map(|(s, _)| s.name.as_str()),
+        )
+        .collect();
+    let incomplete: Vec<&str> = pod::init_containers(p)
+        .iter()
+        .zip(&init)
+        .filter(|(c, s)| {
+            !pod::is_sidecar(c)
+                && s.state
+                    .as_ref()
+                    .and_then(|x| x.terminated.as_ref())
+                    .is_none_or(|t| t.exit_code != 0)
+        })
+        .map(|(c, _)| c.name.as_str())
+        .collect();
+    let initialized = input.initialized;
+    let prev = input.previous;
+    let ready = unready.is_empty() && !completed;
+    let ready_reason = if completed {
+        Some(reasons::POD_COMPLETED)
+    } else if ready {
+        None
+    } else {
+        Some(reasons::CONTAINERS_NOT_READY)
+    };
+    let ready_msg = (!ready && !completed).then(|| format!("containers with unready status: [{}]", unready.join(" ")));
+    let conditions = vec![
+        condition(prev, "PodReadyToStartContainers", input.sandbox_ready, None, None, now),
+        condition(
+            prev,
+            "Initialized",
+            initialized,
+            (!initialized).then_some(reasons::CONTAINERS_NOT_INITIALIZED),
+            (!initialized).then(|| format!("containers with incomplete status: [{}]", incomplete.join(" "))),
+            now,
+        ),
+        condition(prev, "Ready", ready, ready_reason, ready_msg.clone(), now),
+        condition(prev, "ContainersReady", ready, ready_reason, ready_msg, now),
+        condition(prev, "PodScheduled", true, None, None, now),
+    ];
+    PodStatus {
+        phase: Some(phase.as_str().into()),
+        conditions: Some(conditions),
+        host_ip: input.host_ips.first().cloned(),
+        host_ips: Some(input.host_ips.iter().map(|ip| HostIP { ip: ip.clone() }).collect())
+            .filter(|v: &Vec<_>| !v.is_empty()),
+        pod_ip: input.pod_ips.first().cloned(),
+        pod_ips: Some(input.pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect())
+            .filter(|v: &Vec<_>| !v.is_empty()),
+        start_time: input.start_time.map(ktime),
+        qos_class: Some(qos::qos_class(p).as_str().into()),
+        init_container_statuses: Some(init).filter(|v| !v.is_empty()),
+        container_statuses: Some(apps),
+        ..Default::default()
+    }
+}
+
+/// The status of a pod the agent refused to run.
+pub fn rejected(p: &Pod, reason: &str, message: &str, host_ips: &[String]) -> PodStatus {
+    PodStatus {
+        phase: Some(Phase::Failed.as_str().into()),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        host_ip: host_ips.first().cloned(),
+        qos_class: Some(qos::qos_class(p).as_str().into()),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,10 @@
+//! Pod status: computed as kubelet computes it from what runs ([`generate`], [`phase`]) and
+//! recorded by the status manager ([`manager`]) for the API, the CLI and the next start.
+
+pub mod generate;
+pub mod manager;
+pub mod phase;
+
+pub use generate::{compute, rejected, StatusInput};
+pub use manager::{PersistedStatus, StatusManager};
+pub use phase::Phase;

@@ -1,0 +1,258 @@
+//! Pod workers (kubelet's pod_workers.go and its SyncPod family): one task per pod UID, to which
+//! every change of that pod goes in order. [`PodWorkers`] takes the operations of the pod
+//! config, admits new pods, starts, updates and terminates workers, holds back a pod while
+//! another of the same name (or the same UID) is still terminating, and cleans up pods the
+//! node still has but no source wants ([`cleanup`]). Each worker ([`pod_worker`]) walks its
+//! pod through kubelet's lifecycle: syncing ([`sync`]), terminating, terminated
+//! ([`terminate`]); [`plan`] decides what a sync does, [`crate::backoff`] when a crashed
+//! container may run again.
+
+mod cleanup;
+pub mod plan;
+mod pod_worker;
+mod sync;
+mod terminate;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ferrolet_runtime::Runtime;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::images::ImageManager;
+use crate::node::NodeInfo;
+use crate::pod::manager::PodManager;
+use crate::pod::{self};
+use crate::podconfig::admission::{self, Rejection};
+use crate::podconfig::PodOp;
+use crate::podsetup::PodSetup;
+use crate::status::{Phase, StatusManager};
+use pod_worker::{Lifecycle, Msg, PodWorker};
+
+/// The node-wide managers every pod worker uses (kubelet keeps them on its Kubelet struct).
+pub struct Managers {
+    pub cfg: Arc<Config>,
+    pub rt: Arc<Runtime>,
+    pub node: NodeInfo,
+    pub pods: Arc<PodManager>,
+    pub status: StatusManager,
+    pub setup: PodSetup,
+    pub images: ImageManager,
+}
+
+impl Managers {
+    pub fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.cfg.pods_dir().join(uid)
+    }
+}
+
+/// What the node has for one pod UID.
+enum Slot {
+    /// A worker runs the pod (or tears it down).
+    Worker {
+        tx: mpsc::UnboundedSender<Msg>,
+        pod: Arc<Pod>,
+        terminating: bool,
+    },
+    /// Admission refused the pod: it has a Failed status and nothing on the node.
+    Rejected { pod: Arc<Pod> },
+}
+
+impl Slot {
+    fn pod(&self) -> &Arc<Pod> {
+        match self {
+            Slot::Worker { pod, .. } | Slot::Rejected { pod } => pod,
+        }
+    }
+
+    fn terminating(&self) -> bool {
+        matches!(self, Slot::Worker { terminating: true, .. })
+    }
+}
+
+pub struct PodWorkers {
+    m: Arc<Managers>,
+    slots: HashMap<String, Slot>,
+    /// Pods to start once the pod before them (same UID or same namespace/name) has finished
+    /// terminating, in arrival order: kubelet never runs two static pods of one name at once.
+    pending: Vec<Arc<Pod>>,
+    /// A worker's UID is sent here when it has finished (its pod is gone from the node).
+    done: mpsc::UnboundedSender<String>,
+    /// Containers found in the runtime at start, by pod UID, until their pod claims them.
+    adoptable: HashMap<String, Vec<String>>,
+    /// Orphans are collected only once every source has reported.
+    orphans_cleaned: bool,
+}
+
+impl PodWorkers {
+    /// `adoptable`: the runtime's containers from an earlier run, by pod UID. Finished workers'
+    /// UIDs go to `done`; pass them back to [`finished`](Self::finished).
+    pub fn new(
+        m: Arc<Managers>,
+        adoptable: HashMap<String, Vec<String>>,
+        done: mpsc::UnboundedSender<String>,
+    ) -> PodWorkers {
+        PodWorkers {
+            m,
+            slots: HashMap::new(),
+            pending: Vec::new(),
+            done,
+            adoptable,
+            orphans_cleaned: false,
+        }
+    }
+
+    /// Apply one operation of the pod config.
+    pub fn handle(&mut self, op: PodOp) {
+        match op {
+            PodOp::Add(p) => self.add(p),
+            PodOp::Update(p) => self.update(p),
+            PodOp::Remove(p) => self.remove(pod::uid(&p)),
+            PodOp::Reconcile(p) => self.reconcile(p),
+        }
+    }
+
+    /// kubelet's HandlePodAdditions: admit and start, unless an earlier pod of this UID or name
+    /// is still terminating.
+    fn add(&mut self, p: Arc<Pod>) {
+        match self.slots.get(pod::uid(&p)) {
+            Some(Slot::Worker { terminating: false, .. }) => return self.update(p),
+            Some(Slot::Rejected { .. }) => return,
+            _ => {}
+        }
+        if self.blocked(&p) {
+            info!(pod = %pod::full_name(&p), "waiting for the previous pod of this name to terminate");
+            self.pending.push(p);
+            return;
+        }
+        let uid = pod::uid(&p).to_string();
+        match admission::admit(&p, &self.active_pods(), &self.m.node) {
+            Ok(()) => {
+                info!(pod = %pod::full_name(&p), "ADD");
+                let known = self.adoptable.remove(&uid).unwrap_or_default();
+                self.spawn(p, known, Lifecycle::Syncing);
+            }
+            Err(r) => self.reject(uid, p, r),
+        }
+    }
+
+    fn reject(&mut self, uid: String, p: Arc<Pod>, r: Rejection) {
+        warn!(pod = %pod::full_name(&p), reason = %r.reason, "pod rejected: {}", r.message);
+        let st = crate::status::rejected(&p, &r.reason, &r.message, &self.m.node.ip_strings());
+        self.m.pods.upsert(&uid, p.clone(), Some(st));
+        self.slots.insert(uid, Slot::Rejected { pod: p });
+    }
+
+    /// Whether `p` must wait: its UID, or another pod of its namespace/name, is terminating.
+    fn blocked(&self, p: &Pod) -> bool {
+        self.slots.get(pod::uid(p)).is_some_and(Slot::terminating)
+            || self.slots.values().any(|s| {
+                s.terminating() && pod::name(s.pod()) == pod::name(p) && pod::namespace(s.pod()) == pod::namespace(p)
+            })
+    }
+
+    fn update(&mut self, p: Arc<Pod>) {
+        let uid = pod::uid(&p).to_string();
+        if let Some(q) = self.pending.iter_mut().find(|q| pod::uid(q) == uid) {
+            *q = p;
+            return;
+        }
+        // A refused pod stays refused; a terminating one is replaced by its pending ADD.
+        if let Some(Slot::Worker {
+            tx,
+            pod,
+            terminating: false,
+        }) = self.slots.get_mut(&uid)
+        {
+            info!(pod = %pod::full_name(&p), "UPDATE");
+            *pod = p.clone();
+            let _ = tx.send(Msg::Update(p));
+        }
+    }
+
+    /// kubelet's HandlePodRemoves: the pod's worker terminates it and cleans up.
+    fn remove(&mut self, uid: &str) {
+        self.pending.retain(|q| pod::uid(q) != uid);
+        match self.slots.get_mut(uid) {
+            Some(Slot::Worker { tx, pod, terminating }) if !*terminating => {
+                info!(pod = %pod::full_name(pod), "REMOVE: no source wants the pod any more");
+                *terminating = true;
+                let _ = tx.send(Msg::Terminate);
+            }
+            Some(Slot::Rejected { pod }) => {
+                info!(pod = %pod::full_name(pod), "REMOVE: the refused pod is gone");
+                self.m.pods.remove(uid);
+                self.slots.remove(uid);
+                // Containers an earlier run left for it are still to be stopped.
+                if self.adoptable.contains_key(uid) {
+                    self.terminate_orphan(uid.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// kubelet's HandlePodReconcile: the stored object is refreshed; nothing runs differently.
+    fn reconcile(&mut self, p: Arc<Pod>) {
+        let uid = pod::uid(&p).to_string();
+        if let Some(Slot::Worker { pod, .. } | Slot::Rejected { pod }) = self.slots.get_mut(&uid) {
+            *pod = p.clone();
+            self.m.pods.set_pod(&uid, p);
+        }
+    }
+
+    /// A worker has finished: its pod is gone from the node. Pods waiting for it start.
+    pub fn finished(&mut self, uid: &str) {
+        if matches!(self.slots.get(uid), Some(Slot::Worker { .. })) {
+            self.slots.remove(uid);
+        }
+        for p in std::mem::take(&mut self.pending) {
+            self.add(p);
+        }
+    }
+
+    /// Admitted pods that are not terminating and have not finished (what admission counts).
+    fn active_pods(&self) -> Vec<Arc<Pod>> {
+        self.slots
+            .iter()
+            .filter_map(|(uid, s)| match s {
+                Slot::Worker {
+                    pod,
+                    terminating: false,
+                    ..
+                } => Some((uid, pod)),
+                _ => None,
+            })
+            .filter(|(uid, _)| {
+                let phase = self.m.pods.get(uid).and_then(|e| Phase::of(&e.status));
+                !phase.is_some_and(Phase::is_terminal)
+            })
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
+    /// Start a worker for `p` in `lifecycle`, adopting the runtime containers `known`.
+    fn spawn(&mut self, p: Arc<Pod>, known: Vec<String>, lifecycle: Lifecycle) {
+        let uid = pod::uid(&p).to_string();
+        let terminating = lifecycle != Lifecycle::Syncing;
+        let tx = PodWorker::spawn(self.m.clone(), p.clone(), known, lifecycle);
+        // The worker is done when its end of the channel is gone.
+        let (watch, done, u) = (tx.clone(), self.done.clone(), uid.clone());
+        tokio::spawn(async move {
+            watch.closed().await;
+            let _ = done.send(u);
+        });
+        self.slots.insert(
+            uid,
+            Slot::Worker {
+                tx,
+                pod: p,
+                terminating,
+            },
+        );
+    }
+}

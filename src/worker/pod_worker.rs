@@ -1,0 +1,435 @@
+//! One pod's worker: a task that owns everything the agent knows about the pod on this node and
+//! walks it through kubelet's lifecycle ([`Lifecycle`]). Updates, container exits, probe results
+//! and back-off expiries wake it; between wakes it resyncs every syncFrequency. A panic in one
+//! round is logged and the round retried: the worker, and what it knows, survive it.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use super::Managers;
+use crate::backoff::Backoff;
+use crate::kuberuntime::kill::kill_container;
+use crate::kuberuntime::labels;
+use crate::kuberuntime::views::{ContainerView, PodContainers};
+use crate::pod::fieldpath::PodFacts;
+use crate::pod::reasons::{self, Waiting};
+use crate::pod::{self, RestartPolicy};
+use crate::podsetup::sandbox::Sandbox;
+use crate::podsetup::volumes::VolumeHost;
+use crate::probe::netns::PodTarget;
+use crate::prober::{self, ProbeEvent, Probes};
+use crate::status::{self, PersistedStatus, StatusManager};
+use crate::tasks::panic_message;
+
+/// Where a pod is in its life on the node (kubelet's pod worker states, each with its sync
+/// function: SyncPod, SyncTerminatingPod, SyncTerminatedPod).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// Wanted: converge what runs to the spec, again and again.
+    Syncing,
+    /// No longer wanted: stop the containers (preStop, grace period, sidecars last).
+    Terminating,
+    /// Nothing runs: remove containers, sandbox, network, volumes, cgroup and directories.
+    Terminated,
+}
+
+#[derive(Debug)]
+pub enum Msg {
+    /// A new version of the pod (same UID).
+    Update(Arc<Pod>),
+    /// The pod is no longer wanted: terminate it and clean up.
+    Terminate,
+    /// Something changed (a container exited): sync now.
+    Wake,
+    /// A probe's result changed.
+    Probe(ProbeEvent),
+}
+
+/// The pod's runtime containers as this worker tracks them.
+#[derive(Default)]
+pub(super) struct Containers {
+    /// Runtime ids of the pod's containers, every attempt still kept.
+    pub known: BTreeSet<String>,
+    /// Ids with a task waiting for their exit.
+    pub watched: HashSet<String>,
+    /// Termination messages by container id, read once when the container ended.
+    pub messages: BTreeMap<String, String>,
+}
+
+/// What the pod has on the node besides its containers.
+#[derive(Default)]
+pub(super) struct Resources {
+    pub sandbox: Option<Sandbox>,
+    pub volumes: BTreeMap<String, VolumeHost>,
+}
+
+/// What the pod's status is made from besides the runtime's containers.
+#[derive(Default)]
+pub(super) struct Report {
+    pub start_time: Option<DateTime<Utc>>,
+    /// The status last published.
+    pub last: Option<PodStatus>,
+    /// Every init container is done (or every sidecar started).
+    pub initialized: bool,
+    /// Why a container waits, when the worker knows better than the default.
+    pub waiting: BTreeMap<String, Waiting>,
+}
+
+pub(super) struct PodWorker {
+    pub m: Arc<Managers>,
+    pub uid: String,
+    pub pod: Arc<Pod>,
+    pub pod_dir: PathBuf,
+    pub rx: mpsc::UnboundedReceiver<Msg>,
+    pub tx: mpsc::UnboundedSender<Msg>,
+    pub lifecycle: Lifecycle,
+    pub containers: Containers,
+    /// Crash-loop back-off by container name and spec hash.
+    pub restarts: Backoff,
+    pub resources: Resources,
+    pub report: Report,
+    pub probes: Probes,
+}
+
+/// The first resync after a failure that needs a retry.
+pub(super) const RETRY: Duration = Duration::from_secs(5);
+
+impl PodWorker {
+    /// Start the worker of `pod` in `lifecycle`, adopting `known` containers (found in the
+    /// runtime at start) and the sandbox and status recorded in the pod's directory.
+    pub fn spawn(
+        m: Arc<Managers>,
+        pod: Arc<Pod>,
+        known: Vec<String>,
+        lifecycle: Lifecycle,
+    ) -> mpsc::UnboundedSender<Msg> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let uid = pod::uid(&pod).to_string();
+        let pod_dir = m.pod_dir(&uid);
+        let previous = StatusManager::load(&pod_dir);
+        let w = PodWorker {
+            restarts: Backoff::new(
+                m.cfg.initial_container_restart_period,
+                m.cfg.max_container_restart_period,
+            ),
+            resources: Resources {
+                sandbox: crate::podsetup::sandbox::load(&pod_dir),
+                volumes: BTreeMap::new(),
+            },
+            report: Report {
+                start_time: previous.as_ref().and_then(|p| p.start_time),
+                last: previous.map(|p| p.status),
+                ..Default::default()
+            },
+            containers: Containers {
+                known: known.into_iter().collect(),
+                ..Default::default()
+            },
+            m,
+            uid,
+            pod,
+            pod_dir,
+            rx,
+            tx: tx.clone(),
+            lifecycle,
+            probes: Probes::default(),
+        };
+        tokio::spawn(w.run());
+        tx
+    }
+
+    async fn run(mut self) {
+        self.m
+            .pods
+            .upsert(&self.uid, self.pod.clone(), self.report.last.clone());
+        if self.lifecycle != Lifecycle::Syncing {
+            self.m.pods.set_terminating(&self.uid);
+        }
+        loop {
+            match self.lifecycle {
+                Lifecycle::Syncing => {
+                    let wake = match std::panic::AssertUnwindSafe(self.sync_pod()).catch_unwind().await {
+                        Ok(wake) => wake,
+                        Err(p) => {
+                            error!(pod = %pod::full_name(&self.pod), "pod sync panicked: {}; retrying", panic_message(p));
+                            Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default())
+                        }
+                    };
+                    if !self.wait_for_work(wake).await {
+                        return;
+                    }
+                }
+                Lifecycle::Terminating => {
+                    if let Err(p) = std::panic::AssertUnwindSafe(self.sync_terminating_pod())
+                        .catch_unwind()
+                        .await
+                    {
+                        error!(pod = %pod::full_name(&self.pod), "stopping the pod panicked: {}; removing it", panic_message(p));
+                    }
+                    self.lifecycle = Lifecycle::Terminated;
+                }
+                Lifecycle::Terminated => {
+                    if let Err(p) = std::panic::AssertUnwindSafe(self.sync_terminated_pod())
+                        .catch_unwind()
+                        .await
+                    {
+                        error!(pod = %pod::full_name(&self.pod), "removing the pod panicked: {}", panic_message(p));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sleep until a message comes, `wake` passes, or the resync period is over. Applies every
+    /// message queued meanwhile (they coalesce into one sync). False when the channel is gone.
+    async fn wait_for_work(&mut self, wake: Option<DateTime<Utc>>) -> bool {
+        let mut delay = self.m.cfg.sync_frequency;
+        if let Some(w) = wake {
+            let d = (w - Utc::now()).to_std().unwrap_or(Duration::ZERO) + Duration::from_millis(50);
+            delay = delay.min(d);
+        }
+        tokio::select! {
+            m = self.rx.recv() => match m {
+                None => return false,
+                Some(m) => self.handle(m),
+            },
+            _ = tokio::time::sleep(delay) => {}
+        }
+        while let Ok(m) = self.rx.try_recv() {
+            self.handle(m);
+        }
+        true
+    }
+
+    fn handle(&mut self, m: Msg) {
+        match m {
+            Msg::Update(p) => {
+                self.pod = p;
+                self.m.pods.upsert(&self.uid, self.pod.clone(), None);
+            }
+            Msg::Terminate => {
+                self.lifecycle = Lifecycle::Terminating;
+                self.m.pods.set_terminating(&self.uid);
+            }
+            Msg::Wake => {}
+            Msg::Probe(ev) => {
+                let reason = self.probe_kill_message(&ev);
+                if !ev.success && ev.kind != prober::Kind::Readiness {
+                    self.event(reasons::EVENT_KILLING, &reason);
+                }
+                self.probes.apply(&ev, reason);
+            }
+        }
+    }
+
+    /// kubelet's words for a kill a liveness or startup probe causes.
+    pub fn probe_kill_message(&self, ev: &ProbeEvent) -> String {
+        let kind = ev.kind.name().to_ascii_lowercase();
+        if pod::is_sidecar_name(&self.pod, &ev.container) {
+            format!("Init container {} failed {kind} probe", ev.container)
+        } else if pod::restart_policy(&self.pod) == RestartPolicy::Never {
+            format!("Container {} failed {kind} probe", ev.container)
+        } else {
+            format!("Container {} failed {kind} probe, will be restarted", ev.container)
+        }
+    }
+
+    /// An event, logged as kubelet would record it.
+    pub fn event(&self, reason: &str, message: &str) {
+        info!(pod = %pod::full_name(&self.pod), reason, "{message}");
+    }
+
+    /// Where the pod's ports are reached (probes, hooks).
+    pub fn target(&self) -> PodTarget {
+        PodTarget {
+            ip: self.pod_ips().first().and_then(|ip| ip.parse().ok()),
+            netns: self.resources.sandbox.as_ref().and_then(|s| s.net.clone()),
+        }
+    }
+
+    /// The pod's IPs: the node's for hostNetwork pods.
+    pub fn pod_ips(&self) -> Vec<String> {
+        if pod::host_network(&self.pod) {
+            return self.m.node.ip_strings();
+        }
+        self.sandbox_ips()
+    }
+
+    fn sandbox_ips(&self) -> Vec<String> {
+        self.resources
+            .sandbox
+            .as_ref()
+            .map(|s| s.pod_ips.clone())
+            .unwrap_or_default()
+    }
+
+    /// What the downward API knows beyond the pod object.
+    pub fn facts(&self) -> PodFacts {
+        PodFacts {
+            pod_ips: self.sandbox_ips(),
+            host_ips: self.m.node.ip_strings(),
+            node_cpu_milli: self.m.node.allocatable_cpu_milli,
+            node_memory: self.m.node.allocatable_memory,
+            node_ephemeral_storage: self.m.node.ephemeral_storage,
+        }
+    }
+
+    /// The runtime's containers of this pod; ids the runtime no longer has are forgotten.
+    pub fn views(&mut self) -> PodContainers {
+        let mut out = Vec::new();
+        let mut gone = Vec::new();
+        for id in &self.containers.known {
+            match self.m.rt.inspect(id) {
+                Ok(info) => out.extend(ContainerView::from_info(&info)),
+                Err(e) if e.is_not_found() => gone.push(id.clone()),
+                Err(e) => {
+                    warn!(pod = %pod::full_name(&self.pod), container = %id, error = %crate::errors::chain(&e), "reading container state")
+                }
+            }
+        }
+        for id in gone {
+            self.containers.known.remove(&id);
+        }
+        PodContainers::new(out)
+    }
+
+    /// Wake the worker when container `id` exits.
+    pub fn watch(&mut self, id: &str) {
+        if !self.containers.watched.insert(id.to_string()) {
+            return;
+        }
+        let (rt, tx, id) = (self.m.rt.clone(), self.tx.clone(), id.to_string());
+        tokio::spawn(async move {
+            let _ = rt.wait(&id).await;
+            let _ = tx.send(Msg::Wake);
+        });
+    }
+
+    /// Spec hash of every container, by name.
+    pub fn hashes(&self) -> BTreeMap<String, String> {
+        pod::all_containers(&self.pod)
+            .map(|c| (c.name.clone(), labels::hash(c)))
+            .collect()
+    }
+
+    /// Start and stop probe tasks to match the running containers; returns them.
+    pub fn sync_probes(&mut self, views: &PodContainers) -> Vec<prober::Target> {
+        let targets = self.probe_targets(views);
+        let tx = self.tx.clone();
+        let target = self.target();
+        self.probes
+            .sync(&self.m.rt, &pod::full_name(&self.pod), &target, &targets, move |ev| {
+                let _ = tx.send(Msg::Probe(ev));
+            });
+        targets
+    }
+
+    /// Running app containers and sidecars, for the probes.
+    pub fn probe_targets(&self, views: &PodContainers) -> Vec<prober::Target> {
+        pod::containers(&self.pod)
+            .iter()
+            .chain(pod::init_containers(&self.pod).iter().filter(|c| pod::is_sidecar(c)))
+            .filter_map(|c| {
+                let v = views.latest(&c.name).filter(|v| v.is_running())?;
+                Some(prober::Target {
+                    name: c.name.clone(),
+                    id: v.id.clone(),
+                    started_at: v.started_at.unwrap_or(v.created_at),
+                    spec: c.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Stop one container (preStop, signal, grace period); runs beside the worker's loop.
+    pub fn kill_one(&self, v: ContainerView, grace: Duration) -> impl std::future::Future<Output = ()> + 'static {
+        kill_container(
+            self.m.rt.clone(),
+            pod::container(&self.pod, &v.name).cloned(),
+            self.target(),
+            pod::full_name(&self.pod),
+            v,
+            grace,
+        )
+    }
+
+    /// Stop every container of the pod (its sandbox changed).
+    pub async fn kill_all(&mut self, why: &str) {
+        let views = self.views();
+        let grace = Duration::from_secs(pod::grace_period(&self.pod) as u64);
+        let stops = views
+            .all()
+            .filter(|v| v.is_active())
+            .map(|v| {
+                info!(pod = %pod::full_name(&self.pod), container = %v.name, "stopping: {why}");
+                self.kill_one(v.clone(), grace)
+            })
+            .collect::<Vec<_>>();
+        futures::future::join_all(stops).await;
+    }
+
+    /// Read the termination message of each container that exited, once (the file may go with
+    /// the container).
+    pub fn record_termination_messages(&mut self, views: &PodContainers) {
+        for v in views.all() {
+            if v.exit().is_some() && !self.containers.messages.contains_key(&v.id) {
+                let m = crate::kuberuntime::termination::termination_message(v);
+                self.containers.messages.insert(v.id.clone(), m);
+            }
+        }
+    }
+
+    /// Compute the pod's status from what runs and publish it.
+    pub async fn publish_status(&mut self, views: &PodContainers) {
+        // A container may have exited since the sync began: its message goes out with its
+        // terminated state, never in a later update.
+        self.record_termination_messages(views);
+        let targets = self.probe_targets(views);
+        let readiness = self.probes.readiness(&targets);
+        let startup_pending = self.probes.startup_pending(&targets);
+        let pod_ips = self.pod_ips();
+        let host_ips = self.m.node.ip_strings();
+        let st = status::compute(&status::StatusInput {
+            pod: &self.pod,
+            containers: views,
+            waiting: &self.report.waiting,
+            readiness: &readiness,
+            startup_pending: &startup_pending,
+            messages: &self.containers.messages,
+            sandbox_ready: self.resources.sandbox.is_some(),
+            initialized: self.report.initialized,
+            pod_ips: &pod_ips,
+            host_ips: &host_ips,
+            start_time: self.report.start_time,
+            previous: self.report.last.as_ref(),
+        });
+        self.publish(st).await;
+    }
+
+    async fn publish(&mut self, st: PodStatus) {
+        let changed = self.report.last.as_ref() != Some(&st);
+        if changed {
+            let phase_before = self.report.last.as_ref().and_then(|s| s.phase.clone());
+            if phase_before != st.phase {
+                info!(pod = %pod::full_name(&self.pod), phase = st.phase.as_deref().unwrap_or(""), "pod phase");
+            }
+        }
+        let rec = PersistedStatus {
+            start_time: self.report.start_time,
+            status: st.clone(),
+        };
+        if let Err(e) = self.m.status.set(&self.uid, &self.pod_dir, rec, changed).await {
+            warn!(pod = %pod::full_name(&self.pod), error = %format!("{e:#}"), "saving status");
+        }
+        self.report.last = Some(st);
+    }
+}

@@ -1,0 +1,258 @@
+//! SyncPod (kubelet's SyncPod and kuberuntime's SyncPod): one round of converging what runs to
+//! what the pod asks for. The pod's cgroup, sandbox, volumes and files first; then the plan
+//! ([`super::plan`]) from the containers as they are, its kills and starts; then the dead
+//! attempts nobody needs are removed and the status is published.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tracing::warn;
+
+use super::plan::{self, Plan, PlanInput, Start};
+use super::pod_worker::{PodWorker, RETRY};
+use crate::kuberuntime::labels::{self, ContainerKind};
+use crate::kuberuntime::start::{self, CreateRequest};
+use crate::kuberuntime::views::PodContainers;
+use crate::pod::reasons::{self, Waiting};
+use crate::pod::units::format_duration;
+use crate::pod::{self};
+
+impl PodWorker {
+    /// One round of SyncPod. Returns when the worker wants to run again (a back-off expiry).
+    pub(super) async fn sync_pod(&mut self) -> Option<DateTime<Utc>> {
+        if self.report.start_time.is_none() {
+            self.report.start_time = Some(Utc::now());
+        }
+        if let Err(e) = self.prepare_pod().await {
+            warn!(pod = %pod::full_name(&self.pod), error = %format!("{e:#}"), "pod setup failed; will retry");
+            for c in pod::all_containers(&self.pod) {
+                self.report.waiting.insert(
+                    c.name.clone(),
+                    Waiting::new(reasons::CONTAINER_CREATING, format!("{e:#}")),
+                );
+            }
+            let views = self.views();
+            self.publish_status(&views).await;
+            return Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default());
+        }
+        let views = self.views();
+        for v in views.all() {
+            if v.is_active() {
+                self.watch(&v.id.clone());
+            }
+        }
+        self.record_termination_messages(&views);
+        let targets = self.sync_probes(&views);
+        let startup_pending = self.probes.startup_pending(&targets);
+        let unhealthy = self.probes.unhealthy(&targets);
+        let hashes = self.hashes();
+        let plan = plan::plan(&PlanInput {
+            pod: &self.pod,
+            containers: &views,
+            hashes: &hashes,
+            backoff: &self.restarts,
+            now: Utc::now(),
+            startup_pending: &startup_pending,
+            unhealthy: &unhealthy,
+        });
+        self.report.initialized = plan.initialized;
+        let wake = self.execute(&plan, &views).await;
+        let views = self.views();
+        self.remove_dead(&views).await;
+        let views = self.views();
+        // Containers started just now get their probes at once, not at the next resync.
+        self.sync_probes(&views);
+        self.publish_status(&views).await;
+        wake
+    }
+
+    /// Pod directory and cgroup, sandbox (recreated when it no longer serves), volumes and the
+    /// files kubelet manages.
+    async fn prepare_pod(&mut self) -> anyhow::Result<()> {
+        let m = self.m.clone();
+        m.setup.prepare(&self.pod, &self.pod_dir).await?;
+        let usable = self
+            .resources
+            .sandbox
+            .as_ref()
+            .is_some_and(|s| m.setup.sandbox_usable(s));
+        if !usable {
+            if let Some(old) = self.resources.sandbox.clone() {
+                self.event(
+                    reasons::EVENT_SANDBOX_CHANGED,
+                    "Pod sandbox changed, it will be killed and re-created.",
+                );
+                self.kill_all("the pod sandbox changed").await;
+                // Kept until released: a failed release is retried with the next sync.
+                m.setup.release_network(&old).await?;
+                self.resources.sandbox = None;
+            }
+            self.resources.sandbox = Some(m.setup.create_sandbox(&self.pod, &self.pod_dir).await?);
+        }
+        let facts = self.facts();
+        self.resources.volumes = m.setup.mount_volumes(&self.pod, &self.pod_dir, &facts).await?;
+        m.setup
+            .write_managed_files(&self.pod, &self.pod_dir, &facts.pod_ips)
+            .await?;
+        Ok(())
+    }
+
+    /// Carry out a plan: kills first, then starts in order. Returns the earliest time a
+    /// container waiting out a back-off or a failed start should be tried again.
+    async fn execute(&mut self, plan: &Plan, views: &PodContainers) -> Option<DateTime<Utc>> {
+        let mut wake = plan.wake_at;
+        // Kill first (spec changes, failed probes, completed pods' sidecars).
+        let kills: Vec<_> = plan
+            .kill
+            .iter()
+            .filter_map(|k| {
+                let v = views.all().find(|v| v.id == k.id).cloned()?;
+                self.event(
+                    reasons::EVENT_KILLING,
+                    &format!("Stopping container {}: {}", k.name, k.reason),
+                );
+                // A probe's own terminationGracePeriodSeconds applies to the kill it causes.
+                let probe_grace = pod::container(&self.pod, &k.name).and_then(|c| {
+                    [c.liveness_probe.as_ref(), c.startup_probe.as_ref()]
+                        .into_iter()
+                        .flatten()
+                        .find_map(|p| p.termination_grace_period_seconds)
+                });
+                let grace = match probe_grace {
+                    Some(g) if k.reason.contains("probe") => g.max(1) as u64,
+                    _ => pod::grace_period(&self.pod) as u64,
+                };
+                Some(self.kill_one(v, Duration::from_secs(grace)))
+            })
+            .collect();
+        futures::future::join_all(kills).await;
+
+        // Waiting reasons: back-offs from this plan; started containers lose theirs below.
+        for (name, (_, d)) in &plan.backing_off {
+            let msg = format!(
+                "back-off {} restarting failed container={name} pod={}",
+                format_duration(*d),
+                pod::full_name(&self.pod)
+            );
+            if self.report.waiting.get(name).map(|w| w.reason) != Some(reasons::CRASH_LOOP_BACK_OFF) {
+                self.event(
+                    reasons::EVENT_BACK_OFF,
+                    &format!("Back-off restarting failed container {name}"),
+                );
+            }
+            self.report
+                .waiting
+                .insert(name.clone(), Waiting::new(reasons::CRASH_LOOP_BACK_OFF, msg));
+        }
+        // A container no longer waiting (running, or exited for good) has no waiting reason.
+        let waiting_names: Vec<String> = self.report.waiting.keys().cloned().collect();
+        for name in waiting_names {
+            let starting = plan.start.iter().any(|s| s.name == name);
+            if !plan.backing_off.contains_key(&name) && !starting {
+                if let Some(v) = views.latest(&name) {
+                    if v.is_running() || v.exit().is_some() {
+                        self.report.waiting.remove(&name);
+                    }
+                }
+            }
+        }
+        for s in &plan.start {
+            match self.start_one(s).await {
+                Ok(()) => {
+                    self.report.waiting.remove(&s.name);
+                }
+                Err(w) => {
+                    warn!(pod = %pod::full_name(&self.pod), container = %s.name, reason = w.reason, "{}", w.message);
+                    if let Some(t) = w.retry_at {
+                        wake = Some(wake.map_or(t, |x: DateTime<Utc>| x.min(t)));
+                    }
+                    self.report.waiting.insert(s.name.clone(), w);
+                    // An init container that cannot start blocks the ones after it.
+                    if s.kind != ContainerKind::App {
+                        break;
+                    }
+                }
+            }
+        }
+        wake
+    }
+
+    /// Create, start and hook one container (kubelet's startContainer), keeping track of what
+    /// was created.
+    async fn start_one(&mut self, s: &Start) -> Result<(), Waiting> {
+        let Some(c) = pod::container(&self.pod, &s.name).cloned() else {
+            return Err(Waiting::new(
+                reasons::CREATE_CONTAINER_CONFIG_ERROR,
+                format!("container {} is not in the pod spec", s.name),
+            ));
+        };
+        let Some(sandbox) = self.resources.sandbox.clone() else {
+            return Err(Waiting::new(reasons::CONTAINER_CREATING, "the pod sandbox is not ready").retry_at(Utc::now()));
+        };
+        let m = self.m.clone();
+        let pod_cgroup = m.setup.cgroups().pod_path(&self.pod);
+        let facts = self.facts();
+        let id = start::create_container(&CreateRequest {
+            cfg: &m.cfg,
+            rt: &m.rt,
+            images: &m.images,
+            pod: &self.pod,
+            container: &c,
+            kind: s.kind,
+            attempt: s.attempt,
+            sandbox: &sandbox,
+            pod_cgroup: &pod_cgroup,
+            pod_dir: &self.pod_dir,
+            volumes: &self.resources.volumes,
+            facts: &facts,
+            node_memory: m.node.allocatable_memory,
+        })
+        .await?;
+        self.containers.known.insert(id.clone());
+        self.event(reasons::EVENT_CREATED, &format!("Created container {}", c.name));
+        let backoff_key = plan::backoff_key(&c.name, &labels::hash(&c));
+        if let Some(t) = s.previous_finished {
+            self.restarts.next(&backoff_key, t);
+        }
+        if let Err(w) = start::start_created(&m.rt, &id).await {
+            self.containers.known.remove(&id);
+            return Err(w);
+        }
+        self.watch(&id);
+        let image = c.image.clone().unwrap_or_default();
+        self.event(
+            reasons::EVENT_STARTED,
+            &format!("Started container {} (image {image})", c.name),
+        );
+        let timeout = m.cfg.runtime_request_timeout;
+        if let Err(w) = start::run_post_start(&m.rt, &self.pod, &c, &id, &self.target(), timeout).await {
+            // The restart that follows waits out the crash-loop back-off.
+            self.restarts.next(&backoff_key, Utc::now());
+            return Err(w);
+        }
+        Ok(())
+    }
+
+    /// Keep the newest two attempts of each container (the current one and the one behind
+    /// `lastState` / `logs --previous`); delete older ones and their logs.
+    async fn remove_dead(&mut self, views: &PodContainers) {
+        for list in views.by_name.values() {
+            for v in list.iter().skip(2) {
+                if v.is_running() {
+                    continue;
+                }
+                match self.m.rt.delete(&v.id).await {
+                    Ok(()) => {
+                        self.containers.known.remove(&v.id);
+                        self.containers.messages.remove(&v.id);
+                        let _ = std::fs::remove_file(&v.log_path);
+                        for r in ferrolet_runtime::crilog::rotated_files(&v.log_path) {
+                            let _ = std::fs::remove_file(r);
+                        }
+                    }
+                    Err(e) => warn!(container = %v.id, error = %crate::errors::chain(&e), "removing dead container"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! The end of a pod on the node, in kubelet's two steps. SyncTerminatingPod: liveness and
+//! startup probes stop, the app containers (and a running regular init container) get their
+//! preStop hooks and stop signals all at once, then the sidecars in reverse order with what is
+//! left of the grace period; readiness keeps being reported meanwhile. SyncTerminatedPod:
+//! containers, sandbox, network, volumes, cgroup, logs and directories are removed, and the
+//! pod leaves the pod table.
+
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::pod_worker::{Msg, PodWorker};
+use crate::kuberuntime::container::pod_log_dir;
+use crate::kuberuntime::kill::kill_container;
+use crate::pod::{self};
+use crate::prober;
+use crate::tasks::blocking;
+
+impl PodWorker {
+    pub(super) async fn sync_terminating_pod(&mut self) {
+        let name = pod::full_name(&self.pod);
+        info!(pod = %name, "terminating pod");
+        // No kill may come from these now; readiness keeps running so the pod can turn
+        // not-ready while its containers wind down.
+        self.probes.stop_kinds(&[prober::Kind::Liveness, prober::Kind::Startup]);
+        let grace = Duration::from_secs(pod::grace_period(&self.pod) as u64);
+        let views = self.views();
+        // App containers (and any running regular init container) first, all at once...
+        let first: Vec<_> = views
+            .all()
+            .filter(|v| v.is_active() && !pod::is_sidecar_name(&self.pod, &v.name))
+            .map(|v| self.kill_one(v.clone(), grace))
+            .collect();
+        // ...then sidecars in reverse order with what is left of the grace period.
+        let sidecars: Vec<_> = pod::init_containers(&self.pod)
+            .iter()
+            .rev()
+            .filter(|c| pod::is_sidecar(c))
+            .filter_map(|c| views.latest(&c.name).filter(|v| v.is_running()).cloned())
+            .map(|v| {
+                let spec = pod::container(&self.pod, &v.name).cloned();
+                (v, spec)
+            })
+            .collect();
+        let (rt, target, pod_name) = (self.m.rt.clone(), self.target(), name.clone());
+        let stopping = async move {
+            let deadline = tokio::time::Instant::now() + grace;
+            futures::future::join_all(first).await;
+            for (v, spec) in sidecars {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                kill_container(rt.clone(), spec, target.clone(), pod_name.clone(), v, left).await;
+            }
+        };
+        tokio::pin!(stopping);
+        loop {
+            tokio::select! {
+                _ = &mut stopping => break,
+                m = self.rx.recv() => {
+                    if let Some(Msg::Probe(ev)) = m {
+                        let reason = self.probe_kill_message(&ev);
+                        self.probes.apply(&ev, reason);
+                        let v = self.views();
+                        self.publish_status(&v).await;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) async fn sync_terminated_pod(&mut self) {
+        let name = pod::full_name(&self.pod);
+        self.probes.stop_all();
+        for id in std::mem::take(&mut self.containers.known) {
+            if let Err(e) = self.m.rt.delete(&id).await {
+                warn!(pod = %name, container = %id, error = %crate::errors::chain(&e), "removing container");
+            }
+        }
+        let sandbox = self.resources.sandbox.take();
+        self.m.setup.teardown(&self.pod, &self.pod_dir, sandbox).await;
+        let logs = pod_log_dir(&self.m.cfg, &self.pod);
+        let removed = blocking("removing the pod's logs", move || {
+            match std::fs::remove_dir_all(&logs) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+                _ => Ok(()),
+            }
+        })
+        .await;
+        if let Err(e) = removed {
+            warn!(pod = %name, error = %format!("{e:#}"), "removing the pod's logs");
+        }
+        self.m.pods.remove(&self.uid);
+        info!(pod = %name, "pod removed");
+    }
+}
