@@ -1,28 +1,37 @@
-//! Embeds the demo image (images/out/busybox.oci.tar, built by images/build-busybox.sh from
-//! Debian's busybox-static) so a fresh node runs busybox pods with nothing imported. Without
-//! it (no busybox-static on the build machine) the binary simply carries no demo image.
+//! Embeds the demo image (an OCI archive of Debian's busybox-static, built by
+//! images/build-busybox.sh) so a fresh node runs busybox pods with nothing imported. The image
+//! is built into OUT_DIR, never into the source tree; FERROLET_DEMO_IMAGE names a ready archive
+//! instead. Without busybox-static on the build machine the binary carries no demo image.
 
 use std::path::PathBuf;
 
 fn main() {
-    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("demo-image.tar");
-    let src = std::env::var_os("FERROLET_DEMO_IMAGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("images/out/busybox.oci.tar"));
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let embedded = out_dir.join("demo-image.tar");
     println!("cargo:rerun-if-env-changed=FERROLET_DEMO_IMAGE");
-    println!("cargo:rerun-if-changed={}", src.display());
+    println!("cargo:rerun-if-env-changed=BUSYBOX");
     println!("cargo:rerun-if-changed=images/build-busybox.sh");
-    if !src.exists() {
-        let _ = std::process::Command::new(root.join("images/build-busybox.sh"))
-            .arg(src.parent().unwrap())
-            .status();
-    }
-    match std::fs::copy(&src, &out) {
-        Ok(_) => {}
-        Err(_) => {
-            println!("cargo:warning=no demo image at {} (install busybox-static and run images/build-busybox.sh); building without one", src.display());
-            std::fs::write(&out, b"").unwrap();
+    let busybox = std::env::var_os("BUSYBOX").unwrap_or_else(|| "/bin/busybox".into());
+    println!("cargo:rerun-if-changed={}", PathBuf::from(&busybox).display());
+
+    let src = match std::env::var_os("FERROLET_DEMO_IMAGE") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let dir = out_dir.join("demo-image");
+            let built = std::process::Command::new(root.join("images/build-busybox.sh"))
+                .arg(&dir)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !built {
+                println!("cargo:warning=could not build the demo image (install busybox-static); building without one");
+            }
+            dir.join("busybox.oci.tar")
         }
+    };
+    if std::fs::copy(&src, &embedded).is_err() {
+        println!("cargo:warning=no demo image at {}; building without one", src.display());
+        std::fs::write(&embedded, b"").expect("writing into OUT_DIR");
     }
 }

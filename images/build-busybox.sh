@@ -98,4 +98,4 @@ printf '{"localhost/busybox-docker":{"1.35":"%s"}}' "$diff_id" >"$dk/repositorie
 mkdir -p "$out"
 det_tar "$oci" "$out/busybox.oci.tar"
 det_tar "$dk" "$out/busybox.docker.tar"
-echo "images/out: busybox.oci.tar busybox.docker.tar (image id sha256:$cfg, busybox-static $version)"
+echo "$out: busybox.oci.tar busybox.docker.tar (image id sha256:$cfg, busybox-static $version)"
