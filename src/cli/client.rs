@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
@@ -24,7 +24,7 @@ pub async fn get(socket: &Path, path: &str, mut on_chunk: impl FnMut(&[u8]) -> R
     let mut resp = sender
         .send_request(req)
         .await
-        .map_err(|e| anyhow!("request {path}: {e}"))?;
+        .with_context(|| format!("request {path}"))?;
     let status = resp.status();
     if !status.is_success() {
         let body = resp.into_body().collect().await?.to_bytes();

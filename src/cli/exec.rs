@@ -34,7 +34,7 @@ pub fn run(args: &ExecArgs) -> Result<i32> {
         MsgFlags::empty(),
         None,
     )
-    .map_err(|e| anyhow!("sending the exec request: {e}"))?;
+    .context("sending the exec request")?;
     let reader = BufReader::new(&stream);
     for line in reader.lines() {
         let line = line?;

@@ -34,10 +34,7 @@ pub async fn run(args: &PodsArgs) -> Result<i32> {
             if args.output.as_deref() == Some("json") {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                print!(
-                    "{}",
-                    serde_saphyr::to_string(&list).map_err(|e| anyhow::anyhow!("{e}"))?
-                );
+                print!("{}", serde_saphyr::to_string(&list)?);
             }
             return Ok(0);
         }

@@ -119,7 +119,7 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
 pub fn apply_file(cfg: &mut Config, path: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
     let value: Value =
-        serde_saphyr::from_str(&text).map_err(|e| anyhow!("{}: not valid YAML or JSON: {e}", path.display()))?;
+        serde_saphyr::from_str(&text).with_context(|| format!("{}: not valid YAML or JSON", path.display()))?;
     let Value::Object(map) = value else {
         bail!("{}: expected a KubeletConfiguration object", path.display());
     };

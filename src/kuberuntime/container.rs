@@ -52,7 +52,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     let psc = spec.security_context.clone().unwrap_or_default();
     let csc = c.security_context.clone().unwrap_or_default();
 
-    let env = env::build(p, c, input.facts).map_err(|e| anyhow!("{e}"))?;
+    let env = env::build(p, c, input.facts).map_err(anyhow::Error::msg)?;
     let command = expand_all(c.command.as_deref().unwrap_or(&[]), &env);
     let args = expand_all(c.args.as_deref().unwrap_or(&[]), &env);
 

@@ -55,16 +55,17 @@ impl HttpSource {
         for (k, v) in &self.headers {
             req = req.header(k, v);
         }
-        let req = req.body(Empty::new()).map_err(|e| anyhow!("building request: {e}"))?;
+        let req = req.body(Empty::new()).context("building request")?;
         let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
             .await
             .map_err(|_| anyhow!("timed out"))?
-            .map_err(|e| anyhow!("{e}"))?;
+            .context("request failed")?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), MAX_BODY)
             .collect()
             .await
-            .map_err(|e| anyhow!("reading body: {e}"))?
+            .map_err(|e| anyhow!(e))
+            .context("reading body")?
             .to_bytes();
         if !status.is_success() {
             bail!(

@@ -35,7 +35,7 @@ pub enum ExecReply {
 
 pub async fn serve(st: Arc<State>, path: std::path::PathBuf) -> Result<()> {
     let _ = std::fs::remove_file(&path);
-    let listener = tokio::net::UnixListener::bind(&path).map_err(|e| anyhow!("binding {}: {e}", path.display()))?;
+    let listener = tokio::net::UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     loop {
@@ -156,7 +156,7 @@ fn recv_with_fds(stream: &UnixStream) -> Result<(ExecRequest, Vec<OwnedFd>)> {
         Some(&mut cmsg),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .map_err(|e| anyhow!("receiving exec request: {e}"))?;
+    .context("receiving exec request")?;
     let mut fds = Vec::new();
     for c in msg.cmsgs().context("reading the passed descriptors")? {
         if let ControlMessageOwned::ScmRights(raw) = c {
@@ -165,6 +165,6 @@ fn recv_with_fds(stream: &UnixStream) -> Result<(ExecRequest, Vec<OwnedFd>)> {
         }
     }
     let n = msg.bytes;
-    let req: ExecRequest = serde_json::from_slice(&buf[..n]).map_err(|e| anyhow!("bad exec request: {e}"))?;
+    let req: ExecRequest = serde_json::from_slice(&buf[..n]).context("bad exec request")?;
     Ok((req, fds))
 }

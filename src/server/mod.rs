@@ -9,6 +9,7 @@ pub mod exec;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use ferrolet_runtime::Runtime;
 use tracing::{error, info};
 
@@ -70,7 +71,7 @@ pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
         let addr = std::net::SocketAddr::new(cfg.address, cfg.read_only_port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|e| anyhow::anyhow!("binding the HTTP API on {addr}: {e}"))?;
+            .with_context(|| format!("binding the HTTP API on {addr}"))?;
         info!(%addr, "HTTP API listening");
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -159,11 +160,8 @@ async fn serve_logs(st: Arc<State>, namespace: &str, pod: &str, opts: LogOptions
 /// Serve `router` on a unix socket (owner-only).
 pub async fn serve_unix(router: Router, path: std::path::PathBuf) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&path);
-    let listener =
-        tokio::net::UnixListener::bind(&path).map_err(|e| anyhow::anyhow!("binding {}: {e}", path.display()))?;
+    let listener = tokio::net::UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    axum::serve(listener, router)
-        .await
-        .map_err(|e| anyhow::anyhow!("unix API: {e}"))
+    axum::serve(listener, router).await.context("unix API")
 }
