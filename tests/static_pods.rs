@@ -719,3 +719,44 @@ fn default_cgroup_root_is_the_agents_own_cgroup() {
         );
     }
 }
+
+#[test]
+fn reset_removes_what_the_agent_made() {
+    let mut a = Agent::start_in_own_cgroup("reset");
+    let with_resources =
+        |name: &str, resources: &str| format!("{}    resources: {resources}\n", pod_yaml(name, "Always", "sleep 3600"));
+    a.write("g.yaml", &with_resources("g", "{limits: {cpu: 100m, memory: 32Mi}}"));
+    a.write("b.yaml", &with_resources("b", "{requests: {cpu: 50m}}"));
+    a.write("e.yaml", &pod_yaml("e", "Always", "sleep 3600"));
+    for p in ["g", "b", "e"] {
+        a.wait_phase(p, "Running", T);
+    }
+    let cg = ferrolet_runtime::cgroups::Cgroups::detect().unwrap();
+    let kubepods = format!("{}/kubepods", a.cgroup.path());
+    assert!(cg.dir_for("memory", &kubepods).unwrap().is_dir());
+    // Stopped, the agent leaves its pods running; reset takes everything away.
+    a.stop();
+    let out = a.reset().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rel = kubepods.trim_start_matches('/');
+    for m in cg.mounts() {
+        assert!(!m.join(rel).exists(), "{} left behind", m.join(rel).display());
+        assert!(
+            !m.join(a.cgroup.path().trim_start_matches('/'))
+                .join("ferrolet.agent")
+                .exists(),
+            "the agent's leaf cgroup left behind under {}",
+            m.display()
+        );
+    }
+    let root = a.root.display().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&root)).collect();
+    assert!(left.is_empty(), "mounts left behind: {left:#?}");
+    for sub in ["containers", "pods"] {
+        let n = std::fs::read_dir(a.root.join(sub)).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(n, 0, "{sub} left behind");
+    }
+    let n = std::fs::read_dir(&a.logs).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(n, 0, "pod logs left behind");
+}

@@ -63,34 +63,38 @@ fn missing_cgroup_dirs(rt: &Runtime, kubepods: &str) -> Vec<PathBuf> {
     out
 }
 
+/// The leaf cgroup the agent moves into on cgroup v2 when its own cgroup holds kubepods.
+const AGENT_LEAF: &str = "ferrolet.agent";
+
 /// The pod cgroup tree: the agent's own cgroup as the default root (moving the agent and its
 /// zygote into a leaf on v2), what it is about to create recorded in agent.json first, then the
 /// QoS level cgroups.
 fn setup_cgroups(cfg: &Config, rt: &Runtime) -> Result<PodCgroups> {
     let cgroups = PodCgroups::new(cfg, rt.cgroups())?;
-    if cfg.cgroup_root.is_empty() {
-        // cgroup v2: the agent's own cgroup becomes the parent of kubepods, so the agent (and
-        // its zygote, and so the monitors) move into a leaf of it.
-        let me = std::process::id() as i32;
-        ferrolet_runtime::cgroups::vacate_own_cgroup(
-            rt.cgroups(),
-            cgroups.root(),
-            "ferrolet.agent",
-            &[me, rt.zygote_pid()],
-        )?;
-    }
+    // cgroup v2 forbids processes beside child cgroups: with the agent's own cgroup as the
+    // parent of kubepods, the agent (and its zygote, and so the monitors) move into a leaf.
+    let own = cgroups.root();
+    let leaf = (cfg.cgroup_root.is_empty() && rt.cgroups().is_v2() && !own.is_empty() && own != "/")
+        .then(|| format!("{own}/{AGENT_LEAF}"));
     let mut record = load_record(&cfg.root_dir);
-    if record.cgroup_root != cgroups.root() {
+    if record.cgroup_root != own {
         record.created_cgroup_dirs.clear();
     }
-    record.cgroup_root = cgroups.root().to_string();
+    record.cgroup_root = own.to_string();
     record.pod_logs_dir = cfg.pod_logs_dir.clone();
-    for d in missing_cgroup_dirs(rt, &cgroups.kubepods()) {
+    let mut to_create = missing_cgroup_dirs(rt, &cgroups.kubepods());
+    to_create.extend(leaf.iter().flat_map(|l| missing_cgroup_dirs(rt, l)));
+    for d in to_create {
         if !record.created_cgroup_dirs.contains(&d) {
             record.created_cgroup_dirs.push(d);
         }
     }
+    // Recorded before anything is created, so a crash in between leaves nothing unknown.
     save_record(&cfg.root_dir, &record)?;
+    if leaf.is_some() {
+        let me = std::process::id() as i32;
+        ferrolet_runtime::cgroups::vacate_own_cgroup(rt.cgroups(), own, AGENT_LEAF, &[me, rt.zygote_pid()])?;
+    }
     if cfg.cgroups_per_qos {
         cgroups.init().context("creating the kubepods cgroups")?;
     }

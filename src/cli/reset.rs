@@ -46,11 +46,17 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
             uids.insert(u.clone());
         }
     }
+    // Everything is attempted; what could not be removed is said, and the exit code is 1.
+    let mut failed = 0;
+    let mut fail = |what: String| {
+        eprintln!("{what}");
+        failed += 1;
+    };
     let mut removed = 0;
     for c in rt.list()? {
         match rt.delete(c.id()).await {
             Ok(()) => removed += 1,
-            Err(e) => eprintln!("container {}: {}", c.id(), crate::errors::chain(&e)),
+            Err(e) => fail(format!("container {}: {}", c.id(), crate::errors::chain(&e))),
         }
     }
     rt.remove_orphans()?;
@@ -58,10 +64,10 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
         match serde_json::from_value::<NetworkSettings>(v) {
             Ok(settings) => {
                 if let Err(e) = network::remove_all(&settings).await {
-                    eprintln!("pod network: {e:#}");
+                    fail(format!("pod network: {e:#}"));
                 }
             }
-            Err(e) => eprintln!("agent.json network: {e}"),
+            Err(e) => fail(format!("agent.json network: {e}")),
         }
     }
     let pods_dir = root.join("pods");
@@ -69,35 +75,54 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
     for e in std::fs::read_dir(&pods_dir).into_iter().flatten().flatten() {
         let dir = e.path();
         if let Err(err) = sandbox::teardown_local(&dir) {
-            eprintln!("pod {}: {err:#}", dir.display());
+            fail(format!("pod {}: {err:#}", dir.display()));
         }
         if let Err(err) = volumes::teardown(&dir) {
-            eprintln!("pod volumes {}: {err:#}", dir.display());
+            fail(format!("pod volumes {}: {err:#}", dir.display()));
         }
-        let _ = std::fs::remove_dir_all(&dir);
+        if let Err(err) = std::fs::remove_dir_all(&dir) {
+            fail(format!("removing {}: {err}", dir.display()));
+        }
         pods += 1;
     }
     if !rec.cgroup_root.is_empty() {
         let cg = Cgroups::detect()?;
         let kubepods = format!("{}/kubepods", rec.cgroup_root.trim_end_matches('/'));
         if let Err(e) = cg.remove(&kubepods) {
-            eprintln!("{e}");
+            fail(format!("kubepods cgroup: {}", crate::errors::chain(&e)));
         }
+        // Innermost first (the agent's v2 leaf, then kubepods' ancestors the agent created). An
+        // ancestor still in use by others (ENOTEMPTY, EBUSY) is theirs now and stays.
         for d in rec.created_cgroup_dirs.iter().rev() {
-            let _ = std::fs::remove_dir(d);
+            match std::fs::remove_dir(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EBUSY)) => {}
+                Err(e) => fail(format!("removing cgroup {}: {e}", d.display())),
+            }
         }
     }
     if !rec.pod_logs_dir.as_os_str().is_empty() {
         for e in std::fs::read_dir(&rec.pod_logs_dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.rsplit('_').next().is_some_and(|u| uids.contains(u)) {
-                let _ = std::fs::remove_dir_all(e.path());
+                if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                    fail(format!("removing {}: {err}", e.path().display()));
+                }
             }
         }
     }
-    for f in ["ferrolet.sock", "exec.sock", "agent.json"] {
+    for f in ["ferrolet.sock", "exec.sock"] {
         let _ = std::fs::remove_file(root.join(f));
     }
+    // The record stays while something is left, so reset can be run again.
+    if failed == 0 {
+        let _ = std::fs::remove_file(crate::agent::record::record_path(root));
+    }
     println!("removed {removed} containers and {pods} pods from {}", root.display());
+    if failed > 0 {
+        eprintln!("{failed} thing(s) could not be removed (see above)");
+        return Ok(1);
+    }
     Ok(0)
 }

@@ -396,15 +396,22 @@ impl Agent {
     }
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.stop();
+impl Agent {
+    /// `ferrolet reset` on this agent's root dir (in its network namespace).
+    pub fn reset(&self) -> std::io::Result<std::process::Output> {
         let mut reset = Command::new(BIN);
         reset.arg("reset").arg("--root-dir").arg(&self.root);
         if let Some(ns) = &self.netns {
             enter_netns(&mut reset, ns);
         }
-        let out = reset.output();
+        reset.output()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+        let out = self.reset();
         if let Ok(o) = &out {
             if !o.status.success() {
                 eprintln!("reset failed: {}", String::from_utf8_lossy(&o.stderr));
