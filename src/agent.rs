@@ -66,8 +66,10 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         }
     }
 
-    let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote).map_err(|e| anyhow!("{e}"))?);
-    let n = rt.remove_orphans().map_err(|e| anyhow!("{e}"))?;
+    let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote).map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?);
+    let n = rt
+        .remove_orphans()
+        .map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
     if n > 0 {
         info!(count = n, "removed half-created containers from an interrupted run");
     }
@@ -88,7 +90,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             "ferrolet.agent",
             &[me, rt.zygote_pid()],
         )
-        .map_err(|e| anyhow!("{e}"))?;
+        .map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
     }
     let mut record = load_record(&cfg.root_dir);
     if record.cgroup_root != cgroups.root() {

@@ -57,7 +57,7 @@ impl Dispatcher {
                     }
                 }
             }
-            Err(e) => warn!(error = %e, "listing containers at start"),
+            Err(e) => warn!(error = %ferrolet_fsutil::chain(&e), "listing containers at start"),
         }
         let n: usize = adoptable.values().map(Vec::len).sum();
         if n > 0 {
@@ -256,9 +256,7 @@ impl Dispatcher {
 
     fn terminate_orphan(&mut self, uid: String) {
         let dir = self.ctx.pod_dir(&uid);
-        let stored: Option<Pod> = ferrolet_runtime::fsutil::read_json_opt(&dir.join("pod.json"))
-            .ok()
-            .flatten();
+        let stored: Option<Pod> = ferrolet_fsutil::read_json_opt(&dir.join("pod.json")).ok().flatten();
         let p = stored.unwrap_or_else(|| {
             let mut p = Pod::default();
             p.metadata.uid = Some(uid.clone());

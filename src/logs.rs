@@ -97,7 +97,7 @@ pub fn locate(rt: &Runtime, entry: &PodEntry, container: &str, previous: bool) -
         })?
     };
     let id = id.trim_start_matches(RUNTIME_PREFIX).to_string();
-    let info = rt.inspect(&id).map_err(|e| anyhow!("{e}"))?;
+    let info = rt.inspect(&id).map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
     Ok((info.record.log_path.clone(), id))
 }
 

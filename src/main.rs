@@ -83,14 +83,14 @@ fn real_main() -> Result<i32> {
             let (cfg, warnings) = build_config(&flags)?;
             agent::require_root()?;
             // Before any thread exists (DESIGN.md §1).
-            let zygote = ferrolet_runtime::fork_zygote().map_err(|e| anyhow!("{e}"))?;
+            let zygote = ferrolet_runtime::fork_zygote().map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
             init_logging(cfg.verbosity);
             tokio_rt(true)?.block_on(agent::run(cfg, zygote, warnings))?;
             Ok(0)
         }
         Command::Reset(a) => {
             agent::require_root()?;
-            let zygote = ferrolet_runtime::fork_zygote().map_err(|e| anyhow!("{e}"))?;
+            let zygote = ferrolet_runtime::fork_zygote().map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
             tokio_rt(false)?.block_on(reset::run(&a.root_dir, zygote))
         }
         Command::Pods(a) => tokio_rt(false)?.block_on(cli::pods::run(&a)),

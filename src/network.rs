@@ -111,18 +111,20 @@ impl PodNetwork {
         let Some(mode) = self.settings.netplug_mode()? else {
             bail!("pod networking is off (ferrolet.network: none)");
         };
-        let plug = Arc::new(
-            NetPlug::new(mode)
-                .await
-                .map_err(|e| anyhow!("network {} not ready: {e}", self.settings.mode))?,
-        );
+        let plug = Arc::new(NetPlug::new(mode).await.map_err(|e| {
+            anyhow!(
+                "network {} not ready: {}",
+                self.settings.mode,
+                ferrolet_fsutil::chain(&e)
+            )
+        })?);
         let live = live_sandbox_ids(&self.pods_dir);
         match plug.gc(&live).await {
             Ok(ids) if !ids.is_empty() => {
                 info!(count = ids.len(), sandboxes = ?ids, "collected the network of sandboxes that no longer exist")
             }
             Ok(_) => {}
-            Err(e) => warn!(error = %e, "collecting stale pod networks"),
+            Err(e) => warn!(error = %ferrolet_fsutil::chain(&e), "collecting stale pod networks"),
         }
         info!(mode = plug.mode_name(), "pod network ready");
         *guard = Some(plug.clone());
@@ -188,7 +190,7 @@ pub async fn remove_all(settings: &NetworkSettings) -> Result<()> {
     };
     let plug = NetPlug::new(mode)
         .await
-        .map_err(|e| anyhow!("network {}: {e}", settings.mode))?;
+        .map_err(|e| anyhow!("network {}: {}", settings.mode, ferrolet_fsutil::chain(&e)))?;
     let ids = plug.gc(&[]).await.context("tearing down pod networks")?;
     plug.uninstall()
         .await

@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
+use ferrolet_fsutil::{read_json_opt, write_json_atomic};
 use ferrolet_runtime::cgroups::Cgroups;
 use ferrolet_runtime::digest::Digest;
-use ferrolet_runtime::fsutil::{read_json_opt, write_json_atomic};
 use ferrolet_runtime::{Runtime, ZygoteHandle};
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +32,7 @@ pub fn load_record(root: &Path) -> AgentRecord {
 }
 
 pub fn save_record(root: &Path, rec: &AgentRecord) -> Result<()> {
-    write_json_atomic(&record_path(root), rec).map_err(|e| anyhow!("{e}"))
+    write_json_atomic(&record_path(root), rec).map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))
 }
 
 /// Containers and the image ids they use, read from disk.
@@ -52,7 +52,7 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
         let _ = std::io::Write::write_all(&mut s, b"GET /healthz HTTP/1.0\r\n\r\n");
         anyhow::bail!("an agent is running on {} (stop it first)", root.display());
     }
-    let rt = Runtime::new(root, zygote).map_err(|e| anyhow!("{e}"))?;
+    let rt = Runtime::new(root, zygote).map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
     let rec = load_record(root);
     // The pods this agent had: their uids name their log directories.
     let mut uids: std::collections::BTreeSet<String> = std::fs::read_dir(root.join("pods"))
@@ -67,13 +67,14 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
         }
     }
     let mut removed = 0;
-    for c in rt.list().map_err(|e| anyhow!("{e}"))? {
+    for c in rt.list().map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))? {
         match rt.delete(c.id()).await {
             Ok(()) => removed += 1,
-            Err(e) => eprintln!("container {}: {e}", c.id()),
+            Err(e) => eprintln!("container {}: {}", c.id(), ferrolet_fsutil::chain(&e)),
         }
     }
-    rt.remove_orphans().map_err(|e| anyhow!("{e}"))?;
+    rt.remove_orphans()
+        .map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
     if let Some(v) = rec.network.clone() {
         match serde_json::from_value::<crate::network::NetworkSettings>(v) {
             Ok(settings) => {
@@ -98,10 +99,10 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
         pods += 1;
     }
     if !rec.cgroup_root.is_empty() {
-        let cg = Cgroups::detect().map_err(|e| anyhow!("{e}"))?;
+        let cg = Cgroups::detect().map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
         let kubepods = format!("{}/kubepods", rec.cgroup_root.trim_end_matches('/'));
         if let Err(e) = cg.remove(&kubepods) {
-            eprintln!("{e}");
+            eprintln!("{}", ferrolet_fsutil::chain(&e));
         }
         for d in rec.created_cgroup_dirs.iter().rev() {
             let _ = std::fs::remove_dir(d);

@@ -27,7 +27,7 @@ use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkMessageBuilder, LinkUnsp
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::error::{Context, Error, Result};
+use crate::error::{Error, NlContext, Result};
 use crate::ipam::{self, Ipam};
 use crate::netns::{self, netns_exists, open_netns};
 use crate::nft::{self, HostPortElem, Nft};
@@ -35,6 +35,7 @@ use crate::nl;
 use crate::record::Records;
 use crate::tc;
 use crate::types::{validate_ifname, Bandwidth, BridgeConfig, NetworkStatus, PortMapping, SandboxNetwork};
+use ferrolet_fsutil::chain;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -363,9 +364,9 @@ impl BridgeNet {
                 Ok(status)
             }
             Err(e) => {
-                warn!(sandbox = %id, error = %e, "sandbox network setup failed; undoing");
+                warn!(sandbox = %id, error = %chain(&e), "sandbox network setup failed; undoing");
                 if let Err(e2) = self.undo(&rec).await {
-                    warn!(sandbox = %id, error = %e2, "undoing a failed setup failed; gc will retry");
+                    warn!(sandbox = %id, error = %chain(&e2), "undoing a failed setup failed; gc will retry");
                 }
                 Err(e)
             }
@@ -527,7 +528,7 @@ impl BridgeNet {
         let mut first_err: Option<Error> = None;
         let mut note = |r: Result<()>| {
             if let Err(e) = r {
-                warn!(sandbox = %id, error = %e, "teardown step failed");
+                warn!(sandbox = %id, error = %chain(&e), "teardown step failed");
                 if first_err.is_none() {
                     first_err = Some(e);
                 }

@@ -21,7 +21,6 @@
 mod bridge;
 mod cni;
 pub mod error;
-mod fsutil;
 mod ipam;
 pub mod netns;
 mod nft;
@@ -214,7 +213,7 @@ impl NetPlug {
                     collected.push(id);
                 }
                 Err(e) => {
-                    tracing::warn!(sandbox = %id, error = %e, "gc could not tear down sandbox network");
+                    tracing::warn!(sandbox = %id, error = %ferrolet_fsutil::chain(&e), "gc could not tear down sandbox network");
                     first_err.get_or_insert(e);
                 }
             }

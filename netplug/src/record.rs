@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::fsutil;
+use ferrolet_fsutil as fsutil;
 
 #[derive(Debug, Clone)]
 pub struct Records {
@@ -28,11 +28,11 @@ impl Records {
     }
 
     pub fn write<T: Serialize>(&self, id: &str, rec: &T) -> Result<()> {
-        fsutil::write_json_atomic(&self.path(id), rec)
+        Ok(fsutil::write_json_atomic(&self.path(id), rec)?)
     }
 
     pub fn read<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
-        fsutil::read_json_opt(&self.path(id))
+        Ok(fsutil::read_json_opt(&self.path(id))?)
     }
 
     /// Remove the record; a missing one is fine.

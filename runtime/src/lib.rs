@@ -13,7 +13,6 @@ pub mod container;
 pub mod crilog;
 pub mod digest;
 pub mod error;
-pub mod fsutil;
 pub mod image;
 mod monitor;
 pub mod pidfd;

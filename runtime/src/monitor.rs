@@ -17,8 +17,9 @@ use nix::unistd::Pid;
 
 use crate::container::{ExitRecord, MonitorRecord};
 use crate::crilog::{LineSplitter, LogWriter, Stream};
-use crate::fsutil::{process_start_time, write_json_atomic};
-use crate::zygote::proto::{error_chain, write_reply, CreateArgs, Reply};
+use crate::pidfd::process_start_time;
+use crate::zygote::proto::{write_reply, CreateArgs, Reply};
+use ferrolet_fsutil::{chain, write_json_atomic};
 
 /// How long output is still collected after the container's init exits, for processes that
 /// inherited its stdout (a host-PID container's daemons).
@@ -71,7 +72,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         Ok(c) => c,
         Err(e) => {
             let _ = crate::rootfs::unmount(&args.rootfs.target);
-            return fail(error_chain(&e));
+            return fail(chain(&e).to_string());
         }
     };
     let Some(init) = container.pid() else {
@@ -86,7 +87,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     };
     if let Err(e) = write_json_atomic(&args.bundle.join("monitor.json"), &rec) {
         let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
-        return fail(format!("recording monitor state: {e}"));
+        return fail(format!("recording monitor state: {}", chain(&e)));
     }
     write_reply(
         &reply,

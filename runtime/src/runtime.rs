@@ -13,13 +13,13 @@ use crate::config::ContainerConfig;
 use crate::container::{self, ContainerInfo, ContainerRecord, ContainerState, ExitRecord, StartedRecord};
 use crate::digest::Digest;
 use crate::error::{p, Context, Error, Result};
-use crate::fsutil::{ensure_dir, process_matches, random_hex, read_json, remove_tree, write_atomic, write_json_atomic};
 use crate::image::ImageStore;
-use crate::pidfd::PidFd;
+use crate::pidfd::{process_matches, PidFd};
 use crate::rootfs::RootfsSpec;
 use crate::spec::{build_spec, SpecInput};
 use crate::user::{resolve_user, ImageFiles};
 use crate::zygote::{CreateArgs, ExecArgs, PinArgs, Replies, Reply, Request, ZygoteClient, ZygoteHandle};
+use ferrolet_fsutil::{chain, ensure_dir, random_hex, read_json, remove_tree, write_atomic, write_json_atomic};
 
 pub struct Runtime {
     root: PathBuf,
@@ -178,11 +178,11 @@ impl Runtime {
                 lc_root: self.lc_root.clone(),
             })
             .await
-            .map_err(|e| Error::container(id, format!("start: {e}")))?;
+            .map_err(|e| Error::container(id, format!("start: {}", chain(&e))))?;
         let started = StartedRecord {
             started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
         };
-        write_json_atomic(&self.dir(id).join("started.json"), &started)
+        Ok(write_json_atomic(&self.dir(id).join("started.json"), &started)?)
     }
 
     /// Send `signal` to the container's init process. A container that already exited is not
@@ -198,14 +198,15 @@ impl Runtime {
         let pfd = match PidFd::open(m.init_pid) {
             Ok(p) => p,
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
-            Err(e) => return Err(e).context(format!("opening pidfd of container {id}")),
+            Err(e) => return Err(ferrolet_fsutil::Error::io(format!("opening pidfd of container {id}"), e).into()),
         };
         // Re-check after opening: the pidfd now pins the process we verified.
         if !process_matches(m.init_pid, m.init_start) {
             return Ok(());
         }
-        pfd.send_signal(signal)
-            .with_context(|| format!("signalling container {id}"))
+        Ok(pfd
+            .send_signal(signal)
+            .with_context(|| format!("signalling container {id}"))?)
     }
 
     /// Wait for the container to exit and return how it ended.
@@ -263,9 +264,9 @@ impl Runtime {
                 lc_root: self.lc_root.clone(),
             })
             .await
-            .map_err(|e| Error::container(id, format!("delete: {e}")))?;
+            .map_err(|e| Error::container(id, format!("delete: {}", chain(&e))))?;
         crate::rootfs::unmount(&dir.join("rootfs")).with_context(|| format!("container {id}"))?;
-        remove_tree(&dir)
+        Ok(remove_tree(&dir)?)
     }
 
     /// Containers known to this runtime, oldest first.
@@ -280,7 +281,7 @@ impl Runtime {
             match container::load(&e.path()) {
                 Ok(i) => out.push(i),
                 Err(err) => {
-                    tracing::warn!(dir = %e.path().display(), error = %err, "unreadable container state")
+                    tracing::warn!(dir = %e.path().display(), error = %chain(&err), "unreadable container state")
                 }
             }
         }
@@ -445,7 +446,7 @@ impl Runtime {
                 uts,
             }))
             .await
-            .map_err(|e| Error::container(dir.display().to_string(), format!("pinning namespaces: {e}")))
+            .map_err(|e| Error::container(dir.display().to_string(), format!("pinning namespaces: {}", chain(&e))))
     }
 
     /// Undo [`pin_namespaces`](Self::pin_namespaces): unmount and remove the files.
@@ -522,7 +523,7 @@ fn prepare(
         log_path: log_path.clone(),
         cgroup_path: cgroup_path.clone(),
         stop_signal: image.config.config().as_ref().and_then(|c| c.stop_signal().clone()),
-        boot_id: crate::fsutil::boot_id(),
+        boot_id: ferrolet_fsutil::boot_id(),
     };
     write_json_atomic(&dir.join("container.json"), &record)?;
     let mut log = cfg.log.clone();

@@ -109,7 +109,7 @@ fn teardown() {
     block(async {
         for c in e.rt.list().unwrap_or_default() {
             if let Err(err) = e.rt.delete(c.id()).await {
-                eprintln!("teardown: deleting {}: {err}", c.id());
+                eprintln!("teardown: deleting {}: {}", c.id(), ferrolet_fsutil::chain(&err));
             }
         }
     });
@@ -146,7 +146,7 @@ fn config(name: &str, command: &[&str]) -> ContainerConfig {
             path: e
                 .root
                 .join("logs")
-                .join(format!("{name}-{}.log", ferrolet_runtime::fsutil::random_hex(4))),
+                .join(format!("{name}-{}.log", ferrolet_fsutil::random_hex(4))),
             ..Default::default()
         },
         ..Default::default()

@@ -24,7 +24,8 @@ fn human(bytes: u64) -> String {
 pub fn run(cmd: &ImagesCommand) -> Result<i32> {
     match cmd {
         ImagesCommand::Import { root, files } => {
-            let store = ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
+            let store = ImageStore::open(root.root_dir.join("images"))
+                .map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
             let mut failed = 0;
             for f in files {
                 match store.import(f) {
@@ -39,7 +40,7 @@ pub fn run(cmd: &ImagesCommand) -> Result<i32> {
                         }
                     }
                     Err(e) => {
-                        eprintln!("{}: {e}", f.display());
+                        eprintln!("{}: {}", f.display(), ferrolet_fsutil::chain(&e));
                         failed += 1;
                     }
                 }
@@ -47,9 +48,10 @@ pub fn run(cmd: &ImagesCommand) -> Result<i32> {
             Ok(if failed > 0 { 1 } else { 0 })
         }
         ImagesCommand::Ls { root } => {
-            let store = ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
+            let store = ImageStore::open(root.root_dir.join("images"))
+                .map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
             println!("{:<50} {:<15} {:<14} SIZE", "IMAGE", "TAG", "IMAGE ID");
-            for i in store.list().map_err(|e| anyhow!("{e}"))? {
+            for i in store.list().map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))? {
                 let names: Vec<(String, String)> = if i.refs.is_empty() {
                     vec![("<none>".into(), "<none>".into())]
                 } else {
@@ -71,14 +73,15 @@ pub fn run(cmd: &ImagesCommand) -> Result<i32> {
             Ok(0)
         }
         ImagesCommand::Rm { root, refs } => {
-            let store = ImageStore::open(root.root_dir.join("images")).map_err(|e| anyhow!("{e}"))?;
+            let store = ImageStore::open(root.root_dir.join("images"))
+                .map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
             let users = crate::reset::image_users(&root.root_dir);
             let mut failed = 0;
             for r in refs {
                 match store.remove(r, &users) {
                     Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
                     Err(e) => {
-                        eprintln!("{r}: {e}");
+                        eprintln!("{r}: {}", ferrolet_fsutil::chain(&e));
                         failed += 1;
                     }
                 }

@@ -70,7 +70,7 @@ pub async fn exec(rt: &Runtime, id: &str, action: &ExecAction, c: &Container, ti
         ..Default::default()
     };
     match rt.exec_capture(id, &spec, Some(timeout), MAX_OUTPUT).await {
-        Err(e) => Outcome::Failure(e.to_string()),
+        Err(e) => Outcome::Failure(ferrolet_fsutil::chain(&e).to_string()),
         Ok(o) if o.timed_out => Outcome::Failure(format!(
             "command timed out: {:?} timed out after {}",
             cmd.join(" "),

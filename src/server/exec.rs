@@ -119,7 +119,7 @@ async fn run(ctx: &Arc<Ctx>, req: &ExecRequest, mut fds: Vec<OwnedFd>, stream: U
         .rt
         .exec(&id, &spec, ferrolet_runtime::ExecIo { stdin, stdout, stderr })
         .await
-        .map_err(|e| anyhow!("{e}"))?;
+        .map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
     info!(pod = %req.pod, container = %name, command = ?req.command, "exec");
     let pid = proc_.pid();
     {
@@ -137,7 +137,7 @@ async fn run(ctx: &Arc<Ctx>, req: &ExecRequest, mut fds: Vec<OwnedFd>, stream: U
         let _ = std::io::Read::read(&mut &stream, &mut buf);
     });
     tokio::select! {
-        code = proc_.wait() => Ok(code.map_err(|e| anyhow!("{e}"))?),
+        code = proc_.wait() => Ok(code.map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?),
         _ = watcher => {
             // SAFETY: plain kill of the process we started.
             if let Ok(p) = ferrolet_runtime::pidfd::PidFd::open(pid) { let _ = p.send_signal(libc::SIGKILL); }

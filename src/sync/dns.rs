@@ -155,7 +155,8 @@ pub fn resolv_conf(p: &Pod, cfg: &Config) -> String {
 pub fn write_files(dir: &Path, p: &Pod, pod_ips: &[String], cfg: &Config) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let w = |name: &str, data: String| {
-        ferrolet_runtime::fsutil::write_atomic(&dir.join(name), data.as_bytes()).map_err(std::io::Error::other)
+        ferrolet_fsutil::write_atomic(&dir.join(name), data.as_bytes())
+            .map_err(|e| std::io::Error::other(ferrolet_fsutil::chain(&e).to_string()))
     };
     w("etc-hosts", hosts_file(p, pod_ips, &cfg.cluster_domain))?;
     w("resolv.conf", resolv_conf(p, cfg))?;

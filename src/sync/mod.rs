@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ferrolet_runtime::fsutil::{read_json_opt, write_json_atomic};
+use ferrolet_fsutil::{read_json_opt, write_json_atomic};
 use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 use tokio::sync::mpsc;
@@ -265,7 +265,7 @@ impl Worker {
                 }
                 Err(e) if e.is_not_found() => gone.push(id.clone()),
                 Err(e) => {
-                    warn!(pod = %pod::full_name(&self.pod), container = %id, error = %e, "reading container state")
+                    warn!(pod = %pod::full_name(&self.pod), container = %id, error = %ferrolet_fsutil::chain(&e), "reading container state")
                 }
             }
         }
@@ -372,7 +372,8 @@ impl Worker {
     async fn prepare_pod(&mut self) -> anyhow::Result<()> {
         use anyhow::Context;
         std::fs::create_dir_all(&self.pod_dir).with_context(|| format!("creating {}", self.pod_dir.display()))?;
-        write_json_atomic(&self.pod_dir.join("pod.json"), &*self.pod).map_err(|e| anyhow::anyhow!("{e}"))?;
+        write_json_atomic(&self.pod_dir.join("pod.json"), &*self.pod)
+            .map_err(|e| anyhow::anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
         self.ctx.cgroups.ensure_pod(&self.pod, self.ctx.cfg.pod_pids_limit)?;
         let net = &self.ctx.net;
         let want = net.enabled().then(|| net.settings().mode.as_str());
@@ -533,7 +534,13 @@ impl Worker {
                     Some(self.retry_at()),
                 ))
             }
-            Ok(Err(e)) => return Err(("CreateContainerError".into(), e.to_string(), Some(self.retry_at()))),
+            Ok(Err(e)) => {
+                return Err((
+                    "CreateContainerError".into(),
+                    ferrolet_fsutil::chain(&e).to_string(),
+                    Some(self.retry_at()),
+                ))
+            }
             Err(_) => {
                 return Err((
                     "CreateContainerError".into(),
@@ -551,7 +558,11 @@ impl Worker {
         if let Err(e) = self.ctx.rt.start(&id).await {
             let _ = self.ctx.rt.delete(&id).await;
             self.known.remove(&id);
-            return Err(("RunContainerError".into(), e.to_string(), Some(self.retry_at())));
+            return Err((
+                "RunContainerError".into(),
+                ferrolet_fsutil::chain(&e).to_string(),
+                Some(self.retry_at()),
+            ));
         }
         self.watch(&id);
         self.event("Started", &format!("Started container {} (image {image})", c.name));
@@ -647,7 +658,7 @@ impl Worker {
                             let _ = std::fs::remove_file(r);
                         }
                     }
-                    Err(e) => warn!(container = %v.id, error = %e, "removing dead container"),
+                    Err(e) => warn!(container = %v.id, error = %ferrolet_fsutil::chain(&e), "removing dead container"),
                 }
             }
         }
@@ -703,7 +714,7 @@ impl Worker {
                     status: st.clone(),
                 };
                 if let Err(e) = write_json_atomic(&self.pod_dir.join("status.json"), &rec) {
-                    warn!(pod = %pod::full_name(&self.pod), error = %e, "saving status");
+                    warn!(pod = %pod::full_name(&self.pod), error = %ferrolet_fsutil::chain(&e), "saving status");
                 }
             }
         }
@@ -784,7 +795,7 @@ impl Worker {
         self.probes.stop_all();
         for id in self.known.clone() {
             if let Err(e) = self.ctx.rt.delete(&id).await {
-                warn!(pod = %name, container = %id, error = %e, "removing container");
+                warn!(pod = %name, container = %id, error = %ferrolet_fsutil::chain(&e), "removing container");
             }
         }
         self.known.clear();
@@ -829,7 +840,7 @@ pub async fn stop_container(rt: Arc<Runtime>, id: String, stop_signal: Option<St
         .unwrap_or(libc::SIGTERM);
     if let Err(e) = rt.stop(&id, sig, grace).await {
         if !e.is_not_found() {
-            warn!(container = %id, error = %e, "stopping container");
+            warn!(container = %id, error = %ferrolet_fsutil::chain(&e), "stopping container");
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use ferrolet_runtime::fsutil::{read_json_opt, write_json_atomic};
+use ferrolet_fsutil::{read_json_opt, write_json_atomic};
 use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
@@ -62,7 +62,7 @@ impl Sandbox {
     pub fn is_live(&self, network: Option<&str>) -> bool {
         let net_ok = self.net.is_none() || self.network.as_deref() == network;
         net_ok
-            && self.boot_id == ferrolet_runtime::fsutil::boot_id()
+            && self.boot_id == ferrolet_fsutil::boot_id()
             && pinned(&self.net)
             && pinned(&self.ipc)
             && pinned(&self.uts)
@@ -105,14 +105,14 @@ pub async fn create(rt: &Runtime, net: &PodNetwork, p: &Pod, pod_dir: &Path) -> 
         shm
     };
     let mut sb = Sandbox {
-        id: format!("{}-{}", pod::uid(p), &ferrolet_runtime::fsutil::random_hex(4)),
+        id: format!("{}-{}", pod::uid(p), &ferrolet_fsutil::random_hex(4)),
         created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         net: own_net.then(|| dir.join("net")),
         ipc: own_ipc.then(|| dir.join("ipc")),
         uts: own_uts.then(|| dir.join("uts")),
         shm,
         pod_ips: Vec::new(),
-        boot_id: ferrolet_runtime::fsutil::boot_id(),
+        boot_id: ferrolet_fsutil::boot_id(),
         network: None,
     };
     save(pod_dir, &sb)?;
@@ -135,14 +135,14 @@ pub async fn create(rt: &Runtime, net: &PodNetwork, p: &Pod, pod_dir: &Path) -> 
 }
 
 pub fn save(pod_dir: &Path, sb: &Sandbox) -> Result<()> {
-    write_json_atomic(&record_path(pod_dir), sb).map_err(|e| anyhow::anyhow!("{e}"))
+    write_json_atomic(&record_path(pod_dir), sb).map_err(|e| anyhow::anyhow!("{}", ferrolet_fsutil::chain(&e)))
 }
 
 /// Unpin namespaces, unmount /dev/shm, forget the record. Network teardown is the caller's.
 pub fn teardown_local(pod_dir: &Path) -> Result<()> {
     let dir = sandbox_dir(pod_dir);
     if dir.exists() {
-        Runtime::unpin_namespaces(&dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Runtime::unpin_namespaces(&dir).map_err(|e| anyhow::anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
         let shm = dir.join("shm");
         if shm.exists() {
             ferrolet_runtime::rootfs::unmount(&shm).context("unmounting pod /dev/shm")?;

@@ -114,7 +114,8 @@ fn setup_one(
             if let Some(parent) = file.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            ferrolet_runtime::fsutil::write_atomic(&file, content.as_bytes()).map_err(|e| anyhow!("{e}"))?;
+            ferrolet_fsutil::write_atomic(&file, content.as_bytes())
+                .map_err(|e| anyhow!("{}", ferrolet_fsutil::chain(&e)))?;
             let m = item.mode.map(|m| m as u32).unwrap_or(mode);
             std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m))?;
         }

@@ -116,18 +116,3 @@ pub(crate) fn write_reply(fd: &OwnedFd, reply: &Reply) {
     let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) });
     let _ = f.write_all(&line);
 }
-
-/// An error and its causes on one line.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}

@@ -13,7 +13,9 @@ use libcontainer::syscall::syscall::SyscallType;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
-use super::proto::{error_chain, recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
+use ferrolet_fsutil::chain;
+
+use super::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
 
 /// Serve requests until the agent closes the socket. Never returns.
 pub(crate) fn serve(sock: OwnedFd) -> ! {
@@ -121,7 +123,12 @@ fn answer(reply: &OwnedFd, r: Result<Reply, libcontainer::error::LibcontainerErr
             0
         }
         Err(e) => {
-            write_reply(reply, &Reply::Failed { error: error_chain(&e) });
+            write_reply(
+                reply,
+                &Reply::Failed {
+                    error: chain(&e).to_string(),
+                },
+            );
             1
         }
     }
@@ -160,7 +167,12 @@ fn exec(args: ExecArgs, reply: OwnedFd, mut fds: Vec<OwnedFd>) -> i32 {
     let pid = match built {
         Ok(pid) => pid,
         Err(e) => {
-            write_reply(&reply, &Reply::Failed { error: error_chain(&e) });
+            write_reply(
+                &reply,
+                &Reply::Failed {
+                    error: chain(&e).to_string(),
+                },
+            );
             return 1;
         }
     };
