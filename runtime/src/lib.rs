@@ -16,6 +16,8 @@ pub mod error;
 pub mod image;
 mod monitor;
 pub mod pidfd;
+mod process;
+mod proto;
 pub mod rootfs;
 mod runtime;
 pub mod seccomp;

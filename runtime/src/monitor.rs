@@ -3,10 +3,14 @@
 //! container through libcontainer, reports back, then copies stdout/stderr into the CRI log
 //! until the container exits, and records the exit status atomically. No threads, no async:
 //! a poll loop over two pipes and a pidfd. It outlives the agent.
+//!
+//! A zygote worker forks it and calls [`run`]; that is the only tie between the two. The
+//! monitor answers the `Create` request itself over [`crate::proto`] and uses the process
+//! chores of [`crate::process`], and imports nothing of the zygote.
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use libcontainer::container::builder::ContainerBuilder;
@@ -18,7 +22,8 @@ use nix::unistd::Pid;
 use crate::container::{ExitRecord, MonitorRecord};
 use crate::crilog::{LineSplitter, LogWriter, Stream};
 use crate::pidfd::process_start_time;
-use crate::zygote::proto::{write_reply, CreateArgs, Reply};
+use crate::process::{detach_stdio, exit, set_name};
+use crate::proto::{write_reply, CreateArgs, Reply};
 use ferrolet_fsutil::{chain, write_json_atomic};
 
 /// How long output is still collected after the container's init exits, for processes that
@@ -26,11 +31,11 @@ use ferrolet_fsutil::{chain, write_json_atomic};
 const DRAIN: Duration = Duration::from_secs(2);
 
 pub(crate) fn run(args: CreateArgs, reply: OwnedFd) -> ! {
-    crate::zygote::server_exit(monitor(args, reply))
+    exit(monitor(args, reply))
 }
 
 fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
-    crate::zygote::set_name("ferrolet-mon");
+    set_name("ferrolet-mon");
     detach_stdio();
     // Orphans of the container (in a shared or host pid namespace) come to us to be reaped.
     // SAFETY: plain prctl.
@@ -226,17 +231,6 @@ fn reap(init: Pid, status: &mut Option<WaitStatus>) {
                     *status = Some(ws);
                 }
             }
-        }
-    }
-}
-
-/// Point stdin/stdout/stderr at /dev/null: the monitor must not hold the agent's terminal or
-/// pipes open after the agent is gone.
-fn detach_stdio() {
-    if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
-        for fd in 0..3 {
-            // SAFETY: dup2 onto the standard descriptors.
-            unsafe { libc::dup2(f.as_raw_fd(), fd) };
         }
     }
 }

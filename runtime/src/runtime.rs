@@ -15,10 +15,11 @@ use crate::digest::Digest;
 use crate::error::{p, Context, Error, Result};
 use crate::image::ImageStore;
 use crate::pidfd::{process_matches, PidFd};
+use crate::proto::{CreateArgs, ExecArgs, PinArgs, Reply, Request};
 use crate::rootfs::RootfsSpec;
 use crate::spec::{build_spec, SpecInput};
 use crate::user::{resolve_user, ImageFiles};
-use crate::zygote::{CreateArgs, ExecArgs, PinArgs, Replies, Reply, Request, ZygoteClient, ZygoteHandle};
+use crate::zygote::{Replies, ZygoteClient, ZygoteHandle};
 use ferrolet_fsutil::{chain, ensure_dir, random_hex, read_json, remove_tree, write_atomic, write_json_atomic};
 
 pub struct Runtime {

@@ -15,11 +15,12 @@ use nix::unistd::{fork, ForkResult, Pid};
 
 use ferrolet_fsutil::chain;
 
-use super::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
+use crate::process::{exit, reset_signals, set_name};
+use crate::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
 
 /// Serve requests until the agent closes the socket. Never returns.
 pub(crate) fn serve(sock: OwnedFd) -> ! {
-    set_process_name("ferrolet-zygote");
+    set_name("ferrolet-zygote");
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         reap_children();
@@ -289,28 +290,4 @@ fn reap_children() {
             Ok(_) => continue,
         }
     }
-}
-
-/// Children start with default dispositions and nothing blocked, whatever the parent had.
-pub(crate) fn reset_signals() {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-    for s in Signal::iterator() {
-        if s != Signal::SIGKILL && s != Signal::SIGSTOP {
-            // SAFETY: installing the default handler.
-            let _ = unsafe { sigaction(s, &dfl) };
-        }
-    }
-    let _ = nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-}
-
-pub(crate) fn set_process_name(name: &str) {
-    let c = std::ffi::CString::new(name).unwrap_or_default();
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
-}
-
-pub(crate) fn exit(code: i32) -> ! {
-    // SAFETY: _exit skips atexit handlers and stdio flushing that belong to the parent.
-    unsafe { libc::_exit(code) }
 }

@@ -1,6 +1,13 @@
 //! Messages between the agent and its zygote. A request travels as one SOCK_SEQPACKET message
 //! (JSON) with file descriptors attached: always a reply pipe first, then any stdio. The forked
 //! worker writes its replies, one JSON line each, to the reply pipe.
+//!
+//! Three parties speak it: the agent's client ([`crate::zygote`]), the zygote's workers
+//! (`zygote::server`) and the container monitors ([`crate::monitor`]), which answer a `Create`
+//! themselves. So it belongs to none of them: the monitor is not part of the zygote (it
+//! outlives it and the agent), and the zygote only forks the monitor, through
+//! `monitor::run`. With the protocol here and the process chores in [`crate::process`], the
+//! imports run one way: zygote -> monitor -> {proto, process}.
 
 use std::io::{IoSlice, IoSliceMut, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
