@@ -22,7 +22,7 @@ use nix::unistd::Pid;
 use crate::container::{ExitRecord, MonitorRecord};
 use crate::crilog::{LineSplitter, LogWriter, Stream};
 use crate::pidfd::process_start_time;
-use crate::process::{detach_stdio, exit, set_name};
+use crate::process::{detach_stdio, exit, set_name, set_title};
 use crate::proto::{write_reply, CreateArgs, Reply};
 use ferrolet_fsutil::{chain, write_json_atomic};
 
@@ -36,6 +36,7 @@ pub(crate) fn run(args: CreateArgs, reply: OwnedFd) -> ! {
 
 fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     set_name("ferrolet-mon");
+    set_title(&format!("ferrolet-monitor {}", args.display_name));
     detach_stdio();
     // Orphans of the container (in a shared or host pid namespace) come to us to be reaped.
     // SAFETY: plain prctl.

@@ -25,6 +25,8 @@ pub(crate) const MAX_FDS: usize = 8;
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct CreateArgs {
     pub id: String,
+    /// The monitor shows itself as `ferrolet-monitor <display_name>`.
+    pub display_name: String,
     /// The bundle directory: the container's state directory with config.json.
     pub bundle: PathBuf,
     pub lc_root: PathBuf,

@@ -529,8 +529,14 @@ fn prepare(
     write_json_atomic(&dir.join("container.json"), &record)?;
     let mut log = cfg.log.clone();
     log.path = log_path;
+    let display_name = [&cfg.display_name, &cfg.name]
+        .into_iter()
+        .find(|n| !n.is_empty())
+        .cloned()
+        .unwrap_or_else(|| id.to_string());
     Ok(CreateArgs {
         id: id.to_string(),
+        display_name,
         bundle: dir.to_path_buf(),
         lc_root: lc_root.to_path_buf(),
         rootfs: RootfsSpec {

@@ -177,6 +177,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
 
     Ok(ContainerConfig {
         name: c.name.clone(),
+        display_name: format!("{}/{}/{}", crate::pod::namespace(p), crate::pod::name(p), c.name),
         image: c.image.clone().unwrap_or_default(),
         command,
         args,

@@ -15,12 +15,13 @@ use nix::unistd::{fork, ForkResult, Pid};
 
 use ferrolet_fsutil::chain;
 
-use crate::process::{exit, reset_signals, set_name};
+use crate::process::{exit, reset_signals, set_name, set_title};
 use crate::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
 
 /// Serve requests until the agent closes the socket. Never returns.
 pub(crate) fn serve(sock: OwnedFd) -> ! {
     set_name("ferrolet-zygote");
+    set_title("ferrolet-zygote");
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         reap_children();
