@@ -142,23 +142,29 @@ impl Runtime {
         let args = match prepared {
             Ok(a) => a,
             Err(e) => {
-                let _ = remove_tree(&self.dir(&id));
+                let dir = self.dir(&id);
+                let _ = blocking(move || remove_tree(&dir)).await;
                 return Err(e);
             }
         };
         let target = args.rootfs.target.clone();
         let mut replies = self.zygote.call(&Request::Create(args), &[])?;
+        // A failed creation leaves no mount and no state behind.
+        let undo = |target: PathBuf, dir: PathBuf| {
+            blocking(move || {
+                let _ = crate::rootfs::unmount(&target);
+                remove_tree(&dir)
+            })
+        };
         match replies.next().await {
             Ok(Reply::Created { .. }) => container::load(&self.dir(&id)),
             Ok(Reply::Failed { error }) => {
-                let _ = crate::rootfs::unmount(&target);
-                let _ = remove_tree(&self.dir(&id));
+                let _ = undo(target, self.dir(&id)).await;
                 Err(Error::container(&id, error))
             }
             Ok(other) => Err(Error::container(&id, format!("unexpected reply {other:?}"))),
             Err(e) => {
-                let _ = crate::rootfs::unmount(&target);
-                let _ = remove_tree(&self.dir(&id));
+                let _ = undo(target, self.dir(&id)).await;
                 Err(e)
             }
         }
@@ -183,7 +189,8 @@ impl Runtime {
         let started = StartedRecord {
             started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
         };
-        Ok(write_json_atomic(&self.dir(id).join("started.json"), &started)?)
+        let path = self.dir(id).join("started.json");
+        blocking(move || write_json_atomic(&path, &started)).await
     }
 
     /// Send `signal` to the container's init process. A container that already exited is not
@@ -266,8 +273,12 @@ impl Runtime {
             })
             .await
             .map_err(|e| Error::container(id, format!("delete: {}", chain(&e))))?;
-        crate::rootfs::unmount(&dir.join("rootfs")).with_context(|| format!("container {id}"))?;
-        Ok(remove_tree(&dir)?)
+        let id = id.to_string();
+        blocking(move || {
+            crate::rootfs::unmount(&dir.join("rootfs")).with_context(|| format!("container {id}"))?;
+            remove_tree(&dir)
+        })
+        .await
     }
 
     /// Containers known to this runtime, oldest first.
@@ -460,6 +471,24 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+}
+
+/// Run blocking filesystem work (fsync'd writes, unmounts, tree removal) on tokio's blocking
+/// pool instead of an async worker thread. A panic in `f` resumes in the caller, as it would
+/// have without the move.
+async fn blocking<T, E, F>(f: F) -> Result<T>
+where
+    T: Send + 'static,
+    E: Into<Error> + Send + 'static,
+    F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => Err(ferrolet_fsutil::Error::io("running a blocking task", std::io::Error::other(e)).into()),
+        },
     }
 }
 

@@ -205,7 +205,7 @@ impl CniNet {
             config: self.list.to_value(),
             ready: false,
         };
-        self.records.write(id, &rec)?;
+        self.records.write(id, &rec).await?;
         let netns = req.netns.to_string_lossy().into_owned();
         let mut prev: Option<Value> = None;
         let mut failure = None;
@@ -260,9 +260,10 @@ impl CniNet {
                     config: rec.config.clone(),
                     result,
                 };
-                fsutil::write_json_atomic(&self.cache_path(&self.list.name, id, &req.ifname), &cache)?;
+                let cache_path = self.cache_path(&self.list.name, id, &req.ifname);
+                crate::blocking(move || fsutil::write_json_atomic(&cache_path, &cache)).await?;
                 let rec = Record { ready: true, ..rec };
-                self.records.write(id, &rec)?;
+                self.records.write(id, &rec).await?;
                 info!(sandbox = %id, network = %self.list.name, ips = ?status.ips, "CNI network set up");
                 Ok(status)
             }
@@ -308,8 +309,8 @@ impl CniNet {
         if let Some(e) = first_err {
             return Err(e);
         }
-        fsutil::remove_file_opt(&cache_path)?;
-        self.records.remove(&rec.sandbox_id)?;
+        crate::blocking(move || fsutil::remove_file_opt(&cache_path)).await?;
+        self.records.remove(&rec.sandbox_id).await?;
         info!(sandbox = %rec.sandbox_id, network = %rec.network, "CNI network torn down");
         Ok(())
     }
