@@ -173,15 +173,23 @@ fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Optio
         };
         if pfds.is_empty() {
             // Pipes closed but init not reaped yet: block on it.
-            if let Ok(s) = waitpid(init, None) {
-                status = Some(s);
+            match waitpid(init, None) {
+                Ok(s) => status = Some(s),
+                Err(nix::errno::Errno::EINTR) => {}
+                // Not ours to wait for any more: the outcome is unknown.
+                Err(_) => break,
             }
             continue;
         }
         match poll(&mut pfds, timeout) {
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => break,
+            Err(_) => {
+                // (ENOMEM, say) Giving up would record an exit for a container still running
+                // and stop its log: try again; reap() above still notices the exit.
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
         }
         let ready: Vec<bool> = pfds
             .iter()

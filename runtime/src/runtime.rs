@@ -227,7 +227,10 @@ impl Runtime {
                     return Err(Error::container(id, "creation did not complete"));
                 }
                 ContainerState::Created | ContainerState::Running => {
-                    let m = info.monitor.expect("running containers have a monitor");
+                    // (load() derives these states from the monitor record, so it is there)
+                    let Some(m) = info.monitor else {
+                        return Err(Error::container(id, "running without a monitor record"));
+                    };
                     match PidFd::open(m.monitor_pid) {
                         Ok(pfd) if process_matches(m.monitor_pid, m.monitor_start) => {
                             pfd.exited().await.context("waiting for monitor")?;

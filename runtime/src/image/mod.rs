@@ -309,11 +309,8 @@ impl ImageStore {
             .ok_or_else(|| Error::ImageNotFound(reference.to_string()))?;
         let normalized = Reference::parse(reference).ok().map(|r| r.normalized());
         let mut removed = Vec::new();
-        let by_name = normalized
-            .as_ref()
-            .is_some_and(|n| record.refs.contains(n) && record.refs.len() > 1);
-        if by_name {
-            let n = normalized.unwrap();
+        let by_name = normalized.filter(|n| record.refs.contains(n) && record.refs.len() > 1);
+        if let Some(n) = by_name {
             if let Some(img) = index.images.iter_mut().find(|i| i.id == record.id) {
                 img.refs.retain(|r| r != &n);
             }

@@ -33,7 +33,12 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             Ok(0) => continue,
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => exit(1),
+            Err(e) => {
+                // (ENOMEM, say) The agent has no other zygote: say so and keep serving.
+                eprintln!("ferrolet-zygote: poll: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
         }
         let (req, mut fds) = match recv_request(sock.as_raw_fd(), &mut buf) {
             Ok(Some(x)) => x,
@@ -136,8 +141,8 @@ fn answer(reply: &OwnedFd, r: Result<Reply, libcontainer::error::LibcontainerErr
     }
 }
 
-fn exec(args: ExecArgs, reply: OwnedFd, mut fds: Vec<OwnedFd>) -> i32 {
-    if fds.len() != 3 {
+fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
+    let Ok([stdin, stdout, stderr]) = <[OwnedFd; 3]>::try_from(fds) else {
         write_reply(
             &reply,
             &Reply::Failed {
@@ -145,10 +150,7 @@ fn exec(args: ExecArgs, reply: OwnedFd, mut fds: Vec<OwnedFd>) -> i32 {
             },
         );
         return 1;
-    }
-    let stderr = fds.pop().expect("3");
-    let stdout = fds.pop().expect("2");
-    let stdin = fds.pop().expect("1");
+    };
     let env: HashMap<String, String> = args.env.into_iter().collect();
     let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
         .with_root_path(&args.lc_root)
