@@ -13,7 +13,6 @@ mod agent;
 mod backoff;
 mod cli;
 mod config;
-mod errors;
 mod images;
 mod kuberuntime;
 mod lifecycle;

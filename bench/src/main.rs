@@ -127,7 +127,7 @@ fn loopback_up() {
 fn main() -> Result<()> {
     let opts = Opts::parse();
     // The runtime floor goes through the runtime crate: its zygote first (DESIGN.md §1).
-    let zygote = ferrolet_runtime::fork_zygote().map_err(|e| anyhow!("{e}"))?;
+    let zygote = ferrolet_runtime::fork_zygote().map_err(anyhow::Error::from)?;
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("the benchmarks run containers and need root");
     }
@@ -135,9 +135,9 @@ fn main() -> Result<()> {
     loopback_up();
     let dir = std::env::temp_dir().join(format!("ferrolet-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let cgroups = Cgroups::detect().map_err(|e| anyhow!("{e}"))?;
+    let cgroups = Cgroups::detect().map_err(anyhow::Error::from)?;
     let cg =
-        NestedRoot::create(&cgroups, &format!("ferrolet-bench-{}", std::process::id())).map_err(|e| anyhow!("{e}"))?;
+        NestedRoot::create(&cgroups, &format!("ferrolet-bench-{}", std::process::id())).map_err(anyhow::Error::from)?;
     // Clean up after a panic too: the run happens behind catch_unwind.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&opts, zygote, &dir, &cgroups, &cg)))
         .unwrap_or_else(|_| Err(anyhow!("the benchmark panicked")));
@@ -169,8 +169,8 @@ fn run(
     let mut floor = Row::new("container create+start+delete, p50", "ms", "runc");
     let spec: serde_json::Value;
     {
-        let rt = Runtime::new(dir.join("rt"), zygote).map_err(|e| anyhow!("{e}"))?;
-        rt.images().import(&oci_tar).map_err(|e| anyhow!("{e}"))?;
+        let rt = Runtime::new(dir.join("rt"), zygote).map_err(anyhow::Error::from)?;
+        rt.images().import(&oci_tar).map_err(anyhow::Error::from)?;
         let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let cfg = ContainerConfig {
             name: "floor".into(),
@@ -187,7 +187,7 @@ fn run(
                 rt.delete(c.id()).await?;
                 Ok::<_, ferrolet_runtime::Error>(spec)
             })
-            .map_err(|e| anyhow!("{e}"))
+            .map_err(anyhow::Error::from)
             .and_then(|r| Ok(serde_json::from_slice(&r?)?))?;
         let mut v = Vec::new();
         for _ in 0..opts.runs {
@@ -199,7 +199,7 @@ fn run(
                     rt.wait(c.id()).await?;
                     rt.delete(c.id()).await
                 })
-                .map_err(|e| anyhow!("{e}"))?;
+                .map_err(anyhow::Error::from)?;
             v.push(t.elapsed().as_secs_f64() * 1000.0);
         }
         floor.ferrolet = Some(stats(v).0);

@@ -165,7 +165,7 @@ impl Podman {
             "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=4096:4096\"]\n[engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"none\"\nruntime = \"runc\"\n",
         )?;
         let cgroup = NestedRoot::create(cgroups, &format!("ferrolet-bench-podman-{}", std::process::id()))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .map_err(anyhow::Error::from)?;
         for d in ["run", "varlib", "cni"] {
             std::fs::create_dir_all(dir.join(d))?;
         }
@@ -244,7 +244,7 @@ impl Podman {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
         if let Err(e) = last {
-            eprintln!("   podman's cgroups: {e}");
+            eprintln!("   podman's cgroups: {}", ferrolet_fsutil::chain(&e));
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

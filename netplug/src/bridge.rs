@@ -27,7 +27,7 @@ use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkMessageBuilder, LinkUnsp
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::error::{Context, Error, Result};
+use crate::error::{Error, NlContext, Result};
 use crate::ipam::{self, Ipam};
 use crate::netns::{self, netns_exists, open_netns};
 use crate::nft::{self, HostPortElem, Nft};
@@ -35,6 +35,7 @@ use crate::nl;
 use crate::record::Records;
 use crate::tc;
 use crate::types::{validate_ifname, Bandwidth, BridgeConfig, NetworkStatus, PortMapping, SandboxNetwork};
+use ferrolet_fsutil::chain;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -337,18 +338,19 @@ impl BridgeNet {
             mac: None,
         };
         if req.port_mappings.is_empty() {
-            self.records.write(id, &rec)?;
+            self.records.write(id, &rec).await?;
         } else {
             // check and record under one lock, so two sandboxes can not both claim a hostPort
             let _g = self.ports_lock.lock().await;
             if let Some(conflict) = self.port_conflict(req)? {
                 return Err(conflict);
             }
-            self.records.write(id, &rec)?;
+            self.records.write(id, &rec).await?;
         }
         let result = async {
             // (not re-recorded: the IP's file names the sandbox, and undo looks there too)
-            let ip = self.ipam.allocate(id, &req.requested_ips)?;
+            let (ipam, sid, wanted) = (self.ipam.clone(), id.clone(), req.requested_ips.clone());
+            let ip = crate::blocking(move || ipam.allocate(&sid, &wanted)).await?;
             rec.ips = vec![ip];
             crate::failpoint("bridge-after-ipam").await;
             self.configure(req, &rec).await
@@ -358,14 +360,14 @@ impl BridgeNet {
             Ok(status) => {
                 rec.phase = Phase::Ready;
                 rec.mac = status.mac.clone();
-                self.records.write(id, &rec)?;
+                self.records.write(id, &rec).await?;
                 info!(sandbox = %id, ip = %rec.ips[0], veth = %rec.veth, "sandbox network set up");
                 Ok(status)
             }
             Err(e) => {
-                warn!(sandbox = %id, error = %e, "sandbox network setup failed; undoing");
+                warn!(sandbox = %id, error = %chain(&e), "sandbox network setup failed; undoing");
                 if let Err(e2) = self.undo(&rec).await {
-                    warn!(sandbox = %id, error = %e2, "undoing a failed setup failed; gc will retry");
+                    warn!(sandbox = %id, error = %chain(&e2), "undoing a failed setup failed; gc will retry");
                 }
                 Err(e)
             }
@@ -527,7 +529,7 @@ impl BridgeNet {
         let mut first_err: Option<Error> = None;
         let mut note = |r: Result<()>| {
             if let Err(e) = r {
-                warn!(sandbox = %id, error = %e, "teardown step failed");
+                warn!(sandbox = %id, error = %chain(&e), "teardown step failed");
                 if first_err.is_none() {
                     first_err = Some(e);
                 }
@@ -535,7 +537,8 @@ impl BridgeNet {
         };
         // the record may predate the allocation: the IPAM knows the rest
         let mut ips = rec.ips.clone();
-        match self.ipam.owned_by(id) {
+        let (ipam, sid) = (self.ipam.clone(), id.clone());
+        match crate::blocking(move || ipam.owned_by(&sid)).await {
             Ok(owned) => ips.extend(owned.into_iter().filter(|ip| !rec.ips.contains(ip))),
             Err(e) => note(Err(e)),
         }
@@ -554,17 +557,21 @@ impl BridgeNet {
             }
             .await,
         );
-        note((|| {
-            for ip in &rec.ips {
-                self.ipam.release(*ip, id)?;
-            }
-            self.ipam.release_all(id)?;
-            Ok(())
-        })());
+        let (ipam, sid, recorded) = (self.ipam.clone(), id.clone(), rec.ips.clone());
+        note(
+            crate::blocking(move || {
+                for ip in recorded {
+                    ipam.release(ip, &sid)?;
+                }
+                ipam.release_all(&sid)?;
+                Ok::<_, Error>(())
+            })
+            .await,
+        );
         if let Some(e) = first_err {
             return Err(e);
         }
-        self.records.remove(id)?;
+        self.records.remove(id).await?;
         info!(sandbox = %id, "sandbox network torn down");
         Ok(())
     }

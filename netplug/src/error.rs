@@ -1,31 +1,21 @@
 //! The crate's error type. Every variant names what was wrong and where: the config file and
 //! field, the CNI plugin and its decoded JSON error, the interface, the IP, the nft command. A
-//! message read in a pod's status or the agent's log should be enough to act on.
+//! message read in a pod's status or the agent's log should be enough to act on. `Display`
+//! shows one level; where there is a cause it is `source()`: render errors for people with
+//! [`ferrolet_fsutil::chain`], which prints each cause once.
 
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub(crate) use ferrolet_fsutil::Context;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{context}: {source}")]
-    Json {
-        context: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("{context}: {source}")]
-    Sys {
-        context: String,
-        #[source]
-        source: nix::Error,
-    },
+    /// A file, JSON or system-call operation failed: `Display` says what was being done, the
+    /// cause is `source()` (print both with [`ferrolet_fsutil::chain`]).
+    #[error(transparent)]
+    Fs(#[from] ferrolet_fsutil::Error),
     /// A netlink request failed; `errno` is the kernel's answer when there was one.
     #[error("{context}: {reason}")]
     Netlink {
@@ -162,8 +152,7 @@ impl Error {
     pub fn errno(&self) -> Option<i32> {
         match self {
             Error::Netlink { errno, .. } => *errno,
-            Error::Sys { source, .. } => Some(*source as i32),
-            Error::Io { source, .. } => source.raw_os_error(),
+            Error::Fs(e) => e.errno(),
             _ => None,
         }
     }
@@ -171,7 +160,7 @@ impl Error {
     /// True when the error is "that object is not there" (file, link, address, route).
     pub fn is_not_found(&self) -> bool {
         match self {
-            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            Error::Fs(e @ ferrolet_fsutil::Error::Io { .. }) => e.is_not_found(),
             _ => matches!(
                 self.errno(),
                 Some(libc::ENOENT) | Some(libc::ENODEV) | Some(libc::ESRCH) | Some(libc::EADDRNOTAVAIL)
@@ -185,29 +174,17 @@ impl Error {
     }
 }
 
-/// Attach "what were we doing" to io, json, nix and netlink errors.
-pub trait Context<T> {
+/// Attach "what were we doing" to netlink errors (io, json and nix errors take
+/// [`ferrolet_fsutil::Context`], re-exported here as `Context`).
+pub(crate) trait NlContext<T> {
     fn context<C: Into<String>>(self, context: C) -> Result<T>;
-    fn with_context<C: Into<String>, F: FnOnce() -> C>(self, f: F) -> Result<T>;
 }
 
-macro_rules! impl_context {
-    ($err:ty, $make:expr) => {
-        impl<T> Context<T> for std::result::Result<T, $err> {
-            fn context<C: Into<String>>(self, context: C) -> Result<T> {
-                self.map_err(|e| $make(context.into(), e))
-            }
-            fn with_context<C: Into<String>, F: FnOnce() -> C>(self, f: F) -> Result<T> {
-                self.map_err(|e| $make(f().into(), e))
-            }
-        }
-    };
+impl<T> NlContext<T> for std::result::Result<T, rtnetlink::Error> {
+    fn context<C: Into<String>>(self, context: C) -> Result<T> {
+        self.map_err(|e| netlink_error(context.into(), e))
+    }
 }
-
-impl_context!(std::io::Error, |context, source| Error::Io { context, source });
-impl_context!(serde_json::Error, |context, source| Error::Json { context, source });
-impl_context!(nix::Error, |context, source| Error::Sys { context, source });
-impl_context!(rtnetlink::Error, netlink_error);
 
 fn netlink_error(context: String, e: rtnetlink::Error) -> Error {
     match e {

@@ -24,7 +24,7 @@ use ipnet::IpNet;
 use tracing::{debug, info};
 
 use crate::error::{p, Context, Error, Result};
-use crate::fsutil;
+use ferrolet_fsutil as fsutil;
 
 const CURSOR: &str = "last_reserved_ip";
 
@@ -200,7 +200,7 @@ impl Ipam {
         let tmp = self
             .dir
             .join(format!(".claim.{}.{}", std::process::id(), fsutil::unique()));
-        let res = (|| {
+        let res = (|| -> Result<Claim> {
             let mut f = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -218,7 +218,9 @@ impl Ipam {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     Ok(Claim::Taken(self.owner(ip)?.unwrap_or_else(|| "(released)".into())))
                 }
-                Err(e) => Err(e).with_context(|| format!("allocating {ip}: linking {}", p(&path))),
+                Err(e) => Err(e)
+                    .with_context(|| format!("allocating {ip}: linking {}", p(&path)))
+                    .map_err(Error::from),
             }
         })();
         let _ = fs::remove_file(&tmp);
@@ -231,7 +233,9 @@ impl Ipam {
         match fs::read_to_string(&path) {
             Ok(s) => Ok(Some(s.lines().next().unwrap_or("").trim().to_string())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", p(&path))),
+            Err(e) => Err(e)
+                .with_context(|| format!("reading {}", p(&path)))
+                .map_err(Error::from),
         }
     }
 

@@ -21,7 +21,6 @@
 mod bridge;
 mod cni;
 pub mod error;
-mod fsutil;
 mod ipam;
 pub mod netns;
 mod nft;
@@ -52,6 +51,24 @@ pub(crate) async fn failpoint(name: &str) {
         loop {
             tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
         }
+    }
+}
+
+/// Run blocking state-file work (fsync'd writes, removals with a directory fsync) on tokio's
+/// blocking pool instead of an async worker thread. A panic in `f` resumes in the caller, as
+/// it would have without the move.
+pub(crate) async fn blocking<T, E, F>(f: F) -> Result<T>
+where
+    T: Send + 'static,
+    E: Into<Error> + Send + 'static,
+    F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => Err(ferrolet_fsutil::Error::io("running a blocking task", std::io::Error::other(e)).into()),
+        },
     }
 }
 
@@ -214,7 +231,7 @@ impl NetPlug {
                     collected.push(id);
                 }
                 Err(e) => {
-                    tracing::warn!(sandbox = %id, error = %e, "gc could not tear down sandbox network");
+                    tracing::warn!(sandbox = %id, error = %ferrolet_fsutil::chain(&e), "gc could not tear down sandbox network");
                     first_err.get_or_insert(e);
                 }
             }

@@ -10,22 +10,17 @@ use std::path::{Path, PathBuf};
 use nix::sched::{setns, CloneFlags};
 use rtnetlink::Handle;
 
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 
 /// `statfs` magic of nsfs, the filesystem of namespace files.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
 
 /// Open a network namespace file, checking that it is one. Errors name the path; a missing
-/// file is an `Io` error with kind NotFound (see [`Error::is_not_found`]).
+/// file is an `Fs` error for which [`Error::is_not_found`] is true.
 pub fn open_netns(path: &Path) -> Result<File> {
-    let f = File::open(path).map_err(|source| Error::Io {
-        context: format!("opening network namespace {}", path.display()),
-        source,
-    })?;
-    let st = nix::sys::statfs::fstatfs(f.as_fd()).map_err(|source| Error::Sys {
-        context: format!("statfs of network namespace {}", path.display()),
-        source,
-    })?;
+    let f = File::open(path).with_context(|| format!("opening network namespace {}", path.display()))?;
+    let st = nix::sys::statfs::fstatfs(f.as_fd())
+        .with_context(|| format!("statfs of network namespace {}", path.display()))?;
     if st.filesystem_type().0 as i64 != NSFS_MAGIC {
         return Err(Error::netns(
             path,
@@ -62,27 +57,19 @@ where
         .name("netns".into())
         .spawn(move || {
             let res = setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)
-                .map_err(|source| Error::Sys {
-                    context: format!("entering network namespace {}", owned.display()),
-                    source,
-                })
+                .with_context(|| format!("entering network namespace {}", owned.display()))
+                .map_err(Error::from)
                 .and_then(|()| f());
             let _ = tx.send(res);
         })
-        .map_err(|source| Error::Io {
-            context: "spawning a thread for a network namespace".into(),
-            source,
-        })?;
+        .context("spawning a thread for a network namespace")?;
     rx.await
         .map_err(|_| Error::netns(path, "namespace thread ended without an answer"))?
 }
 
 /// A netlink (route) connection of the process's own network namespace.
 pub fn node_handle() -> Result<Handle> {
-    let (conn, handle, _) = rtnetlink::new_connection().map_err(|source| Error::Io {
-        context: "opening a netlink socket".into(),
-        source,
-    })?;
+    let (conn, handle, _) = rtnetlink::new_connection().context("opening a netlink socket")?;
     tokio::spawn(conn);
     Ok(handle)
 }
@@ -90,10 +77,8 @@ pub fn node_handle() -> Result<Handle> {
 /// A netlink (route) connection bound to the network namespace at `path`.
 pub async fn netns_handle(path: &Path) -> Result<Handle> {
     let fd = run_in_netns(path, || {
-        let sock = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE).map_err(|source| Error::Io {
-            context: "opening a netlink socket in the pod namespace".into(),
-            source,
-        })?;
+        let sock = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)
+            .context("opening a netlink socket in the pod namespace")?;
         Ok(sock.into_raw_fd())
     })
     .await?;

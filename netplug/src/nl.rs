@@ -13,7 +13,7 @@ use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, Rou
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Error, NlContext, Result};
 use crate::types::format_mac;
 
 /// What we need to know of a link.
@@ -266,5 +266,5 @@ pub fn write_sysctl(rel: &str, value: &str) -> Result<()> {
     if current.trim() == value {
         return Ok(());
     }
-    std::fs::write(&path, value).with_context(|| format!("setting sysctl {rel}={value}"))
+    Ok(std::fs::write(&path, value).with_context(|| format!("setting sysctl {rel}={value}"))?)
 }

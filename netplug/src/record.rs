@@ -1,15 +1,15 @@
 //! Per-sandbox records: one JSON file per sandbox under `<state_dir>/sandboxes/`, written
 //! atomically before anything is created for the sandbox and updated as setup progresses, so
 //! that `teardown_by_id` and `gc` can undo everything after an agent crash, from the record
-//! alone.
+//! alone. Writes and removals are fsync'd: they run on tokio's blocking pool.
 
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::error::Result;
-use crate::fsutil;
+use crate::error::{Context, Result};
+use ferrolet_fsutil as fsutil;
 
 #[derive(Debug, Clone)]
 pub struct Records {
@@ -27,20 +27,26 @@ impl Records {
         self.dir.join(format!("{}.json", fsutil::safe_name(id)))
     }
 
-    pub fn write<T: Serialize>(&self, id: &str, rec: &T) -> Result<()> {
-        fsutil::write_json_atomic(&self.path(id), rec)
+    pub async fn write<T: Serialize>(&self, id: &str, rec: &T) -> Result<()> {
+        let path = self.path(id);
+        let data = serde_json::to_vec_pretty(rec).with_context(|| format!("encoding {}", path.display()))?;
+        crate::blocking(move || fsutil::write_atomic(&path, &data)).await
     }
 
     pub fn read<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
-        fsutil::read_json_opt(&self.path(id))
+        Ok(fsutil::read_json_opt(&self.path(id))?)
     }
 
     /// Remove the record; a missing one is fine.
-    pub fn remove(&self, id: &str) -> Result<()> {
-        if fsutil::remove_file_opt(&self.path(id))? {
-            fsutil::sync_dir(&self.dir);
-        }
-        Ok(())
+    pub async fn remove(&self, id: &str) -> Result<()> {
+        let (path, dir) = (self.path(id), self.dir.clone());
+        crate::blocking(move || {
+            if fsutil::remove_file_opt(&path)? {
+                fsutil::sync_dir(&dir);
+            }
+            Ok::<_, fsutil::Error>(())
+        })
+        .await
     }
 
     /// Ids of every recorded sandbox.
@@ -56,16 +62,16 @@ impl Records {
 mod tests {
     use super::*;
 
-    #[test]
-    fn write_read_list_remove() {
+    #[tokio::test]
+    async fn write_read_list_remove() {
         let dir = tempfile::tempdir().unwrap();
         let r = Records::new(dir.path()).unwrap();
-        r.write("a1", &vec![1, 2]).unwrap();
-        r.write("b2", &vec![3]).unwrap();
+        r.write("a1", &vec![1, 2]).await.unwrap();
+        r.write("b2", &vec![3]).await.unwrap();
         assert_eq!(r.read::<Vec<i32>>("a1").unwrap(), Some(vec![1, 2]));
         assert_eq!(r.ids().unwrap(), vec!["a1".to_string(), "b2".to_string()]);
-        r.remove("a1").unwrap();
-        r.remove("a1").unwrap();
+        r.remove("a1").await.unwrap();
+        r.remove("a1").await.unwrap();
         assert_eq!(r.read::<Vec<i32>>("a1").unwrap(), None);
     }
 }

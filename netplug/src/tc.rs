@@ -12,7 +12,7 @@ use netlink_packet_route::tc::{TcAttribute, TcHandle, TcHeader, TcMessage, TcOpt
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::Handle;
 
-use crate::error::{Context, Result};
+use crate::error::{NlContext, Result};
 use crate::nl;
 
 const TCA_TBF_PARMS: u16 = 1;

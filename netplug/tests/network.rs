@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use ferrolet_fsutil::chain;
 use ferrolet_netplug::{
     bridge_veth_name, Bandwidth, BridgeConfig, CniConfig, Error, Mode, NetPlug, PortMapping, Protocol, SandboxNetwork,
 };
@@ -308,7 +309,7 @@ fn bridge_cfg() -> BridgeConfig {
 fn bridge() -> Result<&'static NetPlug> {
     env()
         .bridge
-        .get_or_init(|| block_on(NetPlug::new(Mode::Bridge(bridge_cfg()))).map_err(|e| e.to_string()))
+        .get_or_init(|| block_on(NetPlug::new(Mode::Bridge(bridge_cfg()))).map_err(|e| chain(&e).to_string()))
         .as_ref()
         .map_err(|e| anyhow!("bridge NetPlug::new: {e}"))
 }
@@ -356,7 +357,7 @@ fn cni() -> Result<&'static NetPlug> {
         .get_or_init(|| {
             let cfg = cni_cfg("cni", &cni_conflist("testnet", "cni0", "10.22.0.0/16", &cni_data_dir()))
                 .map_err(|e| e.to_string())?;
-            block_on(NetPlug::new(Mode::Cni(cfg))).map_err(|e| e.to_string())
+            block_on(NetPlug::new(Mode::Cni(cfg))).map_err(|e| chain(&e).to_string())
         })
         .as_ref()
         .map_err(|e| anyhow!("CNI NetPlug::new: {e}"))
@@ -822,7 +823,7 @@ fn bridge_concurrent_setups() -> Result<()> {
             Ok(st) => {
                 ips.insert(st.ips[0]);
             }
-            Err(e) => errs.push(e.to_string()),
+            Err(e) => errs.push(chain(e).to_string()),
         }
     }
     let checks = block_on(futures_util::future::join_all(pods.iter().map(|p| net.check(&p.req))));

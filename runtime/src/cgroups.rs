@@ -605,7 +605,8 @@ fn fill_cpuset(dir: &Path) -> Result<()> {
         }
     }
     for d in chain.into_iter().rev() {
-        let parent = d.parent().expect("has parent");
+        // (each was pushed after its parent was found)
+        let Some(parent) = d.parent() else { continue };
         for f in ["cpuset.cpus", "cpuset.mems"] {
             if read_trim(&d.join(f)).is_empty() {
                 write_cg(&d, f, &read_trim(&parent.join(f)))?;

@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct ContainerConfig {
     /// A name for logs and listings (the Kubernetes container name).
     pub name: String,
+    /// Shown by `ps` as the container's monitor process, `ferrolet-monitor <display_name>`
+    /// (e.g. `default/web-node1/nginx`); the runtime does not interpret it. Empty: `name`.
+    pub display_name: String,
     /// Image reference or id, resolved in the image store.
     pub image: String,
     /// Replaces the image's Entrypoint when non-empty (Kubernetes `command`).

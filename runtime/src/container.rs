@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::error::Result;
-use crate::fsutil::{process_matches, read_json, read_json_opt};
+use crate::pidfd::process_matches;
+use ferrolet_fsutil::{read_json, read_json_opt};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -111,7 +112,7 @@ pub(crate) fn load(dir: &Path) -> Result<ContainerInfo> {
         (Some(e), _) => ContainerState::Exited(e.clone()),
         (None, None) => ContainerState::Incomplete,
         (None, Some(m)) => {
-            let same_boot = record.boot_id == crate::fsutil::boot_id();
+            let same_boot = record.boot_id == ferrolet_fsutil::boot_id();
             if same_boot && process_matches(m.monitor_pid, m.monitor_start) {
                 if started.is_some() {
                     ContainerState::Running

@@ -137,10 +137,11 @@ impl LogWriter {
         self.line.extend_from_slice(if partial { b" P " } else { b" F " });
         self.line.extend_from_slice(msg);
         self.line.push(b'\n');
-        if self.file.is_none() {
-            self.file = Some(open_log(&self.path)?);
-        }
-        let f = self.file.as_mut().expect("opened above");
+        let f = match &mut self.file {
+            Some(f) => f,
+            // (rotation failed last time) reopen
+            None => self.file.insert(open_log(&self.path)?),
+        };
         f.write_all(&self.line)?;
         self.size += self.line.len() as u64;
         if self.max_size > 0 && self.size >= self.max_size {
@@ -247,7 +248,7 @@ pub fn read_records(data: &[u8]) -> Vec<LogLine> {
                 acc.message.extend_from_slice(&l.message);
                 if !l.partial {
                     acc.partial = false;
-                    out.push(slot.take().expect("some"));
+                    out.extend(slot.take());
                 }
             }
             None if l.partial => *slot = Some(l),

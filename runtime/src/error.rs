@@ -1,22 +1,18 @@
 //! The runtime's error type. Every variant says what was being done and to what, so a message
-//! read in a pod's status or the agent's log is enough to act on.
+//! read in a pod's status or the agent's log is enough to act on. `Display` shows one level;
+//! where there is a cause it is `source()`: render errors for people with
+//! [`ferrolet_fsutil::chain`], which prints each cause once.
 
 use std::path::Path;
 
+pub(crate) use ferrolet_fsutil::Context;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{context}: {source}")]
-    Json {
-        context: String,
-        #[source]
-        source: serde_json::Error,
-    },
+    /// A file, JSON or system-call operation failed: `Display` says what was being done, the
+    /// cause is `source()` (print both with [`ferrolet_fsutil::chain`]).
+    #[error(transparent)]
+    Fs(#[from] ferrolet_fsutil::Error),
     #[error("blob {blob}{origin}: content hashes to {actual}")]
     DigestMismatch {
         blob: String,
@@ -47,12 +43,6 @@ pub enum Error {
     Zygote(String),
     #[error("cgroup {path}: {reason}")]
     Cgroup { path: String, reason: String },
-    #[error("{context}: {source}")]
-    Sys {
-        context: String,
-        #[source]
-        source: nix::Error,
-    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -86,61 +76,10 @@ impl Error {
     /// True when the error is "the file or process is not there" rather than a real failure.
     pub fn is_not_found(&self) -> bool {
         match self {
-            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            Error::Fs(e) => e.is_not_found(),
             Error::ContainerNotFound(_) | Error::ImageNotFound(_) => true,
             _ => false,
         }
-    }
-}
-
-/// Attach "what were we doing" to io, json and nix errors.
-pub trait Context<T> {
-    fn context<C: Into<String>>(self, context: C) -> Result<T>;
-    fn with_context<C: Into<String>, F: FnOnce() -> C>(self, f: F) -> Result<T>;
-}
-
-impl<T> Context<T> for std::result::Result<T, std::io::Error> {
-    fn context<C: Into<String>>(self, context: C) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            context: context.into(),
-            source,
-        })
-    }
-    fn with_context<C: Into<String>, F: FnOnce() -> C>(self, f: F) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            context: f().into(),
-            source,
-        })
-    }
-}
-
-impl<T> Context<T> for std::result::Result<T, serde_json::Error> {
-    fn context<C: Into<String>>(self, context: C) -> Result<T> {
-        self.map_err(|source| Error::Json {
-            context: context.into(),
-            source,
-        })
-    }
-    fn with_context<C: Into<String>, F: FnOnce() -> C>(self, f: F) -> Result<T> {
-        self.map_err(|source| Error::Json {
-            context: f().into(),
-            source,
-        })
-    }
-}
-
-impl<T> Context<T> for std::result::Result<T, nix::Error> {
-    fn context<C: Into<String>>(self, context: C) -> Result<T> {
-        self.map_err(|source| Error::Sys {
-            context: context.into(),
-            source,
-        })
-    }
-    fn with_context<C: Into<String>, F: FnOnce() -> C>(self, f: F) -> Result<T> {
-        self.map_err(|source| Error::Sys {
-            context: f().into(),
-            source,
-        })
     }
 }
 

@@ -3,10 +3,14 @@
 //! container through libcontainer, reports back, then copies stdout/stderr into the CRI log
 //! until the container exits, and records the exit status atomically. No threads, no async:
 //! a poll loop over two pipes and a pidfd. It outlives the agent.
+//!
+//! A zygote worker forks it and calls [`run`]; that is the only tie between the two. The
+//! monitor answers the `Create` request itself over [`crate::proto`] and uses the process
+//! chores of [`crate::process`], and imports nothing of the zygote.
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use libcontainer::container::builder::ContainerBuilder;
@@ -17,19 +21,22 @@ use nix::unistd::Pid;
 
 use crate::container::{ExitRecord, MonitorRecord};
 use crate::crilog::{LineSplitter, LogWriter, Stream};
-use crate::fsutil::{process_start_time, write_json_atomic};
-use crate::zygote::proto::{error_chain, write_reply, CreateArgs, Reply};
+use crate::pidfd::process_start_time;
+use crate::process::{detach_stdio, exit, set_name, set_title};
+use crate::proto::{write_reply, CreateArgs, Reply};
+use ferrolet_fsutil::{chain, write_json_atomic};
 
 /// How long output is still collected after the container's init exits, for processes that
 /// inherited its stdout (a host-PID container's daemons).
 const DRAIN: Duration = Duration::from_secs(2);
 
 pub(crate) fn run(args: CreateArgs, reply: OwnedFd) -> ! {
-    crate::zygote::server_exit(monitor(args, reply))
+    exit(monitor(args, reply))
 }
 
 fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
-    crate::zygote::set_name("ferrolet-mon");
+    set_name("ferrolet-mon");
+    set_title(&format!("ferrolet-monitor {}", args.display_name));
     detach_stdio();
     // Orphans of the container (in a shared or host pid namespace) come to us to be reaped.
     // SAFETY: plain prctl.
@@ -71,7 +78,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         Ok(c) => c,
         Err(e) => {
             let _ = crate::rootfs::unmount(&args.rootfs.target);
-            return fail(error_chain(&e));
+            return fail(chain(&e).to_string());
         }
     };
     let Some(init) = container.pid() else {
@@ -86,7 +93,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     };
     if let Err(e) = write_json_atomic(&args.bundle.join("monitor.json"), &rec) {
         let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
-        return fail(format!("recording monitor state: {e}"));
+        return fail(format!("recording monitor state: {}", chain(&e)));
     }
     write_reply(
         &reply,
@@ -166,15 +173,23 @@ fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Optio
         };
         if pfds.is_empty() {
             // Pipes closed but init not reaped yet: block on it.
-            if let Ok(s) = waitpid(init, None) {
-                status = Some(s);
+            match waitpid(init, None) {
+                Ok(s) => status = Some(s),
+                Err(nix::errno::Errno::EINTR) => {}
+                // Not ours to wait for any more: the outcome is unknown.
+                Err(_) => break,
             }
             continue;
         }
         match poll(&mut pfds, timeout) {
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => break,
+            Err(_) => {
+                // (ENOMEM, say) Giving up would record an exit for a container still running
+                // and stop its log: try again; reap() above still notices the exit.
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
         }
         let ready: Vec<bool> = pfds
             .iter()
@@ -225,17 +240,6 @@ fn reap(init: Pid, status: &mut Option<WaitStatus>) {
                     *status = Some(ws);
                 }
             }
-        }
-    }
-}
-
-/// Point stdin/stdout/stderr at /dev/null: the monitor must not hold the agent's terminal or
-/// pipes open after the agent is gone.
-fn detach_stdio() {
-    if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
-        for fd in 0..3 {
-            // SAFETY: dup2 onto the standard descriptors.
-            unsafe { libc::dup2(f.as_raw_fd(), fd) };
         }
     }
 }

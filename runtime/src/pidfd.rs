@@ -1,5 +1,7 @@
 //! pidfds: a handle on a process that cannot be confused with a later process reusing its pid.
-//! Used to wait for monitors (readable when the process exits) and to signal containers.
+//! Used to wait for monitors (readable when the process exits) and to signal containers. Pids
+//! read from state files are checked against their recorded start time first
+//! ([`process_matches`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -74,5 +76,33 @@ impl PidFd {
 
     pub fn into_fd(self) -> OwnedFd {
         self.fd
+    }
+}
+
+/// Start time of a process in clock ticks since boot (field 22 of /proc/PID/stat), used with
+/// the pid to tell a live process from a later one that reused its pid.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// True when `pid` is alive and started at `start_time`.
+pub fn process_matches(pid: i32, start_time: u64) -> bool {
+    pid > 0 && process_start_time(pid) == Some(start_time)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_of_self_is_stable() {
+        let me = std::process::id() as i32;
+        let t = process_start_time(me).unwrap();
+        assert!(process_matches(me, t));
+        assert!(!process_matches(me, t + 1));
+        assert!(!process_matches(0, t));
     }
 }

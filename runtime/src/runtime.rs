@@ -13,13 +13,14 @@ use crate::config::ContainerConfig;
 use crate::container::{self, ContainerInfo, ContainerRecord, ContainerState, ExitRecord, StartedRecord};
 use crate::digest::Digest;
 use crate::error::{p, Context, Error, Result};
-use crate::fsutil::{ensure_dir, process_matches, random_hex, read_json, remove_tree, write_atomic, write_json_atomic};
 use crate::image::ImageStore;
-use crate::pidfd::PidFd;
+use crate::pidfd::{process_matches, PidFd};
+use crate::proto::{CreateArgs, ExecArgs, PinArgs, Reply, Request};
 use crate::rootfs::RootfsSpec;
 use crate::spec::{build_spec, SpecInput};
 use crate::user::{resolve_user, ImageFiles};
-use crate::zygote::{CreateArgs, ExecArgs, PinArgs, Replies, Reply, Request, ZygoteClient, ZygoteHandle};
+use crate::zygote::{Replies, ZygoteClient, ZygoteHandle};
+use ferrolet_fsutil::{chain, ensure_dir, random_hex, read_json, remove_tree, write_atomic, write_json_atomic};
 
 pub struct Runtime {
     root: PathBuf,
@@ -141,23 +142,29 @@ impl Runtime {
         let args = match prepared {
             Ok(a) => a,
             Err(e) => {
-                let _ = remove_tree(&self.dir(&id));
+                let dir = self.dir(&id);
+                let _ = blocking(move || remove_tree(&dir)).await;
                 return Err(e);
             }
         };
         let target = args.rootfs.target.clone();
         let mut replies = self.zygote.call(&Request::Create(args), &[])?;
+        // A failed creation leaves no mount and no state behind.
+        let undo = |target: PathBuf, dir: PathBuf| {
+            blocking(move || {
+                let _ = crate::rootfs::unmount(&target);
+                remove_tree(&dir)
+            })
+        };
         match replies.next().await {
             Ok(Reply::Created { .. }) => container::load(&self.dir(&id)),
             Ok(Reply::Failed { error }) => {
-                let _ = crate::rootfs::unmount(&target);
-                let _ = remove_tree(&self.dir(&id));
+                let _ = undo(target, self.dir(&id)).await;
                 Err(Error::container(&id, error))
             }
             Ok(other) => Err(Error::container(&id, format!("unexpected reply {other:?}"))),
             Err(e) => {
-                let _ = crate::rootfs::unmount(&target);
-                let _ = remove_tree(&self.dir(&id));
+                let _ = undo(target, self.dir(&id)).await;
                 Err(e)
             }
         }
@@ -178,11 +185,12 @@ impl Runtime {
                 lc_root: self.lc_root.clone(),
             })
             .await
-            .map_err(|e| Error::container(id, format!("start: {e}")))?;
+            .map_err(|e| Error::container(id, format!("start: {}", chain(&e))))?;
         let started = StartedRecord {
             started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
         };
-        write_json_atomic(&self.dir(id).join("started.json"), &started)
+        let path = self.dir(id).join("started.json");
+        blocking(move || write_json_atomic(&path, &started)).await
     }
 
     /// Send `signal` to the container's init process. A container that already exited is not
@@ -198,14 +206,15 @@ impl Runtime {
         let pfd = match PidFd::open(m.init_pid) {
             Ok(p) => p,
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
-            Err(e) => return Err(e).context(format!("opening pidfd of container {id}")),
+            Err(e) => return Err(ferrolet_fsutil::Error::io(format!("opening pidfd of container {id}"), e).into()),
         };
         // Re-check after opening: the pidfd now pins the process we verified.
         if !process_matches(m.init_pid, m.init_start) {
             return Ok(());
         }
-        pfd.send_signal(signal)
-            .with_context(|| format!("signalling container {id}"))
+        Ok(pfd
+            .send_signal(signal)
+            .with_context(|| format!("signalling container {id}"))?)
     }
 
     /// Wait for the container to exit and return how it ended.
@@ -218,7 +227,10 @@ impl Runtime {
                     return Err(Error::container(id, "creation did not complete"));
                 }
                 ContainerState::Created | ContainerState::Running => {
-                    let m = info.monitor.expect("running containers have a monitor");
+                    // (load() derives these states from the monitor record, so it is there)
+                    let Some(m) = info.monitor else {
+                        return Err(Error::container(id, "running without a monitor record"));
+                    };
                     match PidFd::open(m.monitor_pid) {
                         Ok(pfd) if process_matches(m.monitor_pid, m.monitor_start) => {
                             pfd.exited().await.context("waiting for monitor")?;
@@ -263,9 +275,13 @@ impl Runtime {
                 lc_root: self.lc_root.clone(),
             })
             .await
-            .map_err(|e| Error::container(id, format!("delete: {e}")))?;
-        crate::rootfs::unmount(&dir.join("rootfs")).with_context(|| format!("container {id}"))?;
-        remove_tree(&dir)
+            .map_err(|e| Error::container(id, format!("delete: {}", chain(&e))))?;
+        let id = id.to_string();
+        blocking(move || {
+            crate::rootfs::unmount(&dir.join("rootfs")).with_context(|| format!("container {id}"))?;
+            remove_tree(&dir)
+        })
+        .await
     }
 
     /// Containers known to this runtime, oldest first.
@@ -280,7 +296,7 @@ impl Runtime {
             match container::load(&e.path()) {
                 Ok(i) => out.push(i),
                 Err(err) => {
-                    tracing::warn!(dir = %e.path().display(), error = %err, "unreadable container state")
+                    tracing::warn!(dir = %e.path().display(), error = %chain(&err), "unreadable container state")
                 }
             }
         }
@@ -445,7 +461,7 @@ impl Runtime {
                 uts,
             }))
             .await
-            .map_err(|e| Error::container(dir.display().to_string(), format!("pinning namespaces: {e}")))
+            .map_err(|e| Error::container(dir.display().to_string(), format!("pinning namespaces: {}", chain(&e))))
     }
 
     /// Undo [`pin_namespaces`](Self::pin_namespaces): unmount and remove the files.
@@ -458,6 +474,24 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+}
+
+/// Run blocking filesystem work (fsync'd writes, unmounts, tree removal) on tokio's blocking
+/// pool instead of an async worker thread. A panic in `f` resumes in the caller, as it would
+/// have without the move.
+async fn blocking<T, E, F>(f: F) -> Result<T>
+where
+    T: Send + 'static,
+    E: Into<Error> + Send + 'static,
+    F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => Err(ferrolet_fsutil::Error::io("running a blocking task", std::io::Error::other(e)).into()),
+        },
     }
 }
 
@@ -522,13 +556,19 @@ fn prepare(
         log_path: log_path.clone(),
         cgroup_path: cgroup_path.clone(),
         stop_signal: image.config.config().as_ref().and_then(|c| c.stop_signal().clone()),
-        boot_id: crate::fsutil::boot_id(),
+        boot_id: ferrolet_fsutil::boot_id(),
     };
     write_json_atomic(&dir.join("container.json"), &record)?;
     let mut log = cfg.log.clone();
     log.path = log_path;
+    let display_name = [&cfg.display_name, &cfg.name]
+        .into_iter()
+        .find(|n| !n.is_empty())
+        .cloned()
+        .unwrap_or_else(|| id.to_string());
     Ok(CreateArgs {
         id: id.to_string(),
+        display_name,
         bundle: dir.to_path_buf(),
         lc_root: lc_root.to_path_buf(),
         rootfs: RootfsSpec {

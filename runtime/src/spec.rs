@@ -482,7 +482,7 @@ fn mounts(cfg: &ContainerConfig) -> Result<Vec<OciMount>> {
 /// A Localhost seccomp profile: OCI/docker JSON (`defaultAction`, `syscalls`...).
 fn load_localhost_profile(path: &Path) -> Result<LinuxSeccomp> {
     let data = std::fs::read(path).with_context(|| format!("reading seccomp profile {}", path.display()))?;
-    serde_json::from_slice(&data).with_context(|| format!("decoding seccomp profile {}", path.display()))
+    Ok(serde_json::from_slice(&data).with_context(|| format!("decoding seccomp profile {}", path.display()))?)
 }
 
 trait CfgContext<T> {

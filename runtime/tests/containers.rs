@@ -83,6 +83,10 @@ fn main() {
         ),
         trial("cpu_and_pids_limits_are_enforced", cpu_and_pids_limits_are_enforced),
         trial(
+            "monitor_and_zygote_show_their_names_in_ps",
+            monitor_and_zygote_show_their_names_in_ps,
+        ),
+        trial(
             "containers_survive_owner_sigkill_and_are_readopted",
             containers_survive_owner_sigkill_and_are_readopted,
         ),
@@ -109,7 +113,7 @@ fn teardown() {
     block(async {
         for c in e.rt.list().unwrap_or_default() {
             if let Err(err) = e.rt.delete(c.id()).await {
-                eprintln!("teardown: deleting {}: {err}", c.id());
+                eprintln!("teardown: deleting {}: {}", c.id(), ferrolet_fsutil::chain(&err));
             }
         }
     });
@@ -146,7 +150,7 @@ fn config(name: &str, command: &[&str]) -> ContainerConfig {
             path: e
                 .root
                 .join("logs")
-                .join(format!("{name}-{}.log", ferrolet_runtime::fsutil::random_hex(4))),
+                .join(format!("{name}-{}.log", ferrolet_fsutil::random_hex(4))),
             ..Default::default()
         },
         ..Default::default()
@@ -595,6 +599,83 @@ fn cpu_and_pids_limits_are_enforced() -> Result<()> {
         .await;
         rt.delete(&id).await?;
         r
+    })
+}
+
+/// /proc/PID/cmdline and comm of a process.
+fn cmdline_and_comm(pid: i32) -> Result<(Vec<u8>, String)> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).with_context(|| format!("cmdline of {pid}"))?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).with_context(|| format!("comm of {pid}"))?;
+    Ok((cmdline, comm.trim_end().to_string()))
+}
+
+fn monitor_and_zygote_show_their_names_in_ps() -> Result<()> {
+    let rt = &env().rt;
+    let (cmdline, comm) = cmdline_and_comm(rt.zygote_pid())?;
+    ensure!(
+        cmdline == b"ferrolet-zygote\0" && comm == "ferrolet-zygote",
+        "zygote shows {:?} ({comm})",
+        String::from_utf8_lossy(&cmdline)
+    );
+    let long = "y".repeat(100_000);
+    let cases = [
+        (
+            "web",
+            "default/web-node1/nginx",
+            "ferrolet-monitor default/web-node1/nginx",
+        ),
+        ("plain", "", "ferrolet-monitor plain"),
+        ("long", long.as_str(), ""),
+    ];
+    block(async {
+        for (name, display, want) in cases {
+            let mut c = config(name, &["sleep", "60"]);
+            c.display_name = display.to_string();
+            let info = rt.create(&c).await?;
+            let id = info.id().to_string();
+            let r = async {
+                let m = info.monitor.clone().ok_or_else(|| anyhow!("no monitor record"))?;
+                rt.start(&id).await?;
+                let (cmdline, comm) = cmdline_and_comm(m.monitor_pid)?;
+                ensure!(comm == "ferrolet-mon", "monitor comm {comm:?}");
+                let shown = String::from_utf8_lossy(&cmdline).into_owned();
+                if want.is_empty() {
+                    // Longer than the inherited argv + environment area (or a page): cut, and
+                    // nothing of the agent's command line or environment shows.
+                    let title = shown.trim_end_matches('\0');
+                    ensure!(
+                        title.len() > 100 && title.len() < long.len(),
+                        "long title: {} bytes",
+                        title.len()
+                    );
+                    ensure!(
+                        title
+                            .strip_prefix("ferrolet-monitor ")
+                            .is_some_and(|t| t.bytes().all(|b| b == b'y')),
+                        "long title: {title:?}"
+                    );
+                } else {
+                    ensure!(cmdline == format!("{want}\0").as_bytes(), "monitor shows {shown:?}");
+                    if let Ok(o) = Command::new("ps")
+                        .args(["-o", "args=", "-p", &m.monitor_pid.to_string()])
+                        .output()
+                    {
+                        let ps = String::from_utf8_lossy(&o.stdout);
+                        ensure!(ps.trim() == want, "ps shows {ps:?}");
+                    }
+                }
+                // The monitor still does its job after renaming itself.
+                ensure!(rt.inspect(&id)?.is_running());
+                rt.kill(&id, libc::SIGKILL)?;
+                let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+                ensure!(e.exit_code == 137, "{e:?}");
+                Ok(())
+            }
+            .await;
+            rt.delete(&id).await?;
+            r?;
+        }
+        Ok(())
     })
 }
 

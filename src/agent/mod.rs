@@ -113,7 +113,7 @@ fn adoptable_containers(rt: &Runtime) -> HashMap<String, Vec<String>> {
                 }
             }
         }
-        Err(e) => warn!(error = %crate::errors::chain(&e), "listing containers at start"),
+        Err(e) => warn!(error = %ferrolet_fsutil::chain(&e), "listing containers at start"),
     }
     let n: usize = adoptable.values().map(Vec::len).sum();
     if n > 0 {

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use ferrolet_runtime::fsutil::{read_json_opt, write_json_atomic};
+use ferrolet_fsutil::{read_json_opt, write_json_atomic};
 use serde::{Deserialize, Serialize};
 
 /// What the agent created outside its root dir, so `reset` can remove it.

@@ -56,7 +56,7 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
     for c in rt.list()? {
         match rt.delete(c.id()).await {
             Ok(()) => removed += 1,
-            Err(e) => fail(format!("container {}: {}", c.id(), crate::errors::chain(&e))),
+            Err(e) => fail(format!("container {}: {}", c.id(), ferrolet_fsutil::chain(&e))),
         }
     }
     rt.remove_orphans()?;
@@ -89,7 +89,7 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
         let cg = Cgroups::detect()?;
         let kubepods = format!("{}/kubepods", rec.cgroup_root.trim_end_matches('/'));
         if let Err(e) = cg.remove(&kubepods) {
-            fail(format!("kubepods cgroup: {}", crate::errors::chain(&e)));
+            fail(format!("kubepods cgroup: {}", ferrolet_fsutil::chain(&e)));
         }
         // Innermost first (the agent's v2 leaf, then kubepods' ancestors the agent created). An
         // ancestor still in use by others (ENOTEMPTY, EBUSY) is theirs now and stays.

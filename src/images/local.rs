@@ -21,7 +21,7 @@ pub fn load_demo(store: &ImageStore) {
     let tmp = store.dir().join(".demo-image.tar");
     let res = std::fs::write(&tmp, DEMO_IMAGE)
         .map_err(|e| e.to_string())
-        .and_then(|_| store.import(&tmp).map_err(|e| e.to_string()));
+        .and_then(|_| store.import(&tmp).map_err(|e| ferrolet_fsutil::chain(&e).to_string()));
     let _ = std::fs::remove_file(&tmp);
     match res {
         Ok(imgs) => {
@@ -76,7 +76,7 @@ impl ImportDir {
                         info!(archive = %path.display(), refs = ?i.refs, id = %i.id, "imported image");
                     }
                 }
-                Err(err) => warn!(archive = %path.display(), "image import failed: {err}"),
+                Err(err) => warn!(archive = %path.display(), "image import failed: {}", ferrolet_fsutil::chain(&err)),
             }
         }
     }

@@ -159,6 +159,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
 
     Ok(ContainerConfig {
         name: c.name.clone(),
+        display_name: format!("{}/{}/{}", crate::pod::namespace(p), crate::pod::name(p), c.name),
         image: c.image.clone().unwrap_or_default(),
         command,
         args,
@@ -241,7 +242,7 @@ fn seccomp_of(s: &K8sSeccomp, cfg: &Config) -> Result<SeccompProfile> {
 fn termination_message_file(pod_dir: &Path, name: &str) -> Result<PathBuf> {
     let dir = pod_dir.join("containers").join(name);
     std::fs::create_dir_all(&dir)?;
-    let f = dir.join(format!("termination-log-{}", ferrolet_runtime::fsutil::random_hex(4)));
+    let f = dir.join(format!("termination-log-{}", ferrolet_fsutil::random_hex(4)));
     std::fs::write(&f, b"")?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666))?;

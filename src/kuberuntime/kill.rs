@@ -60,7 +60,7 @@ pub async fn stop_container(rt: Arc<Runtime>, id: String, stop_signal: Option<St
         .unwrap_or(libc::SIGTERM);
     if let Err(e) = rt.stop(&id, sig, grace).await {
         if !e.is_not_found() {
-            warn!(container = %id, error = %crate::errors::chain(&e), "stopping container");
+            warn!(container = %id, error = %ferrolet_fsutil::chain(&e), "stopping container");
         }
     }
 }

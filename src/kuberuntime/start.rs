@@ -69,7 +69,9 @@ pub async fn create_container(req: &CreateRequest<'_>) -> Result<String, Waiting
         Ok(Err(ferrolet_runtime::Error::InvalidConfig { field, reason })) => {
             Err(Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{field}: {reason}")).retry_in(RETRY))
         }
-        Ok(Err(e)) => Err(Waiting::new(reasons::CREATE_CONTAINER_ERROR, crate::errors::chain(&e)).retry_in(RETRY)),
+        Ok(Err(e)) => {
+            Err(Waiting::new(reasons::CREATE_CONTAINER_ERROR, ferrolet_fsutil::chain(&e).to_string()).retry_in(RETRY))
+        }
         Err(_) => Err(Waiting::new(
             reasons::CREATE_CONTAINER_ERROR,
             format!("context deadline exceeded ({timeout:?})"),
@@ -81,9 +83,9 @@ pub async fn create_container(req: &CreateRequest<'_>) -> Result<String, Waiting
 /// Let a created container run. A container that fails to start is deleted.
 pub async fn start_created(rt: &Runtime, id: &str) -> Result<(), Waiting> {
     if let Err(e) = rt.start(id).await {
-        let message = crate::errors::chain(&e);
+        let message = ferrolet_fsutil::chain(&e).to_string();
         if let Err(e) = rt.delete(id).await {
-            warn!(container = %id, error = %crate::errors::chain(&e), "removing a container that failed to start");
+            warn!(container = %id, error = %ferrolet_fsutil::chain(&e), "removing a container that failed to start");
         }
         return Err(Waiting::new(reasons::RUN_CONTAINER_ERROR, message).retry_in(RETRY));
     }

@@ -54,7 +54,7 @@ pub async fn run(
         let o = rt
             .exec_capture(id, &spec, Some(timeout), MAX_OUTPUT)
             .await
-            .map_err(|e| fail(e.to_string(), b""))?;
+            .map_err(|e| fail(ferrolet_fsutil::chain(&e).to_string(), b""))?;
         let mut out = o.stdout.clone();
         out.extend_from_slice(&o.stderr);
         if o.timed_out {

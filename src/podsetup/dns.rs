@@ -155,7 +155,7 @@ pub fn resolv_conf(p: &Pod, cfg: &Config) -> String {
 pub fn write_files(dir: &Path, p: &Pod, pod_ips: &[String], cfg: &Config) -> anyhow::Result<()> {
     use anyhow::Context;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let w = |name: &str, data: String| ferrolet_runtime::fsutil::write_atomic(&dir.join(name), data.as_bytes());
+    let w = |name: &str, data: String| ferrolet_fsutil::write_atomic(&dir.join(name), data.as_bytes());
     w("etc-hosts", hosts_file(p, pod_ips, &cfg.cluster_domain))?;
     w("resolv.conf", resolv_conf(p, cfg))?;
     w("hostname", format!("{}\n", hostname(p)))?;

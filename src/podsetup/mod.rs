@@ -62,7 +62,7 @@ impl PodSetup {
         let pids_limit = self.cfg.pod_pids_limit;
         blocking("preparing the pod directory and cgroup", move || {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            ferrolet_runtime::fsutil::write_json_atomic(&dir.join("pod.json"), &*p)?;
+            ferrolet_fsutil::write_json_atomic(&dir.join("pod.json"), &*p)?;
             cgroups.ensure_pod(&p, pids_limit)?;
             Ok(())
         })

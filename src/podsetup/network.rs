@@ -129,7 +129,7 @@ impl PodNetwork {
                 info!(count = ids.len(), sandboxes = ?ids, "collected the network of sandboxes that no longer exist")
             }
             Ok(_) => {}
-            Err(e) => warn!(error = %crate::errors::chain(&e), "collecting stale pod networks"),
+            Err(e) => warn!(error = %ferrolet_fsutil::chain(&e), "collecting stale pod networks"),
         }
         info!(mode = plug.mode_name(), "pod network ready");
         *guard = Some(plug.clone());

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use ferrolet_runtime::fsutil::{read_json_opt, write_json_atomic};
+use ferrolet_fsutil::{read_json_opt, write_json_atomic};
 use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
@@ -63,7 +63,7 @@ impl Sandbox {
     pub fn is_live(&self, network: Option<&str>) -> bool {
         let net_ok = self.net.is_none() || self.network.as_deref() == network;
         net_ok
-            && self.boot_id == ferrolet_runtime::fsutil::boot_id()
+            && self.boot_id == ferrolet_fsutil::boot_id()
             && pinned(&self.net)
             && pinned(&self.ipc)
             && pinned(&self.uts)
@@ -116,14 +116,14 @@ pub fn finish(p: &Pod, pod_dir: &Path, own: &OwnNamespaces) -> Result<Sandbox> {
         PathBuf::from("/dev/shm")
     };
     let sb = Sandbox {
-        id: format!("{}-{}", pod::uid(p), &ferrolet_runtime::fsutil::random_hex(4)),
+        id: format!("{}-{}", pod::uid(p), &ferrolet_fsutil::random_hex(4)),
         created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         net: own.net.then(|| dir.join("net")),
         ipc: own.ipc.then(|| dir.join("ipc")),
         uts: own.uts.then(|| dir.join("uts")),
         shm,
         pod_ips: Vec::new(),
-        boot_id: ferrolet_runtime::fsutil::boot_id(),
+        boot_id: ferrolet_fsutil::boot_id(),
         network: None,
     };
     // Saved before any network exists, so a crash after this leaves an id to tear down.

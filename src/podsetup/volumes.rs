@@ -116,7 +116,7 @@ fn setup_one(
             if let Some(parent) = file.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            ferrolet_runtime::fsutil::write_atomic(&file, content.as_bytes())?;
+            ferrolet_fsutil::write_atomic(&file, content.as_bytes())?;
             let m = item.mode.map(|m| m as u32).unwrap_or(mode);
             std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m))?;
         }

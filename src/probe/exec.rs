@@ -16,7 +16,7 @@ pub async fn probe(rt: &Runtime, id: &str, cmd: &[String], timeout: Duration) ->
         ..Default::default()
     };
     match rt.exec_capture(id, &spec, Some(timeout), MAX_OUTPUT).await {
-        Err(e) => Outcome::Failure(e.to_string()),
+        Err(e) => Outcome::Failure(ferrolet_fsutil::chain(&e).to_string()),
         Ok(o) if o.timed_out => Outcome::Failure(format!(
             "command timed out: {:?} timed out after {}",
             cmd.join(" "),

@@ -143,7 +143,7 @@ async fn serve_logs(st: Arc<State>, namespace: &str, pod: &str, opts: LogOptions
     };
     let name = match logs::container_name(&entry, opts.container.as_deref()) {
         Ok(n) => n,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e:#}")),
     };
     let (path, id) = match logs::locate(&st.rt, &entry, &name, opts.previous) {
         Ok(x) => x,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use ferrolet_runtime::fsutil::{read_json_opt, write_json_atomic};
+use ferrolet_fsutil::{read_json_opt, write_json_atomic};
 use k8s_openapi::api::core::v1::PodStatus;
 use serde::{Deserialize, Serialize};
 

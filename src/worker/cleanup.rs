@@ -43,7 +43,7 @@ impl PodWorkers {
         let list = match self.m.rt.list() {
             Ok(l) => l,
             Err(e) => {
-                warn!(error = %crate::errors::chain(&e), "listing containers for housekeeping");
+                warn!(error = %ferrolet_fsutil::chain(&e), "listing containers for housekeeping");
                 return;
             }
         };
@@ -65,9 +65,7 @@ impl PodWorkers {
     /// or a stand-in when there is none.
     pub(super) fn terminate_orphan(&mut self, uid: String) {
         let dir = self.m.pod_dir(&uid);
-        let stored: Option<Pod> = ferrolet_runtime::fsutil::read_json_opt(&dir.join("pod.json"))
-            .ok()
-            .flatten();
+        let stored: Option<Pod> = ferrolet_fsutil::read_json_opt(&dir.join("pod.json")).ok().flatten();
         let p = stored.unwrap_or_else(|| {
             let mut p = Pod::default();
             p.metadata.uid = Some(uid.clone());

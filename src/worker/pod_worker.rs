@@ -292,7 +292,7 @@ impl PodWorker {
                 Ok(info) => out.extend(ContainerView::from_info(&info)),
                 Err(e) if e.is_not_found() => gone.push(id.clone()),
                 Err(e) => {
-                    warn!(pod = %pod::full_name(&self.pod), container = %id, error = %crate::errors::chain(&e), "reading container state")
+                    warn!(pod = %pod::full_name(&self.pod), container = %id, error = %ferrolet_fsutil::chain(&e), "reading container state")
                 }
             }
         }

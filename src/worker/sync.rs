@@ -250,7 +250,7 @@ impl PodWorker {
                             let _ = std::fs::remove_file(r);
                         }
                     }
-                    Err(e) => warn!(container = %v.id, error = %crate::errors::chain(&e), "removing dead container"),
+                    Err(e) => warn!(container = %v.id, error = %ferrolet_fsutil::chain(&e), "removing dead container"),
                 }
             }
         }

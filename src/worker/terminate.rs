@@ -72,7 +72,7 @@ impl PodWorker {
         self.probes.stop_all();
         for id in std::mem::take(&mut self.containers.known) {
             if let Err(e) = self.m.rt.delete(&id).await {
-                warn!(pod = %name, container = %id, error = %crate::errors::chain(&e), "removing container");
+                warn!(pod = %name, container = %id, error = %ferrolet_fsutil::chain(&e), "removing container");
             }
         }
         let sandbox = self.resources.sandbox.take();

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tracing::debug;
 
-use crate::error::{Error, PluginFailure, Result};
+use crate::error::{Context, Error, PluginFailure, Result};
 
 /// The CNI environment of one invocation.
 #[derive(Debug, Clone)]
@@ -117,10 +117,9 @@ pub async fn exec_plugin(
         .process_group(0)
         .kill_on_drop(true);
     let started = std::time::Instant::now();
-    let mut child = cmd.spawn().map_err(|source| Error::Io {
-        context: format!("running CNI plugin {plugin} ({})", bin.display()),
-        source,
-    })?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("running CNI plugin {plugin} ({})", bin.display()))?;
     let pgid = child.id().map(|p| p as i32);
     let mut pipe = child.stdin.take().expect("piped stdin");
     let run = async move {
@@ -130,10 +129,7 @@ pub async fn exec_plugin(
         child.wait_with_output().await
     };
     let out = match tokio::time::timeout(timeout, run).await {
-        Ok(r) => r.map_err(|source| Error::Io {
-            context: format!("waiting for CNI plugin {plugin}"),
-            source,
-        })?,
+        Ok(r) => r.with_context(|| format!("waiting for CNI plugin {plugin}"))?,
         Err(_) => {
             if let Some(pg) = pgid {
                 // the child itself is killed by kill_on_drop; this takes its children too

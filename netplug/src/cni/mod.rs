@@ -26,10 +26,10 @@ use serde_json::{json, Map, Value};
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
-use crate::fsutil;
 use crate::netns::{netns_exists, open_netns};
 use crate::record::Records;
 use crate::types::{CniConfig, NetworkStatus, SandboxNetwork};
+use ferrolet_fsutil::{self as fsutil, chain};
 
 use exec::{exec_plugin, find_plugin, parse_result, Invocation};
 
@@ -96,7 +96,7 @@ impl CniNet {
         for pc in &list.plugins {
             bins.push(
                 find_plugin(&pc.plugin_type, &cfg.bin_dirs)
-                    .map_err(|e| Error::cni_config(&list.file, format!("network {:?}: {e}", list.name)))?,
+                    .map_err(|e| Error::cni_config(&list.file, format!("network {:?}: {}", list.name, chain(&e))))?,
             );
         }
         let cni_path = std::env::join_paths(&cfg.bin_dirs)
@@ -205,7 +205,7 @@ impl CniNet {
             config: self.list.to_value(),
             ready: false,
         };
-        self.records.write(id, &rec)?;
+        self.records.write(id, &rec).await?;
         let netns = req.netns.to_string_lossy().into_owned();
         let mut prev: Option<Value> = None;
         let mut failure = None;
@@ -260,16 +260,17 @@ impl CniNet {
                     config: rec.config.clone(),
                     result,
                 };
-                fsutil::write_json_atomic(&self.cache_path(&self.list.name, id, &req.ifname), &cache)?;
+                let cache_path = self.cache_path(&self.list.name, id, &req.ifname);
+                crate::blocking(move || fsutil::write_json_atomic(&cache_path, &cache)).await?;
                 let rec = Record { ready: true, ..rec };
-                self.records.write(id, &rec)?;
+                self.records.write(id, &rec).await?;
                 info!(sandbox = %id, network = %self.list.name, ips = ?status.ips, "CNI network set up");
                 Ok(status)
             }
             Err(e) => {
-                warn!(sandbox = %id, error = %e, "CNI ADD failed; running DEL to undo");
+                warn!(sandbox = %id, error = %chain(&e), "CNI ADD failed; running DEL to undo");
                 if let Err(e2) = self.del(&rec).await {
-                    warn!(sandbox = %id, error = %e2, "DEL after a failed ADD failed; gc will retry");
+                    warn!(sandbox = %id, error = %chain(&e2), "DEL after a failed ADD failed; gc will retry");
                 }
                 Err(e)
             }
@@ -280,7 +281,7 @@ impl CniNet {
     async fn del(&self, rec: &Record) -> Result<()> {
         let cache_path = self.cache_path(&rec.network, &rec.sandbox_id, &rec.ifname);
         let cache: Option<CachedResult> = fsutil::read_json_opt(&cache_path).unwrap_or_else(|e| {
-            warn!(sandbox = %rec.sandbox_id, error = %e, "unreadable CNI result cache; DEL without prevResult");
+            warn!(sandbox = %rec.sandbox_id, error = %chain(&e), "unreadable CNI result cache; DEL without prevResult");
             None
         });
         let config = cache
@@ -300,7 +301,7 @@ impl CniNet {
             match self.run_plugin(&list, idx, "DEL", rec, &netns, prev.as_ref()).await {
                 Ok(_) => info!(sandbox = %rec.sandbox_id, plugin = %ptype, "CNI DEL done"),
                 Err(e) => {
-                    warn!(sandbox = %rec.sandbox_id, plugin = %ptype, error = %e, "CNI DEL failed");
+                    warn!(sandbox = %rec.sandbox_id, plugin = %ptype, error = %chain(&e), "CNI DEL failed");
                     first_err.get_or_insert(e);
                 }
             }
@@ -308,8 +309,8 @@ impl CniNet {
         if let Some(e) = first_err {
             return Err(e);
         }
-        fsutil::remove_file_opt(&cache_path)?;
-        self.records.remove(&rec.sandbox_id)?;
+        crate::blocking(move || fsutil::remove_file_opt(&cache_path)).await?;
+        self.records.remove(&rec.sandbox_id).await?;
         info!(sandbox = %rec.sandbox_id, network = %rec.network, "CNI network torn down");
         Ok(())
     }

@@ -137,7 +137,7 @@ impl Ingest<'_> {
             .store
             .dir()
             .join("blobs/.tmp")
-            .join(format!("{}", crate::fsutil::unique()));
+            .join(format!("{}", ferrolet_fsutil::unique()));
         let res = (|| {
             let f = fs::File::create(&tmp).with_context(|| format!("creating {}", p(&tmp)))?;
             let mut w = HashingWriter::new(io::BufWriter::with_capacity(256 * 1024, f));
@@ -173,7 +173,7 @@ impl Ingest<'_> {
                 format!("blob {d} is referenced but not in the archive"),
             ));
         }
-        fs::read(&path).with_context(|| format!("reading {}", p(&path)))
+        Ok(fs::read(&path).with_context(|| format!("reading {}", p(&path)))?)
     }
 
     fn images(&self) -> Result<Vec<FoundImage>> {

@@ -62,10 +62,7 @@ pub fn unpack_stream<R: Read>(reader: R, dest: &Path, label: &str) -> Result<Dig
     archive.set_unpack_xattrs(true);
     archive.set_overwrite(true);
     let root = fs::canonicalize(dest).with_context(|| format!("resolving {}", p(dest)))?;
-    let read_err = |e: io::Error| Error::Io {
-        context: format!("reading layer {label}"),
-        source: e,
-    };
+    let read_err = |e: io::Error| Error::from(ferrolet_fsutil::Error::io(format!("reading layer {label}"), e));
     for entry in archive.entries().map_err(read_err)? {
         let mut entry = entry.map_err(read_err)?;
         let raw = entry.path().map_err(read_err)?.into_owned();
@@ -137,25 +134,14 @@ pub fn unpack_stream<R: Read>(reader: R, dest: &Path, label: &str) -> Result<Dig
         }
         let unpacked = entry
             .unpack_in(&root)
-            .map_err(|e| entry_err(format!("could not be unpacked: {}", io_chain(&e))))?;
+            // tar wraps the cause: show all of it
+            .map_err(|e| entry_err(format!("could not be unpacked: {}", ferrolet_fsutil::chain(&e))))?;
         if !unpacked {
             return Err(entry_err("escapes the layer root".to_string()));
         }
     }
     let (digest, _) = hashing.finish().map_err(read_err)?;
     Ok(digest)
-}
-
-/// tar's errors wrap the cause; show all of it.
-fn io_chain(e: &io::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = std::error::Error::source(e);
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Normalize an entry path: strip leading `/` and `./`, reject `..`. `Ok(None)` for the root.
@@ -186,8 +172,8 @@ fn ensure_inside(root: &Path, dir: &Path) -> std::result::Result<(), String> {
 
 fn remove_any(path: &Path) -> Result<()> {
     match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(path).with_context(|| format!("removing {}", p(path))),
-        Ok(_) => fs::remove_file(path).with_context(|| format!("removing {}", p(path))),
+        Ok(m) if m.is_dir() => Ok(fs::remove_dir_all(path).with_context(|| format!("removing {}", p(path)))?),
+        Ok(_) => Ok(fs::remove_file(path).with_context(|| format!("removing {}", p(path)))?),
         Err(_) => Ok(()),
     }
 }

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::error::{p, Context, Error, Result};
-use crate::fsutil::{ensure_dir, read_json, read_json_opt, remove_tree, write_json_atomic};
+use ferrolet_fsutil::{ensure_dir, read_json, read_json_opt, remove_tree, write_json_atomic};
 pub use reference::Reference;
 
 /// One image as the index records it.
@@ -149,7 +149,7 @@ impl ImageStore {
     }
 
     fn write_index(&self, index: &Index) -> Result<()> {
-        write_json_atomic(&self.index_path(), index)
+        Ok(write_json_atomic(&self.index_path(), index)?)
     }
 
     pub fn blob_path(&self, d: &Digest) -> PathBuf {
@@ -279,7 +279,7 @@ impl ImageStore {
         let tmp = self
             .dir
             .join("layers")
-            .join(format!(".tmp-{}", crate::fsutil::unique()));
+            .join(format!(".tmp-{}", ferrolet_fsutil::unique()));
         let label = blob.to_string();
         let res = layer::unpack_layer(&self.blob_path(blob), &tmp, &label).and_then(|actual| {
             if &actual != diff_id {
@@ -289,7 +289,7 @@ impl ImageStore {
                     actual: actual.to_string(),
                 });
             }
-            fs::rename(&tmp, &dest).with_context(|| format!("renaming layer into {}", p(&dest)))
+            Ok(fs::rename(&tmp, &dest).with_context(|| format!("renaming layer into {}", p(&dest)))?)
         });
         if res.is_err() {
             let _ = remove_tree(&tmp);
@@ -309,11 +309,8 @@ impl ImageStore {
             .ok_or_else(|| Error::ImageNotFound(reference.to_string()))?;
         let normalized = Reference::parse(reference).ok().map(|r| r.normalized());
         let mut removed = Vec::new();
-        let by_name = normalized
-            .as_ref()
-            .is_some_and(|n| record.refs.contains(n) && record.refs.len() > 1);
-        if by_name {
-            let n = normalized.unwrap();
+        let by_name = normalized.filter(|n| record.refs.contains(n) && record.refs.len() > 1);
+        if let Some(n) = by_name {
             if let Some(img) = index.images.iter_mut().find(|i| i.id == record.id) {
                 img.refs.retain(|r| r != &n);
             }

@@ -1,8 +1,8 @@
 //! The agent's side of the zygote: [`fork_zygote`] must run while the process still has one
 //! thread (first thing in `main`, before tokio); [`ZygoteClient`] sends requests from async
-//! code and reads the worker's replies from a pipe without blocking a runtime thread.
+//! code and reads the worker's replies from a pipe without blocking a runtime thread. The
+//! zygote's side is [`server`]; what travels between them is [`crate::proto`].
 
-pub(crate) mod proto;
 mod server;
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -12,10 +12,9 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{fork, ForkResult};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-pub(crate) use proto::{CreateArgs, ExecArgs, PinArgs, Reply, Request};
-pub(crate) use server::{exit as server_exit, set_process_name as set_name};
-
 use crate::error::{Error, Result};
+use crate::process::{close_other_fds, thread_count};
+use crate::proto::{self, Reply, Request};
 
 /// A forked zygote, before the async runtime exists.
 pub struct ZygoteHandle {
@@ -27,17 +26,6 @@ impl ZygoteHandle {
     pub fn pid(&self) -> i32 {
         self.pid
     }
-}
-
-/// Number of threads of this process, from /proc/self/status.
-fn thread_count() -> usize {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Threads:").map(|v| v.trim().parse().unwrap_or(0)))
-        })
-        .unwrap_or(0)
 }
 
 /// Fork the zygote. Must be called while this process has exactly one thread: first thing in
@@ -69,24 +57,6 @@ pub fn fork_zygote() -> Result<ZygoteHandle> {
             })
         }
         Err(e) => Err(Error::Zygote(format!("fork: {e}"))),
-    }
-}
-
-/// Keep only stdio and `keep`: whatever else the parent had open must not leak into workers,
-/// monitors and containers.
-fn close_other_fds(keep: i32) {
-    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    for fd in fds {
-        if fd > 2 && fd != keep {
-            // SAFETY: closing fds this process owns; the read_dir fd may already be gone.
-            unsafe { libc::close(fd) };
-        }
     }
 }
 

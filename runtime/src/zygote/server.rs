@@ -13,11 +13,15 @@ use libcontainer::syscall::syscall::SyscallType;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
-use super::proto::{error_chain, recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
+use ferrolet_fsutil::chain;
+
+use crate::process::{exit, reset_signals, set_name, set_title};
+use crate::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
 
 /// Serve requests until the agent closes the socket. Never returns.
 pub(crate) fn serve(sock: OwnedFd) -> ! {
-    set_process_name("ferrolet-zygote");
+    set_name("ferrolet-zygote");
+    set_title("ferrolet-zygote");
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         reap_children();
@@ -29,7 +33,12 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             Ok(0) => continue,
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => exit(1),
+            Err(e) => {
+                // (ENOMEM, say) The agent has no other zygote: say so and keep serving.
+                eprintln!("ferrolet-zygote: poll: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
         }
         let (req, mut fds) = match recv_request(sock.as_raw_fd(), &mut buf) {
             Ok(Some(x)) => x,
@@ -121,14 +130,19 @@ fn answer(reply: &OwnedFd, r: Result<Reply, libcontainer::error::LibcontainerErr
             0
         }
         Err(e) => {
-            write_reply(reply, &Reply::Failed { error: error_chain(&e) });
+            write_reply(
+                reply,
+                &Reply::Failed {
+                    error: chain(&e).to_string(),
+                },
+            );
             1
         }
     }
 }
 
-fn exec(args: ExecArgs, reply: OwnedFd, mut fds: Vec<OwnedFd>) -> i32 {
-    if fds.len() != 3 {
+fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
+    let Ok([stdin, stdout, stderr]) = <[OwnedFd; 3]>::try_from(fds) else {
         write_reply(
             &reply,
             &Reply::Failed {
@@ -136,10 +150,7 @@ fn exec(args: ExecArgs, reply: OwnedFd, mut fds: Vec<OwnedFd>) -> i32 {
             },
         );
         return 1;
-    }
-    let stderr = fds.pop().expect("3");
-    let stdout = fds.pop().expect("2");
-    let stdin = fds.pop().expect("1");
+    };
     let env: HashMap<String, String> = args.env.into_iter().collect();
     let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
         .with_root_path(&args.lc_root)
@@ -160,7 +171,12 @@ fn exec(args: ExecArgs, reply: OwnedFd, mut fds: Vec<OwnedFd>) -> i32 {
     let pid = match built {
         Ok(pid) => pid,
         Err(e) => {
-            write_reply(&reply, &Reply::Failed { error: error_chain(&e) });
+            write_reply(
+                &reply,
+                &Reply::Failed {
+                    error: chain(&e).to_string(),
+                },
+            );
             return 1;
         }
     };
@@ -277,28 +293,4 @@ fn reap_children() {
             Ok(_) => continue,
         }
     }
-}
-
-/// Children start with default dispositions and nothing blocked, whatever the parent had.
-pub(crate) fn reset_signals() {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-    for s in Signal::iterator() {
-        if s != Signal::SIGKILL && s != Signal::SIGSTOP {
-            // SAFETY: installing the default handler.
-            let _ = unsafe { sigaction(s, &dfl) };
-        }
-    }
-    let _ = nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-}
-
-pub(crate) fn set_process_name(name: &str) {
-    let c = std::ffi::CString::new(name).unwrap_or_default();
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
-}
-
-pub(crate) fn exit(code: i32) -> ! {
-    // SAFETY: _exit skips atexit handlers and stdio flushing that belong to the parent.
-    unsafe { libc::_exit(code) }
 }

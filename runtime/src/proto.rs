@@ -1,6 +1,13 @@
 //! Messages between the agent and its zygote. A request travels as one SOCK_SEQPACKET message
 //! (JSON) with file descriptors attached: always a reply pipe first, then any stdio. The forked
 //! worker writes its replies, one JSON line each, to the reply pipe.
+//!
+//! Three parties speak it: the agent's client ([`crate::zygote`]), the zygote's workers
+//! (`zygote::server`) and the container monitors ([`crate::monitor`]), which answer a `Create`
+//! themselves. So it belongs to none of them: the monitor is not part of the zygote (it
+//! outlives it and the agent), and the zygote only forks the monitor, through
+//! `monitor::run`. With the protocol here and the process chores in [`crate::process`], the
+//! imports run one way: zygote -> monitor -> {proto, process}.
 
 use std::io::{IoSlice, IoSliceMut, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -18,6 +25,8 @@ pub(crate) const MAX_FDS: usize = 8;
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct CreateArgs {
     pub id: String,
+    /// The monitor shows itself as `ferrolet-monitor <display_name>`.
+    pub display_name: String,
     /// The bundle directory: the container's state directory with config.json.
     pub bundle: PathBuf,
     pub lc_root: PathBuf,
@@ -115,19 +124,4 @@ pub(crate) fn write_reply(fd: &OwnedFd, reply: &Reply) {
     // SAFETY: borrowing the fd for the duration of the write; ManuallyDrop keeps it open.
     let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) });
     let _ = f.write_all(&line);
-}
-
-/// An error and its causes on one line.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
 }

@@ -1,0 +1,196 @@
+//! State files. Every write of state goes through [`write_atomic`]: temp file, fsync, rename,
+//! fsync of the directory, so a crash leaves either the old or the new content, never a torn
+//! file. Every function here blocks (and the writes fsync): call them from async code through
+//! `spawn_blocking`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{Context, Result};
+use crate::ids::unique;
+
+/// Write `data` to `path` so that a reader sees either the old or the new content, never a mix,
+/// and the new content survives a crash once this returns.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}.{}", std::process::id(), unique()));
+    let res = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+            .with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(data)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+        fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+        sync_dir(dir);
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// fsync a directory so a create, rename or unlink in it is durable. Best effort.
+pub fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Serialize `value` as pretty JSON and write it atomically.
+pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<()> {
+    let data = serde_json::to_vec_pretty(value).with_context(|| format!("encoding {}", path.display()))?;
+    write_atomic(path, &data)
+}
+
+/// Read and decode a JSON file; the error names the file.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
+    let data = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_slice(&data).with_context(|| format!("decoding {}", path.display()))
+}
+
+/// Like [`read_json`] but a missing file is `Ok(None)`.
+pub fn read_json_opt<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    match fs::read(path) {
+        Ok(data) => serde_json::from_slice(&data)
+            .map(Some)
+            .with_context(|| format!("decoding {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Create a directory and its parents; an existing one is fine.
+pub fn ensure_dir(path: &Path) -> Result<()> {
+    fs::create_dir_all(path).with_context(|| format!("creating directory {}", path.display()))
+}
+
+/// Remove a directory tree; a missing tree is fine.
+pub fn remove_tree(path: &Path) -> Result<()> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+}
+
+/// Remove a file; a missing file is fine. Returns whether it existed.
+pub fn remove_file_opt(path: &Path) -> Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+}
+
+/// Names of the entries of `dir` not starting with '.' (temp files are hidden that way),
+/// sorted; a missing dir is empty.
+pub fn list_names(dir: &Path) -> Result<Vec<String>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    let mut names = Vec::new();
+    for entry in rd {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// A file-name-safe form of an id: keeps [A-Za-z0-9_.-], replaces anything else with '_'.
+/// Callers validate their ids too; this only guards against surprises.
+pub fn safe_name(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_content_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("state.json");
+        write_atomic(&f, b"one").unwrap();
+        write_atomic(&f, b"two").unwrap();
+        assert_eq!(fs::read(&f).unwrap(), b"two");
+        assert_eq!(list_names(dir.path()).unwrap(), vec!["state.json".to_string()]);
+        // not even hidden temp files
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn failed_write_names_the_file_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = write_atomic(&dir.path().join("missing/state.json"), b"x").unwrap_err();
+        assert!(e.is_not_found(), "{e:?}");
+        assert!(e.to_string().starts_with("creating "), "{e}");
+        assert!(e.to_string().contains("missing/.state.json.tmp."), "{e}");
+    }
+
+    #[test]
+    fn json_round_trip_and_missing_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("r.json");
+        assert_eq!(read_json_opt::<Vec<u32>>(&f).unwrap(), None);
+        let e = read_json::<Vec<u32>>(&f).unwrap_err();
+        assert!(e.is_not_found());
+        assert_eq!(e.to_string(), format!("reading {}", f.display()));
+        write_json_atomic(&f, &vec![1u32, 2]).unwrap();
+        assert_eq!(read_json::<Vec<u32>>(&f).unwrap(), vec![1, 2]);
+        assert_eq!(read_json_opt::<Vec<u32>>(&f).unwrap(), Some(vec![1, 2]));
+        fs::write(&f, "garbage").unwrap();
+        let e = read_json_opt::<Vec<u32>>(&f).unwrap_err();
+        assert_eq!(e.to_string(), format!("decoding {}", f.display()));
+        assert!(!e.is_not_found());
+    }
+
+    #[test]
+    fn removal_and_listing_tolerate_missing_things() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!remove_file_opt(&dir.path().join("nope")).unwrap());
+        remove_tree(&dir.path().join("nope")).unwrap();
+        assert!(list_names(&dir.path().join("nope")).unwrap().is_empty());
+        ensure_dir(&dir.path().join("a/b")).unwrap();
+        fs::write(dir.path().join("a/b/f"), "x").unwrap();
+        fs::write(dir.path().join("a/.hidden"), "x").unwrap();
+        assert_eq!(list_names(&dir.path().join("a")).unwrap(), vec!["b".to_string()]);
+        assert!(remove_file_opt(&dir.path().join("a/b/f")).unwrap());
+        remove_tree(&dir.path().join("a")).unwrap();
+        assert!(!dir.path().join("a").exists());
+    }
+
+    #[test]
+    fn safe_names() {
+        assert_eq!(safe_name("net-abc_1.2"), "net-abc_1.2");
+        assert_eq!(safe_name("10.88.0.0/16"), "10.88.0.0_16");
+        assert_eq!(safe_name("a b:c"), "a_b_c");
+    }
+}

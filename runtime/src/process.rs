@@ -1,0 +1,207 @@
+//! Process-level chores of the runtime's forked, single-threaded helpers (the zygote, its
+//! workers and the container monitors): naming the process, resetting what a fork inherits
+//! (signal dispositions, stdio, open fds) and leaving with `_exit`. Both the zygote and the
+//! monitor use these; neither owns them.
+
+use std::os::fd::AsRawFd;
+
+/// Number of threads of this process, from /proc/self/status (0 if unreadable).
+pub(crate) fn thread_count() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:").map(|v| v.trim().parse().unwrap_or(0)))
+        })
+        .unwrap_or(0)
+}
+
+/// Set the thread name the kernel shows as `comm` (top, `ps -o comm`, /proc/PID/stat);
+/// the kernel keeps 15 bytes.
+pub(crate) fn set_name(name: &str) {
+    let c = std::ffi::CString::new(name).unwrap_or_default();
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}
+
+/// Leave without running atexit handlers or flushing stdio buffers, which belong to the
+/// process this one was forked from.
+pub(crate) fn exit(code: i32) -> ! {
+    // SAFETY: _exit ends the process at once; nothing of Rust's runs after it.
+    unsafe { libc::_exit(code) }
+}
+
+/// Children start with default dispositions and nothing blocked, whatever the parent had.
+pub(crate) fn reset_signals() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for s in Signal::iterator() {
+        if s != Signal::SIGKILL && s != Signal::SIGSTOP {
+            // SAFETY: installing the default handler.
+            let _ = unsafe { sigaction(s, &dfl) };
+        }
+    }
+    let _ = nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+}
+
+/// Point stdin/stdout/stderr at /dev/null: a process that outlives the agent must not hold
+/// the agent's terminal or pipes open.
+pub(crate) fn detach_stdio() {
+    if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        for fd in 0..3 {
+            // SAFETY: dup2 onto the standard descriptors.
+            unsafe { libc::dup2(f.as_raw_fd(), fd) };
+        }
+    }
+}
+
+/// Keep only stdio and `keep`: whatever else the parent had open must not leak into workers,
+/// monitors and containers.
+pub(crate) fn close_other_fds(keep: i32) {
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        if fd > 2 && fd != keep {
+            // SAFETY: closing fds this process owns; the read_dir fd may already be gone.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// Replace the command line `ps` shows for this process (/proc/PID/cmdline) with `title`,
+/// keeping nothing of the inherited one (a forked helper would otherwise show the agent's
+/// `ferrolet run --config ...`). Returns whether it was done.
+///
+/// `prctl(PR_SET_MM)` needs CAP_SYS_RESOURCE, which a node agent may not have, so this
+/// rewrites the inherited argument strings in place (the setproctitle technique): the
+/// environment strings, which follow them in memory, are first copied to the heap, then the
+/// title is written over both areas. The kernel reads /proc/PID/cmdline from the argv area,
+/// and when the area's last byte is not NUL it reads on into the environment area up to the
+/// first NUL; the title is truncated if longer than both together (or than a page, all the
+/// kernel shows then).
+///
+/// Only for the runtime's single-threaded forked helpers: it refuses to run in a process with
+/// more than one thread (another thread could be reading the environment being moved).
+pub(crate) fn set_title(title: &str) -> bool {
+    if thread_count() != 1 {
+        return false;
+    }
+    let Some(area) = ArgvArea::of_self() else {
+        return false;
+    };
+    // What the kernel shows now must be what is at arg_start: then the addresses are right.
+    let Ok(shown) = std::fs::read("/proc/self/cmdline") else {
+        return false;
+    };
+    if shown.is_empty() || shown.len() > area.len() {
+        return false;
+    }
+    // SAFETY: [start, start + len) is this process's argument (and environment) strings area
+    // as the kernel reports it: mapped, writable stack memory. Only this thread runs.
+    let mem = unsafe { std::slice::from_raw_parts_mut(area.start as *mut u8, area.len()) };
+    if mem[..shown.len()] != shown[..] {
+        return false;
+    }
+    move_environment_to_heap();
+
+    let clean: String = title.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+    // The kernel shows at most one page of a rewritten command line.
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let mut n = clean.len().min(mem.len() - 1).min(page.max(2) - 1);
+    while !clean.is_char_boundary(n) {
+        n -= 1;
+    }
+    mem.fill(0);
+    mem[..n].copy_from_slice(&clean.as_bytes()[..n]);
+    // A short title ends in the argv area: mark its last byte, past the title's NUL, so the
+    // kernel reads "title\0" rather than the whole area with its trailing NULs.
+    let last = area.argv_len - 1;
+    if last > n {
+        mem[last] = b' ';
+    }
+    true
+}
+
+/// Where the kernel keeps this process's argument and environment strings (fields 48-51 of
+/// /proc/self/stat).
+struct ArgvArea {
+    start: usize,
+    argv_len: usize,
+    /// argv plus, when it follows argv directly, the environment area.
+    total_len: usize,
+}
+
+impl ArgvArea {
+    fn of_self() -> Option<ArgvArea> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may contain spaces) start at field 3.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<usize> = rest
+            .split_whitespace()
+            .skip(48 - 3)
+            .take(4)
+            .map(|v| v.parse().ok())
+            .collect::<Option<_>>()?;
+        let [arg_start, arg_end, env_start, env_end] = f[..] else {
+            return None;
+        };
+        if arg_start == 0 || arg_end <= arg_start || env_end < env_start {
+            return None;
+        }
+        // The kernel reads on into the environment only when it follows argv directly.
+        let end = if env_start == arg_end { env_end } else { arg_end };
+        let total_len = end - arg_start;
+        // A sanity bound: the strings area is limited by the stack rlimit, never gigabytes.
+        if total_len > 64 << 20 {
+            return None;
+        }
+        Some(ArgvArea {
+            start: arg_start,
+            argv_len: arg_end - arg_start,
+            total_len,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.total_len
+    }
+}
+
+/// Copy the environment strings to the heap (clearenv, then setenv each), so that nothing
+/// points into the inherited environment area any more.
+fn move_environment_to_heap() {
+    let vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
+    // SAFETY: single-threaded (checked by the caller); clearenv only resets `environ`.
+    unsafe { libc::clearenv() };
+    for (k, v) in vars {
+        std::env::set_var(k, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argv_area_of_self_holds_the_command_line() {
+        let a = ArgvArea::of_self().expect("argv area");
+        let shown = std::fs::read("/proc/self/cmdline").unwrap();
+        assert!(shown.len() <= a.len() && a.argv_len <= a.len());
+        // SAFETY: reading this process's own argument strings.
+        let mem = unsafe { std::slice::from_raw_parts(a.start as *const u8, shown.len()) };
+        assert_eq!(mem, &shown[..]);
+    }
+
+    #[test]
+    fn set_title_refuses_a_multi_threaded_process() {
+        // The test harness runs tests on threads of their own.
+        assert!(thread_count() > 1);
+        assert!(!set_title("nope"));
+    }
+}
