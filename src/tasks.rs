@@ -1,25 +1,21 @@
-//! The agent's async discipline: work that blocks a thread (fsync'd writes, mounts, cgroupfs
-//! writes, directory walks) runs on tokio's blocking pool, never on the async workers; loops
-//! that must run for the agent's whole life survive a panic in one of their rounds.
+//! The agent's async discipline. Work that blocks a thread (fsync'd writes, mounts, cgroupfs
+//! writes, directory walks) runs on tokio's blocking pool through [`ferrolet_fsutil::blocking`],
+//! never on the async workers. Duties that must last the agent's whole life survive a panic in
+//! one of their rounds ([`spawn_loop`], [`supervise`]).
 
 use std::future::Future;
 use std::time::Duration;
 
-use anyhow::{anyhow, Result};
 use futures::FutureExt;
 use tracing::error;
 
-/// Run `f` on the blocking pool and wait for it. A panic in `f` becomes an error.
-pub async fn blocking<T, F>(what: &str, f: F) -> Result<T>
+/// [`ferrolet_fsutil::blocking`] for the agent's code, whose errors are anyhow's.
+pub async fn blocking<T, F>(f: F) -> anyhow::Result<T>
 where
-    F: FnOnce() -> Result<T> + Send + 'static,
     T: Send + 'static,
+    F: FnOnce() -> anyhow::Result<T> + Send + 'static,
 {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r,
-        Err(e) if e.is_panic() => Err(anyhow!("{what}: panicked: {}", panic_message(e.into_panic()))),
-        Err(e) => Err(anyhow!("{what}: {e}")),
-    }
+    ferrolet_fsutil::blocking(f).await
 }
 
 /// Spawn a loop that runs `round()` again and again for as long as it returns `true`: a round

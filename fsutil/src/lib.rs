@@ -8,8 +8,8 @@
 //! cause (the `io::Error`, `serde_json::Error` or errno). Attach the context with the
 //! [`Context`] extension trait; print an error with its causes, each once, with [`chain`].
 //!
-//! No Kubernetes, no async: the crates that use it from async code move the blocking calls off
-//! the runtime's worker threads themselves.
+//! No Kubernetes. From async code, run these calls through [`blocking`], which moves them off
+//! the async runtime's worker threads.
 
 mod error;
 mod fs;
@@ -21,3 +21,21 @@ pub use fs::{
     write_json_atomic,
 };
 pub use ids::{boot_id, random_hex, unique};
+
+/// Run blocking work (fsync'd writes, unmounts, removals, cgroupfs writes) on tokio's blocking
+/// pool instead of an async worker thread. A panic in `f` resumes in the caller, as it would have
+/// without the move.
+pub async fn blocking<T, E, F>(f: F) -> std::result::Result<T, E>
+where
+    T: Send + 'static,
+    E: From<Error> + Send + 'static,
+    F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => Err(Error::io("running a blocking task", std::io::Error::other(e)).into()),
+        },
+    }
+}

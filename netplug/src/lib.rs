@@ -54,22 +54,14 @@ pub(crate) async fn failpoint(name: &str) {
     }
 }
 
-/// Run blocking state-file work (fsync'd writes, removals with a directory fsync) on tokio's
-/// blocking pool instead of an async worker thread. A panic in `f` resumes in the caller, as
-/// it would have without the move.
+/// [`ferrolet_fsutil::blocking`], with this crate's error.
 pub(crate) async fn blocking<T, E, F>(f: F) -> Result<T>
 where
     T: Send + 'static,
     E: Into<Error> + Send + 'static,
     F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
 {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(Into::into),
-        Err(e) => match e.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(e) => Err(ferrolet_fsutil::Error::io("running a blocking task", std::io::Error::other(e)).into()),
-        },
-    }
+    ferrolet_fsutil::blocking(move || f().map_err(Into::into)).await
 }
 
 /// The veth host-side name the bridge mode uses for a sandbox ("veth" + 8 hex digits).

@@ -477,22 +477,14 @@ impl Runtime {
     }
 }
 
-/// Run blocking filesystem work (fsync'd writes, unmounts, tree removal) on tokio's blocking
-/// pool instead of an async worker thread. A panic in `f` resumes in the caller, as it would
-/// have without the move.
+/// [`ferrolet_fsutil::blocking`], with this crate's error.
 async fn blocking<T, E, F>(f: F) -> Result<T>
 where
     T: Send + 'static,
     E: Into<Error> + Send + 'static,
     F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
 {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(Into::into),
-        Err(e) => match e.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(e) => Err(ferrolet_fsutil::Error::io("running a blocking task", std::io::Error::other(e)).into()),
-        },
-    }
+    ferrolet_fsutil::blocking(move || f().map_err(Into::into)).await
 }
 
 /// Everything before the zygote: image, user, spec, state files. Runs on a blocking thread.

@@ -6,7 +6,6 @@
 pub mod record;
 mod sync_loop;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,7 +18,6 @@ use tracing::{error, info, warn};
 use crate::config::Config;
 use crate::images::local::{self, ImportDir};
 use crate::images::ImageManager;
-use crate::kuberuntime::labels::LABEL_POD_UID;
 use crate::node::NodeInfo;
 use crate::pod::manager::PodManager;
 use crate::podconfig::{file::FileSource, http::HttpSource, PodConfig};
@@ -27,6 +25,7 @@ use crate::podsetup::cgroups::PodCgroups;
 use crate::podsetup::PodSetup;
 use crate::status::StatusManager;
 use crate::tasks::{blocking, spawn_loop, supervise};
+use crate::worker::cleanup::containers_by_pod;
 use crate::worker::{Managers, PodWorkers};
 use record::{load_record, save_record};
 use sync_loop::Event;
@@ -102,30 +101,6 @@ fn setup_cgroups(cfg: &Config, rt: &Runtime) -> Result<PodCgroups> {
     Ok(cgroups)
 }
 
-/// The runtime's containers from an earlier run, by the pod UID on their labels.
-fn adoptable_containers(rt: &Runtime) -> HashMap<String, Vec<String>> {
-    let mut adoptable: HashMap<String, Vec<String>> = HashMap::new();
-    match rt.list() {
-        Ok(list) => {
-            for c in list {
-                if let Some(uid) = c.record.labels.get(LABEL_POD_UID) {
-                    adoptable.entry(uid.clone()).or_default().push(c.id().to_string());
-                }
-            }
-        }
-        Err(e) => warn!(error = %ferrolet_fsutil::chain(&e), "listing containers at start"),
-    }
-    let n: usize = adoptable.values().map(Vec::len).sum();
-    if n > 0 {
-        info!(
-            containers = n,
-            pods = adoptable.len(),
-            "found containers from an earlier run"
-        );
-    }
-    adoptable
-}
-
 pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Result<()> {
     for w in &warnings {
         warn!("config: {w}");
@@ -143,14 +118,25 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
 
     let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote)?);
-    let n = rt.remove_orphans()?;
+    let (n, adoptable) = {
+        let rt = rt.clone();
+        blocking(move || Ok((rt.remove_orphans()?, containers_by_pod(&rt)?))).await?
+    };
     if n > 0 {
         info!(count = n, "removed half-created containers from an interrupted run");
+    }
+    let found: usize = adoptable.values().map(Vec::len).sum();
+    if found > 0 {
+        info!(
+            containers = found,
+            pods = adoptable.len(),
+            "found containers from an earlier run"
+        );
     }
     let mut import = ImportDir::new(cfg.image_import_dir.clone());
     import = {
         let (rt, load_demo) = (rt.clone(), cfg.load_demo_image);
-        blocking("loading images", move || {
+        blocking(move || {
             if load_demo {
                 local::load_demo(rt.images());
             }
@@ -162,13 +148,17 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
 
     let cgroups = {
         let (cfg, rt) = (cfg.clone(), rt.clone());
-        blocking("setting up the pod cgroups", move || setup_cgroups(&cfg, &rt)).await?
+        blocking(move || setup_cgroups(&cfg, &rt)).await?
     };
     let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups);
     {
-        let mut record = load_record(&cfg.root_dir);
-        record.network = Some(serde_json::to_value(setup.network().settings())?);
-        save_record(&cfg.root_dir, &record)?;
+        let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
+        blocking(move || {
+            let mut record = load_record(&root);
+            record.network = Some(settings);
+            save_record(&root, &record)
+        })
+        .await?;
     }
     // Before any pod worker: collects the network of sandboxes that are gone.
     setup.network().init().await;
@@ -208,7 +198,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
     let (done_tx, done_rx) = mpsc::unbounded_channel();
-    let workers = PodWorkers::new(managers.clone(), adoptable_containers(&rt), done_tx);
+    let workers = PodWorkers::new(managers.clone(), adoptable, done_tx);
     tokio::spawn(sync_loop::run(
         PodConfig::new(sources),
         workers,
@@ -225,7 +215,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             let (import, rt) = (import.clone(), rt.clone());
             async move {
                 tokio::time::sleep(every).await;
-                let scanned = blocking("importing images", move || {
+                let scanned = blocking(move || {
                     import.lock().unwrap_or_else(|e| e.into_inner()).scan(rt.images());
                     Ok(())
                 })

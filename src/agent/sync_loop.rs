@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use futures::FutureExt;
 use tokio::sync::mpsc;
 use tracing::error;
 
@@ -28,7 +29,7 @@ pub async fn run(
     mut finished: mpsc::UnboundedReceiver<String>,
 ) {
     // With no sources at all there is nothing to wait for.
-    workers.clean_orphans(config.all_sources_seen());
+    workers.clean_orphans(config.all_sources_seen()).await;
     loop {
         let step = tokio::select! {
             ev = events.recv() => match ev {
@@ -41,17 +42,21 @@ pub async fn run(
             },
         };
         // One bad event must not end the loop that every pod change goes through.
-        let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match step {
-            Step::Event(Event::Snapshot(s)) => {
-                pods.set_source_errors(s.source, &s.errors);
-                for op in config.apply(s) {
-                    workers.handle(op);
+        let handled = std::panic::AssertUnwindSafe(async {
+            match step {
+                Step::Event(Event::Snapshot(s)) => {
+                    pods.set_source_errors(s.source, &s.errors);
+                    for op in config.apply(s) {
+                        workers.handle(op);
+                    }
+                    workers.clean_orphans(config.all_sources_seen()).await;
                 }
-                workers.clean_orphans(config.all_sources_seen());
+                Step::Event(Event::Housekeeping) => workers.housekeeping().await,
+                Step::Finished(uid) => workers.finished(&uid),
             }
-            Step::Event(Event::Housekeeping) => workers.housekeeping(),
-            Step::Finished(uid) => workers.finished(&uid),
-        }));
+        })
+        .catch_unwind()
+        .await;
         if let Err(p) = handled {
             error!("handling a pod change panicked: {}; carrying on", panic_message(p));
         }

@@ -70,7 +70,7 @@ pub struct Config {
     /// First crash-loop back-off (kubelet's is fixed at 10s; ferrolet lets tests shorten it).
     pub initial_container_restart_period: Duration,
     /// Pods without a seccompProfile get RuntimeDefault (kubelet's seccompDefault; on by
-    /// default here, DESIGN.md §1).
+    /// default here, docs/runtime.md#libcontainer-facts-that-matter).
     pub seccomp_default: bool,
     pub system_reserved_cpu_milli: i64,
     pub system_reserved_memory: i64,

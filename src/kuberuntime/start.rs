@@ -3,8 +3,6 @@
 //! hook. Each step that fails says why as the container's waiting state, with kubelet's reason.
 //! The pod worker calls the steps one by one because it keeps track of what was created.
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use ferrolet_runtime::Runtime;
@@ -13,58 +11,23 @@ use tracing::warn;
 
 use super::container::{self, BuildInput};
 use super::kill::stop_container;
-use super::labels::ContainerKind;
-use crate::config::Config;
 use crate::images::ImageManager;
 use crate::lifecycle;
-use crate::pod::fieldpath::PodFacts;
 use crate::pod::reasons::{self, Waiting};
 use crate::pod::{self};
-use crate::podsetup::sandbox::Sandbox;
-use crate::podsetup::volumes::VolumeHost;
 use crate::probe::netns::PodTarget;
 
 /// How soon a failed start is tried again (the crash-loop back-off applies on top for
 /// containers that ran).
 pub const RETRY: Duration = Duration::from_secs(5);
 
-/// One container to create, and everything its config is generated from.
-pub struct CreateRequest<'a> {
-    pub cfg: &'a Config,
-    pub rt: &'a Runtime,
-    pub images: &'a ImageManager,
-    pub pod: &'a Pod,
-    pub container: &'a Container,
-    pub kind: ContainerKind,
-    pub attempt: u32,
-    pub sandbox: &'a Sandbox,
-    pub pod_cgroup: &'a str,
-    pub pod_dir: &'a Path,
-    pub volumes: &'a BTreeMap<String, VolumeHost>,
-    pub facts: &'a PodFacts,
-    pub node_memory: i64,
-}
-
 /// Image, config, create: the id of a created (not yet started) container.
-pub async fn create_container(req: &CreateRequest<'_>) -> Result<String, Waiting> {
-    let c = req.container;
-    req.images.ensure_image_exists(pod::uid(req.pod), c)?;
-    let cfg = container::build(&BuildInput {
-        cfg: req.cfg,
-        pod: req.pod,
-        container: c,
-        kind: req.kind,
-        attempt: req.attempt,
-        sandbox: req.sandbox,
-        pod_cgroup: req.pod_cgroup,
-        pod_dir: req.pod_dir,
-        volumes: req.volumes,
-        facts: req.facts,
-        node_memory: req.node_memory,
-    })
-    .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
-    let timeout = req.cfg.runtime_request_timeout;
-    match tokio::time::timeout(timeout, req.rt.create(&cfg)).await {
+pub async fn create_container(rt: &Runtime, images: &ImageManager, input: &BuildInput<'_>) -> Result<String, Waiting> {
+    images.ensure_image_exists(pod::uid(input.pod), input.container)?;
+    let cfg = container::build(input)
+        .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
+    let timeout = input.cfg.runtime_request_timeout;
+    match tokio::time::timeout(timeout, rt.create(&cfg)).await {
         Ok(Ok(info)) => Ok(info.id().to_string()),
         Ok(Err(ferrolet_runtime::Error::InvalidConfig { field, reason })) => {
             Err(Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{field}: {reason}")).retry_in(RETRY))

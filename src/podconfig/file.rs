@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use super::source::{pods_from_manifest, Snapshot};
+use super::source::{pods_from_manifest, Snapshot, SnapshotSender};
 use crate::pod::manifest::Source;
 
 const MAX_MANIFEST: u64 = 10 << 20;
@@ -137,26 +137,10 @@ impl FileSource {
     /// Watch and re-list until the receiver goes away.
     pub async fn run(mut self, tx: mpsc::UnboundedSender<Snapshot>, every: Duration) {
         let mut watch = Watch::new(&self.path);
-        let mut last: Option<(Vec<String>, BTreeMap<String, String>)> = None;
+        let mut out = SnapshotSender::new(tx);
         loop {
-            let snap = self.scan();
-            let fingerprint = (
-                snap.pods
-                    .iter()
-                    .map(|p| crate::pod::uid(p).to_string())
-                    .collect::<Vec<_>>(),
-                snap.errors.clone(),
-            );
-            if last.as_ref() != Some(&fingerprint) {
-                for (loc, e) in &snap.errors {
-                    if last.as_ref().is_none_or(|l| l.1.get(loc) != Some(e)) {
-                        warn!(manifest = %loc, "could not process manifest: {e}");
-                    }
-                }
-                if tx.send(snap).is_err() {
-                    return;
-                }
-                last = Some(fingerprint);
+            if !out.send(self.scan()) {
+                return;
             }
             watch.next_change(every).await;
             if !watch.active() {

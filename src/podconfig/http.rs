@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::source::{pods_from_manifest, Snapshot};
+use super::source::{pods_from_manifest, Snapshot, SnapshotSender};
 use crate::pod::manifest::Source;
 
 const MAX_BODY: usize = 10 << 20;
@@ -112,24 +112,11 @@ impl HttpSource {
                 return;
             }
         };
-        let mut last: Option<(Vec<String>, BTreeMap<String, String>)> = None;
+        let mut out = SnapshotSender::new(tx);
         loop {
             if let Some(snap) = self.poll(&client).await {
-                let fp = (
-                    snap.pods
-                        .iter()
-                        .map(|p| crate::pod::uid(p).to_string())
-                        .collect::<Vec<_>>(),
-                    snap.errors.clone(),
-                );
-                if last.as_ref() != Some(&fp) {
-                    for e in snap.errors.values() {
-                        warn!(url = %self.url, "manifest URL: {e}");
-                    }
-                    if tx.send(snap).is_err() {
-                        return;
-                    }
-                    last = Some(fp);
+                if !out.send(snap) {
+                    return;
                 }
             } else {
                 warn!(url = %self.url, "manifest URL not reachable yet; retrying");

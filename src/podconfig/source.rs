@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tracing::warn;
 
 use crate::pod::{defaults, manifest, validation};
 
@@ -39,4 +41,38 @@ pub fn pods_from_manifest(data: &str, source: &manifest::Source, node: &str) -> 
         }
     }
     (pods, (!errors.is_empty()).then(|| errors.join("\n")))
+}
+
+/// A source's way out: sends a snapshot only when its pods (by UID) or its errors changed since
+/// the last one sent, and logs each error once, when it appears or changes.
+pub struct SnapshotSender {
+    tx: mpsc::UnboundedSender<Snapshot>,
+    last: Option<(Vec<String>, BTreeMap<String, String>)>,
+}
+
+impl SnapshotSender {
+    pub fn new(tx: mpsc::UnboundedSender<Snapshot>) -> SnapshotSender {
+        SnapshotSender { tx, last: None }
+    }
+
+    /// Send `snap` unless it says what the last one said. False once nobody listens.
+    pub fn send(&mut self, snap: Snapshot) -> bool {
+        let fingerprint = (
+            snap.pods
+                .iter()
+                .map(|p| crate::pod::uid(p).to_string())
+                .collect::<Vec<_>>(),
+            snap.errors.clone(),
+        );
+        if self.last.as_ref() == Some(&fingerprint) {
+            return true;
+        }
+        for (loc, e) in &snap.errors {
+            if self.last.as_ref().is_none_or(|l| l.1.get(loc) != Some(e)) {
+                warn!(source = snap.source, manifest = %loc, "could not process manifest: {e}");
+            }
+        }
+        self.last = Some(fingerprint);
+        self.tx.send(snap).is_ok()
+    }
 }

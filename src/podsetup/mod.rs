@@ -60,7 +60,7 @@ impl PodSetup {
     pub async fn prepare(&self, p: &Arc<Pod>, pod_dir: &Path) -> Result<()> {
         let (p, dir, cgroups) = (p.clone(), pod_dir.to_path_buf(), self.cgroups.clone());
         let pids_limit = self.cfg.pod_pids_limit;
-        blocking("preparing the pod directory and cgroup", move || {
+        blocking(move || {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             ferrolet_fsutil::write_json_atomic(&dir.join("pod.json"), &*p)?;
             cgroups.ensure_pod(&p, pids_limit)?;
@@ -82,10 +82,7 @@ impl PodSetup {
         let own = sandbox::own_namespaces(p);
         let dir = {
             let pod_dir = pod_dir.to_path_buf();
-            blocking("preparing the sandbox directory", move || {
-                sandbox::prepare_dir(&pod_dir)
-            })
-            .await?
+            blocking(move || sandbox::prepare_dir(&pod_dir)).await?
         };
         if own.net || own.ipc || own.uts {
             let hostname = dns::hostname(p);
@@ -96,7 +93,7 @@ impl PodSetup {
         }
         let mut sb = {
             let (p, pod_dir) = (p.clone(), pod_dir.to_path_buf());
-            blocking("recording the sandbox", move || sandbox::finish(&p, &pod_dir, &own)).await?
+            blocking(move || sandbox::finish(&p, &pod_dir, &own)).await?
         };
         if let (Some(netns), true) = (sb.net.clone(), self.network.enabled()) {
             match self.network.attach(&sb.id, &netns, p).await {
@@ -104,13 +101,13 @@ impl PodSetup {
                     sb.pod_ips = ips;
                     sb.network = Some(self.network.settings().mode.clone());
                     let (rec, pod_dir) = (sb.clone(), pod_dir.to_path_buf());
-                    blocking("recording the sandbox network", move || sandbox::save(&pod_dir, &rec)).await?;
+                    blocking(move || sandbox::save(&pod_dir, &rec)).await?;
                 }
                 Err(e) => {
                     // Setup leaves nothing behind on error; the namespaces go too, and the next
                     // sync makes a new sandbox.
                     let pod_dir = pod_dir.to_path_buf();
-                    blocking("removing the sandbox", move || sandbox::teardown_local(&pod_dir)).await?;
+                    blocking(move || sandbox::teardown_local(&pod_dir)).await?;
                     return Err(e.context("Failed to create pod sandbox"));
                 }
             }
@@ -134,19 +131,13 @@ impl PodSetup {
         facts: &PodFacts,
     ) -> Result<BTreeMap<String, VolumeHost>> {
         let (p, dir, facts) = (p.clone(), pod_dir.to_path_buf(), facts.clone());
-        blocking("setting up volumes", move || {
-            volumes::setup(&p, &dir, &facts, facts.node_memory)
-        })
-        .await
+        blocking(move || volumes::setup(&p, &dir, &facts, facts.node_memory)).await
     }
 
     /// /etc/hosts, /etc/resolv.conf and /etc/hostname for the pod's containers.
     pub async fn write_managed_files(&self, p: &Arc<Pod>, pod_dir: &Path, pod_ips: &[String]) -> Result<()> {
         let (p, dir, ips, cfg) = (p.clone(), pod_dir.to_path_buf(), pod_ips.to_vec(), self.cfg.clone());
-        blocking("writing /etc/hosts and resolv.conf", move || {
-            dns::write_files(&dir, &p, &ips, &cfg)
-        })
-        .await
+        blocking(move || dns::write_files(&dir, &p, &ips, &cfg)).await
     }
 
     /// Remove what [`prepare`](Self::prepare), [`create_sandbox`](Self::create_sandbox) and
@@ -166,7 +157,7 @@ impl PodSetup {
             }
         }
         let (p2, dir, cgroups) = (p.clone(), pod_dir.to_path_buf(), self.cgroups.clone());
-        let results = blocking("removing the pod from the node", move || {
+        let results = blocking(move || {
             Ok(vec![
                 ("tearing down sandbox", sandbox::teardown_local(&dir)),
                 ("tearing down volumes", volumes::teardown(&dir)),

@@ -48,7 +48,7 @@ impl StatusManager {
             return Ok(());
         }
         let path = record_path(pod_dir);
-        blocking("saving the pod status", move || {
+        blocking(move || {
             if path.parent().is_some_and(Path::exists) {
                 write_json_atomic(&path, &rec)?;
             }

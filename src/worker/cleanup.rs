@@ -6,66 +6,87 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
 use super::pod_worker::Lifecycle;
-use super::PodWorkers;
+use super::{Managers, PodWorkers};
 use crate::kuberuntime::labels::LABEL_POD_UID;
 use crate::pod;
+use crate::tasks::blocking;
 
 impl PodWorkers {
     /// Once every source has reported (`all_sources_seen`), terminate what exists on the node
     /// for pods no source wants. Runs once.
-    pub fn clean_orphans(&mut self, all_sources_seen: bool) {
+    pub async fn clean_orphans(&mut self, all_sources_seen: bool) {
         if self.orphans_cleaned || !all_sources_seen {
             return;
         }
         self.orphans_cleaned = true;
+        let m = self.m.clone();
         let mut uids: HashSet<String> = self.adoptable.keys().cloned().collect();
-        for e in std::fs::read_dir(self.m.cfg.pods_dir()).into_iter().flatten().flatten() {
-            uids.insert(e.file_name().to_string_lossy().into_owned());
+        match blocking(move || Ok(uids_on_disk(&m))).await {
+            Ok(found) => uids.extend(found),
+            Err(e) => warn!(error = %format!("{e:#}"), "listing pod directories and cgroups"),
         }
-        uids.extend(self.m.setup.cgroups().existing_pod_uids());
-        for uid in uids {
-            if !self.slots.contains_key(&uid) && !self.pending.iter().any(|p| pod::uid(p) == uid) {
-                self.terminate_orphan(uid);
-            }
+        let orphans: Vec<String> = uids
+            .into_iter()
+            .filter(|uid| !self.slots.contains_key(uid) && !self.pending.iter().any(|p| pod::uid(p) == uid))
+            .collect();
+        for (uid, stored) in self.stored_pods(orphans).await {
+            self.terminate_orphan(uid, stored);
         }
     }
 
     /// Periodic: containers that carry a pod UID nobody owns (left by a crash during
     /// termination) are cleaned up.
-    pub fn housekeeping(&mut self) {
+    pub async fn housekeeping(&mut self) {
         if !self.orphans_cleaned {
             return;
         }
-        let list = match self.m.rt.list() {
+        let rt = self.m.rt.clone();
+        let by_pod = match blocking(move || Ok(containers_by_pod(&rt)?)).await {
             Ok(l) => l,
             Err(e) => {
-                warn!(error = %ferrolet_fsutil::chain(&e), "listing containers for housekeeping");
+                warn!(error = %format!("{e:#}"), "listing containers for housekeeping");
                 return;
             }
         };
-        let mut strays: HashMap<String, Vec<String>> = HashMap::new();
-        for c in list {
-            if let Some(uid) = c.record.labels.get(LABEL_POD_UID) {
-                if !self.slots.contains_key(uid) {
-                    strays.entry(uid.clone()).or_default().push(c.id().to_string());
-                }
-            }
-        }
-        for (uid, ids) in strays {
+        let strays: Vec<(String, Vec<String>)> = by_pod
+            .into_iter()
+            .filter(|(uid, _)| !self.slots.contains_key(uid))
+            .collect();
+        let uids: Vec<String> = strays.iter().map(|(uid, _)| uid.clone()).collect();
+        let stored = self.stored_pods(uids).await;
+        for ((uid, ids), (_, pod)) in strays.into_iter().zip(stored) {
             self.adoptable.insert(uid.clone(), ids);
-            self.terminate_orphan(uid);
+            self.terminate_orphan(uid, pod);
         }
     }
 
-    /// Tear down everything the node has for `uid`: the pod as last recorded in its directory,
-    /// or a stand-in when there is none.
-    pub(super) fn terminate_orphan(&mut self, uid: String) {
-        let dir = self.m.pod_dir(&uid);
-        let stored: Option<Pod> = ferrolet_fsutil::read_json_opt(&dir.join("pod.json")).ok().flatten();
+    /// The pods as last recorded in their directories (`pod.json`), read off the async threads.
+    async fn stored_pods(&self, uids: Vec<String>) -> Vec<(String, Option<Pod>)> {
+        let m = self.m.clone();
+        let fallback = uids.iter().map(|u| (u.clone(), None)).collect();
+        blocking(move || {
+            Ok(uids
+                .into_iter()
+                .map(|uid| {
+                    let stored = ferrolet_fsutil::read_json_opt(&m.pod_dir(&uid).join("pod.json"))
+                        .ok()
+                        .flatten();
+                    (uid, stored)
+                })
+                .collect())
+        })
+        .await
+        .unwrap_or(fallback)
+    }
+
+    /// Tear down everything the node has for `uid`: the pod `stored` (as last recorded), or a
+    /// stand-in when there is none.
+    pub(super) fn terminate_orphan(&mut self, uid: String, stored: Option<Pod>) {
         let p = stored.unwrap_or_else(|| {
             let mut p = Pod::default();
             p.metadata.uid = Some(uid.clone());
@@ -78,4 +99,28 @@ impl PodWorkers {
         let known = self.adoptable.remove(&uid).unwrap_or_default();
         self.spawn(Arc::new(p), known, Lifecycle::Terminating);
     }
+}
+
+/// The runtime's containers by the pod UID on their labels (containers without one are not
+/// pods' and are left alone).
+pub fn containers_by_pod(rt: &Runtime) -> ferrolet_runtime::Result<HashMap<String, Vec<String>>> {
+    let mut by_pod: HashMap<String, Vec<String>> = HashMap::new();
+    for c in rt.list()? {
+        if let Some(uid) = c.record.labels.get(LABEL_POD_UID) {
+            by_pod.entry(uid.clone()).or_default().push(c.id().to_string());
+        }
+    }
+    Ok(by_pod)
+}
+
+/// Pod UIDs with a directory under the root dir or a pod cgroup.
+fn uids_on_disk(m: &Managers) -> HashSet<String> {
+    let mut uids: HashSet<String> = std::fs::read_dir(m.cfg.pods_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    uids.extend(m.setup.cgroups().existing_pod_uids());
+    uids
 }

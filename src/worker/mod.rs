@@ -7,7 +7,7 @@
 //! ([`terminate`]); [`plan`] decides what a sync does, [`crate::backoff`] when a crashed
 //! container may run again.
 
-mod cleanup;
+pub mod cleanup;
 pub mod plan;
 mod pod_worker;
 mod sync;
@@ -185,11 +185,12 @@ impl PodWorkers {
             }
             Some(Slot::Rejected { pod }) => {
                 info!(pod = %pod::full_name(pod), "REMOVE: the refused pod is gone");
+                let p = (**pod).clone();
                 self.m.pods.remove(uid);
                 self.slots.remove(uid);
                 // Containers an earlier run left for it are still to be stopped.
                 if self.adoptable.contains_key(uid) {
-                    self.terminate_orphan(uid.to_string());
+                    self.terminate_orphan(uid.to_string(), Some(p));
                 }
             }
             _ => {}

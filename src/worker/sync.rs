@@ -10,8 +10,9 @@ use tracing::warn;
 
 use super::plan::{self, Plan, PlanInput, Start};
 use super::pod_worker::{PodWorker, RETRY};
+use crate::kuberuntime::container::BuildInput;
 use crate::kuberuntime::labels::{self, ContainerKind};
-use crate::kuberuntime::start::{self, CreateRequest};
+use crate::kuberuntime::start;
 use crate::kuberuntime::views::PodContainers;
 use crate::pod::reasons::{self, Waiting};
 use crate::pod::units::format_duration;
@@ -192,10 +193,8 @@ impl PodWorker {
         let m = self.m.clone();
         let pod_cgroup = m.setup.cgroups().pod_path(&self.pod);
         let facts = self.facts();
-        let id = start::create_container(&CreateRequest {
+        let input = BuildInput {
             cfg: &m.cfg,
-            rt: &m.rt,
-            images: &m.images,
             pod: &self.pod,
             container: &c,
             kind: s.kind,
@@ -206,8 +205,8 @@ impl PodWorker {
             volumes: &self.resources.volumes,
             facts: &facts,
             node_memory: m.node.allocatable_memory,
-        })
-        .await?;
+        };
+        let id = start::create_container(&m.rt, &m.images, &input).await?;
         self.containers.known.insert(id.clone());
         self.event(reasons::EVENT_CREATED, &format!("Created container {}", c.name));
         let backoff_key = plan::backoff_key(&c.name, &labels::hash(&c));

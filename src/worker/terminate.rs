@@ -78,11 +78,9 @@ impl PodWorker {
         let sandbox = self.resources.sandbox.take();
         self.m.setup.teardown(&self.pod, &self.pod_dir, sandbox).await;
         let logs = pod_log_dir(&self.m.cfg, &self.pod);
-        let removed = blocking("removing the pod's logs", move || {
-            match std::fs::remove_dir_all(&logs) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-                _ => Ok(()),
-            }
+        let removed = blocking(move || match std::fs::remove_dir_all(&logs) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
         })
         .await;
         if let Err(e) = removed {
