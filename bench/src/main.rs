@@ -126,7 +126,7 @@ fn loopback_up() {
 
 fn main() -> Result<()> {
     let opts = Opts::parse();
-    // The runtime floor goes through the runtime crate: its zygote first (DESIGN.md §1).
+    // The runtime floor goes through the runtime crate: its zygote first (docs/runtime.md#the-zygote).
     let zygote = ferrolet_runtime::fork_zygote().map_err(anyhow::Error::from)?;
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("the benchmarks run containers and need root");

@@ -1,4 +1,4 @@
-//! The per-container monitor (DESIGN.md §2): the container's parent and the holder of its
+//! The per-container monitor (docs/runtime.md#the-monitor): the container's parent and the holder of its
 //! stdio. Forked from the zygote into a session of its own, it mounts the rootfs, creates the
 //! container through libcontainer, reports back, then copies stdout/stderr into the CRI log
 //! until the container exits, and records the exit status atomically. No threads, no async:

@@ -1,6 +1,6 @@
 //! The zygote: a single-threaded process forked before the agent starts any thread. It does one
 //! thing, fork a worker per request, so every libcontainer call (which clones and runs Rust code
-//! in the child before exec) happens in a process with exactly one thread (DESIGN.md §1).
+//! in the child before exec) happens in a process with exactly one thread (docs/runtime.md#the-zygote).
 //! Workers for `Create` detach (setsid + double fork) and become the container's monitor, which
 //! outlives the agent.
 
