@@ -656,10 +656,18 @@ fn monitor_and_zygote_show_their_names_in_ps() -> Result<()> {
                     );
                 } else {
                     ensure!(cmdline == format!("{want}\0").as_bytes(), "monitor shows {shown:?}");
-                    if let Ok(o) = Command::new("ps")
-                        .args(["-o", "args=", "-p", &m.monitor_pid.to_string()])
+                    // What ps reads is the cmdline above; cross-check with procps' ps where it is
+                    // the ps (the v2 guest has busybox's, which takes no -p).
+                    let procps = Command::new("ps")
+                        .arg("--version")
                         .output()
-                    {
+                        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("procps"));
+                    if let (true, Ok(o)) = (
+                        procps,
+                        Command::new("ps")
+                            .args(["-o", "args=", "-p", &m.monitor_pid.to_string()])
+                            .output(),
+                    ) {
                         let ps = String::from_utf8_lossy(&o.stdout);
                         ensure!(ps.trim() == want, "ps shows {ps:?}");
                     }
