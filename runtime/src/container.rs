@@ -119,6 +119,10 @@ pub(crate) fn load(dir: &Path) -> Result<ContainerInfo> {
                 } else {
                     ContainerState::Created
                 }
+            } else if let Some(e) = read_json_opt::<ExitRecord>(&dir.join("exit.json"))? {
+                // The monitor wrote the exit and left between our two looks (it writes
+                // exit.json before it exits, so a dead monitor's exit is on disk by now).
+                ContainerState::Exited(e)
             } else {
                 // The monitor is gone without recording an exit: the node rebooted or the
                 // monitor was killed. The outcome is unknown, as containerd reports it.
