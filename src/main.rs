@@ -1,35 +1,11 @@
-//! ferrolet: a Kubernetes node agent with its own container runtime.
-//!
-//! The data path reads like kubelet's, one module a stage: sources and the pod config
-//! ([`podconfig`]) -> the agent's main loop ([`agent`]) -> one worker per pod ([`worker`]) ->
-//! pod setup ([`podsetup`]: cgroup, sandbox, network, volumes) and containers through the
-//! Kubernetes/runtime boundary ([`kuberuntime`]), watched by probes ([`prober`]) and hooks
-//! ([`lifecycle`]) -> status ([`status`]) -> the HTTP API ([`server`]) and the CLI ([`cli`]).
-//! docs/agent.md maps each module to its kubelet counterpart. The runtime crate creates the
-//! containers; it needs its zygote forked before any thread exists, so `main` does that before
-//! starting tokio (docs/runtime.md#the-zygote).
-
-mod agent;
-mod backoff;
-mod cli;
-mod config;
-mod images;
-mod kuberuntime;
-mod lifecycle;
-mod node;
-mod pod;
-mod podconfig;
-mod podsetup;
-mod probe;
-mod prober;
-mod server;
-mod status;
-mod tasks;
-mod worker;
+//! The `ferrolet` command: parses the command line, forks the runtime's zygote before any
+//! thread exists (docs/runtime.md#the-zygote) and runs the agent or a CLI command. The agent
+//! itself is the library (src/lib.rs).
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use cli::{Cli, Command};
+use ferrolet::cli::{self, Cli, Command};
+use ferrolet::{agent, config};
 
 fn init_logging(verbosity: u8) {
     let default = match verbosity {
