@@ -2,6 +2,8 @@
 //! thread exists (docs/runtime.md#the-zygote) and runs the agent or a CLI command. The agent
 //! itself is the library (src/lib.rs).
 
+use std::io::Write;
+
 use anyhow::{Context, Result};
 use clap::Parser;
 use ferrolet::cli::{self, Cli, Command};
@@ -22,8 +24,26 @@ fn init_logging(verbosity: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
+        .with_writer(|| LossyStderr)
+        // On a failed write the subscriber would report it with eprintln!, which panics when
+        // stderr is what failed: the first log line of every task would then end that task.
+        .log_internal_errors(false)
         .init();
+}
+
+/// stderr for the agent's log, where a failed write (a full disk, a closed pipe) loses that
+/// line and nothing else: the agent must keep running its pods whether or not it can log.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn tokio_rt(multi: bool) -> Result<tokio::runtime::Runtime> {
@@ -63,7 +83,7 @@ fn main() {
     match real_main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("ferrolet: {e:#}");
+            let _ = writeln!(std::io::stderr(), "ferrolet: {e:#}");
             std::process::exit(1);
         }
     }

@@ -760,3 +760,21 @@ fn reset_removes_what_the_agent_made() {
     let n = std::fs::read_dir(&a.logs).map(|d| d.count()).unwrap_or(0);
     assert_eq!(n, 0, "pod logs left behind");
 }
+
+#[test]
+fn agent_keeps_working_when_its_log_cannot_be_written() {
+    // Issue 11.3: one failed write to stderr used to end the task that logged it (the source,
+    // the sync loop...): no new pods, no restarts, while /healthz said ok.
+    let mut a = Agent::start("nolog", &[]);
+    a.write("old.yaml", &pod_yaml("old", "Always", "sleep 1; exit 1"));
+    a.wait_phase("old", "Running", T);
+    a.restart_with_closed_stderr();
+    a.write("new.yaml", &pod_yaml("new", "Always", "sleep 3600"));
+    a.wait_phase("new", "Running", T);
+    // The crash-looping pod keeps being restarted by the new agent.
+    let before = restarts(&a.pod("old").unwrap(), "main");
+    a.wait_for("old", "another restart", T, |p| restarts(p, "main") > before);
+    a.remove("new.yaml");
+    a.wait_gone("new", T);
+    assert_eq!(a.get("/healthz").unwrap(), (200, b"ok".to_vec()));
+}

@@ -39,6 +39,8 @@ pub struct Agent {
     network: String,
     /// More environment for the agent process.
     pub env: Vec<(String, String)>,
+    /// The agent's stderr is a pipe whose reading end is closed at once (every log write fails).
+    stderr_closed: bool,
 }
 
 /// Make `cmd` enter the network namespace pinned at `ns` before exec.
@@ -126,6 +128,7 @@ impl Agent {
             netns,
             network: network.to_string(),
             env,
+            stderr_closed: false,
         };
         a.spawn();
         a
@@ -203,14 +206,21 @@ impl Agent {
             .arg("1s")
             .args(&self.args)
             .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+            .stdout(log.try_clone().unwrap());
+        if self.stderr_closed {
+            cmd.stderr(Stdio::piped());
+        } else {
+            cmd.stderr(log);
+        }
         cmd.env("RUST_LOG", "ferrolet=debug,ferrolet_runtime=info,ferrolet_netplug=info");
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         if let Some(ns) = &self.netns {
             enter_netns(&mut cmd, ns);
         }
-        self.child = Some(cmd.spawn().expect("spawn ferrolet"));
+        let mut child = cmd.spawn().expect("spawn ferrolet");
+        // Dropping the reading end: the agent's writes to stderr fail with EPIPE from now on.
+        drop(child.stderr.take());
+        self.child = Some(child);
         self.wait_ready();
     }
 
@@ -377,6 +387,13 @@ impl Agent {
 
     pub fn restart(&mut self) {
         self.kill9();
+        self.spawn();
+    }
+
+    /// Restart the agent (kill -9) with a stderr nobody reads: every log line fails to write.
+    pub fn restart_with_closed_stderr(&mut self) {
+        self.kill9();
+        self.stderr_closed = true;
         self.spawn();
     }
 

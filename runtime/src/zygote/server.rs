@@ -35,7 +35,7 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => {
                 // (ENOMEM, say) The agent has no other zygote: say so and keep serving.
-                eprintln!("ferrolet-zygote: poll: {e}");
+                say(format_args!("poll: {e}"));
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 continue;
             }
@@ -45,12 +45,12 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             Ok(None) => exit(0),
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
             Err(e) => {
-                eprintln!("ferrolet-zygote: bad request: {e}");
+                say(format_args!("bad request: {e}"));
                 continue;
             }
         };
         if fds.is_empty() {
-            eprintln!("ferrolet-zygote: request without a reply pipe dropped");
+            say(format_args!("request without a reply pipe dropped"));
             continue;
         }
         let reply = fds.remove(0);
@@ -293,4 +293,11 @@ fn reap_children() {
             Ok(_) => continue,
         }
     }
+}
+
+/// A line on stderr (the agent's), lost if stderr is gone: eprintln! would panic and end the
+/// zygote, and with it every container operation.
+fn say(msg: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "ferrolet-zygote: {msg}");
 }
