@@ -77,3 +77,110 @@ where
         }
     });
 }
+
+/// The main loop's duty name in [`Liveness`] (kubelet's healthz check of the same name).
+pub const SYNC_LOOP: &str = "syncloop";
+/// Each pod worker's duty name starts with this, then the pod's full name.
+pub const POD_WORKER: &str = "podworker ";
+
+/// When the agent's long-lived duties last showed they are alive, for /healthz (kubelet's
+/// syncloop health check, extended to the pod workers). A duty either beats (an idle loop says
+/// "still here" regularly) or marks a round busy with a limit (a pod sync that must end within
+/// it); a beat older than its limit, or a round past its limit, is a failure.
+#[derive(Default)]
+pub struct Liveness {
+    duties: std::sync::Mutex<std::collections::BTreeMap<String, Duty>>,
+}
+
+struct Duty {
+    /// When the duty last beat or began its current round.
+    since: std::time::Instant,
+    limit: Duration,
+    /// In a round (as opposed to idle between beats).
+    busy: bool,
+}
+
+impl Liveness {
+    /// `name` is alive now and will beat again within `limit`.
+    pub fn beat(&self, name: &str, limit: Duration) {
+        self.set(name, limit, false);
+    }
+
+    /// `name` begins a round that should end within `limit`.
+    pub fn busy(&self, name: &str, limit: Duration) {
+        self.set(name, limit, true);
+    }
+
+    /// `name` ended its round and waits for work (no limit while idle).
+    pub fn idle(&self, name: &str) {
+        self.duties().remove(name);
+    }
+
+    /// `name` is gone for good.
+    pub fn forget(&self, name: &str) {
+        self.duties().remove(name);
+    }
+
+    /// What is wrong now: one line per duty past its limit.
+    pub fn failures(&self) -> Vec<String> {
+        let now = std::time::Instant::now();
+        self.duties()
+            .iter()
+            .filter(|(_, d)| now.duration_since(d.since) > d.limit)
+            .map(|(name, d)| {
+                let secs = now.duration_since(d.since).as_secs();
+                if d.busy {
+                    format!("{name}: one round has taken {secs}s (limit {}s)", d.limit.as_secs())
+                } else {
+                    format!("{name}: last seen {secs}s ago (limit {}s)", d.limit.as_secs())
+                }
+            })
+            .collect()
+    }
+
+    /// Failures of the duties whose names start with `prefix`.
+    pub fn failures_of(&self, prefix: &str) -> Vec<String> {
+        self.failures().into_iter().filter(|f| f.starts_with(prefix)).collect()
+    }
+
+    fn set(&self, name: &str, limit: Duration, busy: bool) {
+        self.duties().insert(
+            name.to_string(),
+            Duty {
+                since: std::time::Instant::now(),
+                limit,
+                busy,
+            },
+        );
+    }
+
+    fn duties(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, Duty>> {
+        self.duties.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_fails_late_beats_and_long_rounds_only() {
+        let l = Liveness::default();
+        l.beat("syncloop", Duration::from_secs(60));
+        l.busy("pod/a", Duration::from_millis(1));
+        l.busy("pod/b", Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(10));
+        assert_eq!(l.failures().len(), 1);
+        assert!(
+            l.failures()[0].starts_with("pod/a: one round has taken"),
+            "{:?}",
+            l.failures()
+        );
+        assert!(l.failures_of("syncloop").is_empty());
+        l.idle("pod/a");
+        assert!(l.failures().is_empty(), "an idle worker has no limit");
+        l.beat("syncloop", Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(10));
+        assert_eq!(l.failures_of("syncloop").len(), 1);
+    }
+}

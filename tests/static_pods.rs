@@ -778,3 +778,21 @@ fn agent_keeps_working_when_its_log_cannot_be_written() {
     a.wait_gone("new", T);
     assert_eq!(a.get("/healthz").unwrap(), (200, b"ok".to_vec()));
 }
+
+#[test]
+fn healthz_checks_as_kubelet() {
+    let a = Agent::start("healthz", &[]);
+    a.write("p.yaml", &pod_yaml("p", "Always", "sleep 3600"));
+    a.wait_phase("p", "Running", T);
+    assert_eq!(a.get("/healthz").unwrap(), (200, b"ok".to_vec()));
+    let (code, body) = a.get("/healthz?verbose").unwrap();
+    assert_eq!(
+        (code, String::from_utf8_lossy(&body).as_ref()),
+        (
+            200,
+            "[+]ping ok\n[+]syncloop ok\n[+]podworkers ok\nhealthz check passed\n"
+        )
+    );
+    assert_eq!(a.get("/healthz/syncloop").unwrap(), (200, b"ok".to_vec()));
+    assert_eq!(a.get("/healthz/nope").unwrap().0, 404);
+}

@@ -24,7 +24,7 @@ use crate::podconfig::{file::FileSource, http::HttpSource, PodConfig};
 use crate::podsetup::cgroups::PodCgroups;
 use crate::podsetup::PodSetup;
 use crate::status::StatusManager;
-use crate::tasks::{blocking, spawn_loop, supervise};
+use crate::tasks::{blocking, spawn_loop, supervise, Liveness};
 use crate::worker::cleanup::containers_by_pod;
 use crate::worker::{Managers, PodWorkers};
 use record::{load_record, save_record};
@@ -164,6 +164,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     setup.network().init().await;
 
     let pods = Arc::new(PodManager::default());
+    let liveness = Arc::new(Liveness::default());
     let node = NodeInfo::detect(&cfg);
     let managers = Arc::new(Managers {
         cfg: cfg.clone(),
@@ -173,6 +174,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         status: StatusManager::new(pods.clone()),
         setup,
         images: ImageManager::new(rt.clone(), cfg.image_import_dir.clone()),
+        liveness: liveness.clone(),
     });
 
     // Sources -> pod config -> pod workers.
@@ -199,13 +201,14 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let workers = PodWorkers::new(managers.clone(), adoptable, done_tx);
-    tokio::spawn(sync_loop::run(
-        PodConfig::new(sources),
+    let main_loop = sync_loop::Loop {
+        config: PodConfig::new(sources),
         workers,
-        pods.clone(),
-        ev_rx,
-        done_rx,
-    ));
+        pods: pods.clone(),
+        liveness: liveness.clone(),
+        max_silence: (cfg.sync_frequency * 2).max(Duration::from_secs(300)),
+    };
+    tokio::spawn(sync_loop::run(main_loop, ev_rx, done_rx));
 
     // Background duties: archives dropped in the import directory; housekeeping.
     {
@@ -238,11 +241,8 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
 
-    crate::server::serve_all(
-        &cfg,
-        crate::server::State::new(rt.clone(), pods.clone(), node.name.clone()),
-    )
-    .await?;
+    let state = crate::server::State::new(rt.clone(), pods.clone(), node.name.clone(), liveness);
+    crate::server::serve_all(&cfg, state).await?;
     info!(
         node = %cfg.node_name,
         root = %cfg.root_dir.display(),

@@ -4,6 +4,7 @@
 //! order; the pod workers do the slow parts.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::mpsc;
@@ -11,7 +12,7 @@ use tracing::error;
 
 use crate::pod::manager::PodManager;
 use crate::podconfig::{PodConfig, Snapshot};
-use crate::tasks::panic_message;
+use crate::tasks::{panic_message, Liveness, SYNC_LOOP};
 use crate::worker::PodWorkers;
 
 pub enum Event {
@@ -21,17 +22,31 @@ pub enum Event {
     Housekeeping,
 }
 
-pub async fn run(
-    mut config: PodConfig,
-    mut workers: PodWorkers,
-    pods: Arc<PodManager>,
-    mut events: mpsc::UnboundedReceiver<Event>,
-    mut finished: mpsc::UnboundedReceiver<String>,
-) {
+pub struct Loop {
+    pub config: PodConfig,
+    pub workers: PodWorkers,
+    pub pods: Arc<PodManager>,
+    pub liveness: Arc<Liveness>,
+    /// How long the loop may go without an iteration before /healthz fails (kubelet: twice the
+    /// sync frequency, at least 5 minutes).
+    pub max_silence: Duration,
+}
+
+pub async fn run(l: Loop, mut events: mpsc::UnboundedReceiver<Event>, mut finished: mpsc::UnboundedReceiver<String>) {
+    let Loop {
+        mut config,
+        mut workers,
+        pods,
+        liveness,
+        max_silence,
+    } = l;
     // With no sources at all there is nothing to wait for.
     workers.clean_orphans(config.all_sources_seen()).await;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
+        liveness.beat(SYNC_LOOP, max_silence);
         let step = tokio::select! {
+            _ = tick.tick() => continue,
             ev = events.recv() => match ev {
                 Some(ev) => Step::Event(ev),
                 None => return,

@@ -5,6 +5,7 @@
 //! container); and the exec socket ([`exec`]).
 
 pub mod exec;
+mod healthz;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +25,7 @@ use tokio::sync::mpsc;
 use crate::config::Config;
 use crate::kuberuntime::logs::{self, LogOptions};
 use crate::pod::manager::PodManager;
-use crate::tasks::supervise;
+use crate::tasks::{supervise, Liveness};
 
 /// What the servers read: the pod table and the runtime (for logs and exec).
 pub struct State {
@@ -32,11 +33,18 @@ pub struct State {
     pub pods: Arc<PodManager>,
     /// The node's name (a static pod's name ends with it).
     pub node_name: String,
+    /// The agent's duties, for /healthz.
+    pub liveness: Arc<Liveness>,
 }
 
 impl State {
-    pub fn new(rt: Arc<Runtime>, pods: Arc<PodManager>, node_name: String) -> Arc<State> {
-        Arc::new(State { rt, pods, node_name })
+    pub fn new(rt: Arc<Runtime>, pods: Arc<PodManager>, node_name: String, liveness: Arc<Liveness>) -> Arc<State> {
+        Arc::new(State {
+            rt,
+            pods,
+            node_name,
+            liveness,
+        })
     }
 }
 
@@ -84,7 +92,8 @@ pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
 
 pub fn router(state: Arc<State>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz::all))
+        .route("/healthz/{check}", get(healthz::one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))

@@ -31,6 +31,7 @@ use crate::podconfig::admission::{self, Rejection};
 use crate::podconfig::PodOp;
 use crate::podsetup::PodSetup;
 use crate::status::{Phase, StatusManager};
+use crate::tasks::Liveness;
 use pod_worker::{Lifecycle, Msg, PodWorker};
 
 /// The node-wide managers every pod worker uses (kubelet keeps them on its Kubelet struct).
@@ -42,6 +43,8 @@ pub struct Managers {
     pub status: StatusManager,
     pub setup: PodSetup,
     pub images: ImageManager,
+    /// Each worker's rounds, for /healthz.
+    pub liveness: Arc<Liveness>,
 }
 
 impl Managers {

@@ -27,7 +27,7 @@ use crate::podsetup::volumes::VolumeHost;
 use crate::probe::netns::PodTarget;
 use crate::prober::{self, ProbeEvent, Probes};
 use crate::status::{self, PersistedStatus, StatusManager};
-use crate::tasks::panic_message;
+use crate::tasks::{panic_message, POD_WORKER};
 
 /// Where a pod is in its life on the node (kubelet's pod worker states, each with its sync
 /// function: SyncPod, SyncTerminatingPod, SyncTerminatedPod).
@@ -153,7 +153,9 @@ impl PodWorker {
         if self.lifecycle != Lifecycle::Syncing {
             self.m.pods.set_terminating(&self.uid);
         }
+        let duty = format!("{POD_WORKER}{}", pod::full_name(&self.pod));
         loop {
+            self.m.liveness.busy(&duty, self.round_limit());
             match self.lifecycle {
                 Lifecycle::Syncing => {
                     let wake = match std::panic::AssertUnwindSafe(self.sync_pod()).catch_unwind().await {
@@ -163,6 +165,7 @@ impl PodWorker {
                             Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default())
                         }
                     };
+                    self.m.liveness.idle(&duty);
                     if !self.wait_for_work(wake).await {
                         return;
                     }
@@ -183,10 +186,24 @@ impl PodWorker {
                     {
                         error!(pod = %pod::full_name(&self.pod), "removing the pod panicked: {}", panic_message(p));
                     }
+                    self.m.liveness.forget(&duty);
                     return;
                 }
             }
         }
+    }
+
+    /// How long one round may take before /healthz calls the worker stuck: every runtime call
+    /// of the round within the runtime request timeout, and a termination within the grace
+    /// period on top.
+    fn round_limit(&self) -> Duration {
+        let timeout = self.m.cfg.runtime_request_timeout;
+        let calls = pod::all_containers(&self.pod).count() as u32 + 2;
+        let grace = match self.lifecycle {
+            Lifecycle::Syncing => Duration::ZERO,
+            _ => Duration::from_secs(pod::grace_period(&self.pod) as u64),
+        };
+        timeout * calls + grace
     }
 
     /// Sleep until a message comes, `wake` passes, or the resync period is over. Applies every
