@@ -484,6 +484,13 @@ fn follow_streams_until_the_container_exits() {
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
 
+/// This test process's open files limit up to its hard limit (floods open many sockets).
+fn raise_nofile() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+}
+
 #[test]
 fn http_pods_endpoint_and_config_errors() {
     let port = {
@@ -519,6 +526,34 @@ fn http_pods_endpoint_and_config_errors() {
         .as_str()
         .unwrap()
         .starts_with("ferrolet://"));
+    // Issue 11.8: the unauthenticated port serves no logs and no manifest errors (they quote
+    // files); the owner-only CLI socket does.
+    for path in [
+        "/containerLogs/default/web-node-http/main",
+        "/ferrolet/pods",
+        "/ferrolet/logs/default/web",
+    ] {
+        assert!(get(path).starts_with("HTTP/1.0 404"), "{path} on the read-only port");
+    }
+    assert_eq!(a.get("/ferrolet/pods").unwrap().0, 200);
+    // Issue 11.1: a flood of connections is capped; the agent keeps working meanwhile.
+    raise_nofile();
+    let flood: Vec<std::net::TcpStream> = (0..1100)
+        .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let closed = flood
+        .iter()
+        .filter(|s| {
+            use std::io::Read;
+            s.set_nonblocking(true).unwrap();
+            matches!((&**s).read(&mut [0u8; 1]), Ok(0))
+        })
+        .count();
+    assert!(closed >= 1100 - 1024, "connections beyond the cap are closed: {closed}");
+    a.write("more.yaml", &pod_yaml("more", "Always", "sleep 3600"));
+    a.wait_phase("more", "Running", T);
+    drop(flood);
 
     // Bad configuration: a clear error naming the field, non-zero exit.
     let cfg = a.dir.join("bad.yaml");

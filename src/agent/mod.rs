@@ -106,6 +106,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         warn!("config: {w}");
     }
     let cfg = Arc::new(cfg);
+    raise_open_files_limit();
     std::fs::create_dir_all(&cfg.root_dir).with_context(|| format!("creating {}", cfg.root_dir.display()))?;
     let _lock = lock_root(&cfg.root_dir)?;
     for d in [cfg.pods_dir(), cfg.pod_logs_dir.clone(), cfg.image_import_dir.clone()] {
@@ -273,6 +274,19 @@ fn snapshots_to(events: mpsc::UnboundedSender<Event>) -> mpsc::UnboundedSender<c
         }
     });
     tx
+}
+
+/// Let the agent use every descriptor it may (kubelet's maxOpenFiles): its soft limit up to the
+/// hard one. Containers are unaffected (their limits come from the zygote and their spec).
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                warn!(error = %e, "raising the open files limit");
+            }
+        }
+    }
 }
 
 pub fn require_root() -> Result<()> {

@@ -58,7 +58,8 @@ pub struct Config {
     pub container_log_max_files: u32,
     pub enable_server: bool,
     pub address: IpAddr,
-    /// The read-only HTTP API (`/pods`, `/healthz`, `/containerLogs`); 0 disables it.
+    /// kubelet's read-only HTTP port (`/healthz`, `/pods`, unauthenticated); 0, the default as
+    /// in kubelet, disables it.
     pub read_only_port: u16,
     pub cluster_dns: Vec<IpAddr>,
     pub cluster_domain: String,
@@ -102,7 +103,7 @@ impl Default for Config {
             container_log_max_files: 5,
             enable_server: true,
             address: IpAddr::from([127, 0, 0, 1]),
-            read_only_port: 10255,
+            read_only_port: 0,
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
             resolv_conf: PathBuf::from("/etc/resolv.conf"),

@@ -30,7 +30,12 @@ pub fn decode(data: &str) -> Result<Vec<Pod>, String> {
             .collect::<Result<_, _>>()
             .map_err(|e| format!("invalid JSON: {e}"))?
     } else {
-        serde_saphyr::from_multiple::<Value>(data).map_err(|e| format!("invalid YAML: {e}"))?
+        serde_saphyr::from_multiple::<Value>(data).map_err(|e| {
+            // The parser appends a snippet of the source: keep its position and reason only.
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default().trim_start_matches("error: ");
+            format!("invalid YAML: {first}")
+        })?
     };
     let mut pods = Vec::new();
     for (i, doc) in docs.into_iter().enumerate() {
@@ -57,7 +62,7 @@ pub fn decode(data: &str) -> Result<Vec<Pod>, String> {
                     other => return Err(format!("{where_}: kind {other:?} is not a Pod")),
                 }
             }
-            other => return Err(format!("{where_}: expected an object, got {}", short(&other))),
+            other => return Err(format!("{where_}: expected an object, got {}", kind_of(&other))),
         }
     }
     Ok(pods)
@@ -79,12 +84,16 @@ fn to_pod(v: Value, where_: &str) -> Result<Pod, String> {
     })
 }
 
-fn short(v: &Value) -> String {
-    let s = v.to_string();
-    if s.len() > 40 {
-        format!("{}...", &s[..40])
-    } else {
-        s
+/// What a JSON value is, never what it says: errors about a manifest must not quote a file
+/// that may not be one (a symlinked secret).
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
     }
 }
 
@@ -171,5 +180,24 @@ mod tests {
         assert_eq!(a.metadata.uid.as_ref().unwrap().len(), 32);
         let ann = a.metadata.annotations.unwrap();
         assert_eq!(ann.get(crate::pod::CONFIG_SOURCE).map(String::as_str), Some("file"));
+    }
+
+    #[test]
+    fn errors_never_quote_the_file() {
+        // A file that is not a manifest (a secret symlinked into the manifest directory) must
+        // not come back in an error. (Inside a Pod-shaped object, serde's type errors quote the
+        // offending value, as kube-apiserver's do; those go only to the owner-only CLI socket.)
+        for text in [
+            "hunter2-secret",
+            "root:hunter2-secret:19000:0:99999:7:::",
+            "hunter2-secret\nline two\n",
+            "- hunter2-secret\n- b",
+            "[\"hunter2-secret\"]",
+            "kind: Pod\nspec: [hunter2-secret\n",
+            "password: hunter2-secret\n",
+        ] {
+            let e = decode(text).unwrap_err();
+            assert!(!e.contains("hunter2"), "{text:?} -> {e}");
+        }
     }
 }

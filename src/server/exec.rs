@@ -38,6 +38,7 @@ pub async fn serve(st: Arc<State>, path: std::path::PathBuf) -> Result<()> {
     let listener = tokio::net::UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(super::conn::MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -48,8 +49,12 @@ pub async fn serve(st: Arc<State>, path: std::path::PathBuf) -> Result<()> {
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
         let st = st.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let Ok(std_stream) = stream.into_std() else {
                 return;
             };

@@ -1,9 +1,10 @@
-//! The agent's servers (kubelet's pkg/kubelet/server): the HTTP API on a loopback port
-//! (kubelet's read-only port) and on a unix socket for the CLI: `/healthz`, `/pods` (a v1
-//! PodList as kubelet returns it), `/containerLogs/{namespace}/{pod}/{container}`, and
-//! `/ferrolet/...` extras the CLI uses (pods with manifest errors, logs with a default
-//! container); and the exec socket ([`exec`]).
+//! The agent's servers (kubelet's pkg/kubelet/server). kubelet's read-only port, off unless
+//! `readOnlyPort` is set, serves only what any local user may see: `/healthz` and `/pods` (a v1
+//! PodList as kubelet returns it). The CLI's unix socket (owner-only) also serves
+//! `/containerLogs/{namespace}/{pod}/{container}` and the `/ferrolet/...` extras (pods with
+//! manifest errors, logs with a default container). The exec socket is [`exec`].
 
+mod conn;
 pub mod exec;
 mod healthz;
 
@@ -48,13 +49,13 @@ impl State {
     }
 }
 
-/// Start every server the configuration asks for: the CLI socket and the exec socket always,
-/// the HTTP API on `address:readOnlyPort` when enabled (a port that cannot be bound stops the
-/// agent). Each runs in the background and is restarted if it panics.
+/// Start every server the configuration asks for: the CLI socket (every endpoint, owner-only)
+/// and the exec socket always; kubelet's read-only endpoints on `address:readOnlyPort` when it
+/// is set (kubelet's default, 0, is off; a port that cannot be bound stops the agent). Each
+/// runs in the background and is restarted if it panics.
 pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
-    let app = router(state.clone());
     {
-        let (app, path) = (app.clone(), cfg.socket_path());
+        let (app, path) = (local_router(state.clone()), cfg.socket_path());
         supervise("API socket", Duration::from_secs(1), move || {
             let (app, path) = (app.clone(), path.clone());
             async move {
@@ -65,7 +66,7 @@ pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
         });
     }
     {
-        let path = cfg.exec_socket_path();
+        let (state, path) = (state.clone(), cfg.exec_socket_path());
         supervise("exec socket", Duration::from_secs(1), move || {
             let (state, path) = (state.clone(), path.clone());
             async move {
@@ -81,25 +82,30 @@ pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding the HTTP API on {addr}"))?;
         info!(%addr, "HTTP API listening");
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                error!("HTTP API: {e}");
-            }
-        });
+        tokio::spawn(conn::serve(listener, read_only_router(state)));
     }
     Ok(())
 }
 
-pub fn router(state: Arc<State>) -> Router {
+/// kubelet's read-only endpoints, unauthenticated: what any local user may see.
+pub fn read_only_router(state: Arc<State>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::all))
         .route("/healthz/{check}", get(healthz::one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
-        .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
-        .route("/ferrolet/pods", get(ferrolet_pods))
-        .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
         .with_state(state)
+}
+
+/// Everything, for the CLI's socket (owner-only): also container logs and the manifest errors.
+pub fn local_router(state: Arc<State>) -> Router {
+    read_only_router(state.clone()).merge(
+        Router::new()
+            .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
+            .route("/ferrolet/pods", get(ferrolet_pods))
+            .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
+            .with_state(state),
+    )
 }
 
 fn error(code: StatusCode, msg: impl Into<String>) -> Response {
@@ -172,5 +178,6 @@ pub async fn serve_unix(router: Router, path: std::path::PathBuf) -> anyhow::Res
     let listener = tokio::net::UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    axum::serve(listener, router).await.context("unix API")
+    conn::serve(listener, router).await;
+    Ok(())
 }
