@@ -831,3 +831,55 @@ fn healthz_checks_as_kubelet() {
     assert_eq!(a.get("/healthz/syncloop").unwrap(), (200, b"ok".to_vec()));
     assert_eq!(a.get("/healthz/nope").unwrap().0, 404);
 }
+
+#[test]
+fn a_pod_whose_removal_fails_stays_until_it_is_gone() {
+    // Issue 11.1: a teardown that failed half-way used to drop the pod from the node's books, so
+    // a new pod of the same name started beside what was left.
+    let a = Agent::start("stuck", &[]);
+    a.write(
+        "p.yaml",
+        &format!(
+            "{}    volumeMounts: [{{name: scratch, mountPath: /scratch}}]\n  volumes: [{{name: scratch, emptyDir: {{}}}}]\n",
+            pod_yaml("p", "Always", "sleep 3600")
+        ),
+    );
+    let p = a.wait_phase("p", "Running", T);
+    let uid = p.metadata.uid.clone().unwrap();
+    let busy = a
+        .root
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~empty-dir/scratch/busy");
+    std::fs::create_dir_all(&busy).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &busy,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let guard = Unmount(busy.clone());
+    a.remove("p.yaml");
+    // Same name, new content: a new pod that must wait for the old one.
+    a.write("p2.yaml", &pod_yaml("p", "Always", "sleep 3599"));
+    std::thread::sleep(Duration::from_secs(4));
+    let still = a.pod("p").expect("the pod whose volumes could not be removed stays");
+    assert_eq!(
+        still.metadata.uid.as_deref(),
+        Some(uid.as_str()),
+        "the new pod waits for the old one"
+    );
+    drop(guard);
+    a.wait_for("p", "the new pod, once the old one is gone", T, |p| {
+        p.metadata.uid.as_deref() != Some(uid.as_str()) && phase_of(Some(p)) == Some("Running")
+    });
+    assert!(!a.root.join("pods").join(&uid).exists());
+}

@@ -97,6 +97,20 @@ pub(super) struct PodWorker {
     pub resources: Resources,
     pub report: Report,
     pub probes: Probes,
+    /// Delays between attempts to remove a terminated pod that did not fully go.
+    pub teardown_retry: RetryDelay,
+}
+
+/// Doubling delays from 1 s up to a minute.
+#[derive(Default)]
+pub(super) struct RetryDelay(u32);
+
+impl RetryDelay {
+    pub fn next_delay(&mut self) -> Duration {
+        let d = Duration::from_secs(1 << self.0.min(6)).min(Duration::from_secs(60));
+        self.0 += 1;
+        d
+    }
 }
 
 /// The first resync after a failure that needs a retry.
@@ -141,6 +155,7 @@ impl PodWorker {
             tx: tx.clone(),
             lifecycle,
             probes: Probes::default(),
+            teardown_retry: RetryDelay::default(),
         };
         tokio::spawn(w.run());
         tx
@@ -180,14 +195,27 @@ impl PodWorker {
                     self.lifecycle = Lifecycle::Terminated;
                 }
                 Lifecycle::Terminated => {
-                    if let Err(p) = std::panic::AssertUnwindSafe(self.sync_terminated_pod())
+                    let removed = match std::panic::AssertUnwindSafe(self.sync_terminated_pod())
                         .catch_unwind()
                         .await
                     {
-                        error!(pod = %pod::full_name(&self.pod), "removing the pod panicked: {}", panic_message(p));
+                        Ok(removed) => removed,
+                        Err(p) => {
+                            error!(pod = %pod::full_name(&self.pod), "removing the pod panicked: {}", panic_message(p));
+                            false
+                        }
+                    };
+                    if removed {
+                        self.m.liveness.forget(&duty);
+                        return;
                     }
-                    self.m.liveness.forget(&duty);
-                    return;
+                    // Not gone yet: the pod stays (terminating) and the removal is retried.
+                    self.m.liveness.idle(&duty);
+                    let delay = self.teardown_retry.next_delay();
+                    warn!(pod = %pod::full_name(&self.pod), retry_in = ?delay, "the pod is not fully removed; retrying");
+                    if !self.sleep_ignoring_updates(delay).await {
+                        return;
+                    }
                 }
             }
         }
@@ -204,6 +232,18 @@ impl PodWorker {
             _ => Duration::from_secs(pod::grace_period(&self.pod) as u64),
         };
         timeout * calls + grace
+    }
+
+    /// Sleep `d` while the pod is being removed: updates no longer matter, probe results are
+    /// dropped. False when the channel is gone.
+    async fn sleep_ignoring_updates(&mut self, d: Duration) -> bool {
+        let until = tokio::time::Instant::now() + d;
+        loop {
+            tokio::select! {
+                m = self.rx.recv() => if m.is_none() { return false },
+                _ = tokio::time::sleep_until(until) => return true,
+            }
+        }
     }
 
     /// Sleep until a message comes, `wake` passes, or the resync period is over. Applies every

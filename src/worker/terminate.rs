@@ -67,16 +67,33 @@ impl PodWorker {
         }
     }
 
-    pub(super) async fn sync_terminated_pod(&mut self) {
+    /// Remove everything the pod had on the node. Returns whether all of it went; what could not
+    /// be removed is kept (containers, sandbox) for the next attempt, and the pod stays in the
+    /// pod table, terminating, until then.
+    pub(super) async fn sync_terminated_pod(&mut self) -> bool {
         let name = pod::full_name(&self.pod);
         self.probes.stop_all();
-        for id in std::mem::take(&mut self.containers.known) {
-            if let Err(e) = self.m.rt.delete(&id).await {
-                warn!(pod = %name, container = %id, error = %ferrolet_fsutil::chain(&e), "removing container");
+        let mut clean = true;
+        for id in self.containers.known.clone() {
+            match self.m.rt.delete(&id).await {
+                Ok(()) => {
+                    self.containers.known.remove(&id);
+                }
+                Err(e) => {
+                    warn!(pod = %name, container = %id, error = %ferrolet_fsutil::chain(&e), "removing container");
+                    clean = false;
+                }
             }
         }
-        let sandbox = self.resources.sandbox.take();
-        self.m.setup.teardown(&self.pod, &self.pod_dir, sandbox).await;
+        if !clean {
+            // The pod's sandbox and cgroup still hold containers: nothing more can go yet.
+            return false;
+        }
+        let sandbox = self.resources.sandbox.clone();
+        if !self.m.setup.teardown(&self.pod, &self.pod_dir, sandbox).await {
+            return false;
+        }
+        self.resources.sandbox = None;
         let logs = pod_log_dir(&self.m.cfg, &self.pod);
         let removed = blocking(move || match std::fs::remove_dir_all(&logs) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
@@ -85,8 +102,10 @@ impl PodWorker {
         .await;
         if let Err(e) = removed {
             warn!(pod = %name, error = %format!("{e:#}"), "removing the pod's logs");
+            return false;
         }
         self.m.pods.remove(&self.uid);
         info!(pod = %name, "pod removed");
+        true
     }
 }
