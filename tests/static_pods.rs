@@ -468,6 +468,13 @@ fn previous_logs_after_a_restart() {
         prev.starts_with("attempt-") && cur.starts_with("attempt-") && prev != cur,
         "{prev:?} vs {cur:?}"
     );
+    // Issue 11.9: bad options are refused as kubelet refuses them; sinceTime is honoured.
+    let path = format!("/containerLogs/default/once-{}/main", a.node);
+    for bad in ["sinceSeconds=-5", "sinceTime=garbage", "tailLines=-1", "limitBytes=0"] {
+        let (code, body) = a.get(&format!("{path}?{bad}")).unwrap();
+        assert_eq!(code, 400, "{bad}: {}", String::from_utf8_lossy(&body));
+    }
+    assert_eq!(a.logs("once", "sinceTime=2100-01-01T00:00:00Z"), "");
 }
 
 #[test]
@@ -882,4 +889,34 @@ fn a_pod_whose_removal_fails_stays_until_it_is_gone() {
         p.metadata.uid.as_deref() != Some(uid.as_str()) && phase_of(Some(p)) == Some("Running")
     });
     assert!(!a.root.join("pods").join(&uid).exists());
+}
+
+#[test]
+fn a_pod_of_many_containers_shows_its_progress() {
+    // Issue 11.9: the status came only after the whole round had started every container (a
+    // 1000-container pod showed none for ~42 s).
+    let a = Agent::start("many", &[]);
+    let n = 60;
+    let mut yaml = String::from("apiVersion: v1\nkind: Pod\nmetadata:\n  name: many\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n");
+    for i in 0..n {
+        yaml.push_str(&format!(
+            "  - {{name: c{i}, image: {IMAGE}, command: [sleep, \"3600\"]}}\n"
+        ));
+    }
+    a.write("many.yaml", &yaml);
+    let partial = std::cell::Cell::new(false);
+    a.wait_for("many", "all containers running", T * 3, |p| {
+        let Some(cs) = p.status.as_ref().and_then(|s| s.container_statuses.as_ref()) else {
+            return false;
+        };
+        let running = cs
+            .iter()
+            .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            .count();
+        if running < n {
+            partial.set(true);
+        }
+        running == n
+    });
+    assert!(partial.get(), "a status was published before every container ran");
 }

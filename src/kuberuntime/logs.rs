@@ -19,16 +19,60 @@ use super::views::parse_time;
 use crate::pod::manager::PodEntry;
 use crate::pod::reasons;
 
+/// kubelet's PodLogOptions, as they come in a query string.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct LogOptions {
     pub follow: bool,
     pub previous: bool,
     pub timestamps: bool,
-    pub tail_lines: Option<usize>,
-    pub limit_bytes: Option<usize>,
+    pub tail_lines: Option<i64>,
+    pub limit_bytes: Option<i64>,
     pub since_seconds: Option<i64>,
+    /// RFC 3339.
+    pub since_time: Option<String>,
     pub container: Option<String>,
+}
+
+impl LogOptions {
+    /// Kubernetes' ValidatePodLogOptions, with its messages: a bad option is refused (400), not
+    /// quietly ignored.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut errs = Vec::new();
+        if let Some(n) = self.tail_lines.filter(|n| *n < 0) {
+            errs.push(format!(
+                "tailLines: Invalid value: {n}: must be greater than or equal to 0"
+            ));
+        }
+        if let Some(n) = self.limit_bytes.filter(|n| *n < 1) {
+            errs.push(format!("limitBytes: Invalid value: {n}: must be greater than 0"));
+        }
+        if let Some(n) = self.since_seconds.filter(|n| *n < 1) {
+            errs.push(format!("sinceSeconds: Invalid value: {n}: must be greater than 0"));
+        }
+        if let Some(t) = &self.since_time {
+            if parse_time(t).is_none() {
+                errs.push(format!("sinceTime: Invalid value: {t:?}: must be an RFC 3339 time"));
+            }
+            if self.since_seconds.is_some() {
+                errs.push("sinceTime: Forbidden: at most one of `sinceTime` or `sinceSeconds` may be specified".into());
+            }
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs.join(", "))
+        }
+    }
+
+    /// The earliest log time to show, from sinceSeconds or sinceTime.
+    fn since(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        match (self.since_seconds, &self.since_time) {
+            (Some(s), _) => Some(chrono::Utc::now() - chrono::Duration::seconds(s)),
+            (None, Some(t)) => parse_time(t),
+            (None, None) => None,
+        }
+    }
 }
 
 /// Pick the container: the named one, or the pod's only (or default-annotated) container.
@@ -119,10 +163,8 @@ fn since_ok(l: &LogLine, since: Option<chrono::DateTime<chrono::Utc>>) -> bool {
 
 /// Stream a container's log into `tx`, following while the container runs if asked.
 pub async fn stream(rt: Arc<Runtime>, path: PathBuf, id: String, opts: LogOptions, tx: mpsc::Sender<Bytes>) {
-    let since = opts
-        .since_seconds
-        .map(|s| chrono::Utc::now() - chrono::Duration::seconds(s));
-    let mut budget = opts.limit_bytes.unwrap_or(usize::MAX);
+    let since = opts.since();
+    let mut budget = opts.limit_bytes.map(|n| n.max(0) as usize).unwrap_or(usize::MAX);
     let data = tokio::fs::read(&path).await.unwrap_or_default();
     let mut offset = data.len() as u64;
     // Only complete lines now; a trailing partial line is re-read when followed.
@@ -135,7 +177,7 @@ pub async fn stream(rt: Arc<Runtime>, path: PathBuf, id: String, opts: LogOption
         .filter(|l| since_ok(l, since))
         .collect();
     if let Some(n) = opts.tail_lines {
-        let skip = recs.len().saturating_sub(n);
+        let skip = recs.len().saturating_sub(n.max(0) as usize);
         recs.drain(..skip);
     }
     let mut buf = Vec::new();
@@ -205,4 +247,31 @@ async fn send_limited(tx: &mpsc::Sender<Bytes>, mut data: Vec<u8>, budget: &mut 
 fn inode(p: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(p).map(|m| m.ino()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(q: &str) -> LogOptions {
+        serde_json::from_value(serde_json::from_str(q).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn bad_options_are_refused_with_kubernetes_messages() {
+        assert!(opts(r#"{"sinceSeconds": 5, "tailLines": 0, "limitBytes": 1}"#)
+            .validate()
+            .is_ok());
+        assert!(opts(r#"{"sinceTime": "2026-01-02T03:04:05Z"}"#).validate().is_ok());
+        let e = opts(r#"{"sinceSeconds": -5}"#).validate().unwrap_err();
+        assert_eq!(e, "sinceSeconds: Invalid value: -5: must be greater than 0");
+        let e = opts(r#"{"sinceTime": "yesterday"}"#).validate().unwrap_err();
+        assert!(e.starts_with("sinceTime: Invalid value: \"yesterday\""), "{e}");
+        let e = opts(r#"{"sinceTime": "2026-01-02T03:04:05Z", "sinceSeconds": 1}"#)
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("at most one of `sinceTime` or `sinceSeconds`"), "{e}");
+        assert!(opts(r#"{"tailLines": -1}"#).validate().is_err());
+        assert!(opts(r#"{"limitBytes": 0}"#).validate().is_err());
+    }
 }

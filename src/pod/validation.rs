@@ -25,6 +25,7 @@ pub fn validate(pod: &Pod) -> Vec<String> {
             "metadata.namespace: Invalid value: {ns:?}: must be a lowercase RFC 1123 label"
         ));
     }
+    validate_annotations(pod.metadata.annotations.as_ref(), &mut errs);
     let Some(spec) = &pod.spec else {
         errs.push("spec: Required value".into());
         return errs;
@@ -342,6 +343,53 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
     None
 }
 
+/// Kubernetes' limit on all of an object's annotations together (keys and values).
+pub const TOTAL_ANNOTATION_SIZE: usize = 256 * 1024;
+
+/// apimachinery's ValidateAnnotations: qualified-name keys, and at most 256 KiB in all.
+fn validate_annotations(ann: Option<&std::collections::BTreeMap<String, String>>, errs: &mut Vec<String>) {
+    let Some(ann) = ann else { return };
+    let mut total = 0;
+    for (k, v) in ann {
+        total += k.len() + v.len();
+        if let Err(why) = qualified_name(k) {
+            errs.push(format!("metadata.annotations: Invalid value: {k:?}: {why}"));
+        }
+    }
+    if total > TOTAL_ANNOTATION_SIZE {
+        errs.push(format!(
+            "metadata.annotations: Too long: must have at most {TOTAL_ANNOTATION_SIZE} bytes"
+        ));
+    }
+}
+
+/// A qualified name (`[prefix/]name`, as label and annotation keys are): an optional DNS
+/// subdomain prefix, then 1-63 alphanumerics, '-', '_' or '.', starting and ending with an
+/// alphanumeric.
+pub fn qualified_name(s: &str) -> Result<(), String> {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() || !is_dns_subdomain(p) {
+            return Err("prefix part must be a lowercase RFC 1123 subdomain".into());
+        }
+    }
+    let b = name.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err("name part must consist of alphanumeric characters, '-', '_' or '.', must start and end with an alphanumeric character, and be at most 63 characters".into())
+    }
+}
+
 /// An RFC 1123 subdomain: dot-separated DNS labels, at most 253 characters.
 pub fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && !s.is_empty() && s.split('.').all(is_dns_label)
@@ -396,5 +444,25 @@ mod tests {
             "volumes":[{"name":"cfg","configMap":{"name":"x"}}]}}),
         );
         assert!(unsupported(&p).unwrap().contains("configMap"));
+    }
+
+    #[test]
+    fn annotations_are_bounded_and_keyed_as_kubernetes_requires() {
+        let with = |ann: serde_json::Value| -> Vec<String> {
+            validate(
+                &serde_json::from_value(serde_json::json!({"metadata":{"name":"a","annotations":ann},
+                    "spec":{"containers":[{"name":"c","image":"x"}]}}))
+                .unwrap(),
+            )
+        };
+        assert!(with(serde_json::json!({"example.com/a": "x", "b_c.d": "y"})).is_empty());
+        let big = "x".repeat(TOTAL_ANNOTATION_SIZE);
+        let e = with(serde_json::json!({"a": big})).join("; ");
+        assert!(
+            e.contains("metadata.annotations: Too long: must have at most 262144 bytes"),
+            "{e}"
+        );
+        let e = with(serde_json::json!({"-bad": "x"})).join("; ");
+        assert!(e.contains("metadata.annotations: Invalid value: \"-bad\""), "{e}");
     }
 }

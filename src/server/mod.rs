@@ -153,6 +153,9 @@ async fn ferrolet_logs(
 }
 
 async fn serve_logs(st: Arc<State>, namespace: &str, pod: &str, opts: LogOptions) -> Response {
+    if let Err(e) = opts.validate() {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     let Some(entry) = st.pods.find(namespace, pod, &st.node_name) else {
         return error(StatusCode::NOT_FOUND, format!("pod {namespace}/{pod} not found"));
     };

@@ -37,6 +37,11 @@ impl PodWorker {
             return Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default());
         }
         let views = self.views();
+        if self.report.last.is_none() {
+            // A new pod has a status before its first container starts (kubelet's SyncPod
+            // publishes before the runtime's): a pod of many containers takes a while.
+            self.publish_status(&views).await;
+        }
         for v in views.all() {
             if v.is_active() {
                 self.watch(&v.id.clone());
@@ -157,7 +162,14 @@ impl PodWorker {
                 }
             }
         }
+        let mut published = std::time::Instant::now();
         for s in &plan.start {
+            // A long round (many containers) shows its progress at most every second.
+            if published.elapsed() >= Duration::from_secs(1) {
+                let v = self.views();
+                self.publish_status(&v).await;
+                published = std::time::Instant::now();
+            }
             match self.start_one(s).await {
                 Ok(()) => {
                     self.report.waiting.remove(&s.name);
