@@ -317,3 +317,29 @@ fn cni_bad_config_is_reported_then_fixed() {
     assert!(in_subnet(&ip, "10.67.1."), "{ip}");
     assert_eq!(allocations(&ipam), vec![ip]);
 }
+
+#[test]
+fn an_unreadable_sandbox_record_is_a_sandbox_change_not_a_silent_new_ip() {
+    // Issue 11.2: a garbled sandbox.json made the agent set up a second sandbox beside the
+    // first: the running container stayed in the old namespace on the old IP, the pod reported
+    // a new IP, and the old IP stayed allocated.
+    let net = TestNet::create("garbled");
+    let mut a = Agent::start_in_netns("garbled", &net.path, "bridge", &[], BRIDGE_CONFIG);
+    let ipam = a.root.join("network/ipam/10.66.0.0_24");
+    a.write("g.yaml", &web("g", 8080, "", ""));
+    let before = running_with_ip(&a, "g");
+    let uid = before.metadata.uid.clone().unwrap();
+    let old_container = container_status(&before, "web").container_id.clone().unwrap();
+    a.kill9();
+    std::fs::write(a.root.join("pods").join(&uid).join("sandbox.json"), b"\0garbage{").unwrap();
+    a.restart_with_env(Vec::new());
+    let after = a.wait_for("g", "running again in a new sandbox", T, |p| {
+        running(p, "web") && container_status(p, "web").container_id.as_deref() != Some(old_container.as_str())
+    });
+    let ip = pod_ip(&after);
+    assert_eq!(allocations(&ipam), vec![ip.clone()], "one IP, the old one released");
+    assert_eq!(net.bridge_ports("ferrolet0").len(), 1, "one veth");
+    assert_eq!(restarts(&after, "web"), 1, "the change restarted the container");
+    let body = net.http_get_eventually(&format!("{ip}:8080"), "/", T).unwrap();
+    assert_eq!(body.trim(), "hello from g");
+}

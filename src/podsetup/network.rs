@@ -136,6 +136,21 @@ impl PodNetwork {
         Ok(plug)
     }
 
+    /// Release what sandboxes that are not live (no readable record) hold: their IPs, interfaces
+    /// and hostPorts. For a pod whose sandbox record became unreadable.
+    pub async fn collect_garbage(&self) -> Result<Vec<String>> {
+        let plug = self.plug().await?;
+        let list = self.live.clone();
+        let live = tokio::task::spawn_blocking(move || list())
+            .await
+            .context("listing live sandboxes")?;
+        let ids = plug.gc(&live).await.context("collecting stale pod networks")?;
+        if !ids.is_empty() {
+            info!(count = ids.len(), sandboxes = ?ids, "collected the network of sandboxes that no longer exist");
+        }
+        Ok(ids)
+    }
+
     /// Build the network at agent start, so leftovers are collected even with no pods; a
     /// network that is not ready is logged and retried with the first pod.
     pub async fn init(&self) {

@@ -44,8 +44,10 @@ fn record_path(pod_dir: &Path) -> PathBuf {
     pod_dir.join("sandbox.json")
 }
 
-pub fn load(pod_dir: &Path) -> Option<Sandbox> {
-    read_json_opt(&record_path(pod_dir)).ok().flatten()
+/// The pod's sandbox record: `Ok(None)` when it has none, an error when it has one that cannot
+/// be read (a bad disk, a hostile edit); the caller must not take that for "no sandbox".
+pub fn load(pod_dir: &Path) -> ferrolet_fsutil::Result<Option<Sandbox>> {
+    read_json_opt(&record_path(pod_dir))
 }
 
 fn pinned(p: &Option<PathBuf>) -> bool {
@@ -137,7 +139,7 @@ pub fn recorded_ids(pods_dir: &Path) -> Vec<String> {
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| load(&e.path()))
+        .filter_map(|e| load(&e.path()).ok().flatten())
         .map(|s| s.id)
         .collect()
 }

@@ -68,6 +68,8 @@ pub(super) struct Containers {
 #[derive(Default)]
 pub(super) struct Resources {
     pub sandbox: Option<Sandbox>,
+    /// The pod has a sandbox record that cannot be read: its namespaces and network are unknown.
+    pub sandbox_unreadable: bool,
     pub volumes: BTreeMap<String, VolumeHost>,
 }
 
@@ -129,13 +131,21 @@ impl PodWorker {
         let uid = pod::uid(&pod).to_string();
         let pod_dir = m.pod_dir(&uid);
         let previous = StatusManager::load(&pod_dir);
+        let (sandbox, sandbox_unreadable) = match crate::podsetup::sandbox::load(&pod_dir) {
+            Ok(sb) => (sb, false),
+            Err(e) => {
+                warn!(pod = %pod::full_name(&pod), error = %ferrolet_fsutil::chain(&e), "the pod's sandbox record cannot be read");
+                (None, true)
+            }
+        };
         let w = PodWorker {
             restarts: Backoff::new(
                 m.cfg.initial_container_restart_period,
                 m.cfg.max_container_restart_period,
             ),
             resources: Resources {
-                sandbox: crate::podsetup::sandbox::load(&pod_dir),
+                sandbox,
+                sandbox_unreadable,
                 volumes: BTreeMap::new(),
             },
             report: Report {

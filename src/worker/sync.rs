@@ -82,7 +82,20 @@ impl PodWorker {
             .sandbox
             .as_ref()
             .is_some_and(|s| m.setup.sandbox_usable(s));
-        if !usable {
+        if self.resources.sandbox_unreadable {
+            // The containers run in namespaces (and on an IP) nobody can name any more: never
+            // start new ones beside them in a new sandbox as if nothing had happened.
+            self.event(
+                reasons::EVENT_SANDBOX_CHANGED,
+                "Pod sandbox record unreadable, it will be killed and re-created.",
+            );
+            self.kill_all("the pod sandbox record is unreadable").await;
+            if m.setup.network().enabled() {
+                // Without a readable record the old network is not live: collected as a leak.
+                m.setup.network().collect_garbage().await?;
+            }
+            self.resources.sandbox_unreadable = false;
+        } else if !usable {
             if let Some(old) = self.resources.sandbox.clone() {
                 self.event(
                     reasons::EVENT_SANDBOX_CHANGED,
@@ -93,6 +106,8 @@ impl PodWorker {
                 m.setup.release_network(&old).await?;
                 self.resources.sandbox = None;
             }
+        }
+        if !usable {
             self.resources.sandbox = Some(m.setup.create_sandbox(&self.pod, &self.pod_dir).await?);
         }
         let facts = self.facts();
