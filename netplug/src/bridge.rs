@@ -594,8 +594,21 @@ impl BridgeNet {
         })
     }
 
+    /// The sandbox's record for a teardown: `None` when there is none or it cannot be read. A
+    /// teardown without it loses nothing: the veth's name derives from the id, the IPs are in
+    /// the IPAM, and hostPort elements are found by those IPs.
+    fn teardown_record(&self, id: &str) -> Option<Record> {
+        match self.records.read::<Record>(id) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(sandbox = %id, error = %chain(&e), "unreadable network record; tearing down from the IP allocations and the veth name");
+                None
+            }
+        }
+    }
+
     pub async fn teardown(&self, req: &SandboxNetwork) -> Result<()> {
-        match self.records.read::<Record>(&req.sandbox_id)? {
+        match self.teardown_record(&req.sandbox_id) {
             Some(rec) => self.undo(&rec).await,
             None => {
                 let rec = self.derived_record(
@@ -611,7 +624,7 @@ impl BridgeNet {
     }
 
     pub async fn teardown_by_id(&self, id: &str) -> Result<()> {
-        match self.records.read::<Record>(id)? {
+        match self.teardown_record(id) {
             Some(rec) => self.undo(&rec).await,
             None => {
                 let rec = self.derived_record(id, PathBuf::new(), "eth0", Vec::new())?;
@@ -753,18 +766,29 @@ impl BridgeNet {
         Ok((ids, ports))
     }
 
-    /// Ids of every sandbox that has something of ours: records, IPs, labelled veths.
-    /// Remove the node-wide parts: the nftables table and the bridge. Sandboxes are the
-    /// caller's to tear down first (their records and IPs stay otherwise).
+    /// Remove the node-wide parts: the nftables table and the bridge, both attempted (the
+    /// first failure is returned). Sandboxes are the caller's to tear down first (their records
+    /// and IPs stay otherwise).
     pub async fn uninstall(&self) -> Result<()> {
-        self.nft.delete_table().await?;
-        let h = netns::node_handle()?;
-        if let Some(l) = nl::link_by_name(&h, &self.cfg.bridge).await? {
-            nl::del_link(&h, l.index, &self.cfg.bridge).await?;
-            info!(bridge = %self.cfg.bridge, "bridge deleted");
+        let mut first_err = None;
+        if let Err(e) = self.nft.delete_table().await {
+            warn!(table = %self.cfg.nft_table, error = %chain(&e), "removing the nftables table failed");
+            first_err = Some(e);
+        }
+        let bridge = async {
+            let h = netns::node_handle()?;
+            if let Some(l) = nl::link_by_name(&h, &self.cfg.bridge).await? {
+                nl::del_link(&h, l.index, &self.cfg.bridge).await?;
+                info!(bridge = %self.cfg.bridge, "bridge deleted");
+            }
+            Ok::<_, Error>(())
+        };
+        if let Err(e) = bridge.await {
+            warn!(bridge = %self.cfg.bridge, error = %chain(&e), "removing the bridge failed");
+            first_err.get_or_insert(e);
         }
         *self.bridge_ok.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     pub async fn gc_candidates(&self) -> Result<BTreeSet<String>> {
@@ -774,7 +798,9 @@ impl BridgeNet {
 
     /// After the non-live sandboxes were torn down: delete veths on our bridge that no live
     /// sandbox owns (a crash before they were labelled) and hostPort elements whose pod IP is
-    /// not allocated to a live sandbox.
+    /// not allocated to a live sandbox. IP files that name no sandbox (torn, garbage) are
+    /// released when no sandbox is live (the IP can be no one's); while some are, they stay
+    /// allocated, and the first is returned as an error after everything else was done.
     pub async fn gc_sweep(&self, live: &HashSet<&str>) -> Result<()> {
         let h = netns::node_handle()?;
         let (_, ports) = self.known_ids(&h).await?;
@@ -789,7 +815,13 @@ impl BridgeNet {
         }
         let mut stale = Vec::new();
         for e in self.nft.list().await? {
-            if self.ipam.owner(e.pod_ip)?.is_none_or(|o| !live.contains(o.as_str())) {
+            let keep = match self.ipam.holder(e.pod_ip) {
+                Some(ipam::Holder::Sandbox(o)) => live.contains(o.as_str()),
+                // maybe a live sandbox's
+                Some(ipam::Holder::Unreadable(_)) => !live.is_empty(),
+                None => false,
+            };
+            if !keep {
                 stale.push(e);
             }
         }
@@ -797,7 +829,16 @@ impl BridgeNet {
             self.nft.remove(&stale).await?;
             info!(count = stale.len(), "gc removed stale hostPort elements");
         }
-        Ok(())
+        let mut first_err = None;
+        for (ip, _) in self.ipam.scan()?.unreadable {
+            if live.is_empty() {
+                self.ipam.release_unreadable(ip)?;
+            } else if let Err(e) = self.ipam.owner(ip) {
+                warn!(%ip, error = %chain(&e), "gc keeps an IP whose allocation names no sandbox while sandboxes are live");
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 }
 

@@ -21,9 +21,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::error::{p, Context, Error, Result};
+use crate::types::validate_sandbox_id;
 use ferrolet_fsutil as fsutil;
 
 const CURSOR: &str = "last_reserved_ip";
@@ -215,9 +216,11 @@ impl Ipam {
                     fsutil::sync_dir(&self.dir);
                     Ok(Claim::Won)
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    Ok(Claim::Taken(self.owner(ip)?.unwrap_or_else(|| "(released)".into())))
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(Claim::Taken(match self.holder(ip) {
+                    Some(Holder::Sandbox(s)) => s,
+                    Some(Holder::Unreadable(_)) => "(unreadable allocation)".into(),
+                    None => "(released)".into(),
+                })),
                 Err(e) => Err(e)
                     .with_context(|| format!("allocating {ip}: linking {}", p(&path)))
                     .map_err(Error::from),
@@ -227,28 +230,51 @@ impl Ipam {
         res
     }
 
-    /// The sandbox holding `ip`, if any.
-    pub fn owner(&self, ip: IpAddr) -> Result<Option<String>> {
+    /// What the file of `ip` says: `None` when the IP is free.
+    pub fn holder(&self, ip: IpAddr) -> Option<Holder> {
         let path = self.file(ip);
-        match fs::read_to_string(&path) {
-            Ok(s) => Ok(Some(s.lines().next().unwrap_or("").trim().to_string())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e)
-                .with_context(|| format!("reading {}", p(&path)))
-                .map_err(Error::from),
+        match fs::read(&path) {
+            Ok(data) => Some(holder_of(&data)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => Some(Holder::Unreadable(format!("reading {}: {e}", p(&path)))),
         }
     }
 
-    /// Every allocation: (ip, owner).
-    pub fn allocations(&self) -> Result<Vec<(IpAddr, String)>> {
-        let mut out = Vec::new();
+    /// The sandbox holding `ip`, if any. An IP file that names no sandbox (torn, garbage,
+    /// unreadable) is an error; see [`Ipam::holder`].
+    pub fn owner(&self, ip: IpAddr) -> Result<Option<String>> {
+        match self.holder(ip) {
+            None => Ok(None),
+            Some(Holder::Sandbox(s)) => Ok(Some(s)),
+            Some(Holder::Unreadable(why)) => Err(unreadable(&self.file(ip), &why)),
+        }
+    }
+
+    /// Every allocation: (ip, owner), and apart the IPs whose file names no sandbox, with
+    /// why. Those stay allocated (a live pod may hold the IP) until
+    /// [`Ipam::release_unreadable`].
+    pub fn scan(&self) -> Result<Scan> {
+        let mut scan = Scan::default();
         for name in fsutil::list_names(&self.dir)? {
             let Ok(ip) = name.parse::<IpAddr>() else { continue };
-            if let Some(owner) = self.owner(ip)? {
-                out.push((ip, owner));
+            match self.holder(ip) {
+                Some(Holder::Sandbox(owner)) => scan.owned.push((ip, owner)),
+                Some(Holder::Unreadable(why)) => scan.unreadable.push((ip, why)),
+                None => {}
             }
         }
-        Ok(out)
+        Ok(scan)
+    }
+
+    /// Every allocation whose file names a sandbox: (ip, owner). Unreadable IP files are left
+    /// out (with a warning), not an error: one torn file must not stop every allocation,
+    /// teardown and gc.
+    pub fn allocations(&self) -> Result<Vec<(IpAddr, String)>> {
+        let Scan { owned, unreadable } = self.scan()?;
+        for (ip, why) in unreadable {
+            warn!(%ip, subnet = %self.subnet, problem = %why, "IP allocation names no sandbox; the IP stays taken");
+        }
+        Ok(owned)
     }
 
     /// IPs owned by `sandbox_id`.
@@ -261,14 +287,31 @@ impl Ipam {
             .collect())
     }
 
-    /// Release `ip` if `sandbox_id` owns it. Returns whether something was released.
+    /// Release `ip` if `sandbox_id` owns it. Returns whether something was released. An IP
+    /// whose file names no sandbox is not released here (it may be a live pod's).
     pub fn release(&self, ip: IpAddr, sandbox_id: &str) -> Result<bool> {
-        match self.owner(ip)? {
-            Some(owner) if owner == sandbox_id => {
+        match self.holder(ip) {
+            Some(Holder::Sandbox(owner)) if owner == sandbox_id => {
                 let released = fsutil::remove_file_opt(&self.file(ip))?;
                 if released {
                     fsutil::sync_dir(&self.dir);
                     info!(sandbox = sandbox_id, %ip, "released IP");
+                }
+                Ok(released)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Release `ip` when its file (still) names no sandbox: for when no sandbox is live, so the
+    /// IP can be no one's. Returns whether it was released.
+    pub fn release_unreadable(&self, ip: IpAddr) -> Result<bool> {
+        match self.holder(ip) {
+            Some(Holder::Unreadable(why)) => {
+                let released = fsutil::remove_file_opt(&self.file(ip))?;
+                if released {
+                    fsutil::sync_dir(&self.dir);
+                    warn!(%ip, problem = %why, "released an IP whose allocation named no sandbox");
                 }
                 Ok(released)
             }
@@ -302,6 +345,45 @@ impl Ipam {
 enum Claim {
     Won,
     Taken(String),
+}
+
+/// Every allocation file of a subnet, by what it says.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// (ip, sandbox id)
+    pub owned: Vec<(IpAddr, String)>,
+    /// (ip, why): files that name no sandbox.
+    pub unreadable: Vec<(IpAddr, String)>,
+}
+
+/// What an IP's allocation file says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    Sandbox(String),
+    /// The file does not name a sandbox (torn write, garbage, I/O error): why.
+    Unreadable(String),
+}
+
+fn holder_of(data: &[u8]) -> Holder {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return Holder::Unreadable("not text".into());
+    };
+    let id = text.lines().next().unwrap_or("").trim();
+    match validate_sandbox_id(id) {
+        Ok(()) => Holder::Sandbox(id.to_string()),
+        Err(_) if id.is_empty() => Holder::Unreadable("empty".into()),
+        Err(_) => Holder::Unreadable(format!(
+            "{:?} is not a sandbox id",
+            id.chars().take(40).collect::<String>()
+        )),
+    }
+}
+
+fn unreadable(path: &Path, why: &str) -> Error {
+    let e: std::io::Result<()> = Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string()));
+    e.with_context(|| format!("IP allocation {} names no sandbox", p(path)))
+        .unwrap_err()
+        .into()
 }
 
 #[cfg(test)]
@@ -443,6 +525,34 @@ mod tests {
             .unwrap()
             .iter()
             .all(|n| !n.starts_with(".claim")));
+    }
+
+    #[test]
+    fn unreadable_allocation_files_stay_taken_and_stop_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ipam = Ipam::new(dir.path(), net("10.9.0.0/29"), ip("10.9.0.1")).unwrap();
+        let a = ipam.allocate("a", &[]).unwrap();
+        // .3 torn (empty), .4 garbage
+        fs::write(ipam.dir().join("10.9.0.3"), "").unwrap();
+        fs::write(ipam.dir().join("10.9.0.4"), b"\xff\xfe junk").unwrap();
+        let Scan { owned, unreadable: bad } = ipam.scan().unwrap();
+        assert_eq!(owned, vec![(a, "a".to_string())]);
+        assert_eq!(
+            bad.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            vec![ip("10.9.0.3"), ip("10.9.0.4")]
+        );
+        // allocation, lookup and release of the others go on; the unreadable IPs are not handed out
+        let b = ipam.allocate("b", &[]).unwrap();
+        assert_eq!(b, ip("10.9.0.5"));
+        assert_eq!(ipam.owned_by("a").unwrap(), vec![a]);
+        assert!(ipam.owner(ip("10.9.0.3")).is_err());
+        assert!(!ipam.release(ip("10.9.0.3"), "").unwrap());
+        let e = ipam.allocate("c", &[ip("10.9.0.4")]).unwrap_err();
+        assert!(e.to_string().contains("unreadable"), "{e}");
+        // released only on purpose
+        assert!(ipam.release_unreadable(ip("10.9.0.4")).unwrap());
+        assert!(!ipam.release_unreadable(a).unwrap());
+        assert_eq!(ipam.allocate("c", &[ip("10.9.0.4")]).unwrap(), ip("10.9.0.4"));
     }
 
     #[test]

@@ -137,12 +137,17 @@ fn main() {
             "bridge_killed_mid_setup_gc_collects",
             bridge_killed_mid_setup_gc_collects,
         ),
+        trial(
+            "bridge_garbled_state_stops_no_teardown_gc_or_uninstall",
+            bridge_garbled_state_stops_no_teardown_gc_or_uninstall,
+        ),
         trial("bridge_bad_config_subnet_overlap", bridge_bad_config_subnet_overlap),
         trial("bridge_bad_config_fields", bridge_bad_config_fields),
         trial("cni_connectivity", cni_connectivity),
         trial("cni_check_after_add_and_teardown", cni_check_after_add_and_teardown),
         trial("cni_teardown_with_netns_gone", cni_teardown_with_netns_gone),
         trial("cni_killed_mid_add_gc_collects", cni_killed_mid_add_gc_collects),
+        trial("cni_teardown_with_garbled_record", cni_teardown_with_garbled_record),
         trial("cni_bad_config_unknown_plugin", cni_bad_config_unknown_plugin),
         trial("cni_bad_config_invalid_json", cni_bad_config_invalid_json),
         trial("cni_plugin_error_is_decoded", cni_plugin_error_is_decoded),
@@ -1142,6 +1147,91 @@ fn bridge_killed_mid_setup_gc_collects() -> Result<()> {
     Ok(())
 }
 
+/// Torn and garbage state files (a sandbox record, IP allocation files) after a crash or on a
+/// bad disk: teardown by id still removes everything of the sandbox, gc keeps going past them
+/// and collects the rest, an IP whose file names no sandbox stays taken while sandboxes are
+/// live (it may be theirs) and is released when none is, and uninstall removes the bridge and
+/// the nftables table.
+fn bridge_garbled_state_stops_no_teardown_gc_or_uninstall() -> Result<()> {
+    let state_dir = state("bridge-garbled");
+    let ipam_dir = state_dir.join("ipam").join("10.97.0.0_24");
+    let records = state_dir.join("sandboxes");
+    let cfg = BridgeConfig {
+        bridge: "fgb0".into(),
+        subnet: "10.97.0.0/24".parse()?,
+        nft_table: "ferrolet_garble".into(),
+        ..BridgeConfig::new(&state_dir)
+    };
+    let net = block_on(NetPlug::new(Mode::Bridge(cfg)))?;
+    let a = Pod::new("g-a")?.with_ports(&[(port(), 80, Protocol::Tcp, None)]);
+    let b = Pod::new("g-b")?;
+    let c = Pod::new("g-c")?.with_ports(&[(port(), 80, Protocol::Tcp, None)]);
+    let mut ips = Vec::new();
+    for p in [&a, &b, &c] {
+        ips.push(block_on(net.setup(&p.req))?.ips[0]);
+    }
+    let (ip_a, ip_b, ip_c) = (ips[0], ips[1], ips[2]);
+    let gone = |id: &str, ip: IpAddr| -> Result<()> {
+        ensure!(!node_link_exists(&bridge_veth_name(id))?, "{id}: veth left");
+        ensure!(!ipam_dir.join(ip.to_string()).exists(), "{id}: IP {ip} not released");
+        ensure!(!records.join(format!("{id}.json")).exists(), "{id}: record left");
+        ensure!(
+            !nft_hostport_elements("ferrolet_garble")?.contains(&format!("\"{ip}\"")),
+            "{id}: hostPort element left"
+        );
+        Ok(())
+    };
+
+    // a torn record: teardown by id works from the IPs and the veth name
+    std::fs::write(records.join("g-a.json"), "")?;
+    block_on(net.teardown_by_id("g-a")).context("teardown_by_id with a torn record")?;
+    gone("g-a", ip_a)?;
+
+    // b (live) has a garbage IP file, c (not live) a garbage record, and an IP file of nobody
+    std::fs::write(ipam_dir.join(ip_b.to_string()), b"\xff\xfe\x00")?;
+    std::fs::write(records.join("g-c.json"), "{not json")?;
+    let nobody = ipam_dir.join("10.97.0.200");
+    std::fs::write(&nobody, b"\x00\x01")?;
+    let e = block_on(net.gc(&["g-b".to_string()])).expect_err("gc reports the unreadable IP files");
+    let msg = chain(&e).to_string();
+    ensure!(msg.contains("names no sandbox"), "{msg}");
+    gone("g-c", ip_c)?;
+    ensure!(
+        node_link_exists(&bridge_veth_name("g-b"))?,
+        "the live sandbox's veth was removed"
+    );
+    ensure!(
+        ipam_dir.join(ip_b.to_string()).exists(),
+        "the live sandbox's IP was released"
+    );
+    ensure!(
+        nobody.exists(),
+        "an unreadable IP was released while sandboxes are live"
+    );
+    // that IP is not handed out meanwhile
+    let mut d = Pod::new("g-d")?;
+    d.req.requested_ips = vec!["10.97.0.200".parse()?];
+    ensure!(block_on(net.setup(&d.req)).is_err(), "an unreadable IP was handed out");
+
+    // nothing live: everything goes, the unreadable IP files too
+    let collected = block_on(net.gc(&[]))?;
+    ensure!(collected == vec!["g-b".to_string()], "gc collected {collected:?}");
+    gone("g-b", ip_b)?;
+    let left: Vec<String> = std::fs::read_dir(&ipam_dir)?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "last_reserved_ip")
+        .collect();
+    ensure!(left.is_empty(), "IP files left: {left:?}");
+    block_on(net.uninstall())?;
+    ensure!(!node_link_exists("fgb0")?, "bridge left");
+    let t = std::process::Command::new("nft")
+        .args(["list", "table", "inet", "ferrolet_garble"])
+        .output()?;
+    ensure!(!t.status.success(), "nft table left");
+    Ok(())
+}
+
 fn bridge_bad_config_subnet_overlap() -> Result<()> {
     let cfg = BridgeConfig {
         bridge: "fbad0".into(),
@@ -1355,6 +1445,31 @@ fn cni_killed_mid_add_gc_collects() -> Result<()> {
         .collect();
     ensure!(left.is_empty(), "host-local leases left: {left:?}");
     ensure!(!conf.state_dir.join("sandboxes/c-crash.json").exists());
+    Ok(())
+}
+
+/// A garbage CNI record: teardown by id still DELs (with the cached result, or without one
+/// with the current configuration), so the plugins release the IP, and the record goes.
+fn cni_teardown_with_garbled_record() -> Result<()> {
+    let net = cni()?;
+    for (id, drop_cache) in [("c-garbled", false), ("c-garbled-nocache", true)] {
+        let pod = Pod::new(id)?;
+        let st = block_on(net.setup(&pod.req))?;
+        let lease = cni_data_dir().join("testnet").join(st.ips[0].to_string());
+        ensure!(lease.exists(), "[{id}] no lease");
+        let record = state("cni").join("sandboxes").join(format!("{id}.json"));
+        std::fs::write(&record, "garbage")?;
+        if drop_cache {
+            for e in std::fs::read_dir(state("cni").join("results"))?.flatten() {
+                if e.file_name().to_string_lossy().contains(id) {
+                    std::fs::remove_file(e.path())?;
+                }
+            }
+        }
+        block_on(net.teardown_by_id(id)).with_context(|| format!("[{id}] teardown_by_id"))?;
+        ensure!(!lease.exists(), "[{id}] lease left");
+        ensure!(!record.exists(), "[{id}] record left");
+    }
     Ok(())
 }
 

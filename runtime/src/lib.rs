@@ -16,6 +16,7 @@ pub mod error;
 pub mod image;
 mod monitor;
 pub mod pidfd;
+mod probe;
 mod process;
 mod proto;
 pub mod rootfs;

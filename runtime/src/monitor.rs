@@ -35,7 +35,7 @@ pub(crate) fn run(args: CreateArgs, reply: OwnedFd) -> ! {
 }
 
 fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
-    set_name("ferrolet-mon");
+    set_name(crate::probe::MONITOR_COMM);
     set_title(&format!("ferrolet-monitor {}", args.display_name));
     detach_stdio();
     // Orphans of the container (in a shared or host pid namespace) come to us to be reaped.
@@ -84,6 +84,9 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     let Some(init) = container.pid() else {
         return fail("libcontainer reported no init pid".into());
     };
+    // Held until the monitor exits: with it the runtime finds this monitor through /proc when
+    // monitor.json cannot be read (opened after build(), so the container never inherits it).
+    let _state_dir = File::open(&args.bundle);
     let me = std::process::id() as i32;
     let rec = MonitorRecord {
         monitor_pid: me,

@@ -88,9 +88,23 @@ pub fn process_start_time(pid: i32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// True when `pid` is alive and started at `start_time`.
+/// True when `pid` is alive (not a zombie waiting to be reaped) and started at `start_time`.
 pub fn process_matches(pid: i32, start_time: u64) -> bool {
-    pid > 0 && process_start_time(pid) == Some(start_time)
+    if pid <= 0 {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    // state (a dead process whose parent has not reaped it yet is 'Z' or 'X')
+    if matches!(fields.next(), Some("Z") | Some("X") | None) {
+        return false;
+    }
+    fields.nth(18).and_then(|t| t.parse::<u64>().ok()) == Some(start_time)
 }
 
 #[cfg(test)]
@@ -104,5 +118,21 @@ mod tests {
         assert!(process_matches(me, t));
         assert!(!process_matches(me, t + 1));
         assert!(!process_matches(0, t));
+    }
+
+    #[test]
+    fn a_zombie_does_not_match() {
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        let t = process_start_time(pid).unwrap();
+        // not reaped yet: a zombie once it exited
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while process_matches(pid, t) {
+            assert!(std::time::Instant::now() < deadline, "child never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(process_start_time(pid), Some(t), "still there as a zombie");
+        let mut child = child;
+        child.wait().unwrap();
     }
 }

@@ -71,6 +71,30 @@ pub fn unmount(target: &Path) -> io::Result<()> {
     }
 }
 
+/// Mount points at or below `dir` in this process's mount namespace (from
+/// `/proc/self/mountinfo`), deepest first, so they can be unmounted in that order. Finds what a
+/// state directory still has mounted when no record says so (`ferrolet reset`).
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(base) = fs::canonicalize(dir) else {
+        return Vec::new();
+    };
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut out: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(crate::cgroups::unescape(m)))
+        .filter(|m| m.starts_with(&base))
+        .collect();
+    out.sort_by(|a, b| {
+        b.components()
+            .count()
+            .cmp(&a.components().count())
+            .then_with(|| a.cmp(b))
+    });
+    out.dedup();
+    out
+}
+
 /// Create `dir` (absolute in the container) inside `rootfs` if missing, as runc does for a
 /// working directory the image lacks. Symlinks on the way are resolved inside the rootfs.
 pub fn ensure_dir_in_root(rootfs: &Path, dir: &str) -> io::Result<()> {
@@ -126,5 +150,13 @@ mod tests {
         assert!(root.join("real/app/data").is_dir());
         fs::write(root.join("file"), "x").unwrap();
         assert!(ensure_dir_in_root(root, "/file/x").is_err());
+    }
+
+    #[test]
+    fn mounts_under_a_fresh_dir_and_the_root() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(mounts_under(d.path()).is_empty());
+        let all = mounts_under(Path::new("/"));
+        assert_eq!(all.last().map(PathBuf::as_path), Some(Path::new("/")), "{all:?}");
     }
 }

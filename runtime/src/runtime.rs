@@ -157,7 +157,7 @@ impl Runtime {
             })
         };
         match replies.next().await {
-            Ok(Reply::Created { .. }) => container::load(&self.dir(&id)),
+            Ok(Reply::Created { .. }) => container::load(&self.dir(&id), &self.cgroups),
             Ok(Reply::Failed { error }) => {
                 let _ = undo(target, self.dir(&id)).await;
                 Err(Error::container(&id, error))
@@ -194,13 +194,21 @@ impl Runtime {
     }
 
     /// Send `signal` to the container's init process. A container that already exited is not
-    /// an error.
+    /// an error. A container in state [`ContainerState::Unknown`] (no usable record of its
+    /// init) gets the signal in every process of its cgroup.
     pub fn kill(&self, id: &str, signal: i32) -> Result<()> {
         let info = self.inspect(id)?;
+        if matches!(info.state, ContainerState::Unknown { .. }) {
+            let cgroup = self.cgroup_of(&info);
+            if !cgroup.is_empty() {
+                self.cgroups.signal_all(&cgroup, signal);
+            }
+            return Ok(());
+        }
         let Some(m) = &info.monitor else {
             return Ok(());
         };
-        if matches!(info.state, ContainerState::Exited(_)) || !process_matches(m.init_pid, m.init_start) {
+        if !info.state.may_be_alive() || !process_matches(m.init_pid, m.init_start) {
             return Ok(());
         }
         let pfd = match PidFd::open(m.init_pid) {
@@ -217,17 +225,29 @@ impl Runtime {
             .with_context(|| format!("signalling container {id}"))?)
     }
 
-    /// Wait for the container to exit and return how it ended.
+    /// The container's cgroup: as recorded, else the cgroup of a process named after it (empty
+    /// when neither is known).
+    fn cgroup_of(&self, info: &ContainerInfo) -> String {
+        if !info.record.cgroup_path.is_empty() {
+            return info.record.cgroup_path.clone();
+        }
+        crate::probe::cgroup_named(info.id()).unwrap_or_default()
+    }
+
+    /// Wait for the container to exit and return how it ended ([`ContainerState::Exited`] or
+    /// [`ContainerState::ExitUnknown`]). A container in state [`ContainerState::Unknown`] is
+    /// polled until the kernel shows it gone.
     pub async fn wait(&self, id: &str) -> Result<ExitRecord> {
         loop {
             let info = self.inspect(id)?;
             match info.state {
-                ContainerState::Exited(e) => return Ok(e),
+                ContainerState::Exited(e) | ContainerState::ExitUnknown(e) => return Ok(e),
                 ContainerState::Incomplete => {
                     return Err(Error::container(id, "creation did not complete"));
                 }
+                ContainerState::Unknown { .. } => tokio::time::sleep(Duration::from_millis(250)).await,
                 ContainerState::Created | ContainerState::Running => {
-                    // (load() derives these states from the monitor record, so it is there)
+                    // (load() derives these states from a live monitor, so it is there)
                     let Some(m) = info.monitor else {
                         return Err(Error::container(id, "running without a monitor record"));
                     };
@@ -256,26 +276,64 @@ impl Runtime {
     }
 
     /// Remove a container: kill what runs, remove its cgroup, rootfs and state. The log file
-    /// stays (it belongs to the caller).
+    /// stays (it belongs to the caller). Works when its records cannot be read: what runs is
+    /// killed by cgroup, libcontainer's part is removed by hand if libcontainer cannot load it.
     pub async fn delete(&self, id: &str) -> Result<()> {
         let dir = self.dir(id);
         if !dir.exists() {
             return Ok(());
         }
-        if let Ok(info) = self.inspect(id) {
-            if matches!(info.state, ContainerState::Created | ContainerState::Running) {
-                self.kill(id, libc::SIGKILL)?;
-                // The monitor records the exit; do not wait forever on a wedged one.
-                let _ = tokio::time::timeout(Duration::from_secs(10), self.wait(id)).await;
+        let info = match self.inspect(id) {
+            Ok(i) => i,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        // (before the kill: without a record, the cgroup is found through its processes)
+        let cgroup = self.cgroup_of(&info);
+        if info.state.may_be_alive() {
+            self.kill(id, libc::SIGKILL)?;
+            // The monitor records the exit; do not wait forever on a wedged one.
+            let _ = tokio::time::timeout(Duration::from_secs(10), self.wait(id)).await;
+        }
+        // What is left in its cgroup (a shared pid namespace's processes, a container whose
+        // monitor is gone).
+        if !cgroup.is_empty() {
+            let (cgroups, cg) = (self.cgroups.clone(), cgroup.clone());
+            let left = blocking(move || Ok::<_, Error>(cgroups.kill_all(&cg, Duration::from_secs(5)))).await?;
+            if !left.is_empty() {
+                return Err(Error::container(
+                    id,
+                    format!("processes {left:?} of cgroup {cgroup} survived SIGKILL"),
+                ));
             }
         }
-        self.zygote
+        let lc_deleted = self
+            .zygote
             .call_ok(&Request::Delete {
                 id: id.to_string(),
                 lc_root: self.lc_root.clone(),
             })
-            .await
-            .map_err(|e| Error::container(id, format!("delete: {}", chain(&e))))?;
+            .await;
+        if let Err(e) = &lc_deleted {
+            // libcontainer could not load or delete it (its state is unreadable too): its
+            // cgroup and state are removed by hand below.
+            tracing::warn!(container = %id, error = %chain(e), "libcontainer could not delete the container; removing its cgroup and state directly");
+        }
+        // What libcontainer did not remove (it does not know the container when its state is
+        // gone or unreadable).
+        let (cgroups, cg, lc_dir) = (self.cgroups.clone(), cgroup.clone(), self.lc_root.join(id));
+        blocking(move || {
+            if !cg.trim_matches('/').is_empty() {
+                cgroups.remove(&cg)?;
+            }
+            remove_tree(&lc_dir)?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .map_err(|e2| match &lc_deleted {
+            Err(e) => Error::container(id, format!("delete: {}; then: {}", chain(e), chain(&e2))),
+            Ok(()) => Error::container(id, format!("delete: {}", chain(&e2))),
+        })?;
         let id = id.to_string();
         blocking(move || {
             crate::rootfs::unmount(&dir.join("rootfs")).with_context(|| format!("container {id}"))?;
@@ -284,19 +342,23 @@ impl Runtime {
         .await
     }
 
-    /// Containers known to this runtime, oldest first.
+    /// Every container directory, oldest first, each with its state. A container whose records
+    /// cannot be read is listed too (with [`ContainerInfo::record_errors`], its state decided by
+    /// the kernel), so a live container never vanishes from the list.
     pub fn list(&self) -> Result<Vec<ContainerInfo>> {
         let base = self.root.join("containers");
         let mut out = Vec::new();
         for e in std::fs::read_dir(&base).with_context(|| format!("listing {}", p(&base)))? {
             let e = e.with_context(|| format!("listing {}", p(&base)))?;
-            if !e.path().join("container.json").exists() {
+            if e.file_name().to_string_lossy().starts_with('.') || !e.path().is_dir() {
                 continue;
             }
-            match container::load(&e.path()) {
+            match container::load(&e.path(), &self.cgroups) {
                 Ok(i) => out.push(i),
+                // deleted meanwhile
+                Err(err) if err.is_not_found() => {}
                 Err(err) => {
-                    tracing::warn!(dir = %e.path().display(), error = %chain(&err), "unreadable container state")
+                    tracing::warn!(dir = %e.path().display(), error = %chain(&err), "reading container state")
                 }
             }
         }
@@ -304,16 +366,20 @@ impl Runtime {
         Ok(out)
     }
 
+    /// The container's record and state. Not found only when its state directory does not
+    /// exist: unreadable records give a rebuilt record and a state the kernel decides.
     pub fn inspect(&self, id: &str) -> Result<ContainerInfo> {
-        let dir = self.dir(id);
-        if !dir.join("container.json").exists() {
+        if id.is_empty() || id.contains('/') || id.starts_with('.') {
             return Err(Error::ContainerNotFound(id.to_string()));
         }
-        container::load(&dir)
+        container::load(&self.dir(id), &self.cgroups)
     }
 
-    /// Remove state directories that have no container record (creation interrupted before
-    /// the record was written). Returns how many were removed.
+    /// Remove state directories of creations interrupted before the container record was
+    /// written: no `container.json`, and nothing that shows the creation went further (no
+    /// monitor record, libcontainer state, mount, or monitor holding it). A directory that lost
+    /// its record later is kept: [`list`](Self::list) shows it and [`delete`](Self::delete)
+    /// removes it. Returns how many were removed.
     pub fn remove_orphans(&self) -> Result<usize> {
         let base = self.root.join("containers");
         let mut n = 0;
@@ -321,11 +387,23 @@ impl Runtime {
             .with_context(|| format!("listing {}", p(&base)))?
             .flatten()
         {
-            if !e.path().join("container.json").exists() {
-                let _ = crate::rootfs::unmount(&e.path().join("rootfs"));
-                remove_tree(&e.path())?;
-                n += 1;
+            let (dir, name) = (e.path(), e.file_name().to_string_lossy().into_owned());
+            if name.starts_with('.') || !dir.is_dir() || dir.join("container.json").exists() {
+                continue;
             }
+            let went_further = ["monitor.json", "started.json", "exit.json"]
+                .iter()
+                .any(|f| dir.join(f).exists())
+                || self.lc_root.join(&name).exists()
+                || !crate::rootfs::mounts_under(&dir).is_empty()
+                || crate::probe::monitor_holding(&dir).is_some();
+            if went_further {
+                tracing::warn!(dir = %dir.display(), "container directory without container.json kept: creation went further");
+                continue;
+            }
+            let _ = crate::rootfs::unmount(&dir.join("rootfs"));
+            remove_tree(&dir)?;
+            n += 1;
         }
         Ok(n)
     }
@@ -515,7 +593,7 @@ fn prepare(
         cfg.user.gid,
         &cfg.user.supplemental_groups,
     )?;
-    let spec = build_spec(&SpecInput {
+    let mut spec = build_spec(&SpecInput {
         id,
         config: cfg,
         image: &image.config,
@@ -523,8 +601,6 @@ fn prepare(
         cgroup_v2,
     })?;
     ensure_dir(dir)?;
-    let data = serde_json::to_vec_pretty(&spec).context("encoding config.json")?;
-    write_atomic(&dir.join("config.json"), &data)?;
     let log_path = if cfg.log.path.as_os_str().is_empty() {
         dir.join("container.log")
     } else {
@@ -550,6 +626,16 @@ fn prepare(
         stop_signal: image.config.config().as_ref().and_then(|c| c.stop_signal().clone()),
         boot_id: ferrolet_fsutil::boot_id(),
     };
+    // A copy of the record in the spec (and so in libcontainer's state): what an unreadable
+    // container.json is rebuilt from.
+    let mut annotations = spec.annotations().clone().unwrap_or_default();
+    annotations.insert(
+        container::RECORD_ANNOTATION.to_string(),
+        serde_json::to_string(&record).context("encoding the container record")?,
+    );
+    spec.set_annotations(Some(annotations));
+    let data = serde_json::to_vec_pretty(&spec).context("encoding config.json")?;
+    write_atomic(&dir.join("config.json"), &data)?;
     write_json_atomic(&dir.join("container.json"), &record)?;
     let mut log = cfg.log.clone();
     log.path = log_path;

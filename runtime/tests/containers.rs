@@ -90,6 +90,22 @@ fn main() {
             "containers_survive_owner_sigkill_and_are_readopted",
             containers_survive_owner_sigkill_and_are_readopted,
         ),
+        trial(
+            "unreadable_records_of_a_running_container",
+            unreadable_records_of_a_running_container,
+        ),
+        trial(
+            "unreadable_records_of_an_exited_container",
+            unreadable_records_of_an_exited_container,
+        ),
+        trial(
+            "container_whose_monitor_died_is_not_exited_while_it_runs",
+            container_whose_monitor_died_is_not_exited_while_it_runs,
+        ),
+        trial(
+            "container_without_records_is_found_by_cgroup_and_mount",
+            container_without_records_is_found_by_cgroup_and_mount,
+        ),
     ];
     let conclusion = libtest_mimic::run(&args, tests);
     teardown();
@@ -789,4 +805,359 @@ fn containers_survive_owner_sigkill_and_are_readopted() -> Result<()> {
         }
     });
     r
+}
+
+/// The variant name of a state ("Running", "Exited", "ExitUnknown", "Unknown", ...).
+fn state_name(s: &ContainerState) -> String {
+    format!("{s:?}")
+        .split(['(', ' ', '{'])
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// What a container puts on the node, noted while it runs, to check that `delete` removed it.
+struct Traces {
+    /// (pid, start time) of its processes.
+    procs: Vec<(i32, u64)>,
+    cgroup_dirs: Vec<PathBuf>,
+    rootfs: PathBuf,
+    state_dir: PathBuf,
+    lc_dir: PathBuf,
+}
+
+fn traces(id: &str, cgroup: &str) -> Traces {
+    let rt = &env().rt;
+    let procs = rt
+        .cgroups()
+        .procs_below(cgroup)
+        .into_iter()
+        .filter_map(|p| Some((p, ferrolet_runtime::pidfd::process_start_time(p)?)))
+        .collect();
+    let state_dir = rt.root().join("containers").join(id);
+    Traces {
+        procs,
+        cgroup_dirs: rt.cgroups().dirs(cgroup),
+        rootfs: state_dir.join("rootfs"),
+        state_dir,
+        lc_dir: rt.root().join("libcontainer").join(id),
+    }
+}
+
+/// Alive and not a zombie (an orphan's new parent may take a moment to reap it).
+fn runs(pid: i32, start: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
+    state != Some("Z") && ferrolet_runtime::pidfd::process_start_time(pid) == Some(start)
+}
+
+fn ensure_removed(t: &Traces) -> Result<()> {
+    for (pid, start) in &t.procs {
+        ensure!(!runs(*pid, *start), "process {pid} of the container still runs");
+    }
+    for d in &t.cgroup_dirs {
+        ensure!(!d.exists(), "cgroup {} left", d.display());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+    ensure!(
+        !mounts.contains(&t.rootfs.display().to_string()),
+        "rootfs {} still mounted",
+        t.rootfs.display()
+    );
+    ensure!(!t.state_dir.exists(), "state dir {} left", t.state_dir.display());
+    ensure!(!t.lc_dir.exists(), "libcontainer dir {} left", t.lc_dir.display());
+    Ok(())
+}
+
+/// (file, new content) pairs for [`garble`].
+type Garbling<'a> = &'a [(&'a str, &'a str)];
+
+/// Write `content` over each named file of the container (a path starting with "lc:" is in
+/// libcontainer's directory of the container).
+fn garble(id: &str, files: &[(&str, &str)]) -> Result<()> {
+    let rt = &env().rt;
+    for (name, content) in files {
+        let path = match name.strip_prefix("lc:") {
+            Some(f) => rt.root().join("libcontainer").join(id).join(f),
+            None => rt.root().join("containers").join(id).join(name),
+        };
+        std::fs::write(&path, content).with_context(|| format!("garbling {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn labelled(name: &str, command: &[&str]) -> ContainerConfig {
+    let mut c = config(name, command);
+    c.labels.insert("test.case".into(), name.into());
+    c.annotations.insert("test.note".into(), "kept".into());
+    c
+}
+
+/// Garbage or empty records of a running container (torn writes, a bad disk): it is still
+/// listed, with its labels when any copy of its record is readable, never reported gone or
+/// exited while it runs, and `delete` removes its processes, cgroup, mount and state.
+fn unreadable_records_of_a_running_container() -> Result<()> {
+    let cases: &[(&str, Garbling, bool)] = &[
+        ("garbage-container-json", &[("container.json", "garbage{")], true),
+        ("empty-monitor-json", &[("monitor.json", "")], true),
+        ("garbage-exit-json", &[("exit.json", "\0\0not json")], true),
+        ("empty-started-json", &[("started.json", "")], true),
+        (
+            "all-records",
+            &[
+                ("container.json", "x"),
+                ("config.json", "{"),
+                ("monitor.json", ""),
+                ("started.json", "}"),
+                ("exit.json", "?"),
+            ],
+            true,
+        ),
+        (
+            "all-records-and-libcontainer",
+            &[
+                ("container.json", "x"),
+                ("config.json", "{"),
+                ("monitor.json", ""),
+                ("started.json", "}"),
+                ("lc:state.json", "garbage"),
+                ("lc:youki_config.json", ""),
+            ],
+            false,
+        ),
+    ];
+    block(async {
+        let rt = &env().rt;
+        for (name, files, labels_recoverable) in cases {
+            let cfg = labelled(name, &["sleep", "60"]);
+            let info = rt.create(&cfg).await?;
+            let id = info.id().to_string();
+            let t = traces(&id, &info.record.cgroup_path);
+            let r = async {
+                rt.start(&id).await?;
+                ensure!(!t.procs.is_empty(), "the container has processes");
+                garble(&id, files)?;
+                let listed = rt
+                    .list()?
+                    .into_iter()
+                    .find(|c| c.id() == id)
+                    .ok_or_else(|| anyhow!("not listed"))?;
+                let got = rt.inspect(&id)?;
+                for i in [&listed, &got] {
+                    ensure!(state_name(&i.state) == "Running", "state {:?}", i.state);
+                    if *labels_recoverable {
+                        ensure!(i.record.labels == cfg.labels, "labels {:?}", i.record.labels);
+                        ensure!(
+                            i.record.annotations.get("test.note").map(String::as_str) == Some("kept"),
+                            "annotations {:?}",
+                            i.record.annotations
+                        );
+                        ensure!(i.record.cgroup_path == info.record.cgroup_path);
+                    }
+                }
+                if *name == "empty-monitor-json" {
+                    // The monitor found through the kernel still signals and reports.
+                    let m = got.monitor.clone().ok_or_else(|| anyhow!("no monitor"))?;
+                    ensure!(Some(&m) == info.monitor.as_ref(), "{m:?} vs {:?}", info.monitor);
+                    ensure!(
+                        rt.exec_capture(
+                            &id,
+                            &ExecSpec {
+                                args: vec!["true".into()],
+                                ..Default::default()
+                            },
+                            Some(Duration::from_secs(10)),
+                            64
+                        )
+                        .await?
+                        .exit_code
+                            == 0
+                    );
+                    rt.kill(&id, libc::SIGKILL)?;
+                    let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+                    ensure!(e.exit_code == 137, "{e:?}");
+                }
+                Ok(())
+            }
+            .await
+            .with_context(|| format!("case {name}"));
+            let d = rt.delete(&id).await.with_context(|| format!("case {name}: delete"));
+            r?;
+            d?;
+            ensure_removed(&t).with_context(|| format!("case {name}"))?;
+        }
+        Ok(())
+    })
+}
+
+/// Wait until the monitor of an exited container is gone too (it exits right after writing
+/// exit.json).
+async fn monitor_gone(info: &ferrolet_runtime::ContainerInfo) -> Result<()> {
+    let m = info.monitor.clone().ok_or_else(|| anyhow!("no monitor record"))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ferrolet_runtime::pidfd::process_matches(m.monitor_pid, m.monitor_start) {
+        ensure!(Instant::now() < deadline, "monitor {} did not exit", m.monitor_pid);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Garbage or empty records of a container that exited with 3: never running or absent; its
+/// recorded exit while exit.json is readable, "exit status unknown" when it is not.
+fn unreadable_records_of_an_exited_container() -> Result<()> {
+    let cases: &[(&str, Garbling, Option<i32>)] = &[
+        ("exited-garbage-exit-json", &[("exit.json", "garbage")], None),
+        ("exited-empty-monitor-json", &[("monitor.json", "")], Some(3)),
+        ("exited-garbage-container-json", &[("container.json", "[1,")], Some(3)),
+        ("exited-empty-started-json", &[("started.json", "")], Some(3)),
+        (
+            "exited-exit-and-monitor",
+            &[("exit.json", ""), ("monitor.json", "{}")],
+            None,
+        ),
+    ];
+    block(async {
+        let rt = &env().rt;
+        for (name, files, code) in cases {
+            let cfg = labelled(name, &["sh", "-c", "exit 3"]);
+            let info = rt.create(&cfg).await?;
+            let id = info.id().to_string();
+            let t = traces(&id, &info.record.cgroup_path);
+            let r = async {
+                rt.start(&id).await?;
+                let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+                ensure!(e.exit_code == 3, "{e:?}");
+                monitor_gone(&info).await?;
+                garble(&id, files)?;
+                let listed = rt
+                    .list()?
+                    .into_iter()
+                    .find(|c| c.id() == id)
+                    .ok_or_else(|| anyhow!("not listed"))?;
+                let got = rt.inspect(&id)?;
+                for i in [&listed, &got] {
+                    ensure!(i.record.labels == cfg.labels, "labels {:?}", i.record.labels);
+                    match code {
+                        Some(c) => ensure!(
+                            matches!(&i.state, ContainerState::Exited(x) if x.exit_code == *c),
+                            "state {:?}",
+                            i.state
+                        ),
+                        None => {
+                            ensure!(state_name(&i.state) == "ExitUnknown", "state {:?}", i.state);
+                            let dbg = format!("{:?}", i.state);
+                            ensure!(
+                                dbg.contains("exit.json") && dbg.contains("exit status unknown"),
+                                "{dbg}"
+                            );
+                        }
+                    }
+                }
+                // wait() on it answers at once.
+                let w = tokio::time::timeout(Duration::from_secs(2), rt.wait(&id)).await??;
+                ensure!(code.is_none_or(|c| w.exit_code == c), "{w:?}");
+                Ok(())
+            }
+            .await
+            .with_context(|| format!("case {name}"));
+            let d = rt.delete(&id).await.with_context(|| format!("case {name}: delete"));
+            r?;
+            d?;
+            ensure_removed(&t).with_context(|| format!("case {name}"))?;
+        }
+        Ok(())
+    })
+}
+
+/// A container whose monitor was killed keeps running without anyone to record its exit: it
+/// is not "exited" while its processes live (the agent would start a second copy), and kill,
+/// wait and delete still work through its cgroup.
+fn container_whose_monitor_died_is_not_exited_while_it_runs() -> Result<()> {
+    block(async {
+        let rt = &env().rt;
+        let info = rt.create(&labelled("monitor-killed", &["sleep", "60"])).await?;
+        let id = info.id().to_string();
+        let t = traces(&id, &info.record.cgroup_path);
+        let r = async {
+            rt.start(&id).await?;
+            let m = info.monitor.clone().ok_or_else(|| anyhow!("no monitor record"))?;
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(m.monitor_pid), nix::sys::signal::SIGKILL)?;
+            monitor_gone(&info).await?;
+            ensure!(
+                ferrolet_runtime::pidfd::process_matches(m.init_pid, m.init_start),
+                "the container outlives its monitor"
+            );
+            let got = rt.inspect(&id)?;
+            ensure!(state_name(&got.state) == "Unknown", "state {:?}", got.state);
+            ensure!(rt
+                .list()?
+                .iter()
+                .any(|c| c.id() == id && state_name(&c.state) == "Unknown"));
+            rt.kill(&id, libc::SIGKILL)?;
+            let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            ensure!(
+                e.exit_code == 255 && e.reason.as_deref().is_some_and(|r| r.contains("monitor died")),
+                "{e:?}"
+            );
+            ensure!(state_name(&rt.inspect(&id)?.state) == "ExitUnknown");
+            Ok(())
+        }
+        .await;
+        let d = rt.delete(&id).await;
+        r?;
+        d?;
+        ensure_removed(&t)
+    })
+}
+
+/// A running container whose records are all gone (container.json, config.json, monitor.json,
+/// started.json and libcontainer's state): it is listed from its directory, the kernel says it
+/// runs (its monitor holds the directory, its cgroup is named after it), and delete finds its
+/// cgroup and mount and removes them. What `ferrolet reset` does without records rests on this
+/// and on `mounts_under` / `procs_below`, checked here too.
+fn container_without_records_is_found_by_cgroup_and_mount() -> Result<()> {
+    block(async {
+        let rt = &env().rt;
+        let info = rt.create(&labelled("no-records", &["sleep", "60"])).await?;
+        let id = info.id().to_string();
+        let t = traces(&id, &info.record.cgroup_path);
+        let r = async {
+            rt.start(&id).await?;
+            let dir = rt.root().join("containers").join(&id);
+            for f in ["container.json", "config.json", "monitor.json", "started.json"] {
+                std::fs::remove_file(dir.join(f))?;
+            }
+            std::fs::remove_dir_all(rt.root().join("libcontainer").join(&id))?;
+            ensure!(
+                rt.remove_orphans()? == 0,
+                "a directory with a live container is no orphan"
+            );
+            let got = rt
+                .list()?
+                .into_iter()
+                .find(|c| c.id() == id)
+                .ok_or_else(|| anyhow!("not listed"))?;
+            ensure!(state_name(&got.state) == "Running", "state {:?}", got.state);
+            ensure!(
+                rt.inspect(&id)?.monitor.map(|m| m.init_pid) == info.monitor.as_ref().map(|m| m.init_pid),
+                "init found"
+            );
+            // What reset looks at: the rootfs among the mounts under the root, the processes
+            // in the container's parent cgroup.
+            ensure!(ferrolet_runtime::rootfs::mounts_under(rt.root()).contains(&t.rootfs));
+            let parent = env().cgroup.path();
+            ensure!(t
+                .procs
+                .iter()
+                .all(|(p, _)| rt.cgroups().procs_below(parent).contains(p)));
+            Ok(())
+        }
+        .await;
+        let d = rt.delete(&id).await;
+        r?;
+        d?;
+        ensure_removed(&t)
+    })
 }

@@ -40,7 +40,8 @@ impl ContainerView {
         let state = match &info.state {
             ContainerState::Created => ViewState::Created,
             ContainerState::Running => ViewState::Running,
-            ContainerState::Exited(e) => ViewState::Exited(e.clone()),
+            ContainerState::Exited(e) | ContainerState::ExitUnknown(e) => ViewState::Exited(e.clone()),
+            ContainerState::Unknown { .. } => ViewState::Running,
             ContainerState::Incomplete => return None,
         };
         Some(ContainerView {

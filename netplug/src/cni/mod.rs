@@ -315,11 +315,21 @@ impl CniNet {
         Ok(())
     }
 
-    /// A record for a sandbox known only from a cached result (or from the request).
+    /// The sandbox's record; for a sandbox known only from a cached result (or from the
+    /// request), or whose record cannot be read, one made from those (or from the current
+    /// configuration, interface eth0, no namespace: what DEL needs to release by id).
     fn record_for(&self, id: &str, req: Option<&SandboxNetwork>) -> Result<Option<Record>> {
-        if let Some(rec) = self.records.read::<Record>(id)? {
-            return Ok(Some(rec));
+        let mut unreadable = false;
+        match self.records.read::<Record>(id) {
+            Ok(Some(rec)) => return Ok(Some(rec)),
+            Ok(None) => {}
+            Err(e) => {
+                warn!(sandbox = %id, error = %chain(&e), "unreadable CNI record; DEL with the cached result or the current configuration");
+                unreadable = true;
+            }
         }
+        let fallback = SandboxNetwork::new(id, PathBuf::new());
+        let req = req.or(unreadable.then_some(&fallback));
         // a cached result without a record: find it by container id
         for name in fsutil::list_names(&self.results_dir)? {
             let Ok(Some(c)) = fsutil::read_json_opt::<CachedResult>(&self.results_dir.join(&name)) else {
