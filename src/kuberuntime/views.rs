@@ -33,16 +33,23 @@ pub enum ViewState {
 }
 
 impl ContainerView {
+    /// The container as Kubernetes sees it. A container whose state the runtime cannot tell
+    /// (unreadable records, processes still in its cgroup) is running: nothing replaces it while
+    /// it may live. One whose labels could not be recovered has no name: if it may be alive it
+    /// is a stray to stop; if it is gone it is nobody's history.
     pub fn from_info(info: &ContainerInfo) -> Option<ContainerView> {
         let l = &info.record.labels;
         let a = &info.record.annotations;
-        let name = l.get(LABEL_CONTAINER_NAME)?.clone();
         let state = match &info.state {
             ContainerState::Created => ViewState::Created,
-            ContainerState::Running => ViewState::Running,
+            ContainerState::Running | ContainerState::Unknown { .. } => ViewState::Running,
             ContainerState::Exited(e) | ContainerState::ExitUnknown(e) => ViewState::Exited(e.clone()),
-            ContainerState::Unknown { .. } => ViewState::Running,
             ContainerState::Incomplete => return None,
+        };
+        let name = match l.get(LABEL_CONTAINER_NAME) {
+            Some(n) => n.clone(),
+            None if info.state.may_be_alive() => String::new(),
+            None => return None,
         };
         Some(ContainerView {
             id: info.record.id.clone(),

@@ -101,16 +101,29 @@ impl PodWorkers {
     }
 }
 
-/// The runtime's containers by the pod UID on their labels (containers without one are not
-/// pods' and are left alone).
+/// The runtime's containers by pod UID: from their labels, or when those could not be read
+/// back, from their cgroup path (`.../pod<uid>/<id>`). Containers of neither are not pods' and
+/// are left alone.
 pub fn containers_by_pod(rt: &Runtime) -> ferrolet_runtime::Result<HashMap<String, Vec<String>>> {
     let mut by_pod: HashMap<String, Vec<String>> = HashMap::new();
     for c in rt.list()? {
-        if let Some(uid) = c.record.labels.get(LABEL_POD_UID) {
-            by_pod.entry(uid.clone()).or_default().push(c.id().to_string());
+        let uid = c
+            .record
+            .labels
+            .get(LABEL_POD_UID)
+            .cloned()
+            .or_else(|| pod_uid_of_cgroup(&c.record.cgroup_path));
+        if let Some(uid) = uid {
+            by_pod.entry(uid).or_default().push(c.id().to_string());
         }
     }
     Ok(by_pod)
+}
+
+/// The pod UID in a container's cgroup path, as the pod cgroups name it (`pod<uid>`).
+fn pod_uid_of_cgroup(path: &str) -> Option<String> {
+    let parent = std::path::Path::new(path).parent()?.file_name()?.to_str()?;
+    parent.strip_prefix("pod").filter(|u| !u.is_empty()).map(str::to_string)
 }
 
 /// Pod UIDs with a directory under the root dir or a pod cgroup.
@@ -123,4 +136,19 @@ fn uids_on_disk(m: &Managers) -> HashSet<String> {
         .collect();
     uids.extend(m.setup.cgroups().existing_pod_uids());
     uids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_uid_from_a_container_cgroup() {
+        assert_eq!(
+            pod_uid_of_cgroup("/a/kubepods/burstable/pod1234-ab/c0ffee").as_deref(),
+            Some("1234-ab")
+        );
+        assert_eq!(pod_uid_of_cgroup("/a/kubepods/pod9/c").as_deref(), Some("9"));
+        assert_eq!(pod_uid_of_cgroup("/a/other/c"), None);
+    }
 }

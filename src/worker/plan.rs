@@ -104,6 +104,26 @@ impl Planner<'_> {
         }
     }
 
+    /// Only the latest attempt of a container may run (kubelet kills every running container
+    /// it does not keep): an older attempt still alive, or a container the spec does not name,
+    /// is stopped. Such strays come from an agent killed in the middle of a start (its zygote
+    /// finishes the create) or a record that could not be read for a while.
+    fn stop_strays(&mut self) {
+        let cs = self.input.containers;
+        for (name, attempts) in &cs.by_name {
+            let in_spec = pod::container(self.input.pod, name).is_some();
+            let stray = attempts.iter().skip(if in_spec { 1 } else { 0 });
+            for v in stray.filter(|v| v.is_active()) {
+                let why = if in_spec {
+                    "a newer attempt of the container exists"
+                } else {
+                    "the container is not in the pod spec"
+                };
+                self.kill(v, why);
+            }
+        }
+    }
+
     fn kill(&mut self, v: &ContainerView, reason: &str) {
         self.plan.kill.push(Kill {
             id: v.id.clone(),
@@ -130,6 +150,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         input,
         plan: Plan::default(),
     };
+    p.stop_strays();
     let pod_ = input.pod;
     let policy = pod::restart_policy(pod_);
     let inits = pod::init_containers(pod_);
@@ -460,5 +481,30 @@ mod tests {
         // While the app runs, a crashed sidecar is restarted.
         let p = t.plan(vec![view("side", 0, exited(1)), view("a", 0, ViewState::Running)]);
         assert_eq!(names(&p), ["side"]);
+    }
+
+    #[test]
+    fn only_the_latest_attempt_may_run() {
+        let t = T::new(serde_json::json!({"metadata":{"name":"p"},"spec":{"containers":[{"name":"a","image":"x"}]}}));
+        // Attempt 1 runs; attempt 0, left by an agent killed mid-start, is still created.
+        let mut old = view("a", 0, ViewState::Created);
+        old.created_at = Utc::now() - chrono::Duration::seconds(5);
+        let p = t.plan(vec![view("a", 1, ViewState::Running), old]);
+        assert_eq!(p.kill.len(), 1);
+        assert_eq!(
+            (p.kill[0].id.as_str(), p.kill[0].reason.as_str()),
+            ("a-0", "a newer attempt of the container exists")
+        );
+        assert!(p.start.is_empty());
+        // A container the spec does not name is stopped too.
+        let p = t.plan(vec![
+            view("a", 0, ViewState::Running),
+            view("gone", 0, ViewState::Running),
+        ]);
+        assert_eq!(p.kill.len(), 1);
+        assert_eq!(p.kill[0].name, "gone");
+        // Exited older attempts are history, not strays.
+        let p = t.plan(vec![view("a", 1, ViewState::Running), view("a", 0, exited(1))]);
+        assert!(p.kill.is_empty());
     }
 }

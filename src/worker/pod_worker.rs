@@ -62,6 +62,8 @@ pub(super) struct Containers {
     pub watched: HashSet<String>,
     /// Termination messages by container id, read once when the container ended.
     pub messages: BTreeMap<String, String>,
+    /// Ids whose unreadable records have been reported (once each).
+    pub record_errors_reported: HashSet<String>,
 }
 
 /// What the pod has on the node besides its containers.
@@ -356,7 +358,12 @@ impl PodWorker {
         let mut gone = Vec::new();
         for id in &self.containers.known {
             match self.m.rt.inspect(id) {
-                Ok(info) => out.extend(ContainerView::from_info(&info)),
+                Ok(info) => {
+                    if !info.record_errors.is_empty() && self.containers.record_errors_reported.insert(id.clone()) {
+                        warn!(pod = %pod::full_name(&self.pod), container = %id, state = ?info.state, errors = ?info.record_errors, "container records unreadable; state taken from the kernel");
+                    }
+                    out.extend(ContainerView::from_info(&info));
+                }
                 Err(e) if e.is_not_found() => gone.push(id.clone()),
                 Err(e) => {
                     warn!(pod = %pod::full_name(&self.pod), container = %id, error = %ferrolet_fsutil::chain(&e), "reading container state")
