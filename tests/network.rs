@@ -343,3 +343,49 @@ fn an_unreadable_sandbox_record_is_a_sandbox_change_not_a_silent_new_ip() {
     let body = net.http_get_eventually(&format!("{ip}:8080"), "/", T).unwrap();
     assert_eq!(body.trim(), "hello from g");
 }
+
+#[test]
+fn reset_survives_garbled_network_records() {
+    let net = TestNet::create("rsn");
+    let mut a = Agent::start_in_netns(
+        "rsn",
+        &net.path,
+        "bridge",
+        &[],
+        "ferrolet:\n  podSubnet: 10.66.9.0/24\n",
+    );
+    a.write("w.yaml", &pod_yaml("w", "Always", "sleep 3600"));
+    a.write("v.yaml", &pod_yaml("v", "Always", "sleep 3600"));
+    a.wait_phase("w", "Running", T);
+    a.wait_phase("v", "Running", T);
+    a.stop();
+    let recs = a.root.join("network/sandboxes");
+    let mut n = 0;
+    for e in std::fs::read_dir(&recs).unwrap().flatten() {
+        std::fs::write(e.path(), "garbage").unwrap();
+        n += 1;
+    }
+    assert_eq!(n, 2);
+    let ipam = a.root.join("network/ipam/10.66.9.0_24");
+    let ipfile = std::fs::read_dir(&ipam)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("10."))
+        .unwrap()
+        .path();
+    std::fs::write(&ipfile, b"\xff\xfe").unwrap();
+    // Issue 11.2: a garbled network record stopped reset half-way (bridge and table left).
+    let out = a.reset().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        net.nft(&["list", "table", "inet", "ferrolet"]).is_err(),
+        "nft table left"
+    );
+    let links = net.ip(&["-o", "link"]);
+    assert!(!links.contains("ferrolet0"), "bridge left: {links}");
+    assert!(!links.contains("veth"), "veths left: {links}");
+    let left: Vec<_> = std::fs::read_dir(&ipam)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.iter().all(|n| n == "last_reserved_ip"), "{left:?}");
+}

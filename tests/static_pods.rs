@@ -920,3 +920,67 @@ fn a_pod_of_many_containers_shows_its_progress() {
     });
     assert!(partial.get(), "a status was published before every container ran");
 }
+
+#[test]
+fn reset_finds_containers_without_their_records() {
+    let mut a = Agent::start_in_own_cgroup("rsg");
+    for p in ["g", "b", "e"] {
+        a.write(&format!("{p}.yaml"), &pod_yaml(p, "Always", "sleep 3600"));
+    }
+    for p in ["g", "b", "e"] {
+        a.wait_phase(p, "Running", T);
+    }
+    a.stop();
+    let cg = ferrolet_runtime::cgroups::Cgroups::detect().unwrap();
+    let kubepods = format!("{}/kubepods", a.cgroup.path());
+    let procs = cg.procs_below(&kubepods);
+    assert!(procs.len() >= 3, "{procs:?}");
+    let cdir = a.root.join("containers");
+    let mut ids: Vec<String> = std::fs::read_dir(&cdir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    ids.sort();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    std::fs::write(cdir.join(&ids[0]).join("container.json"), "garbage").unwrap();
+    std::fs::write(cdir.join(&ids[1]).join("monitor.json"), "").unwrap();
+    std::fs::write(cdir.join(&ids[1]).join("exit.json"), "x").unwrap();
+    // the third loses its state dir altogether: only its cgroup (and processes) are left
+    nix::mount::umount2(&cdir.join(&ids[2]).join("rootfs"), nix::mount::MntFlags::MNT_DETACH).unwrap();
+    std::fs::remove_dir_all(cdir.join(&ids[2])).unwrap();
+    std::fs::remove_dir_all(a.root.join("libcontainer").join(&ids[2])).unwrap();
+    std::fs::write(a.root.join("agent.json"), "{garbage").unwrap();
+
+    // Issue 11.2: reset found "0 containers" and left orphans, mounts and cgroups behind.
+    let out = a.reset().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "agent.json unreadable is reported: {stderr}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    for p in &procs {
+        let st = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        assert!(st.is_empty() || st.contains(") Z"), "process {p} survived: {st}");
+    }
+    let rel = kubepods.trim_start_matches('/');
+    for m in cg.mounts() {
+        assert!(!m.join(rel).exists(), "{} left behind", m.join(rel).display());
+    }
+    let root = a.root.display().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&root)).collect();
+    assert!(left.is_empty(), "mounts left behind: {left:#?}");
+    for sub in ["containers", "pods", "libcontainer"] {
+        let n = std::fs::read_dir(a.root.join(sub)).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(n, 0, "{sub} left behind");
+    }
+    let logs = std::fs::read_dir(&a.logs).map(|d| d.count()).unwrap_or(0);
+    assert!(logs <= 1, "pod logs left: {logs}");
+    // The unreadable record was moved aside: the next reset has nothing left to complain of.
+    assert!(a.root.join("agent.json.unreadable").exists());
+    let again = a.reset().unwrap();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+}

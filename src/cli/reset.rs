@@ -246,8 +246,18 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
     for f in ["ferrolet.sock", "exec.sock"] {
         let _ = std::fs::remove_file(root.join(f));
     }
-    // The record stays while something is left, so reset can be run again.
-    if failed.0 == 0 {
+    // A readable record stays while something is left, so reset can be run again; an
+    // unreadable one can teach the next run nothing: it is moved aside (and reported above).
+    if rec.is_none() {
+        let aside = root.join("agent.json.unreadable");
+        if std::fs::rename(record_path(root), &aside).is_ok() {
+            eprintln!(
+                "moved the unreadable {} to {}",
+                record_path(root).display(),
+                aside.display()
+            );
+        }
+    } else if failed.0 == 0 {
         let _ = std::fs::remove_file(record_path(root));
     }
     println!("removed {removed} containers and {pods} pods from {}", root.display());
@@ -259,12 +269,6 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
     }
     if failed.0 > 0 {
         eprintln!("{} thing(s) could not be done (see above)", failed.0);
-        if rec.is_none() {
-            eprintln!(
-                "{} is kept (it cannot be read); remove it by hand once the above is dealt with",
-                record_path(root).display()
-            );
-        }
         return Ok(1);
     }
     Ok(0)
