@@ -61,7 +61,7 @@ static_pods=$(printf '%s\n' "${tests[@]}" | awk '$1=="static_pods"{print $2}')
 # cgroups, adoption and the pod lifecycle.
 cat >"$results/plan" <<PLAN
 runtime-containers $containers --test-threads 1
-agent-static-pods $static_pods --test-threads 1 add_update_remove_manifests init_containers_run_in_order_then_app pod_cgroup_tree_limits_and_oom_killed agent_kill9_and_restart_keeps_containers default_cgroup_root restart_policies_exit_0_and_1 reset_removes_what_the_agent_made
+agent-static-pods $static_pods --test-threads 1 add_update_remove_manifests init_containers_run_in_order_then_app pod_cgroup_tree_limits_and_oom_killed agent_kill9_and_restart_keeps_containers default_cgroup_root restart_policies_exit_0_and_1 reset_removes_what_the_agent_made reset_finds_containers_without_their_records
 PLAN
 
 # 3. The initramfs: busybox, the modules with their dependencies first, the shared libraries
