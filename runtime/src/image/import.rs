@@ -30,6 +30,8 @@ pub(super) struct FoundImage {
 
 struct Ingest<'a> {
     store: &'a ImageStore,
+    /// Blobs this import put into the store that were not there before.
+    added: &'a mut Vec<Digest>,
     origin: String,
     /// Small metadata files by archive path.
     meta: HashMap<String, Vec<u8>>,
@@ -37,9 +39,12 @@ struct Ingest<'a> {
     blobs: HashMap<String, Digest>,
 }
 
-pub(super) fn read_archive(store: &ImageStore, path: &Path) -> Result<Vec<FoundImage>> {
+/// Read the archive at `path`, storing its blobs; `added` gets the digests of the blobs that
+/// were not in the store before (also when this fails).
+pub(super) fn read_archive(store: &ImageStore, path: &Path, added: &mut Vec<Digest>) -> Result<Vec<FoundImage>> {
     let mut ing = Ingest {
         store,
+        added,
         origin: format!("in {}", p(path)),
         meta: HashMap::new(),
         blobs: HashMap::new(),
@@ -132,7 +137,7 @@ impl Ingest<'_> {
 
     /// Stream `r` into the blob store, checking it hashes to `expected` when the archive names
     /// the blob by digest.
-    fn store_blob(&self, r: &mut dyn Read, expected: Option<&Digest>, name: &str) -> Result<Digest> {
+    fn store_blob(&mut self, r: &mut dyn Read, expected: Option<&Digest>, name: &str) -> Result<Digest> {
         let tmp = self
             .store
             .dir()
@@ -156,7 +161,11 @@ impl Ingest<'_> {
                 }
             }
             let dest = self.store.blob_path(&digest);
+            let existed = dest.exists();
             fs::rename(&tmp, &dest).with_context(|| format!("storing blob {}", p(&dest)))?;
+            if !existed && !self.added.contains(&digest) {
+                self.added.push(digest.clone());
+            }
             Ok(digest)
         })();
         if res.is_err() {
