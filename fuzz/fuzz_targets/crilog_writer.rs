@@ -52,7 +52,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut kept = Vec::new();
     let rotated = rotated_files(&path);
-    assert!(rotated.len() < max_files as usize, "{} rotated files kept", rotated.len());
+    assert!(
+        rotated.len() < max_files as usize,
+        "{} rotated files kept",
+        rotated.len()
+    );
     for f in rotated.iter().chain(std::iter::once(&path)) {
         kept.extend(std::fs::read(f).unwrap());
     }

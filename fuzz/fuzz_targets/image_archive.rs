@@ -140,8 +140,16 @@ fuzz_target!(|data: &[u8]| {
                     .map(|e| e.file_name())
                     .collect::<Vec<_>>()
             };
-            assert_eq!(left("blobs/sha256"), Vec::<std::ffi::OsString>::new(), "blobs of a failed import");
-            assert_eq!(left("layers"), Vec::<std::ffi::OsString>::new(), "layers of a failed import");
+            assert_eq!(
+                left("blobs/sha256"),
+                Vec::<std::ffi::OsString>::new(),
+                "blobs of a failed import"
+            );
+            assert_eq!(
+                left("layers"),
+                Vec::<std::ffi::OsString>::new(),
+                "layers of a failed import"
+            );
             assert_eq!(left("blobs/.tmp"), Vec::<std::ffi::OsString>::new(), "temp blobs");
         }
     }

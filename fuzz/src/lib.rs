@@ -27,7 +27,11 @@ impl Scratch {
     /// Panic if anything appeared in `victim/` or beside the names in `allowed`.
     pub fn check_nothing_outside(&self, allowed: &[&str]) {
         let victim = self.path("victim");
-        let mut inside: Vec<_> = std::fs::read_dir(&victim).unwrap().flatten().map(|e| e.path()).collect();
+        let mut inside: Vec<_> = std::fs::read_dir(&victim)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
         inside.sort();
         assert!(inside.is_empty(), "written into the victim directory: {inside:?}");
         for e in std::fs::read_dir(self.dir.path()).unwrap().flatten() {
