@@ -27,6 +27,11 @@
 //! directories walked so far for `..`. Both ways are race-free against a component being
 //! swapped for a symlink meanwhile: a swapped-in symlink is itself resolved beneath the root.
 //!
+//! [`RootDir::open_in_root`] resolves as if the root were `/` instead
+//! (`RESOLVE_IN_ROOT`): an absolute symlink target or path starts again at the root and `..` at
+//! the root stays there, as a container sees its root filesystem. Nothing escapes either way;
+//! beneath refuses what in-root re-roots.
+//!
 //! The root itself is trusted: [`RootDir::open`] follows symlinks in its own path.
 
 use std::ffi::{CString, OsStr, OsString};
@@ -65,13 +70,25 @@ static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 pub struct RootDir {
     fd: OwnedFd,
     path: PathBuf,
+    in_root: bool,
 }
 
 impl RootDir {
     /// Open the directory `path` as a root. `path` itself is trusted (its symlinks are
     /// followed); only what lies beneath it is not.
     pub fn open(path: impl AsRef<Path>) -> Result<RootDir> {
-        let path = path.as_ref();
+        Self::open_mode(path.as_ref(), false)
+    }
+
+    /// Open the directory `path` as the root of a filesystem tree (a container's root
+    /// filesystem): paths and absolute symlink targets are resolved from it as from `/`, and
+    /// `..` at it stays at it (`RESOLVE_IN_ROOT`), so an image's `/lib -> /usr/lib` works and
+    /// `/x -> /etc` is the tree's `etc`, never the host's. Otherwise as [`open`](Self::open).
+    pub fn open_in_root(path: impl AsRef<Path>) -> Result<RootDir> {
+        Self::open_mode(path.as_ref(), true)
+    }
+
+    fn open_mode(path: &Path, in_root: bool) -> Result<RootDir> {
         let c = cstr(path.as_os_str()).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
         // SAFETY: `c` is a valid NUL-terminated path.
         let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
@@ -79,12 +96,18 @@ impl RootDir {
         Ok(RootDir {
             fd,
             path: path.to_path_buf(),
+            in_root,
         })
     }
 
-    /// Use an open directory fd as a root; `path` only names it in error messages.
+    /// Use an open directory fd as a root (resolving beneath it, as [`open`](Self::open));
+    /// `path` only names it in error messages.
     pub fn from_fd(fd: OwnedFd, path: impl Into<PathBuf>) -> RootDir {
-        RootDir { fd, path: path.into() }
+        RootDir {
+            fd,
+            path: path.into(),
+            in_root: false,
+        }
     }
 
     /// The root's path as given (for messages; never used to reach the root again).
@@ -99,7 +122,7 @@ impl RootDir {
     /// and the `*at` calls. An empty `rel` (or `.`) is the root itself.
     pub fn open_at(&self, rel: impl AsRef<Path>, flags: libc::c_int) -> Result<OwnedFd> {
         let rel = rel.as_ref();
-        resolve(self.fd.as_fd(), rel, flags).map_err(|e| self.err("opening", rel, e))
+        resolve(self.fd.as_fd(), rel, flags, self.in_root).map_err(|e| self.err("opening", rel, e))
     }
 
     /// An `O_PATH` fd of the directory `rel` (symlinks followed beneath the root).
@@ -114,7 +137,7 @@ impl RootDir {
     /// to create its target.
     pub fn create_dir_all(&self, rel: impl AsRef<Path>, mode: u32) -> Result<OwnedFd> {
         let rel = rel.as_ref();
-        mkdir_all(self.fd.as_fd(), rel, mode).map_err(|e| self.err("creating directory", rel, e))
+        mkdir_all(self.fd.as_fd(), rel, mode, self.in_root).map_err(|e| self.err("creating directory", rel, e))
     }
 
     /// The directory that holds `rel`'s last component, resolved beneath the root, as an
@@ -125,7 +148,7 @@ impl RootDir {
     pub fn open_parent(&self, rel: impl AsRef<Path>) -> Result<(OwnedFd, OsString)> {
         let rel = rel.as_ref();
         let (parent, name) = split_last(rel).map_err(|e| self.err("opening the parent of", rel, e))?;
-        let fd = resolve(self.fd.as_fd(), parent, libc::O_PATH | libc::O_DIRECTORY)
+        let fd = resolve(self.fd.as_fd(), parent, libc::O_PATH | libc::O_DIRECTORY, self.in_root)
             .map_err(|e| self.err("opening the parent of", rel, e))?;
         Ok((fd, name))
     }
@@ -135,7 +158,8 @@ impl RootDir {
     pub fn create_parent(&self, rel: impl AsRef<Path>, mode: u32) -> Result<(OwnedFd, OsString)> {
         let rel = rel.as_ref();
         let (parent, name) = split_last(rel).map_err(|e| self.err("creating the parent of", rel, e))?;
-        let fd = mkdir_all(self.fd.as_fd(), parent, mode).map_err(|e| self.err("creating the parent of", rel, e))?;
+        let fd = mkdir_all(self.fd.as_fd(), parent, mode, self.in_root)
+            .map_err(|e| self.err("creating the parent of", rel, e))?;
         Ok((fd, name))
     }
 
@@ -153,7 +177,7 @@ impl RootDir {
     }
 
     fn err(&self, what: &str, rel: &Path, e: io::Error) -> Error {
-        let context = if e.raw_os_error() == Some(libc::EXDEV) {
+        let context = if e.raw_os_error() == Some(libc::EXDEV) && !self.in_root {
             format!(
                 "{what} {}: it leads outside {} (through `..` or a symlink)",
                 rel.display(),
@@ -278,33 +302,35 @@ fn errno(n: i32) -> io::Error {
     io::Error::from_raw_os_error(n)
 }
 
-/// Check that `rel` is relative: absolute paths are refused like openat2 does (EXDEV).
-fn check_rel(rel: &Path) -> io::Result<()> {
-    if rel.has_root() {
-        return Err(errno(libc::EXDEV));
-    }
+/// Check `rel`: beneath the root an absolute path is refused like openat2 does (EXDEV); in
+/// the root it starts at the root.
+fn check_rel(rel: &Path, in_root: bool) -> io::Result<&Path> {
     if rel.as_os_str().as_bytes().contains(&0) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"));
     }
-    Ok(())
+    match rel.strip_prefix("/") {
+        Ok(stripped) if in_root => Ok(stripped),
+        Ok(_) => Err(errno(libc::EXDEV)),
+        Err(_) => Ok(rel),
+    }
 }
 
-/// Resolve `rel` beneath `root` and open it with `flags`.
-fn resolve(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+/// Resolve `rel` beneath (or in) `root` and open it with `flags`.
+fn resolve(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> io::Result<OwnedFd> {
     // O_TMPFILE includes O_DIRECTORY: compare all of its bits.
     if flags & libc::O_CREAT != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE {
         return Err(errno(libc::EINVAL));
     }
-    check_rel(rel)?;
+    let rel = check_rel(rel, in_root)?;
     if !NO_OPENAT2.load(Ordering::Relaxed) && !force_walk() {
-        match openat2_beneath(root, rel, flags) {
+        match openat2_beneath(root, rel, flags, in_root) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
             // A rename elsewhere raced with `..`: the walk below is race-free too.
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
             r => return r,
         }
     }
-    walk(root, rel, flags)
+    walk(root, rel, flags, in_root)
 }
 
 #[repr(C)]
@@ -314,7 +340,7 @@ struct OpenHow {
     resolve: u64,
 }
 
-fn openat2_beneath(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+fn openat2_beneath(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> io::Result<OwnedFd> {
     let path = if rel.as_os_str().is_empty() {
         CString::from(c".")
     } else {
@@ -323,7 +349,12 @@ fn openat2_beneath(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int) -> io::
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC) as u32 as u64,
         mode: 0,
-        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
+        resolve: libc::RESOLVE_NO_MAGICLINKS
+            | if in_root {
+                libc::RESOLVE_IN_ROOT
+            } else {
+                libc::RESOLVE_BENEATH
+            },
     };
     for _ in 0..8 {
         // SAFETY: valid fd, NUL-terminated path, `how` outlives the call and its size is given.
@@ -345,7 +376,7 @@ fn openat2_beneath(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int) -> io::
 }
 
 /// The component walk used where openat2 is missing. Same rules, same errors.
-fn walk(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+fn walk(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> io::Result<OwnedFd> {
     let nofollow = flags & libc::O_NOFOLLOW != 0;
     let mut todo: Vec<OsString> = Vec::new(); // a stack: the next component is the last element
     push_components(&mut todo, rel.as_os_str().as_bytes());
@@ -360,7 +391,7 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int) -> io::Result<Owne
             return open_at_raw(cur, &dot, flags & !libc::O_NOFOLLOW);
         };
         if name == ".." {
-            if stack.pop().is_none() {
+            if stack.pop().is_none() && !in_root {
                 return Err(errno(libc::EXDEV));
             }
             continue;
@@ -380,7 +411,7 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int) -> io::Result<Owne
                 return r;
             }
             let target = read_link_at(cur, &name)?;
-            expand(&mut todo, &target, &mut links)?;
+            expand(&mut todo, &mut stack, &target, &mut links, in_root)?;
             continue;
         }
         let fd = open_at_raw(cur, &name, libc::O_PATH | libc::O_NOFOLLOW)?;
@@ -389,22 +420,32 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int) -> io::Result<Owne
             libc::S_IFDIR => stack.push(fd),
             libc::S_IFLNK => {
                 let target = read_link_at(fd.as_fd(), OsStr::new(""))?;
-                expand(&mut todo, &target, &mut links)?;
+                expand(&mut todo, &mut stack, &target, &mut links, in_root)?;
             }
             _ => return Err(errno(libc::ENOTDIR)),
         }
     }
 }
 
-/// Put a symlink's target in front of what is left to resolve.
-fn expand(todo: &mut Vec<OsString>, target: &OsStr, links: &mut u32) -> io::Result<()> {
+/// Put a symlink's target in front of what is left to resolve. An absolute target is refused
+/// beneath the root and starts again at the root in it.
+fn expand(
+    todo: &mut Vec<OsString>,
+    stack: &mut Vec<OwnedFd>,
+    target: &OsStr,
+    links: &mut u32,
+    in_root: bool,
+) -> io::Result<()> {
     *links += 1;
     if *links > MAX_SYMLINKS {
         return Err(errno(libc::ELOOP));
     }
     let bytes = target.as_bytes();
     if bytes.first() == Some(&b'/') {
-        return Err(errno(libc::EXDEV));
+        if !in_root {
+            return Err(errno(libc::EXDEV));
+        }
+        stack.clear();
     }
     if bytes.is_empty() {
         return Err(errno(libc::ENOENT));
@@ -466,23 +507,24 @@ fn read_link_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OsString> {
     Ok(OsString::from_vec(buf))
 }
 
-fn mkdir_all(root: BorrowedFd<'_>, rel: &Path, mode: u32) -> io::Result<OwnedFd> {
-    check_rel(rel)?;
-    let mut cur = resolve(root, Path::new(""), libc::O_PATH | libc::O_DIRECTORY)?;
+fn mkdir_all(root: BorrowedFd<'_>, rel: &Path, mode: u32, in_root: bool) -> io::Result<OwnedFd> {
+    let rel = check_rel(rel, in_root)?;
+    let dir = |p: &Path| resolve(root, p, libc::O_PATH | libc::O_DIRECTORY, in_root);
+    let mut cur = dir(Path::new(""))?;
     let mut prefix = PathBuf::new();
     for c in rel.components() {
         let name = match c {
             Component::CurDir => continue,
             Component::ParentDir => {
                 prefix.push("..");
-                cur = resolve(root, &prefix, libc::O_PATH | libc::O_DIRECTORY)?;
+                cur = dir(&prefix)?;
                 continue;
             }
             Component::Normal(n) => n,
             Component::RootDir | Component::Prefix(_) => return Err(errno(libc::EXDEV)),
         };
         prefix.push(name);
-        match resolve(root, &prefix, libc::O_PATH | libc::O_DIRECTORY) {
+        match dir(&prefix) {
             Ok(fd) => cur = fd,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 let cn = cstr(name)?;
@@ -494,7 +536,7 @@ fn mkdir_all(root: BorrowedFd<'_>, rel: &Path, mode: u32) -> io::Result<OwnedFd>
                         return Err(e);
                     }
                 }
-                cur = resolve(root, &prefix, libc::O_PATH | libc::O_DIRECTORY)?;
+                cur = dir(&prefix)?;
             }
             Err(e) => return Err(e),
         }
@@ -691,6 +733,37 @@ mod tests {
             let e = r.open_at("f", libc::O_RDONLY | libc::O_CREAT).unwrap_err();
             assert_eq!(e.errno(), Some(libc::EINVAL), "{how}");
             assert!(r.open_parent("x/..").is_err(), "{how}: no last name");
+        });
+    }
+
+    #[test]
+    fn in_root_absolute_symlinks_and_dotdot_stay_in_the_root() {
+        both(|how| {
+            let (_t, root, outside) = setup();
+            fs::create_dir_all(root.join("usr/lib")).unwrap();
+            // Absolute targets are the tree's own paths, at every step of a chain.
+            symlink("/usr/lib", root.join("lib")).unwrap();
+            symlink(&outside, root.join("host")).unwrap();
+            symlink("/host", root.join("hop")).unwrap();
+            symlink("../../../../../..", root.join("up")).unwrap();
+            let r = RootDir::open_in_root(&root).unwrap();
+            assert_eq!(fd_path(&r.open_dir("lib").unwrap()), root.join("usr/lib"), "{how}");
+            assert_eq!(fd_path(&r.open_dir("/lib").unwrap()), root.join("usr/lib"), "{how}");
+            assert_eq!(fd_path(&r.open_dir("up").unwrap()), root, "{how}");
+            assert_eq!(fd_path(&r.open_dir("../..").unwrap()), root, "{how}");
+            // `/hop` dangles in the tree: an error, not the host's directory.
+            let e = r.create_dir_all("/hop/sub", 0o755).unwrap_err();
+            assert!(e.is_not_found(), "{how}: {e}");
+            let inside = root.join(outside.strip_prefix("/").unwrap());
+            fs::create_dir_all(&inside).unwrap();
+            let made = r.create_dir_all("/hop/sub", 0o755).unwrap();
+            assert_eq!(fd_path(&made), inside.join("sub"), "{how}");
+            r.create_dir_all("up/x/../y", 0o755).unwrap();
+            assert!(root.join("y").is_dir(), "{how}");
+            assert!(empty(&outside), "{how}");
+            fs::remove_dir_all(root.join(outside.strip_prefix("/").unwrap().iter().next().unwrap())).unwrap();
+            fs::remove_dir(root.join("y")).unwrap();
+            fs::remove_dir(root.join("x")).unwrap();
         });
     }
 
