@@ -16,8 +16,13 @@ use super::ImageStore;
 use crate::digest::{Digest, HashingWriter};
 use crate::error::{p, Context, Error, Result};
 
-/// JSON documents larger than this are not metadata.
-const MAX_META: u64 = 4 << 20;
+/// JSON documents (index.json, manifests, configs) larger than this are not metadata: they
+/// are refused rather than read into memory.
+pub(super) const MAX_META: u64 = 4 << 20;
+
+/// Indexes nested deeper than this are refused (real images have one or two levels; each
+/// level is a stack frame).
+const MAX_NESTING: usize = 8;
 
 /// One image found in an archive; its blobs are in the store.
 #[derive(Debug)]
@@ -174,12 +179,22 @@ impl Ingest<'_> {
         res
     }
 
+    /// A JSON blob (index, manifest, config), at most [`MAX_META`] bytes.
     fn blob_bytes(&self, d: &Digest) -> Result<Vec<u8>> {
         let path = self.store.blob_path(d);
-        if !path.exists() {
+        let Ok(md) = fs::metadata(&path) else {
             return Err(Error::invalid_image(
                 &self.origin,
                 format!("blob {d} is referenced but not in the archive"),
+            ));
+        };
+        if md.len() > MAX_META {
+            return Err(Error::invalid_image(
+                &self.origin,
+                format!(
+                    "blob {d} is too large for an index, manifest or config ({} bytes)",
+                    md.len()
+                ),
             ));
         }
         Ok(fs::read(&path).with_context(|| format!("reading {}", p(&path)))?)
@@ -219,7 +234,7 @@ impl Ingest<'_> {
                 None => Vec::new(),
             };
             let digest = Digest::parse(desc.digest().as_ref()).map_err(|e| Error::invalid_image(&self.origin, e))?;
-            if let Some(img) = self.resolve_manifest(desc.media_type(), &digest, refs)? {
+            if let Some(img) = self.resolve_manifest(desc.media_type(), &digest, refs, 0)? {
                 out.push(img);
             }
         }
@@ -238,7 +253,14 @@ impl Ingest<'_> {
         media_type: &MediaType,
         digest: &Digest,
         refs: Vec<String>,
+        depth: usize,
     ) -> Result<Option<FoundImage>> {
+        if depth > MAX_NESTING {
+            return Err(Error::invalid_image(
+                &self.origin,
+                format!("indexes are nested more than {MAX_NESTING} deep at {digest}"),
+            ));
+        }
         let data = self.blob_bytes(digest)?;
         let is_index = matches!(media_type, MediaType::ImageIndex) || media_type.to_string().contains("manifest.list");
         if is_index {
@@ -251,7 +273,7 @@ impl Ingest<'_> {
                     .is_none_or(|pl| pl.os().to_string() == "linux" && pl.architecture().to_string() == arch());
                 if fits {
                     let d = Digest::parse(m.digest().as_ref()).map_err(|e| Error::invalid_image(&self.origin, e))?;
-                    return self.resolve_manifest(m.media_type(), &d, refs);
+                    return self.resolve_manifest(m.media_type(), &d, refs, depth + 1);
                 }
             }
             return Ok(None);

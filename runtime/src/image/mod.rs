@@ -254,6 +254,13 @@ impl ImageStore {
         let mut index = self.read_index()?;
         let mut out = Vec::new();
         for img in found {
+            let config_size = fs::metadata(self.blob_path(&img.config)).map(|m| m.len()).unwrap_or(0);
+            if config_size > import::MAX_META {
+                return Err(Error::invalid_image(
+                    &origin,
+                    format!("config {} is too large ({config_size} bytes)", img.config),
+                ));
+            }
             let config: ImageConfiguration = read_json(&self.blob_path(&img.config))?;
             let diff_ids = config.rootfs().diff_ids();
             if diff_ids.len() != img.layers.len() {
@@ -562,6 +569,57 @@ mod tests {
         let err = store.import(&t.path().join("big")).unwrap_err();
         assert!(err.to_string().contains("is larger than"), "{err}");
         assert_eq!(names(&store.dir().join("blobs/sha256")), Vec::<String>::new());
+    }
+
+    /// Put `data` into the layout at `dir` as a blob; its digest.
+    fn put_blob(dir: &Path, data: &[u8]) -> Digest {
+        let d = Digest::of(data);
+        fs::write(dir.join("blobs/sha256").join(d.hex()), data).unwrap();
+        d
+    }
+
+    fn index_of(media_type: &str, d: &Digest, size: usize) -> String {
+        serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [{"mediaType": media_type, "digest": d.to_string(), "size": size}]})
+        .to_string()
+    }
+
+    #[test]
+    fn deeply_nested_indexes_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(t.path().join("images")).unwrap();
+        let dir = t.path().join("deep");
+        oci_layout(&dir, "localhost/deep:1", &[tar_of(&[("f", b"1")])]);
+        // Wrap the manifest in 40 indexes: an attacker can nest as deep as it likes, and
+        // each level was one more stack frame.
+        let index: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("index.json")).unwrap()).unwrap();
+        let mut d = Digest::parse(index["manifests"][0]["digest"].as_str().unwrap()).unwrap();
+        let mut media = "application/vnd.oci.image.manifest.v1+json";
+        for _ in 0..40 {
+            let doc = index_of(media, &d, 1);
+            d = put_blob(&dir, doc.as_bytes());
+            media = "application/vnd.oci.image.index.v1+json";
+        }
+        fs::write(dir.join("index.json"), index_of(media, &d, 1)).unwrap();
+        let err = store.import(&dir).unwrap_err();
+        assert!(err.to_string().contains("nested"), "{err}");
+    }
+
+    #[test]
+    fn a_huge_blob_named_as_a_manifest_is_not_read_into_memory() {
+        let t = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(t.path().join("images")).unwrap();
+        let dir = t.path().join("huge");
+        // A layer-sized blob (8 MiB here) given as the image's manifest.
+        oci_layout(&dir, "localhost/huge:1", &[]);
+        let big = put_blob(&dir, &vec![b' '; 8 << 20]);
+        fs::write(
+            dir.join("index.json"),
+            index_of("application/vnd.oci.image.manifest.v1+json", &big, 8 << 20),
+        )
+        .unwrap();
+        let err = store.import(&dir).unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
     }
 
     #[test]
