@@ -316,7 +316,11 @@ fn images_layer_escaping_root_is_rejected() -> Result<()> {
     }
     // Unpacked layers and mounted root filesystems are the owner's only.
     use std::os::unix::fs::PermissionsExt;
-    for d in [env().rt.images().dir().to_path_buf(), env().root.join("containers")] {
+    for d in [
+        env().rt.images().dir().join("layers"),
+        env().rt.images().dir().join("blobs"),
+        env().root.join("containers"),
+    ] {
         let mode = std::fs::metadata(&d)?.permissions().mode() & 0o777;
         ensure!(mode == 0o700, "{} has mode {mode:o}", d.display());
     }

@@ -93,13 +93,13 @@ struct StoreLock<'a> {
 }
 
 impl ImageStore {
-    /// Open (creating if needed) the store under `dir` (normally `<root>/images`). The store
-    /// and its `blobs` and `layers` directories are made private (0700): unpacked layers hold
-    /// device nodes and setuid files of whoever made the image, which no other user of the
-    /// host may reach.
+    /// Open (creating if needed) the store under `dir` (normally `<root>/images`). Its `blobs`
+    /// and `layers` directories are made private (0700): unpacked layers hold device nodes
+    /// and setuid files of whoever made the image, which no other user of the host may reach.
+    /// `dir` itself keeps its mode: the agent's import directory may live in it.
     pub fn open(dir: impl Into<PathBuf>) -> Result<ImageStore> {
         let dir = dir.into();
-        for sub in ["", "blobs", "layers"] {
+        for sub in ["blobs", "layers"] {
             ensure_private_dir(&dir.join(sub))?;
         }
         for sub in ["blobs/sha256", "blobs/.tmp"] {
@@ -630,11 +630,11 @@ mod tests {
         for sub in ["blobs/sha256", "layers"] {
             fs::create_dir_all(dir.join(sub)).unwrap();
         }
-        for d in [&dir, &dir.join("blobs"), &dir.join("layers")] {
+        for d in [&dir.join("blobs"), &dir.join("layers")] {
             fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
         }
-        let store = ImageStore::open(&dir).unwrap();
-        for d in [store.dir().to_path_buf(), dir.join("blobs"), dir.join("layers")] {
+        ImageStore::open(&dir).unwrap();
+        for d in [dir.join("blobs"), dir.join("layers")] {
             let mode = fs::metadata(&d).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o700, "{}", d.display());
         }
