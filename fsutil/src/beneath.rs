@@ -21,7 +21,7 @@
 //!
 //! A refused escape is an [`Error`] whose errno is `EXDEV`
 //! ([`Error::is_escape`](crate::Error::is_escape)). The kernel does this with `openat2`
-//! (Linux 5.6). Where `openat2` is missing (`ENOSYS`, or a seccomp filter that says so) the
+//! (Linux 5.6). Where `openat2` is missing (`ENOSYS`, or `EPERM` from a seccomp filter) the
 //! same rules are applied by a walk: one component at a time with `O_PATH | O_NOFOLLOW`,
 //! reading each symlink with `readlinkat` and expanding it in place, keeping the fds of the
 //! directories walked so far for `..`. Both ways are race-free against a component being
@@ -325,8 +325,10 @@ fn resolve(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) 
     if !NO_OPENAT2.load(Ordering::Relaxed) && !force_walk() {
         match openat2_beneath(root, rel, flags, in_root) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
-            // A rename elsewhere raced with `..`: the walk below is race-free too.
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+            // A rename elsewhere raced with `..`: the walk below is race-free too. EPERM is
+            // what some seccomp filters answer for system calls they do not know; a real
+            // EPERM comes again from the walk.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EPERM)) => {}
             r => return r,
         }
     }
