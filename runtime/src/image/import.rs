@@ -3,14 +3,17 @@
 //! into the store while their digest is checked, the small JSON documents stay in memory, and
 //! the images are worked out from them afterwards.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path};
+use std::rc::Rc;
 
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
 use serde::Deserialize;
 
+use super::layer::Limited;
 use super::reference::Reference;
 use super::ImageStore;
 use crate::digest::{Digest, HashingWriter};
@@ -58,21 +61,40 @@ pub(super) fn read_archive(store: &ImageStore, path: &Path, added: &mut Vec<Dige
     if md.is_dir() {
         walk_dir(&mut ing, path, Path::new(""))?;
     } else {
+        // A compressed archive is a bomb like a compressed layer: cap what it expands to,
+        // before it is written to the blob store.
+        let cap = store.layer_limits().for_archive(md.len());
+        let exceeded = Rc::new(Cell::new(false));
         let f = fs::File::open(path).with_context(|| format!("opening {}", p(path)))?;
         let r = super::layer::decompressed(f).with_context(|| format!("reading {}", p(path)))?;
+        let r = Limited {
+            inner: r,
+            left: cap,
+            exceeded: exceeded.clone(),
+        };
         let mut ar = tar::Archive::new(r);
-        let entries = ar
-            .entries()
-            .with_context(|| format!("reading {} as a tar archive", p(path)))?;
-        for e in entries {
-            let mut e = e.with_context(|| format!("reading {} as a tar archive", p(path)))?;
-            if !e.header().entry_type().is_file() {
-                continue;
+        let res = (|| -> Result<()> {
+            let entries = ar
+                .entries()
+                .with_context(|| format!("reading {} as a tar archive", p(path)))?;
+            for e in entries {
+                let mut e = e.with_context(|| format!("reading {} as a tar archive", p(path)))?;
+                if !e.header().entry_type().is_file() {
+                    continue;
+                }
+                let name = e.path().with_context(|| format!("reading {}", p(path)))?.into_owned();
+                let size = e.size();
+                ing.file(&name, size, &mut e)?;
             }
-            let name = e.path().with_context(|| format!("reading {}", p(path)))?.into_owned();
-            let size = e.size();
-            ing.file(&name, size, &mut e)?;
+            Ok(())
+        })();
+        if res.is_err() && exceeded.get() {
+            return Err(Error::invalid_image(
+                &ing.origin,
+                format!("the archive is larger than {cap} bytes uncompressed (the limit for its size)"),
+            ));
         }
+        res?;
     }
     ing.images()
 }

@@ -82,10 +82,13 @@ impl Default for LayerLimits {
 impl LayerLimits {
     /// The most bytes a layer whose blob has `blob_size` bytes may unpack to.
     pub fn for_blob(&self, blob_size: u64) -> u64 {
-        blob_size
-            .saturating_mul(self.max_ratio)
-            .max(self.ratio_floor)
-            .min(self.max_bytes)
+        self.for_archive(blob_size).min(self.max_bytes)
+    }
+
+    /// The most bytes a (compressed) image archive of `size` bytes may decompress to: the
+    /// same ratio, without the per-layer cap (an archive holds many layers).
+    pub fn for_archive(&self, size: u64) -> u64 {
+        size.saturating_mul(self.max_ratio).max(self.ratio_floor)
     }
 }
 
@@ -101,11 +104,12 @@ pub fn unpack_layer(blob: &Path, dest: &Path, label: &str, limits: &LayerLimits)
     unpack_stream(reader, dest, label, limits.for_blob(size))
 }
 
-/// Counts what is read through it and fails once more than `left` bytes came.
-struct Limited<R> {
-    inner: R,
-    left: u64,
-    exceeded: Rc<Cell<bool>>,
+/// Counts what is read through it and fails once more than `left` bytes came, setting
+/// `exceeded` (the error itself may come back wrapped by the tar reader).
+pub(crate) struct Limited<R> {
+    pub inner: R,
+    pub left: u64,
+    pub exceeded: Rc<Cell<bool>>,
 }
 
 impl<R: Read> Read for Limited<R> {

@@ -623,6 +623,34 @@ mod tests {
     }
 
     #[test]
+    fn a_compressed_archive_is_capped_like_a_layer() {
+        let t = tempfile::tempdir().unwrap();
+        let mut store = ImageStore::open(t.path().join("images")).unwrap();
+        store.set_layer_limits(layer::LayerLimits {
+            max_bytes: 1 << 30,
+            max_ratio: 20,
+            ratio_floor: 0,
+        });
+        // A gzipped archive whose one blob is 4 MiB of zeros: about 4 KiB on disk.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(4 << 20);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_path(format!("blobs/sha256/{}", "0".repeat(64))).unwrap();
+        h.set_cksum();
+        b.append(&h, std::io::Read::take(std::io::repeat(0), 4 << 20)).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &b.into_inner().unwrap()).unwrap();
+        let archive = t.path().join("bomb.tar.gz");
+        fs::write(&archive, gz.finish().unwrap()).unwrap();
+        let err = store.import(&archive).unwrap_err();
+        assert!(err.to_string().contains("is larger than"), "{err}");
+        assert_eq!(names(&store.dir().join("blobs/.tmp")), Vec::<String>::new());
+        assert_eq!(names(&store.dir().join("blobs/sha256")), Vec::<String>::new());
+    }
+
+    #[test]
     fn store_directories_are_private() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("images");
