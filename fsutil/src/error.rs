@@ -68,6 +68,12 @@ impl Error {
         }
     }
 
+    /// True when a path was refused because it leads outside the directory it had to stay
+    /// beneath ([`RootDir`](crate::RootDir): `..` or a symlink climbing out, `EXDEV`).
+    pub fn is_escape(&self) -> bool {
+        self.errno() == Some(libc::EXDEV)
+    }
+
     /// True when the error is "the file is not there" (ENOENT) rather than a real failure.
     pub fn is_not_found(&self) -> bool {
         match self {

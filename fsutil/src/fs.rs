@@ -78,6 +78,15 @@ pub fn ensure_dir(path: &Path) -> Result<()> {
     fs::create_dir_all(path).with_context(|| format!("creating directory {}", path.display()))
 }
 
+/// Create a directory and its parents, and make it private to its owner (0700) whether it
+/// was there or not. Parents made on the way get the default mode.
+pub fn ensure_private_dir(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    ensure_dir(path)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making {} private", path.display()))
+}
+
 /// Remove a directory tree; a missing tree is fine.
 pub fn remove_tree(path: &Path) -> Result<()> {
     match fs::remove_dir_all(path) {
@@ -185,6 +194,21 @@ mod tests {
         assert!(remove_file_opt(&dir.path().join("a/b/f")).unwrap());
         remove_tree(&dir.path().join("a")).unwrap();
         assert!(!dir.path().join("a").exists());
+    }
+
+    #[test]
+    fn private_dirs_are_0700_new_or_old() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let new = dir.path().join("a/new");
+        ensure_private_dir(&new).unwrap();
+        assert_eq!(mode(&new), 0o700);
+        let old = dir.path().join("old");
+        fs::create_dir(&old).unwrap();
+        fs::set_permissions(&old, fs::Permissions::from_mode(0o755)).unwrap();
+        ensure_private_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700);
     }
 
     #[test]

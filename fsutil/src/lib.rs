@@ -1,7 +1,9 @@
 //! ferrolet-fsutil: the small helpers every ferrolet crate needs for its state directories, in
 //! one copy: crash-safe writes ([`write_atomic`]: temp file, fsync, rename, fsync of the
 //! directory), JSON records, tolerant removal and listing, process-unique and random names, the
-//! boot id; and the error type they return.
+//! boot id; [`RootDir`], which resolves, creates, opens and removes paths strictly beneath a
+//! directory whose content is not trusted (image layers, volumes), refusing symlink and `..`
+//! escapes; and the error type they return.
 //!
 //! Errors follow the Rust API guidelines: an [`Error`]'s `Display` says what was being done
 //! ("writing /var/lib/ferrolet/x.json"), its [`source`](std::error::Error::source) is the
@@ -11,14 +13,16 @@
 //! No Kubernetes. From async code, run these calls through [`blocking`], which moves them off
 //! the async runtime's worker threads.
 
+mod beneath;
 mod error;
 mod fs;
 mod ids;
 
+pub use beneath::{remove_all_at, RootDir};
 pub use error::{chain, Chain, Context, Error, Result};
 pub use fs::{
-    ensure_dir, list_names, read_json, read_json_opt, remove_file_opt, remove_tree, safe_name, sync_dir, write_atomic,
-    write_json_atomic,
+    ensure_dir, ensure_private_dir, list_names, read_json, read_json_opt, remove_file_opt, remove_tree, safe_name,
+    sync_dir, write_atomic, write_json_atomic,
 };
 pub use ids::{boot_id, random_hex, unique};
 

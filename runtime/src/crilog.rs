@@ -102,7 +102,10 @@ impl LineSplitter {
 }
 
 /// Appends CRI lines to a log file and rotates it by size, keeping `max_files` files (the live
-/// one included) named `<path>.<YYYYMMDD-HHMMSS>` as kubelet's log manager does.
+/// one included). Rotated files are named `<path>.<YYYYMMDD-HHMMSS>` as kubelet's log manager
+/// names them; a file rotated in a second that already has one (or when the clock went back)
+/// gets a sequence number, `<path>.<YYYYMMDD-HHMMSS>.<NNNNNN>`, so that every new name sorts
+/// after every older one ([`rotated_files`]) and the newest is never the one deleted.
 pub struct LogWriter {
     path: PathBuf,
     file: Option<File>,
@@ -152,12 +155,7 @@ impl LogWriter {
 
     fn rotate(&mut self, now: DateTime<Utc>) -> io::Result<()> {
         self.file = None;
-        let mut rotated = format!("{}.{}", self.path.display(), now.format("%Y%m%d-%H%M%S"));
-        let mut n = 1;
-        while Path::new(&rotated).exists() {
-            rotated = format!("{}.{}.{n}", self.path.display(), now.format("%Y%m%d-%H%M%S"));
-            n += 1;
-        }
+        let rotated = next_rotated_name(&self.path, now);
         fs::rename(&self.path, &rotated)?;
         let keep = self.max_files.saturating_sub(1) as usize;
         let mut old = rotated_files(&self.path);
@@ -174,22 +172,74 @@ fn open_log(path: &Path) -> io::Result<File> {
     OpenOptions::new().create(true).append(true).mode(0o640).open(path)
 }
 
-/// Rotated files of `path`, oldest first.
+/// The name for the file rotated now: `<path>.<stamp>`, or with a sequence number when that
+/// would not sort after the newest rotated file (a second rotation in the same second, the
+/// clock stepped back): then the newest one's stamp and sequence plus one.
+fn next_rotated_name(path: &Path, now: DateTime<Utc>) -> PathBuf {
+    let mut key = (now.format("%Y%m%d-%H%M%S").to_string(), 0u64);
+    if let Some(newest) = rotated_files(path).last().and_then(|f| rotation_key(path, f)) {
+        if key <= newest {
+            key = (newest.0, newest.1 + 1);
+        }
+    }
+    loop {
+        let name = match key.1 {
+            0 => format!("{}.{}", path.display(), key.0),
+            n => format!("{}.{}.{n:06}", path.display(), key.0),
+        };
+        // Only a file rotation_key does not read could be in the way.
+        if !Path::new(&name).exists() {
+            return PathBuf::from(name);
+        }
+        key.1 += 1;
+    }
+}
+
+/// Where a rotated file of `path` sorts: its stamp and sequence number (0 for none). `None`
+/// for a name that is not `<path>.<YYYYMMDD-HHMMSS>[.<digits>]`.
+fn rotation_key(path: &Path, rotated: &Path) -> Option<(String, u64)> {
+    let name = path.file_name()?.to_str()?;
+    let rest = rotated.file_name()?.to_str()?.strip_prefix(name)?.strip_prefix('.')?;
+    let (stamp, seq) = match rest.split_once('.') {
+        Some((stamp, seq)) => (stamp, seq),
+        None => (rest, ""),
+    };
+    let b = stamp.as_bytes();
+    let stamp_ok = b.len() == 15 && b[8] == b'-' && b.iter().enumerate().all(|(i, c)| i == 8 || c.is_ascii_digit());
+    if !stamp_ok {
+        return None;
+    }
+    let seq = match seq {
+        "" if !rest.ends_with('.') => 0,
+        s if !s.is_empty() && s.len() <= 19 && s.bytes().all(|c| c.is_ascii_digit()) => s.parse().ok()?,
+        _ => return None,
+    };
+    Some((stamp.to_string(), seq))
+}
+
+/// Rotated files of `path` (`<path>.<YYYYMMDD-HHMMSS>` with an optional `.<sequence>`), oldest
+/// first.
 pub fn rotated_files(path: &Path) -> Vec<PathBuf> {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+    let Some(dir) = path.parent() else {
         return Vec::new();
     };
-    let prefix = format!("{}.", name.to_string_lossy());
-    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let mut v: Vec<((String, u64), PathBuf)> = fs::read_dir(dir)
         .map(|rd| {
             rd.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                .map(|e| e.path())
+                .filter_map(|e| {
+                    let f = path.with_file_name(e.file_name());
+                    rotation_key(path, &f).map(|k| (k, f))
+                })
                 .collect()
         })
         .unwrap_or_default();
     v.sort();
-    v
+    v.into_iter().map(|(_, f)| f).collect()
 }
 
 /// One parsed CRI log line.
@@ -320,6 +370,96 @@ mod tests {
         let last = recs.last().unwrap();
         assert_eq!(last.message, b"partial");
         assert_eq!(last.stream, Stream::Stderr);
+    }
+
+    /// Write numbered lines and check that what the files keep (rotated oldest first, then
+    /// the live file) is an unbroken run ending with the newest line.
+    fn check_no_gap(p: &Path, written: usize) {
+        let mut seen = Vec::new();
+        for f in rotated_files(p).iter().chain(std::iter::once(&p.to_path_buf())) {
+            for r in read_records(&fs::read(f).unwrap()) {
+                seen.push(String::from_utf8(r.message).unwrap().parse::<usize>().unwrap());
+            }
+        }
+        assert_eq!(seen.last(), Some(&(written - 1)), "the newest line is kept");
+        let first = seen[0];
+        assert_eq!(
+            seen,
+            (first..written).collect::<Vec<_>>(),
+            "files kept: {:?}",
+            rotated_files(p)
+        );
+    }
+
+    #[test]
+    fn many_rotations_in_one_second_never_drop_the_newest() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("0.log");
+        let mut w = LogWriter::open(&p, 120, 3).unwrap();
+        let now = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+        for i in 0..200 {
+            w.write(now, Stream::Stdout, false, format!("{i}").as_bytes()).unwrap();
+            check_no_gap(&p, i + 1);
+        }
+        assert_eq!(rotated_files(&p).len(), 2, "max_files=3 keeps two rotated files");
+        // Names stay kubelet's `<log>.<YYYYMMDD-HHMMSS>`, with a sequence within a second.
+        for f in rotated_files(&p) {
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(name.starts_with("0.log.20231114-221320"), "{name}");
+        }
+    }
+
+    #[test]
+    fn rotation_order_survives_a_clock_going_back() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("0.log");
+        let mut w = LogWriter::open(&p, 60, 4).unwrap();
+        let t0 = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+        let mut n = 0;
+        for step in [0i64, 1, -3600, -3600, 2, -86400] {
+            for _ in 0..7 {
+                w.write(
+                    t0 + chrono::Duration::seconds(step),
+                    Stream::Stdout,
+                    false,
+                    format!("{n}").as_bytes(),
+                )
+                .unwrap();
+                n += 1;
+                check_no_gap(&p, n);
+            }
+        }
+    }
+
+    #[test]
+    fn rotated_files_sort_by_age_and_ignore_others() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("0.log");
+        for name in [
+            "0.log.20231114-221321",
+            "0.log.20231114-221320.000010",
+            "0.log.20231114-221320.000002",
+            "0.log.20231114-221320",
+            "0.log.tmp",
+            "0.log.20231114-221320.x",
+            "10.log.20231114-221320",
+            "0.log",
+        ] {
+            fs::write(d.path().join(name), "").unwrap();
+        }
+        let names: Vec<String> = rotated_files(&p)
+            .iter()
+            .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "0.log.20231114-221320",
+                "0.log.20231114-221320.000002",
+                "0.log.20231114-221320.000010",
+                "0.log.20231114-221321"
+            ]
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::fs;
 use std::io;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -96,43 +96,20 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Create `dir` (absolute in the container) inside `rootfs` if missing, as runc does for a
-/// working directory the image lacks. Symlinks on the way are resolved inside the rootfs.
+/// working directory the image lacks. The path and the image's symlinks are resolved in the
+/// rootfs as the container sees it (absolute targets from its `/`, `..` stopping there), with
+/// [`ferrolet_fsutil::RootDir::open_in_root`]: a crafted image cannot make the host's
+/// directories.
 pub fn ensure_dir_in_root(rootfs: &Path, dir: &str) -> io::Result<()> {
-    let mut cur = PathBuf::from("/");
-    for c in Path::new(dir).components() {
-        let Component::Normal(name) = c else { continue };
-        let next = cur.join(name);
-        let host = rootfs.join(next.strip_prefix("/").expect("absolute"));
-        match fs::symlink_metadata(&host) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let target = fs::read_link(&host)?;
-                let resolved = if target.is_absolute() { target } else { cur.join(target) };
-                // Normalize without touching the node's filesystem.
-                let mut norm = PathBuf::from("/");
-                for rc in resolved.components() {
-                    match rc {
-                        Component::ParentDir => {
-                            norm.pop();
-                        }
-                        Component::Normal(n) => norm.push(n),
-                        _ => {}
-                    }
-                }
-                cur = norm;
-            }
-            Ok(m) if m.is_dir() => cur = next,
-            Ok(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!("{} exists in the image and is not a directory", next.display()),
-                ))
-            }
-            Err(_) => {
-                fs::create_dir(&host)?;
-                cur = next;
-            }
-        }
-    }
+    let fs_err = |e: ferrolet_fsutil::Error| {
+        let kind = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<io::Error>())
+            .map(|s| s.kind())
+            .unwrap_or(io::ErrorKind::Other);
+        io::Error::new(kind, ferrolet_fsutil::chain(&e).to_string())
+    };
+    let root = ferrolet_fsutil::RootDir::open_in_root(rootfs).map_err(fs_err)?;
+    root.create_dir_all(dir, 0o755).map_err(fs_err)?;
     Ok(())
 }
 
@@ -158,5 +135,33 @@ mod tests {
         assert!(mounts_under(d.path()).is_empty());
         let all = mounts_under(Path::new("/"));
         assert_eq!(all.last().map(PathBuf::as_path), Some(Path::new("/")), "{all:?}");
+    }
+
+    #[test]
+    fn a_workdir_through_chained_absolute_symlinks_stays_in_the_root() {
+        // The image's config names the workingDir; its layers hold the symlinks. An absolute
+        // target is the container's path: it must be resolved in the rootfs at every step,
+        // not on the host.
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("rootfs");
+        let victim = d.path().join("victim");
+        fs::create_dir_all(&root).unwrap();
+        fs::create_dir_all(&victim).unwrap();
+        std::os::unix::fs::symlink(&victim, root.join("hop")).unwrap();
+        std::os::unix::fs::symlink("/hop", root.join("lnk")).unwrap();
+        std::os::unix::fs::symlink("../../../../../../../..", root.join("up")).unwrap();
+        let _ = ensure_dir_in_root(&root, "/lnk/sub");
+        let _ = ensure_dir_in_root(&root, "/up/sub2");
+        assert!(
+            fs::read_dir(&victim).unwrap().next().is_none(),
+            "created outside the rootfs"
+        );
+        // In the container /lnk -> /hop -> <victim's path>, which the image lacks: an error.
+        // Where the image has it, it is made there, inside the rootfs.
+        let inside = root.join(victim.strip_prefix("/").unwrap());
+        fs::create_dir_all(&inside).unwrap();
+        ensure_dir_in_root(&root, "/lnk/sub").unwrap();
+        assert!(inside.join("sub").is_dir());
+        assert!(root.join("sub2").is_dir(), "`..` above / stays at /");
     }
 }

@@ -20,7 +20,9 @@ use crate::rootfs::RootfsSpec;
 use crate::spec::{build_spec, SpecInput};
 use crate::user::{resolve_user, ImageFiles};
 use crate::zygote::{Replies, ZygoteClient, ZygoteHandle};
-use ferrolet_fsutil::{chain, ensure_dir, random_hex, read_json, remove_tree, write_atomic, write_json_atomic};
+use ferrolet_fsutil::{
+    chain, ensure_dir, ensure_private_dir, random_hex, read_json, remove_tree, write_atomic, write_json_atomic,
+};
 
 pub struct Runtime {
     root: PathBuf,
@@ -92,9 +94,12 @@ impl Runtime {
     /// earlier with [`crate::fork_zygote`].
     pub fn new(root: impl Into<PathBuf>, zygote: ZygoteHandle) -> Result<Runtime> {
         let root = root.into();
-        for sub in ["containers", "libcontainer", "sandboxes"] {
+        for sub in ["libcontainer", "sandboxes"] {
             ensure_dir(&root.join(sub))?;
         }
+        // Containers' root filesystems are mounted in here, setuid files and device nodes of
+        // their images included: no other user of the host may reach them.
+        ensure_private_dir(&root.join("containers"))?;
         let rt = Runtime {
             lc_root: root.join("libcontainer"),
             images: ImageStore::open(root.join("images"))?,

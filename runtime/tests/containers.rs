@@ -323,6 +323,23 @@ fn images_layer_escaping_root_is_rejected() -> Result<()> {
     );
     let layers = env().rt.images().dir().join("layers");
     ensure!(!layers.join("evil").exists(), "nothing written outside the layer");
+    // The failed import took its blobs back.
+    for d in [layer_d, config_d, manifest_d] {
+        ensure!(
+            !env().rt.images().blob_path(&d).exists(),
+            "blob {d} of the failed import is still stored"
+        );
+    }
+    // Unpacked layers and mounted root filesystems are the owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    for d in [
+        env().rt.images().dir().join("layers"),
+        env().rt.images().dir().join("blobs"),
+        env().root.join("containers"),
+    ] {
+        let mode = std::fs::metadata(&d)?.permissions().mode() & 0o777;
+        ensure!(mode == 0o700, "{} has mode {mode:o}", d.display());
+    }
     ensure!(
         env().rt.images().find("localhost/evil:1").is_err(),
         "the image must not be recorded"

@@ -11,6 +11,7 @@ use anyhow::{anyhow, bail, Result};
 use bytes::Bytes;
 use ferrolet_runtime::crilog::{self, LogLine};
 use ferrolet_runtime::Runtime;
+use std::os::unix::fs::MetadataExt;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::mpsc;
 
@@ -165,7 +166,16 @@ fn since_ok(l: &LogLine, since: Option<chrono::DateTime<chrono::Utc>>) -> bool {
 pub async fn stream(rt: Arc<Runtime>, path: PathBuf, id: String, opts: LogOptions, tx: mpsc::Sender<Bytes>) {
     let since = opts.since();
     let mut budget = opts.limit_bytes.map(|n| n.max(0) as usize).unwrap_or(usize::MAX);
-    let data = tokio::fs::read(&path).await.unwrap_or_default();
+    // The inode of the file read, to find it among the rotated files once it was rotated.
+    let (data, mut ino) = match tokio::fs::File::open(&path).await {
+        Ok(mut f) => {
+            let ino = f.metadata().await.map(|m| m.ino()).unwrap_or(0);
+            let mut data = Vec::new();
+            let _ = f.read_to_end(&mut data).await;
+            (data, ino)
+        }
+        Err(_) => (Vec::new(), 0),
+    };
     let mut offset = data.len() as u64;
     // Only complete lines now; a trailing partial line is re-read when followed.
     let complete = data.iter().rposition(|&b| b == b'\n').map(|i| i + 1).unwrap_or(0);
@@ -187,23 +197,25 @@ pub async fn stream(rt: Arc<Runtime>, path: PathBuf, id: String, opts: LogOption
     if !send_limited(&tx, buf, &mut budget).await || !opts.follow {
         return;
     }
-    // Follow: poll the file; reopen when it is rotated; stop once the container has stopped
-    // and the file has been drained.
+    // Follow: poll the file; when it was rotated, finish it (and any rotated after it) from
+    // the rotated files, then read the new one from its start; stop once the container has
+    // stopped and the file has been drained.
     let mut pending = Vec::new();
-    let mut ino = inode(&path);
     loop {
         let running = rt.inspect(&id).map(|i| i.is_running()).unwrap_or(false);
-        let cur = inode(&path);
-        if cur != ino {
-            // Rotated: finish the old file from the rotated copy is not possible by name;
-            // start the new file from its beginning.
-            ino = cur;
-            offset = 0;
-            pending.clear();
-        }
         let mut chunk = Vec::new();
         if let Ok(mut f) = tokio::fs::File::open(&path).await {
-            let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+            let md = f.metadata().await.ok();
+            let cur = md.as_ref().map(|m| m.ino()).unwrap_or(0);
+            if cur != ino {
+                let (p, old) = (path.clone(), ino);
+                chunk = tokio::task::spawn_blocking(move || rotated_tail(&p, old, offset))
+                    .await
+                    .unwrap_or_default();
+                ino = cur;
+                offset = 0;
+            }
+            let len = md.map(|m| m.len()).unwrap_or(0);
             if len < offset {
                 offset = 0;
             }
@@ -244,9 +256,58 @@ async fn send_limited(tx: &mpsc::Sender<Bytes>, mut data: Vec<u8>, budget: &mut 
     tx.send(Bytes::from(data)).await.is_ok() && *budget > 0
 }
 
-fn inode(p: &std::path::Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).map(|m| m.ino()).unwrap_or(0)
+/// What was written to the file with inode `ino` after `offset`, and to every file rotated
+/// after it, once it has been rotated away from `path` (empty if it was deleted already).
+fn rotated_tail(path: &std::path::Path, ino: u64, offset: u64) -> Vec<u8> {
+    use std::io::{Read, Seek};
+    let rotated = crilog::rotated_files(path);
+    let Some(at) = rotated
+        .iter()
+        .position(|f| std::fs::metadata(f).is_ok_and(|m| m.ino() == ino))
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (i, f) in rotated[at..].iter().enumerate() {
+        if let Ok(mut file) = std::fs::File::open(f) {
+            let start = if i == 0 { offset } else { 0 };
+            if file.seek(std::io::SeekFrom::Start(start)).is_ok() {
+                let _ = file.read_to_end(&mut out);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod rotation_tests {
+    use super::*;
+    use ferrolet_runtime::crilog::{LogWriter, Stream};
+
+    #[test]
+    fn a_follower_finishes_the_rotated_files_before_the_new_one() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("0.log");
+        let mut w = LogWriter::open(&p, 100, 5).unwrap();
+        let now = chrono::Utc::now();
+        w.write(now, Stream::Stdout, false, b"0").unwrap();
+        // The follower has read line 0 of this file.
+        let ino = std::fs::metadata(&p).unwrap().ino();
+        let offset = std::fs::metadata(&p).unwrap().len();
+        // Several rotations in the same second before it looks again.
+        for i in 1..10 {
+            w.write(now, Stream::Stdout, false, i.to_string().as_bytes()).unwrap();
+        }
+        let mut data = rotated_tail(&p, ino, offset);
+        data.extend(std::fs::read(&p).unwrap());
+        let lines: Vec<String> = crilog::read_records(&data)
+            .into_iter()
+            .map(|r| String::from_utf8(r.message).unwrap())
+            .collect();
+        assert_eq!(lines, (1..10).map(|i| i.to_string()).collect::<Vec<_>>());
+        // A file already deleted gives nothing rather than something wrong.
+        assert!(rotated_tail(&p, 1, 0).is_empty());
+    }
 }
 
 #[cfg(test)]

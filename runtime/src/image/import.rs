@@ -3,21 +3,29 @@
 //! into the store while their digest is checked, the small JSON documents stay in memory, and
 //! the images are worked out from them afterwards.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path};
+use std::rc::Rc;
 
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
 use serde::Deserialize;
 
+use super::layer::Limited;
 use super::reference::Reference;
 use super::ImageStore;
 use crate::digest::{Digest, HashingWriter};
 use crate::error::{p, Context, Error, Result};
 
-/// JSON documents larger than this are not metadata.
-const MAX_META: u64 = 4 << 20;
+/// JSON documents (index.json, manifests, configs) larger than this are not metadata: they
+/// are refused rather than read into memory.
+pub(super) const MAX_META: u64 = 4 << 20;
+
+/// Indexes nested deeper than this are refused (real images have one or two levels; each
+/// level is a stack frame).
+const MAX_NESTING: usize = 8;
 
 /// One image found in an archive; its blobs are in the store.
 #[derive(Debug)]
@@ -30,6 +38,8 @@ pub(super) struct FoundImage {
 
 struct Ingest<'a> {
     store: &'a ImageStore,
+    /// Blobs this import put into the store that were not there before.
+    added: &'a mut Vec<Digest>,
     origin: String,
     /// Small metadata files by archive path.
     meta: HashMap<String, Vec<u8>>,
@@ -37,9 +47,12 @@ struct Ingest<'a> {
     blobs: HashMap<String, Digest>,
 }
 
-pub(super) fn read_archive(store: &ImageStore, path: &Path) -> Result<Vec<FoundImage>> {
+/// Read the archive at `path`, storing its blobs; `added` gets the digests of the blobs that
+/// were not in the store before (also when this fails).
+pub(super) fn read_archive(store: &ImageStore, path: &Path, added: &mut Vec<Digest>) -> Result<Vec<FoundImage>> {
     let mut ing = Ingest {
         store,
+        added,
         origin: format!("in {}", p(path)),
         meta: HashMap::new(),
         blobs: HashMap::new(),
@@ -48,21 +61,40 @@ pub(super) fn read_archive(store: &ImageStore, path: &Path) -> Result<Vec<FoundI
     if md.is_dir() {
         walk_dir(&mut ing, path, Path::new(""))?;
     } else {
+        // A compressed archive is a bomb like a compressed layer: cap what it expands to,
+        // before it is written to the blob store.
+        let cap = store.layer_limits().for_archive(md.len());
+        let exceeded = Rc::new(Cell::new(false));
         let f = fs::File::open(path).with_context(|| format!("opening {}", p(path)))?;
         let r = super::layer::decompressed(f).with_context(|| format!("reading {}", p(path)))?;
+        let r = Limited {
+            inner: r,
+            left: cap,
+            exceeded: exceeded.clone(),
+        };
         let mut ar = tar::Archive::new(r);
-        let entries = ar
-            .entries()
-            .with_context(|| format!("reading {} as a tar archive", p(path)))?;
-        for e in entries {
-            let mut e = e.with_context(|| format!("reading {} as a tar archive", p(path)))?;
-            if !e.header().entry_type().is_file() {
-                continue;
+        let res = (|| -> Result<()> {
+            let entries = ar
+                .entries()
+                .with_context(|| format!("reading {} as a tar archive", p(path)))?;
+            for e in entries {
+                let mut e = e.with_context(|| format!("reading {} as a tar archive", p(path)))?;
+                if !e.header().entry_type().is_file() {
+                    continue;
+                }
+                let name = e.path().with_context(|| format!("reading {}", p(path)))?.into_owned();
+                let size = e.size();
+                ing.file(&name, size, &mut e)?;
             }
-            let name = e.path().with_context(|| format!("reading {}", p(path)))?.into_owned();
-            let size = e.size();
-            ing.file(&name, size, &mut e)?;
+            Ok(())
+        })();
+        if res.is_err() && exceeded.get() {
+            return Err(Error::invalid_image(
+                &ing.origin,
+                format!("the archive is larger than {cap} bytes uncompressed (the limit for its size)"),
+            ));
         }
+        res?;
     }
     ing.images()
 }
@@ -132,7 +164,7 @@ impl Ingest<'_> {
 
     /// Stream `r` into the blob store, checking it hashes to `expected` when the archive names
     /// the blob by digest.
-    fn store_blob(&self, r: &mut dyn Read, expected: Option<&Digest>, name: &str) -> Result<Digest> {
+    fn store_blob(&mut self, r: &mut dyn Read, expected: Option<&Digest>, name: &str) -> Result<Digest> {
         let tmp = self
             .store
             .dir()
@@ -156,7 +188,11 @@ impl Ingest<'_> {
                 }
             }
             let dest = self.store.blob_path(&digest);
+            let existed = dest.exists();
             fs::rename(&tmp, &dest).with_context(|| format!("storing blob {}", p(&dest)))?;
+            if !existed && !self.added.contains(&digest) {
+                self.added.push(digest.clone());
+            }
             Ok(digest)
         })();
         if res.is_err() {
@@ -165,12 +201,22 @@ impl Ingest<'_> {
         res
     }
 
+    /// A JSON blob (index, manifest, config), at most [`MAX_META`] bytes.
     fn blob_bytes(&self, d: &Digest) -> Result<Vec<u8>> {
         let path = self.store.blob_path(d);
-        if !path.exists() {
+        let Ok(md) = fs::metadata(&path) else {
             return Err(Error::invalid_image(
                 &self.origin,
                 format!("blob {d} is referenced but not in the archive"),
+            ));
+        };
+        if md.len() > MAX_META {
+            return Err(Error::invalid_image(
+                &self.origin,
+                format!(
+                    "blob {d} is too large for an index, manifest or config ({} bytes)",
+                    md.len()
+                ),
             ));
         }
         Ok(fs::read(&path).with_context(|| format!("reading {}", p(&path)))?)
@@ -210,7 +256,7 @@ impl Ingest<'_> {
                 None => Vec::new(),
             };
             let digest = Digest::parse(desc.digest().as_ref()).map_err(|e| Error::invalid_image(&self.origin, e))?;
-            if let Some(img) = self.resolve_manifest(desc.media_type(), &digest, refs)? {
+            if let Some(img) = self.resolve_manifest(desc.media_type(), &digest, refs, 0)? {
                 out.push(img);
             }
         }
@@ -229,7 +275,14 @@ impl Ingest<'_> {
         media_type: &MediaType,
         digest: &Digest,
         refs: Vec<String>,
+        depth: usize,
     ) -> Result<Option<FoundImage>> {
+        if depth > MAX_NESTING {
+            return Err(Error::invalid_image(
+                &self.origin,
+                format!("indexes are nested more than {MAX_NESTING} deep at {digest}"),
+            ));
+        }
         let data = self.blob_bytes(digest)?;
         let is_index = matches!(media_type, MediaType::ImageIndex) || media_type.to_string().contains("manifest.list");
         if is_index {
@@ -242,7 +295,7 @@ impl Ingest<'_> {
                     .is_none_or(|pl| pl.os().to_string() == "linux" && pl.architecture().to_string() == arch());
                 if fits {
                     let d = Digest::parse(m.digest().as_ref()).map_err(|e| Error::invalid_image(&self.origin, e))?;
-                    return self.resolve_manifest(m.media_type(), &d, refs);
+                    return self.resolve_manifest(m.media_type(), &d, refs, depth + 1);
                 }
             }
             return Ok(None);

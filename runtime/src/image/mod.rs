@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::error::{p, Context, Error, Result};
-use ferrolet_fsutil::{ensure_dir, read_json, read_json_opt, remove_tree, write_json_atomic};
+use ferrolet_fsutil::{ensure_dir, ensure_private_dir, read_json, read_json_opt, remove_tree, write_json_atomic};
 pub use reference::Reference;
 
 /// One image as the index records it.
@@ -83,6 +83,7 @@ impl Image {
 pub struct ImageStore {
     dir: PathBuf,
     lock: Mutex<()>,
+    limits: layer::LayerLimits,
 }
 
 /// A held store lock: in-process mutex plus an flock on `.lock` against other processes.
@@ -92,15 +93,22 @@ struct StoreLock<'a> {
 }
 
 impl ImageStore {
-    /// Open (creating if needed) the store under `dir` (normally `<root>/images`).
+    /// Open (creating if needed) the store under `dir` (normally `<root>/images`). Its `blobs`
+    /// and `layers` directories are made private (0700): unpacked layers hold device nodes
+    /// and setuid files of whoever made the image, which no other user of the host may reach.
+    /// `dir` itself keeps its mode: the agent's import directory may live in it.
     pub fn open(dir: impl Into<PathBuf>) -> Result<ImageStore> {
         let dir = dir.into();
-        for sub in ["blobs/sha256", "blobs/.tmp", "layers"] {
+        for sub in ["blobs", "layers"] {
+            ensure_private_dir(&dir.join(sub))?;
+        }
+        for sub in ["blobs/sha256", "blobs/.tmp"] {
             ensure_dir(&dir.join(sub))?;
         }
         let store = ImageStore {
             dir,
             lock: Mutex::new(()),
+            limits: layer::LayerLimits::default(),
         };
         // Leftovers of an import that was killed half way.
         let _l = store.lock()?;
@@ -120,6 +128,16 @@ impl ImageStore {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// How far layers imported from now on may expand ([`layer::LayerLimits::default`] until
+    /// set).
+    pub fn set_layer_limits(&mut self, limits: layer::LayerLimits) {
+        self.limits = limits;
+    }
+
+    pub fn layer_limits(&self) -> layer::LayerLimits {
+        self.limits
     }
 
     fn lock(&self) -> Result<StoreLock<'_>> {
@@ -201,14 +219,48 @@ impl ImageStore {
     }
 
     /// Import every image in an OCI image layout or a `docker save` archive (a directory or a
-    /// tar, optionally compressed). Returns the images imported.
+    /// tar, optionally compressed). Returns the images imported. All or nothing: when the
+    /// import fails, the blobs and layers it added are removed again; when it succeeds, so
+    /// are the blobs it added that no image refers to.
     pub fn import(&self, path: &Path) -> Result<Vec<ImageRecord>> {
         let _l = self.lock()?;
-        let found = import::read_archive(self, path)?;
+        let mut added = Added::default();
+        let res = self.import_locked(path, &mut added);
+        let keep: std::collections::HashSet<&Digest> = match &res {
+            Ok(records) => records
+                .iter()
+                .flat_map(|r| {
+                    [&r.id, &r.manifest]
+                        .into_iter()
+                        .chain(r.layers.iter().map(|l| &l.digest))
+                })
+                .collect(),
+            Err(_) => Default::default(),
+        };
+        for d in added.blobs.iter().filter(|d| !keep.contains(d)) {
+            let _ = fs::remove_file(self.blob_path(d));
+        }
+        if res.is_err() {
+            for d in &added.layers {
+                let _ = remove_tree(&self.layer_dir(d));
+            }
+        }
+        res
+    }
+
+    fn import_locked(&self, path: &Path, added: &mut Added) -> Result<Vec<ImageRecord>> {
+        let found = import::read_archive(self, path, &mut added.blobs)?;
         let origin = format!("in {}", p(path));
         let mut index = self.read_index()?;
         let mut out = Vec::new();
         for img in found {
+            let config_size = fs::metadata(self.blob_path(&img.config)).map(|m| m.len()).unwrap_or(0);
+            if config_size > import::MAX_META {
+                return Err(Error::invalid_image(
+                    &origin,
+                    format!("config {} is too large ({config_size} bytes)", img.config),
+                ));
+            }
             let config: ImageConfiguration = read_json(&self.blob_path(&img.config))?;
             let diff_ids = config.rootfs().diff_ids();
             if diff_ids.len() != img.layers.len() {
@@ -227,7 +279,9 @@ impl ImageStore {
             for (blob, diff_id) in img.layers.iter().zip(diff_ids) {
                 let diff_id =
                     Digest::parse(diff_id).map_err(|e| Error::invalid_image(&origin, format!("config: {e}")))?;
-                self.ensure_layer(blob, &diff_id)?;
+                if self.ensure_layer(blob, &diff_id)? {
+                    added.layers.push(diff_id.clone());
+                }
                 let blob_size = fs::metadata(self.blob_path(blob)).map(|m| m.len()).unwrap_or(0);
                 size += blob_size;
                 layers.push(LayerRecord {
@@ -270,18 +324,19 @@ impl ImageStore {
         Ok(out)
     }
 
-    /// Unpack a layer blob unless an earlier import already did; verify its diff_id.
-    fn ensure_layer(&self, blob: &Digest, diff_id: &Digest) -> Result<()> {
+    /// Unpack a layer blob unless an earlier import already did; verify its diff_id. Returns
+    /// whether it unpacked the layer.
+    fn ensure_layer(&self, blob: &Digest, diff_id: &Digest) -> Result<bool> {
         let dest = self.layer_dir(diff_id);
         if dest.is_dir() {
-            return Ok(());
+            return Ok(false);
         }
         let tmp = self
             .dir
             .join("layers")
             .join(format!(".tmp-{}", ferrolet_fsutil::unique()));
         let label = blob.to_string();
-        let res = layer::unpack_layer(&self.blob_path(blob), &tmp, &label).and_then(|actual| {
+        let res = layer::unpack_layer(&self.blob_path(blob), &tmp, &label, &self.limits).and_then(|actual| {
             if &actual != diff_id {
                 return Err(Error::DigestMismatch {
                     blob: format!("{label} (uncompressed, expected diff_id {diff_id})"),
@@ -289,7 +344,8 @@ impl ImageStore {
                     actual: actual.to_string(),
                 });
             }
-            Ok(fs::rename(&tmp, &dest).with_context(|| format!("renaming layer into {}", p(&dest)))?)
+            fs::rename(&tmp, &dest).with_context(|| format!("renaming layer into {}", p(&dest)))?;
+            Ok(true)
         });
         if res.is_err() {
             let _ = remove_tree(&tmp);
@@ -378,6 +434,13 @@ impl ImageStore {
     }
 }
 
+/// What one import added to the store, to take back if it fails.
+#[derive(Default)]
+struct Added {
+    blobs: Vec<Digest>,
+    layers: Vec<Digest>,
+}
+
 fn find_in<'a>(index: &'a Index, reference: &str) -> Option<&'a ImageRecord> {
     let hexpart = reference.strip_prefix("sha256:").unwrap_or(reference);
     if hexpart.len() >= 12 && hexpart.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -398,4 +461,210 @@ fn find_in<'a>(index: &'a Index, reference: &str) -> Option<&'a ImageRecord> {
     }
     let n = r.normalized();
     index.images.iter().find(|i| i.refs.contains(&n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            // raw, so hostile names can be written
+            h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+            h.set_cksum();
+            b.append(&h, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    /// An OCI layout directory at `dir` with one image of `layers`, tagged `name`.
+    fn oci_layout(dir: &Path, name: &str, layers: &[Vec<u8>]) {
+        fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
+        let put = |data: &[u8]| {
+            let d = Digest::of(data);
+            fs::write(dir.join("blobs/sha256").join(d.hex()), data).unwrap();
+            d
+        };
+        let digests: Vec<Digest> = layers.iter().map(|l| put(l)).collect();
+        let config = serde_json::json!({
+            "architecture": "amd64", "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": digests.iter().map(|d| d.to_string()).collect::<Vec<_>>()},
+        })
+        .to_string();
+        let config_d = put(config.as_bytes());
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_d.to_string(), "size": config.len()},
+            "layers": digests.iter().zip(layers).map(|(d, l)| serde_json::json!({
+                "mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d.to_string(), "size": l.len()})).collect::<Vec<_>>(),
+        })
+        .to_string();
+        let manifest_d = put(manifest.as_bytes());
+        fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+        let index = serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_d.to_string(),
+                "size": manifest.len(), "annotations": {"io.containerd.image.name": name}}],
+        });
+        fs::write(dir.join("index.json"), index.to_string()).unwrap();
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_failed_import_leaves_no_blobs_or_layers() {
+        let t = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(t.path().join("images")).unwrap();
+        // Layer one is fine; layer two escapes.
+        let good = tar_of(&[("ok", b"1")]);
+        let evil = tar_of(&[("../evil", b"2")]);
+        oci_layout(&t.path().join("evil"), "localhost/evil:1", &[good.clone(), evil]);
+        let err = store.import(&t.path().join("evil")).unwrap_err();
+        assert!(err.to_string().contains("escapes"), "{err}");
+        assert!(store.find("localhost/evil:1").is_err());
+        assert_eq!(names(&store.dir().join("blobs/sha256")), Vec::<String>::new());
+        assert_eq!(names(&store.dir().join("layers")), Vec::<String>::new());
+        assert_eq!(names(&store.dir().join("blobs/.tmp")), Vec::<String>::new());
+
+        // Blobs an earlier image has stay when a later import sharing them fails.
+        oci_layout(&t.path().join("good"), "localhost/good:1", std::slice::from_ref(&good));
+        store.import(&t.path().join("good")).unwrap();
+        let before = names(&store.dir().join("blobs/sha256"));
+        let layers_before = names(&store.dir().join("layers"));
+        assert_eq!(layers_before.len(), 1);
+        let evil2 = tar_of(&[("../evil2", b"3")]);
+        oci_layout(&t.path().join("evil2"), "localhost/evil:2", &[good, evil2]);
+        store.import(&t.path().join("evil2")).unwrap_err();
+        assert_eq!(names(&store.dir().join("blobs/sha256")), before);
+        assert_eq!(names(&store.dir().join("layers")), layers_before);
+        assert!(store.resolve("localhost/good:1").is_ok());
+    }
+
+    #[test]
+    fn a_layer_past_the_size_limit_fails_the_import() {
+        let t = tempfile::tempdir().unwrap();
+        let mut store = ImageStore::open(t.path().join("images")).unwrap();
+        store.set_layer_limits(layer::LayerLimits {
+            max_bytes: 8 << 10,
+            max_ratio: 1,
+            ratio_floor: 0,
+        });
+        let big = tar_of(&[("big", &[7u8; 16 << 10])]);
+        oci_layout(&t.path().join("big"), "localhost/big:1", &[big]);
+        let err = store.import(&t.path().join("big")).unwrap_err();
+        assert!(err.to_string().contains("is larger than"), "{err}");
+        assert_eq!(names(&store.dir().join("blobs/sha256")), Vec::<String>::new());
+    }
+
+    /// Put `data` into the layout at `dir` as a blob; its digest.
+    fn put_blob(dir: &Path, data: &[u8]) -> Digest {
+        let d = Digest::of(data);
+        fs::write(dir.join("blobs/sha256").join(d.hex()), data).unwrap();
+        d
+    }
+
+    fn index_of(media_type: &str, d: &Digest, size: usize) -> String {
+        serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [{"mediaType": media_type, "digest": d.to_string(), "size": size}]})
+        .to_string()
+    }
+
+    #[test]
+    fn deeply_nested_indexes_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(t.path().join("images")).unwrap();
+        let dir = t.path().join("deep");
+        oci_layout(&dir, "localhost/deep:1", &[tar_of(&[("f", b"1")])]);
+        // Wrap the manifest in 40 indexes: an attacker can nest as deep as it likes, and
+        // each level was one more stack frame.
+        let index: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("index.json")).unwrap()).unwrap();
+        let mut d = Digest::parse(index["manifests"][0]["digest"].as_str().unwrap()).unwrap();
+        let mut media = "application/vnd.oci.image.manifest.v1+json";
+        for _ in 0..40 {
+            let doc = index_of(media, &d, 1);
+            d = put_blob(&dir, doc.as_bytes());
+            media = "application/vnd.oci.image.index.v1+json";
+        }
+        fs::write(dir.join("index.json"), index_of(media, &d, 1)).unwrap();
+        let err = store.import(&dir).unwrap_err();
+        assert!(err.to_string().contains("nested"), "{err}");
+    }
+
+    #[test]
+    fn a_huge_blob_named_as_a_manifest_is_not_read_into_memory() {
+        let t = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(t.path().join("images")).unwrap();
+        let dir = t.path().join("huge");
+        // A layer-sized blob (8 MiB here) given as the image's manifest.
+        oci_layout(&dir, "localhost/huge:1", &[]);
+        let big = put_blob(&dir, &vec![b' '; 8 << 20]);
+        fs::write(
+            dir.join("index.json"),
+            index_of("application/vnd.oci.image.manifest.v1+json", &big, 8 << 20),
+        )
+        .unwrap();
+        let err = store.import(&dir).unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
+    }
+
+    #[test]
+    fn a_compressed_archive_is_capped_like_a_layer() {
+        let t = tempfile::tempdir().unwrap();
+        let mut store = ImageStore::open(t.path().join("images")).unwrap();
+        store.set_layer_limits(layer::LayerLimits {
+            max_bytes: 1 << 30,
+            max_ratio: 20,
+            ratio_floor: 0,
+        });
+        // A gzipped archive whose one blob is 4 MiB of zeros: about 4 KiB on disk.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(4 << 20);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_path(format!("blobs/sha256/{}", "0".repeat(64))).unwrap();
+        h.set_cksum();
+        b.append(&h, std::io::Read::take(std::io::repeat(0), 4 << 20)).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &b.into_inner().unwrap()).unwrap();
+        let archive = t.path().join("bomb.tar.gz");
+        fs::write(&archive, gz.finish().unwrap()).unwrap();
+        let err = store.import(&archive).unwrap_err();
+        assert!(err.to_string().contains("is larger than"), "{err}");
+        assert_eq!(names(&store.dir().join("blobs/.tmp")), Vec::<String>::new());
+        assert_eq!(names(&store.dir().join("blobs/sha256")), Vec::<String>::new());
+    }
+
+    #[test]
+    fn store_directories_are_private() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("images");
+        // A store made before the directories were private is fixed when opened.
+        for sub in ["blobs/sha256", "layers"] {
+            fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        for d in [&dir.join("blobs"), &dir.join("layers")] {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        ImageStore::open(&dir).unwrap();
+        for d in [dir.join("blobs"), dir.join("layers")] {
+            let mode = fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", d.display());
+        }
+    }
 }

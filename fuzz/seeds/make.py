@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Write the seed inputs of the fuzz targets (fuzz/seeds/<target>/). Run it from anywhere;
+the seeds it writes are committed. Each seed is a small, valid (or deliberately hostile)
+input of the target's format, for libFuzzer to start from."""
+import gzip, hashlib, io, json, os, tarfile
+
+here = os.path.dirname(os.path.abspath(__file__))
+
+
+def put(target, name, data):
+    d = os.path.join(here, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def tar(entries, fmt=tarfile.GNU_FORMAT):
+    """entries: (name, kind, arg, pax) with kind file/dir/sym/link/chr."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as t:
+        for name, kind, arg, *pax in entries:
+            i = tarfile.TarInfo(name)
+            i.mtime = 1
+            i.mode = 0o644
+            data = None
+            if kind == "file":
+                data = arg
+                i.size = len(arg)
+            elif kind == "dir":
+                i.type, i.mode = tarfile.DIRTYPE, 0o755
+            elif kind == "sym":
+                i.type, i.linkname = tarfile.SYMTYPE, arg
+            elif kind == "link":
+                i.type, i.linkname = tarfile.LNKTYPE, arg
+            elif kind == "chr":
+                i.type, i.devmajor, i.devminor = tarfile.CHRTYPE, arg[0], arg[1]
+            if pax:
+                i.pax_headers = pax[0]
+            t.addfile(i, io.BytesIO(data) if data is not None else None)
+    raw = buf.getvalue()
+    # Drop the record padding after the end-of-archive blocks: seeds stay small.
+    end = len(raw.rstrip(b"\0"))
+    end = -(-end // 512) * 512
+    return raw[: end + 1024]
+
+
+layer = tar([
+    ("etc", "dir", None),
+    ("etc/passwd", "file", b"root:x:0:0:root:/root:/bin/sh\n"),
+    ("bin/busybox", "file", b"\x7fELF"),
+    ("bin/sh", "sym", "busybox"),
+    ("bin/ash", "link", "bin/busybox"),
+    ("etc/localtime", "sym", "/usr/share/zoneinfo/UTC"),
+    ("var/.wh.cache", "file", b""),
+    ("opt/.wh..wh..opq", "file", b""),
+    ("dev/null", "chr", (1, 3)),
+])
+put("image_layer", "basic", b"\0" + layer)
+put("image_layer", "basic-gz", b"\1" + layer)
+put("image_layer", "blob-gz", b"\2" + gzip.compress(layer, mtime=0))
+put("image_layer", "pax-xattr", b"\0" + tar([
+    ("usr/bin/ping", "file", b"x", {"SCHILY.xattr.user.note": "kept", "uid": "1000"}),
+    ("a" * 120 + "/long", "file", b"long name"),
+], fmt=tarfile.PAX_FORMAT))
+# The attack of issue 11: a symlink out of the layer, then entries through it.
+put("image_layer", "escape", b"\0" + tar([
+    ("a", "sym", "../victim"),
+    ("a/wdir/.wh.victim", "file", b""),
+    ("a/odir/.wh..wh..opq", "file", b""),
+    ("a/ddir/null", "chr", (1, 3)),
+    ("h", "link", "a/x"),
+]))
+
+
+def sha(b):
+    return hashlib.sha256(b).hexdigest()
+
+
+# image_archive: documents separated by \n--\n, @@N = sha256 of document N, @@sN = its size.
+small = tar([("hello", "file", b"hi\n"), ("bin", "dir", None)])
+oci_manifest = json.dumps({
+    "schemaVersion": 2,
+    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": "sha256:@@2", "size": 0},
+    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": "sha256:@@3", "size": "@@s3"}],
+}).replace('"@@s3"', "@@s3").encode()
+config = json.dumps({
+    "architecture": "amd64", "os": "linux", "config": {"Cmd": ["sh"], "User": "0"},
+    "rootfs": {"type": "layers", "diff_ids": ["sha256:@@3"]},
+}).encode()
+index = json.dumps({
+    "schemaVersion": 2,
+    "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:@@1",
+                   "size": "@@s1", "annotations": {"io.containerd.image.name": "localhost/fuzz:1"}}],
+}).replace('"@@s1"', "@@s1").encode()
+sep = b"\n--\n"
+oci = sep.join([index, oci_manifest, config, small])
+put("image_archive", "oci-dir", b"\0" + oci)
+put("image_archive", "oci-tar-gz", b"\6" + oci)
+nested = json.dumps({
+    "schemaVersion": 2,
+    "manifests": [{"mediaType": "application/vnd.oci.image.index.v1+json", "digest": "sha256:@@1",
+                   "size": 1, "annotations": {"org.opencontainers.image.ref.name": "x/y:z"}}],
+}).encode()
+inner = json.dumps({
+    "schemaVersion": 2,
+    "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:@@2",
+                   "size": 1, "platform": {"os": "linux", "architecture": "amd64"}}],
+}).encode()
+manifest2 = oci_manifest.replace(b"@@3", b"@@4").replace(b"@@s3", b"@@s4").replace(b"@@2", b"@@3")
+config2 = config.replace(b"@@3", b"@@4")
+put("image_archive", "oci-nested-index", b"\2" + sep.join([nested, inner, manifest2, config2, small]))
+docker = json.dumps([{"Config": "1.json", "RepoTags": ["localhost/fuzz-docker:1"], "Layers": ["2.tar"]}]).encode()
+dconfig = config.replace(b"@@3", b"@@2")
+put("image_archive", "docker-tar", b"\3" + sep.join([docker, dconfig, small]))
+
+# crilog_records: CRI log lines, partial pieces, both streams, old untagged lines, garbage.
+put("crilog_records", "lines", b"".join([
+    b"2023-11-14T22:13:20.12Z stdout F hello world\n",
+    b"2023-11-14T22:13:20.2Z stderr P par\n",
+    b"2023-11-14T22:13:20.3Z stdout P interleaved \n",
+    b"2023-11-14T22:13:20.4Z stderr F tial\n",
+    b"2023-11-14T22:13:20.5Z stdout F done\n",
+    b"2023-11-14T22:13:21Z stdout untagged old line\n",
+    b"garbage\n\n",
+    b"2023-11-14T22:13:22Z stderr P unfinished",
+]))
+
+# crilog_writer: chunk, repeat, size, files bytes, then the container's output.
+put("crilog_writer", "lines", bytes([3, 0, 1, 1]) + b"one\ntwo\n\nthree without newline")
+put("crilog_writer", "long", bytes([200, 30, 40, 2]) + b"x" * 700 + b"\n" + b"y" * 100)
