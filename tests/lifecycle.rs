@@ -312,6 +312,46 @@ fn sub_path_expr_must_stay_inside_the_volume() {
     assert!(msg.contains("must not contain '..'"), "{msg}");
 }
 
+#[test]
+fn a_sub_path_through_a_planted_symlink_creates_nothing_outside_the_volume() {
+    // Issue 11.6: `subPath: esc2/newdir` with `esc2 -> /host/dir` planted by a container made
+    // a 0777 directory on the host before the "resolves outside" refusal.
+    let a = Agent::start("subpathesc", &[]);
+    let victim = a.dir.join("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    let v = victim.display();
+    a.write(
+        "esc.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: esc}}\nspec:\n  initContainers:\n  - name: plant\n    image: {IMAGE}\n    command: [sh, -c, \"ln -s {v} /w/esc2 && mkdir -p /w/real && ln -s real /w/inside\"]\n    volumeMounts: [{{name: w, mountPath: /w}}]\n  containers:\n  - name: out\n    image: {IMAGE}\n    command: [sleep, \"600\"]\n    volumeMounts: [{{name: w, mountPath: /x, subPath: esc2/newdir}}]\n  - name: in\n    image: {IMAGE}\n    command: [sh, -c, \"echo ok > /y/f && sleep 600\"]\n    volumeMounts: [{{name: w, mountPath: /y, subPath: inside/sub}}]\n  volumes: [{{name: w, emptyDir: {{}}}}]\n"
+        ),
+    );
+    let p = a.wait_for("esc", "the escaping subPath refused, the other running", T, |p| {
+        waiting_reason(p, "out").as_deref() == Some("CreateContainerConfigError") && running(p, "in")
+    });
+    let msg = waiting_message(&p, "out").unwrap();
+    assert!(msg.contains("resolves outside the volume"), "{msg}");
+    assert_eq!(
+        std::fs::read_dir(&victim).unwrap().count(),
+        0,
+        "nothing made outside the volume"
+    );
+    // A symlink that stays inside the volume works, and the container writes where it was led.
+    let uid = p.metadata.uid.clone().unwrap();
+    let real = a
+        .root
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~empty-dir/w/real/sub/f");
+    for _ in 0..100 {
+        if real.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(std::fs::read_to_string(&real).unwrap().trim(), "ok");
+}
+
 /// runtime.go's "should run with the expected status": a container that fails once, then
 /// succeeds, then runs, under each restart policy.
 #[test]

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use ferrolet_runtime::config::{
@@ -31,28 +32,30 @@ pub fn pod_log_dir(cfg: &Config, p: &Pod) -> PathBuf {
         .join(format!("{}_{}_{}", pod::namespace(p), pod::name(p), pod::uid(p)))
 }
 
-pub struct BuildInput<'a> {
-    pub cfg: &'a Config,
-    pub pod: &'a Pod,
-    pub container: &'a Container,
+/// Everything a container's config is generated from; owned, so the build (which writes files
+/// and makes subPath mounts) can run on the blocking pool.
+pub struct BuildInput {
+    pub cfg: Arc<Config>,
+    pub pod: Arc<Pod>,
+    pub container: Container,
     pub kind: ContainerKind,
     pub attempt: u32,
-    pub sandbox: &'a Sandbox,
-    pub pod_cgroup: &'a str,
-    pub pod_dir: &'a Path,
-    pub volumes: &'a BTreeMap<String, VolumeHost>,
-    pub facts: &'a PodFacts,
+    pub sandbox: Sandbox,
+    pub pod_cgroup: String,
+    pub pod_dir: PathBuf,
+    pub volumes: BTreeMap<String, VolumeHost>,
+    pub facts: PodFacts,
     pub node_memory: i64,
 }
 
 /// Errors here are kubelet's CreateContainerConfigError.
 pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
-    let (p, c, cfg) = (input.pod, input.container, input.cfg);
+    let (p, c, cfg) = (&*input.pod, &input.container, &*input.cfg);
     let spec = pod::spec(p);
     let psc = spec.security_context.clone().unwrap_or_default();
     let csc = c.security_context.clone().unwrap_or_default();
 
-    let env = env::build(p, c, input.facts).map_err(anyhow::Error::msg)?;
+    let env = env::build(p, c, &input.facts).map_err(anyhow::Error::msg)?;
     let command = expand_all(c.command.as_deref().unwrap_or(&[]), &env);
     let args = expand_all(c.args.as_deref().unwrap_or(&[]), &env);
 
@@ -108,7 +111,8 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     };
 
     // Volume mounts first; the files kubelet manages only where the container has none.
-    let mut mounts = volumes::mounts_for(c, input.volumes, privileged, &env)?;
+    let subpaths = volumes::subpaths_dir(&input.pod_dir);
+    let mut mounts = volumes::mounts_for(c, &input.volumes, privileged, &env, &subpaths)?;
     let taken = |path: &str, mounts: &[Mount]| mounts.iter().any(|m| m.destination.trim_end_matches('/') == path);
     let bind = |dest: &str, source: PathBuf, readonly: bool| Mount {
         destination: dest.to_string(),
@@ -134,7 +138,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         .termination_message_path
         .clone()
         .unwrap_or_else(|| "/dev/termination-log".into());
-    let tm_file = termination_message_file(input.pod_dir, &c.name)?;
+    let tm_file = termination_message_file(&input.pod_dir, &c.name)?;
     if !tm_path.is_empty() && !taken(&tm_path, &mounts) {
         mounts.push(bind(&tm_path, tm_file.clone(), false));
     }
@@ -191,7 +195,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         seccomp,
         unmasked_proc: csc.proc_mount.as_deref() == Some("Unmasked"),
         namespaces,
-        cgroup_parent: input.pod_cgroup.to_string(),
+        cgroup_parent: input.pod_cgroup.clone(),
         resources,
         mounts,
         sysctls,

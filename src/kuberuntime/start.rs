@@ -22,11 +22,12 @@ use crate::probe::netns::PodTarget;
 pub const RETRY: Duration = Duration::from_secs(5);
 
 /// Image, config, create: the id of a created (not yet started) container.
-pub async fn create_container(rt: &Runtime, images: &ImageManager, input: &BuildInput<'_>) -> Result<String, Waiting> {
-    images.ensure_image_exists(pod::uid(input.pod), input.container)?;
-    let cfg = container::build(input)
-        .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
+pub async fn create_container(rt: &Runtime, images: &ImageManager, input: BuildInput) -> Result<String, Waiting> {
+    images.ensure_image_exists(pod::uid(&input.pod), &input.container)?;
     let timeout = input.cfg.runtime_request_timeout;
+    let cfg = crate::tasks::blocking(move || container::build(&input))
+        .await
+        .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
     match tokio::time::timeout(timeout, rt.create(&cfg)).await {
         Ok(Ok(info)) => Ok(info.id().to_string()),
         Ok(Err(ferrolet_runtime::Error::InvalidConfig { field, reason })) => {

@@ -226,6 +226,7 @@ pub fn mounts_for(
     volumes: &BTreeMap<String, VolumeHost>,
     privileged: bool,
     env: &[(String, String)],
+    subpaths: &Path,
 ) -> Result<Vec<Mount>> {
     let mut out = Vec::new();
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
@@ -238,25 +239,10 @@ pub fn mounts_for(
             None => None,
         };
         if let Some(sp) = expanded.as_deref().or(m.sub_path.as_deref()).filter(|s| !s.is_empty()) {
-            source = v.path.join(sp);
-            if !source.exists() {
-                if v.writable_by_us || v.path.is_dir() {
-                    std::fs::create_dir_all(&source)
-                        .with_context(|| format!("creating subPath {}", source.display()))?;
-                    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o777)).ok();
-                } else {
-                    bail!(
-                        "volumeMounts[{i}]: subPath {sp:?} does not exist in volume {:?}",
-                        m.name
-                    );
-                }
-            }
-            let real = std::fs::canonicalize(&source)?;
-            let root = std::fs::canonicalize(&v.path)?;
-            if !real.starts_with(&root) {
-                bail!("volumeMounts[{i}]: subPath {sp:?} resolves outside the volume");
-            }
-            source = real;
+            let create = v.writable_by_us || v.path.is_dir();
+            let target = subpaths.join(&m.name).join(&c.name).join(i.to_string());
+            source = bind_sub_path(&v.path, sp, create, &target)
+                .with_context(|| format!("volumeMounts[{i}]: subPath {sp:?} of volume {:?}", m.name))?;
         }
         let propagation = match m.mount_propagation.as_deref() {
             None | Some("None") => Propagation::Private,
@@ -277,6 +263,78 @@ pub fn mounts_for(
         });
     }
     Ok(out)
+}
+
+/// Where a pod's subPath bind mounts live: `<pod dir>/volume-subpaths/<volume>/<container>/<n>`
+/// (kubelet's layout).
+pub fn subpaths_dir(pod_dir: &Path) -> PathBuf {
+    pod_dir.join("volume-subpaths")
+}
+
+/// kubelet's safe subPath: `sp` is resolved (and, for a volume the agent manages, created as
+/// directories) strictly beneath the volume's root, so a symlink a container planted in the
+/// volume cannot lead out of it, and nothing is created outside it; then the opened object
+/// itself (`/proc/self/fd/N`) is bind-mounted onto `target`, which is what the container
+/// mounts: what it gets is what was checked, whatever the volume holds a moment later. A
+/// `target` already bound to the same object (the container's earlier attempt) is reused.
+fn bind_sub_path(volume: &Path, sp: &str, create: bool, target: &Path) -> Result<PathBuf> {
+    use std::os::fd::AsRawFd;
+    let root = ferrolet_fsutil::RootDir::open(volume)?;
+    let opened = match root.open_at(sp, libc::O_PATH) {
+        Ok(fd) => fd,
+        Err(e) if e.is_not_found() && create => {
+            let fd = root.create_dir_all(sp, 0o777)?;
+            // Created with the umask: a subPath directory is everyone's, as kubelet makes it.
+            std::fs::set_permissions(
+                format!("/proc/self/fd/{}", fd.as_raw_fd()),
+                std::fs::Permissions::from_mode(0o777),
+            )
+            .context("setting the subPath directory's mode")?;
+            fd
+        }
+        Err(e) if e.is_not_found() => bail!("it does not exist in the volume"),
+        Err(e) if e.errno() == Some(libc::EXDEV) || e.errno() == Some(libc::ELOOP) => {
+            bail!("it resolves outside the volume")
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let magic = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
+    let object = std::fs::metadata(&magic).context("inspecting the subPath")?;
+    if let Ok(bound) = std::fs::metadata(target) {
+        if bound.dev() == object.dev() && bound.ino() == object.ino() && is_mountpoint(target) {
+            return Ok(target.to_path_buf());
+        }
+        if is_mountpoint(target) {
+            ferrolet_runtime::rootfs::unmount(target).with_context(|| format!("unmounting {}", target.display()))?;
+        }
+    }
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    if object.is_dir() {
+        match std::fs::create_dir(target) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(e).with_context(|| format!("creating {}", target.display()))
+            }
+            _ => {}
+        }
+    } else {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(target)
+            .with_context(|| format!("creating {}", target.display()))?;
+    }
+    nix::mount::mount(
+        Some(&magic),
+        target,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .with_context(|| format!("bind-mounting the subPath onto {}", target.display()))?;
+    Ok(target.to_path_buf())
 }
 
 /// Expand a subPathExpr as kubelet does: every referenced variable must have a non-empty
@@ -310,8 +368,19 @@ pub fn expand_sub_path(expr: &str, env: &[(String, String)]) -> Result<String> {
     Ok(p)
 }
 
-/// Unmount tmpfs emptyDirs and remove the pod's volume directories (hostPaths are untouched).
+/// Unmount the subPath binds and tmpfs emptyDirs, and remove the pod's volume directories
+/// (hostPaths are untouched).
 pub fn teardown(pod_dir: &Path) -> Result<()> {
+    let subpaths = subpaths_dir(pod_dir);
+    for m in ferrolet_runtime::rootfs::mounts_under(&subpaths) {
+        ferrolet_runtime::rootfs::unmount(&m).with_context(|| format!("unmounting {}", m.display()))?;
+    }
+    match std::fs::remove_dir_all(&subpaths) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).context("removing the subPath mounts");
+        }
+        _ => {}
+    }
     let base = pod_volumes_dir(pod_dir).join("kubernetes.io~empty-dir");
     if let Ok(rd) = std::fs::read_dir(&base) {
         for e in rd.flatten() {

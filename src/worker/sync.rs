@@ -221,19 +221,19 @@ impl PodWorker {
         let pod_cgroup = m.setup.cgroups().pod_path(&self.pod);
         let facts = self.facts();
         let input = BuildInput {
-            cfg: &m.cfg,
-            pod: &self.pod,
-            container: &c,
+            cfg: m.cfg.clone(),
+            pod: self.pod.clone(),
+            container: c.clone(),
             kind: s.kind,
             attempt: s.attempt,
-            sandbox: &sandbox,
-            pod_cgroup: &pod_cgroup,
-            pod_dir: &self.pod_dir,
-            volumes: &self.resources.volumes,
-            facts: &facts,
+            sandbox,
+            pod_cgroup,
+            pod_dir: self.pod_dir.clone(),
+            volumes: self.resources.volumes.clone(),
+            facts,
             node_memory: m.node.allocatable_memory,
         };
-        let id = start::create_container(&m.rt, &m.images, &input).await?;
+        let id = start::create_container(&m.rt, &m.images, input).await?;
         self.containers.known.insert(id.clone());
         self.event(reasons::EVENT_CREATED, &format!("Created container {}", c.name));
         let backoff_key = plan::backoff_key(&c.name, &labels::hash(&c));
