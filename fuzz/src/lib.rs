@@ -4,7 +4,7 @@
 //! Targets of other areas (the agent's manifests and configuration) belong beside these, named
 //! `<area>_<what>`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// A fresh directory for one input, under `TMPDIR` (scripts/fuzz points that at a tmpfs in a
 /// mount namespace where everything else is read-only), with an empty `victim/` beside where
@@ -58,9 +58,4 @@ pub fn check_not_outside(err: &(dyn std::error::Error + 'static)) {
         !msg.contains("Read-only file system"),
         "tried to write outside the scratch directory: {msg}"
     );
-}
-
-/// `path` relative to the scratch dir, for messages.
-pub fn rel<'a>(s: &Scratch, path: &'a Path) -> &'a Path {
-    path.strip_prefix(s.dir.path()).unwrap_or(path)
 }
