@@ -118,14 +118,19 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
 /// Apply the file at `path` onto `cfg`. Returns warnings (fields accepted but ignored).
 pub fn apply_file(cfg: &mut Config, path: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
-    let value: Value =
-        serde_saphyr::from_str(&text).with_context(|| format!("{}: not valid YAML or JSON", path.display()))?;
-    let Value::Object(map) = value else {
-        bail!("{}: expected a KubeletConfiguration object", path.display());
-    };
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let base = std::fs::canonicalize(&base).unwrap_or(base);
-    apply_map(cfg, &map, &base).map_err(|e| anyhow!("{}: {e:#}", path.display()))
+    apply_text(cfg, &text, &base).map_err(|e| anyhow!("{}: {e:#}", path.display()))
+}
+
+/// Apply a KubeletConfiguration's text onto `cfg`; relative paths in it are relative to
+/// `base`. Returns warnings (fields accepted but ignored).
+pub fn apply_text(cfg: &mut Config, text: &str, base: &Path) -> Result<Vec<String>> {
+    let value: Value = serde_saphyr::from_str(text).context("not valid YAML or JSON")?;
+    let Value::Object(map) = value else {
+        bail!("expected a KubeletConfiguration object");
+    };
+    apply_map(cfg, &map, base)
 }
 
 fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<Vec<String>> {

@@ -2,7 +2,7 @@
 //! KubeletConfiguration file (`--config`, [`file`]), then flags with kubelet's names
 //! ([`flags`]). Later wins. [`load`] does all three and the checks across fields.
 
-mod file;
+pub mod file;
 mod flags;
 
 use std::net::IpAddr;

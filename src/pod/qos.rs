@@ -69,22 +69,27 @@ pub fn qos_class(pod: &Pod) -> QosClass {
     QosClass::Burstable
 }
 
-/// kubelet's MilliCPUToShares: 1024 shares per core, at least 2.
+/// kubelet's MilliCPUToShares: 1024 shares per core, at least 2 and at most 262144 (the
+/// kernel's range). Quantities from a manifest can be anything: the arithmetic saturates.
 pub fn milli_cpu_to_shares(m: i64) -> u64 {
     if m <= 0 {
         return 2;
     }
-    ((m * 1024) / 1000).max(2) as u64
+    (m.saturating_mul(1024) / 1000).clamp(2, 262_144) as u64
 }
 
 pub const CPU_PERIOD_US: u64 = 100_000;
 
-/// kubelet's MilliCPUToQuota: quota for `m` millicores per 100ms period, at least 1ms.
+/// The largest CFS quota the kernel takes (µs; its max_cfs_runtime).
+pub const MAX_CPU_QUOTA_US: i64 = (1 << 44) - 1;
+
+/// kubelet's MilliCPUToQuota: quota for `m` millicores per 100ms period, at least 1ms, at most
+/// what the kernel takes.
 pub fn milli_cpu_to_quota(m: i64) -> i64 {
     if m <= 0 {
         return 0;
     }
-    ((m * CPU_PERIOD_US as i64) / 1000).max(1000)
+    (m.saturating_mul(CPU_PERIOD_US as i64) / 1000).clamp(1000, MAX_CPU_QUOTA_US)
 }
 
 pub fn request(c: &Container, res: &str) -> i64 {
@@ -114,7 +119,7 @@ pub fn oom_score_adj(qos: QosClass, memory_request: i64, node_memory: i64) -> i3
             if node_memory <= 0 {
                 return 999;
             }
-            let adj = 1000 - (1000 * memory_request) / node_memory;
+            let adj = 1000 - memory_request.saturating_mul(1000) / node_memory;
             adj.clamp(3, 999) as i32
         }
     }
@@ -123,18 +128,20 @@ pub fn oom_score_adj(qos: QosClass, memory_request: i64, node_memory: i64) -> i3
 /// Requests a pod needs from the node: max(sum of app containers, largest init container),
 /// as kubelet's admission computes it (sidecars count with the app containers).
 pub fn pod_requests(pod: &Pod, res: &str) -> i64 {
-    let mut sidecars = 0;
-    let mut init_max = 0;
+    let mut sidecars: i64 = 0;
+    let mut init_max: i64 = 0;
     for c in super::init_containers(pod) {
         let r = request(c, res);
         if super::is_sidecar(c) {
-            sidecars += r;
+            sidecars = sidecars.saturating_add(r);
             init_max = init_max.max(sidecars);
         } else {
-            init_max = init_max.max(sidecars + r);
+            init_max = init_max.max(sidecars.saturating_add(r));
         }
     }
-    let apps: i64 = super::containers(pod).iter().map(|c| request(c, res)).sum::<i64>() + sidecars;
+    let apps = super::containers(pod)
+        .iter()
+        .fold(sidecars, |sum, c| sum.saturating_add(request(c, res)));
     apps.max(init_max)
 }
 
@@ -179,5 +186,21 @@ mod tests {
         assert_eq!(oom_score_adj(QosClass::BestEffort, 0, 100), 1000);
         assert_eq!(oom_score_adj(QosClass::Burstable, 50, 100), 500);
         assert_eq!(oom_score_adj(QosClass::Burstable, 100, 100), 3);
+    }
+
+    #[test]
+    fn huge_quantities_saturate_instead_of_overflowing() {
+        // Found by the pod_manifest fuzzer: `cpu: 50Ti` overflowed the quota arithmetic.
+        let huge = milli("50Ti").unwrap();
+        assert_eq!(milli_cpu_to_quota(huge), MAX_CPU_QUOTA_US);
+        assert_eq!(milli_cpu_to_quota(i64::MAX), MAX_CPU_QUOTA_US);
+        assert_eq!(milli_cpu_to_shares(i64::MAX), 262_144);
+        assert_eq!(oom_score_adj(QosClass::Burstable, i64::MAX, 1 << 30), 3);
+        let p: Pod = serde_json::from_value(serde_json::json!({"metadata":{"name":"p"},"spec":{"containers":[
+            {"name":"a","image":"x","resources":{"requests":{"cpu":"9e18","memory":"8Ei"}}},
+            {"name":"b","image":"x","resources":{"requests":{"cpu":"9e18","memory":"8Ei"}}}]}}))
+        .unwrap();
+        assert_eq!(pod_requests(&p, "cpu"), i64::MAX);
+        assert_eq!(pod_requests(&p, "memory"), i64::MAX);
     }
 }

@@ -40,8 +40,10 @@ pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo) -> Result<(), Reject
         if want == 0 {
             continue;
         }
-        let used: i64 = active.iter().map(|a| qos::pod_requests(a, res)).sum();
-        if used + want > cap {
+        let used = active
+            .iter()
+            .fold(0i64, |sum, a| sum.saturating_add(qos::pod_requests(a, res)));
+        if used.saturating_add(want) > cap {
             return Err(Rejection {
                 reason: reasons::out_of(res),
                 message: format!(

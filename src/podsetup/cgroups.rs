@@ -86,7 +86,9 @@ impl PodCgroups {
         let all_cpu_limited = all.iter().all(|c| qos::limit(c, "cpu") > 0);
         let all_mem_limited = all.iter().all(|c| qos::limit(c, "memory") > 0);
         let sum_limits = |res: &str| -> i64 {
-            let apps: i64 = pod::containers(p).iter().map(|c| qos::limit(c, res)).sum();
+            let apps = pod::containers(p)
+                .iter()
+                .fold(0i64, |sum, c| sum.saturating_add(qos::limit(c, res)));
             let init = pod::init_containers(p)
                 .iter()
                 .map(|c| qos::limit(c, res))

@@ -243,7 +243,7 @@ impl PodWorker {
             Lifecycle::Syncing => Duration::ZERO,
             _ => Duration::from_secs(pod::grace_period(&self.pod) as u64),
         };
-        timeout * calls + grace
+        timeout.saturating_mul(calls).saturating_add(grace)
     }
 
     /// Sleep `d` while the pod is being removed: updates no longer matter, probe results are

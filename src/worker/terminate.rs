@@ -44,7 +44,11 @@ impl PodWorker {
             .collect();
         let (rt, target, pod_name) = (self.m.rt.clone(), self.target(), name.clone());
         let stopping = async move {
-            let deadline = tokio::time::Instant::now() + grace;
+            // A grace period from the manifest can be anything: far enough is far enough.
+            let now = tokio::time::Instant::now();
+            let deadline = now
+                .checked_add(grace)
+                .unwrap_or(now + Duration::from_secs(86_400 * 365));
             futures::future::join_all(first).await;
             for (v, spec) in sidecars {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
