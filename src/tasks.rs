@@ -111,13 +111,8 @@ impl Liveness {
         self.set(name, limit, true);
     }
 
-    /// `name` ended its round and waits for work (no limit while idle).
-    pub fn idle(&self, name: &str) {
-        self.duties().remove(name);
-    }
-
-    /// `name` is gone for good.
-    pub fn forget(&self, name: &str) {
+    /// `name` ended its round and waits for work (no limit while idle), or is gone for good.
+    pub fn done(&self, name: &str) {
         self.duties().remove(name);
     }
 
@@ -177,7 +172,7 @@ mod tests {
             l.failures()
         );
         assert!(l.failures_of("syncloop").is_empty());
-        l.idle("pod/a");
+        l.done("pod/a");
         assert!(l.failures().is_empty(), "an idle worker has no limit");
         l.beat("syncloop", Duration::from_millis(1));
         std::thread::sleep(Duration::from_millis(10));

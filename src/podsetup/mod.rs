@@ -11,7 +11,7 @@ pub mod sandbox;
 pub mod volumes;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -180,7 +180,7 @@ impl PodSetup {
     }
 }
 
-fn remove_dir(dir: &PathBuf) -> Result<()> {
+fn remove_dir(dir: &Path) -> Result<()> {
     match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(e).with_context(|| format!("removing {}", dir.display()))

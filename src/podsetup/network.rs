@@ -120,16 +120,8 @@ impl PodNetwork {
                 .await
                 .with_context(|| format!("network {} not ready", self.settings.mode))?,
         );
-        let list = self.live.clone();
-        let live = tokio::task::spawn_blocking(move || list())
-            .await
-            .context("listing live sandboxes")?;
-        match plug.gc(&live).await {
-            Ok(ids) if !ids.is_empty() => {
-                info!(count = ids.len(), sandboxes = ?ids, "collected the network of sandboxes that no longer exist")
-            }
-            Ok(_) => {}
-            Err(e) => warn!(error = %ferrolet_fsutil::chain(&e), "collecting stale pod networks"),
+        if let Err(e) = self.gc_dead(&plug).await {
+            warn!(error = %format!("{e:#}"), "collecting stale pod networks");
         }
         info!(mode = plug.mode_name(), "pod network ready");
         *guard = Some(plug.clone());
@@ -140,6 +132,11 @@ impl PodNetwork {
     /// and hostPorts. For a pod whose sandbox record became unreadable.
     pub async fn collect_garbage(&self) -> Result<Vec<String>> {
         let plug = self.plug().await?;
+        self.gc_dead(&plug).await
+    }
+
+    /// Tear down every sandbox network whose sandbox the owner does not list as live.
+    async fn gc_dead(&self, plug: &NetPlug) -> Result<Vec<String>> {
         let list = self.live.clone();
         let live = tokio::task::spawn_blocking(move || list())
             .await

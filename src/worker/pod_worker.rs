@@ -192,7 +192,7 @@ impl PodWorker {
                             Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default())
                         }
                     };
-                    self.m.liveness.idle(&duty);
+                    self.m.liveness.done(&duty);
                     if !self.wait_for_work(wake).await {
                         return;
                     }
@@ -218,11 +218,11 @@ impl PodWorker {
                         }
                     };
                     if removed {
-                        self.m.liveness.forget(&duty);
+                        self.m.liveness.done(&duty);
                         return;
                     }
                     // Not gone yet: the pod stays (terminating) and the removal is retried.
-                    self.m.liveness.idle(&duty);
+                    self.m.liveness.done(&duty);
                     let delay = self.teardown_retry.next_delay();
                     warn!(pod = %pod::full_name(&self.pod), retry_in = ?delay, "the pod is not fully removed; retrying");
                     if !self.sleep_ignoring_updates(delay).await {

@@ -63,9 +63,10 @@ impl PodWorker {
         });
         self.report.initialized = plan.initialized;
         let wake = self.execute(&plan, &views).await;
-        let views = self.views();
-        self.remove_dead(&views).await;
-        let views = self.views();
+        let mut views = self.views();
+        if self.remove_dead(&views).await {
+            views = self.views();
+        }
         // Containers started just now get their probes at once, not at the next resync.
         self.sync_probes(&views);
         self.publish_status(&views).await;
@@ -260,8 +261,10 @@ impl PodWorker {
     }
 
     /// Keep the newest two attempts of each container (the current one and the one behind
-    /// `lastState` / `logs --previous`); delete older ones and their logs.
-    async fn remove_dead(&mut self, views: &PodContainers) {
+    /// `lastState` / `logs --previous`); delete older ones and their logs. Returns whether any
+    /// went.
+    async fn remove_dead(&mut self, views: &PodContainers) -> bool {
+        let mut removed = false;
         for list in views.by_name.values() {
             for v in list.iter().skip(2) {
                 if v.is_running() {
@@ -269,6 +272,7 @@ impl PodWorker {
                 }
                 match self.m.rt.delete(&v.id).await {
                     Ok(()) => {
+                        removed = true;
                         self.containers.known.remove(&v.id);
                         self.containers.messages.remove(&v.id);
                         let _ = std::fs::remove_file(&v.log_path);
@@ -280,5 +284,6 @@ impl PodWorker {
                 }
             }
         }
+        removed
     }
 }
