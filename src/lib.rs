@@ -15,6 +15,7 @@ pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod images;
+pub mod kubeclient;
 pub mod kuberuntime;
 pub mod lifecycle;
 pub mod node;

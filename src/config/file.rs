@@ -19,7 +19,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "tlsPrivateKeyFile",
     "tlsCipherSuites",
     "tlsMinVersion",
-    "rotateCertificates",
     "serverTLSBootstrap",
     "authentication",
     "authorization",
@@ -33,9 +32,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "healthzBindAddress",
     "oomScoreAdj",
     "streamingConnectionIdleTimeout",
-    "nodeStatusUpdateFrequency",
-    "nodeStatusReportFrequency",
-    "nodeLeaseDurationSeconds",
     "imageMinimumGCAge",
     "imageMaximumGCAge",
     "imageGCHighThresholdPercent",
@@ -59,8 +55,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "nodeStatusMaxImages",
     "maxOpenFiles",
     "contentType",
-    "kubeAPIQPS",
-    "kubeAPIBurst",
     "serializeImagePulls",
     "maxParallelImagePulls",
     "evictionHard",
@@ -102,8 +96,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "enableProfilingHandler",
     "enableDebugFlagsHandler",
     "memoryThrottlingFactor",
-    "registerWithTaints",
-    "registerNode",
     "tracing",
     "localStorageCapacityIsolation",
     "containerRuntimeEndpoint",
@@ -192,6 +184,31 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
                 cfg.container_log_max_files = integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
             }
             "seccompDefault" => cfg.seccomp_default = boolean(f, v)?,
+            "rotateCertificates" => cfg.cluster.rotate_certificates = boolean(f, v)?,
+            "registerNode" => cfg.cluster.register_node = boolean(f, v)?,
+            "registerWithTaints" => {
+                let list = v.as_array().ok_or_else(|| anyhow!("{f}: expected a list of taints"))?;
+                cfg.cluster.register_with_taints = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        serde_json::from_value::<k8s_openapi::api::core::v1::Taint>(t.clone())
+                            .map_err(|e| anyhow!("{f}[{i}]: {e}"))
+                    })
+                    .collect::<Result<_>>()?;
+            }
+            "nodeStatusUpdateFrequency" => cfg.cluster.node_status_update_frequency = duration(f, v)?,
+            "nodeStatusReportFrequency" => cfg.cluster.node_status_report_frequency = duration(f, v)?,
+            "nodeLeaseDurationSeconds" => {
+                cfg.cluster.node_lease_duration_seconds =
+                    integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
+            }
+            "kubeAPIQPS" => {
+                cfg.cluster.kube_api_qps = v.as_f64().ok_or_else(|| anyhow!("{f}: expected a number, got {v}"))?
+            }
+            "kubeAPIBurst" => {
+                cfg.cluster.kube_api_burst = integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
+            }
             "systemReserved" => {
                 let obj = v
                     .as_object()

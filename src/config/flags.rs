@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::Args;
 
-use super::{absolute, parse_header, Config, NetworkMode};
+use super::{absolute, parse_header, parse_label, parse_taint, Config, NetworkMode};
 
 /// Flags named as kubelet names them. Unset flags leave the config file's (or the default)
 /// value alone.
@@ -77,6 +77,29 @@ pub struct RunFlags {
     /// Image archives dropped here are imported.
     #[arg(long = "image-import-dir")]
     pub image_import_dir: Option<PathBuf>,
+    /// The node's kubeconfig: joins the cluster it names (written by the TLS bootstrap when
+    /// --bootstrap-kubeconfig is given).
+    #[arg(long = "kubeconfig")]
+    pub kubeconfig: Option<PathBuf>,
+    /// A bootstrap credential for requesting the node's client certificate.
+    #[arg(long = "bootstrap-kubeconfig")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    #[arg(long = "register-node", num_args = 0..=1, default_missing_value = "true")]
+    pub register_node: Option<bool>,
+    /// key=value:Effect, comma-separated.
+    #[arg(long = "register-with-taints", value_delimiter = ',')]
+    pub register_with_taints: Vec<String>,
+    /// key=value, comma-separated.
+    #[arg(long = "node-labels", value_delimiter = ',')]
+    pub node_labels: Vec<String>,
+    #[arg(long = "node-status-update-frequency")]
+    pub node_status_update_frequency: Option<String>,
+    #[arg(long = "kube-api-qps")]
+    pub kube_api_qps: Option<f64>,
+    #[arg(long = "kube-api-burst")]
+    pub kube_api_burst: Option<u32>,
+    #[arg(long = "rotate-certificates", num_args = 0..=1, default_missing_value = "true")]
+    pub rotate_certificates: Option<bool>,
     /// First crash-loop back-off (kubelet's is 10s).
     #[arg(long = "initial-container-restart-period", hide = true)]
     pub initial_container_restart_period: Option<String>,
@@ -183,6 +206,39 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if let Some(d) = &f.image_import_dir {
         cfg.image_import_dir = absolute(d)?;
+    }
+    let c = &mut cfg.cluster;
+    if let Some(k) = &f.kubeconfig {
+        c.kubeconfig = Some(absolute(k)?);
+    }
+    if let Some(k) = &f.bootstrap_kubeconfig {
+        c.bootstrap_kubeconfig = Some(absolute(k)?);
+    }
+    if let Some(b) = f.register_node {
+        c.register_node = b;
+    }
+    if !f.register_with_taints.is_empty() {
+        c.register_with_taints = f
+            .register_with_taints
+            .iter()
+            .map(|t| parse_taint(t))
+            .collect::<Result<_>>()?;
+    }
+    for l in &f.node_labels {
+        let (k, v) = parse_label(l)?;
+        c.node_labels.insert(k, v);
+    }
+    if let Some(d) = dur("node-status-update-frequency", &f.node_status_update_frequency)? {
+        c.node_status_update_frequency = d;
+    }
+    if let Some(q) = f.kube_api_qps {
+        c.kube_api_qps = q;
+    }
+    if let Some(b) = f.kube_api_burst {
+        c.kube_api_burst = b;
+    }
+    if let Some(b) = f.rotate_certificates {
+        c.rotate_certificates = b;
     }
     Ok(())
 }

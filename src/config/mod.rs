@@ -36,6 +36,54 @@ pub struct NetworkConfig {
     pub cni_bin_dirs: Vec<PathBuf>,
 }
 
+/// Joining a cluster: how the agent reaches the API server and how it presents its Node
+/// (kubelet's --kubeconfig family of flags and the node status settings).
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The node's kubeconfig (kubelet's --kubeconfig): set, the agent joins the cluster; unset,
+    /// it runs standalone. With a bootstrap kubeconfig it is written by the TLS bootstrap when
+    /// missing or expired.
+    pub kubeconfig: Option<PathBuf>,
+    /// A bootstrap credential (kubelet's --bootstrap-kubeconfig): used to request the node's
+    /// client certificate with a CSR.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// Renew the node's client certificate before it expires (kubelet's rotateCertificates).
+    pub rotate_certificates: bool,
+    /// Create the Node object (kubelet's --register-node).
+    pub register_node: bool,
+    /// Taints the Node is registered with (kubelet's --register-with-taints).
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// Labels the Node is registered with (kubelet's --node-labels).
+    pub node_labels: std::collections::BTreeMap<String, String>,
+    /// How often the node status is computed (kubelet's nodeStatusUpdateFrequency).
+    pub node_status_update_frequency: Duration,
+    /// How often an unchanged node status is still posted (nodeStatusReportFrequency).
+    pub node_status_report_frequency: Duration,
+    /// The node Lease's duration; it is renewed every quarter of it (10 s for kubelet's 40).
+    pub node_lease_duration_seconds: i32,
+    /// Client-side rate limit towards the API server (kubeAPIQPS / kubeAPIBurst).
+    pub kube_api_qps: f64,
+    pub kube_api_burst: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> ClusterConfig {
+        ClusterConfig {
+            kubeconfig: None,
+            bootstrap_kubeconfig: None,
+            rotate_certificates: true,
+            register_node: true,
+            register_with_taints: Vec::new(),
+            node_labels: Default::default(),
+            node_status_update_frequency: Duration::from_secs(10),
+            node_status_report_frequency: Duration::from_secs(300),
+            node_lease_duration_seconds: 40,
+            kube_api_qps: 50.0,
+            kube_api_burst: 100,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub node_name: String,
@@ -81,6 +129,8 @@ pub struct Config {
     /// Import the demo image built into this binary when the store lacks it.
     pub load_demo_image: bool,
     pub verbosity: u8,
+    /// Joining a cluster (when `cluster.kubeconfig` is set).
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -125,6 +175,7 @@ impl Default for Config {
             image_import_dir: PathBuf::from("/var/lib/ferrolet/images/import"),
             load_demo_image: true,
             verbosity: 2,
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -161,6 +212,10 @@ impl Config {
     pub fn exec_socket_path(&self) -> PathBuf {
         self.root_dir.join("exec.sock")
     }
+    /// Joined to a cluster (a kubeconfig is configured).
+    pub fn in_cluster(&self) -> bool {
+        self.cluster.kubeconfig.is_some()
+    }
 
     /// Checks across fields, after file and flags are applied.
     pub fn validate(&self) -> Result<()> {
@@ -187,6 +242,19 @@ impl Config {
         }
         if self.file_check_frequency.is_zero() || self.sync_frequency.is_zero() {
             bail!("fileCheckFrequency and syncFrequency must be positive");
+        }
+        let c = &self.cluster;
+        if c.bootstrap_kubeconfig.is_some() && c.kubeconfig.is_none() {
+            bail!("bootstrap-kubeconfig: needs --kubeconfig, where the node's credential is written");
+        }
+        if c.node_lease_duration_seconds <= 0 {
+            bail!("nodeLeaseDurationSeconds: must be positive");
+        }
+        if c.node_status_update_frequency.is_zero() || c.node_status_report_frequency.is_zero() {
+            bail!("nodeStatusUpdateFrequency and nodeStatusReportFrequency must be positive");
+        }
+        if !c.kube_api_qps.is_finite() || c.kube_api_qps <= 0.0 || c.kube_api_burst == 0 {
+            bail!("kubeAPIQPS and kubeAPIBurst must be positive");
         }
         if let Some(u) = &self.static_pod_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
@@ -222,6 +290,40 @@ fn default_node_name() -> String {
         .map(|h| h.trim().to_ascii_lowercase())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+/// Parse `key=value:Effect` (kubelet's --register-with-taints form; the value may be empty).
+pub fn parse_taint(s: &str) -> Result<k8s_openapi::api::core::v1::Taint> {
+    let (kv, effect) = s
+        .rsplit_once(':')
+        .with_context(|| format!("register-with-taints: {s:?} is not key=value:Effect"))?;
+    if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        bail!("register-with-taints: {s:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute");
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string()).filter(|v| !v.is_empty())),
+        None => (kv, None),
+    };
+    if key.is_empty() {
+        bail!("register-with-taints: {s:?} has no key");
+    }
+    Ok(k8s_openapi::api::core::v1::Taint {
+        key: key.to_string(),
+        value,
+        effect: effect.to_string(),
+        time_added: None,
+    })
+}
+
+/// Parse `key=value` (kubelet's --node-labels form).
+pub fn parse_label(s: &str) -> Result<(String, String)> {
+    let (k, v) = s
+        .split_once('=')
+        .with_context(|| format!("node-labels: {s:?} is not key=value"))?;
+    if k.is_empty() {
+        bail!("node-labels: {s:?} has no key");
+    }
+    Ok((k.to_string(), v.to_string()))
 }
 
 /// Parse `key:value` (kubelet's --manifest-url-header form).
