@@ -14,6 +14,7 @@ pub mod agent;
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod events;
 pub mod images;
 pub mod kubeclient;
 pub mod kuberuntime;

@@ -176,6 +176,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         setup,
         images: ImageManager::new(rt.clone(), cfg.image_import_dir.clone()),
         liveness: liveness.clone(),
+        events: crate::events::Recorder::standalone(&cfg.node_name),
     });
 
     // Sources -> pod config -> pod workers.

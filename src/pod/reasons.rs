@@ -46,6 +46,19 @@ pub const EVENT_PROBE_WARNING: &str = "ProbeWarning";
 pub const EVENT_FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
 pub const EVENT_FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
 
+/// Whether an event with `reason` is a Warning (kubelet records these as warnings) or Normal.
+pub fn event_kind(reason: &str) -> crate::events::Kind {
+    match reason {
+        EVENT_BACK_OFF
+        | EVENT_UNHEALTHY
+        | EVENT_PROBE_WARNING
+        | EVENT_FAILED_POST_START_HOOK
+        | EVENT_FAILED_PRE_STOP_HOOK => crate::events::Kind::Warning,
+        r if r.starts_with("Failed") => crate::events::Kind::Warning,
+        _ => crate::events::Kind::Normal,
+    }
+}
+
 /// Why a container is not running, as its waiting state shows it, and when the pod worker
 /// should try again (kubelet's SyncResult errors: the reason names the error).
 #[derive(Debug, Clone, PartialEq, Eq)]

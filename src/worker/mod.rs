@@ -45,6 +45,7 @@ pub struct Managers {
     pub images: ImageManager,
     /// Each worker's rounds, for /healthz.
     pub liveness: Arc<Liveness>,
+    pub events: crate::events::Recorder,
 }
 
 impl Managers {

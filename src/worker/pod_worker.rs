@@ -312,9 +312,11 @@ impl PodWorker {
         }
     }
 
-    /// An event, logged as kubelet would record it.
+    /// An event about this pod, with kubelet's reason; its type follows from the reason.
     pub fn event(&self, reason: &str, message: &str) {
-        info!(pod = %pod::full_name(&self.pod), reason, "{message}");
+        self.m
+            .events
+            .pod(&self.pod, None, reasons::event_kind(reason), reason, message);
     }
 
     /// Where the pod's ports are reached (probes, hooks).
