@@ -166,7 +166,10 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
 
     let pods = Arc::new(PodManager::default());
     let liveness = Arc::new(Liveness::default());
-    let node = NodeInfo::detect(&cfg);
+    let node = {
+        let cfg = cfg.clone();
+        blocking(move || Ok(NodeInfo::detect(&cfg))).await?
+    };
     let managers = Arc::new(Managers {
         cfg: cfg.clone(),
         rt: rt.clone(),

@@ -25,17 +25,17 @@ pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo) -> Result<(), Reject
             message: why,
         });
     }
-    if active.len() as u32 >= node.max_pods {
+    if active.len() as i64 >= node.allocatable.pods {
         return Err(Rejection {
             reason: reasons::OUT_OF_PODS.into(),
             message: format!(
                 "Node didn't have enough resource: pods, requested: 1, used: {}, capacity: {}",
                 active.len(),
-                node.max_pods
+                node.allocatable.pods
             ),
         });
     }
-    for (res, cap) in [("cpu", node.allocatable_cpu_milli), ("memory", node.allocatable_memory)] {
+    for (res, cap) in [("cpu", node.allocatable.cpu_milli), ("memory", node.allocatable.memory)] {
         let want = qos::pod_requests(p, res);
         if want == 0 {
             continue;
@@ -60,13 +60,17 @@ mod tests {
     use super::*;
 
     fn node(max_pods: u32) -> NodeInfo {
+        let r = crate::node::Resources {
+            cpu_milli: 1000,
+            memory: 1 << 30,
+            pods: max_pods as i64,
+            ..Default::default()
+        };
         NodeInfo {
             name: "n".into(),
             ips: Vec::new(),
-            ephemeral_storage: 0,
-            allocatable_cpu_milli: 1000,
-            allocatable_memory: 1 << 30,
-            max_pods,
+            capacity: r.clone(),
+            allocatable: r,
         }
     }
 
