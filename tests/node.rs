@@ -229,7 +229,7 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
     };
     let images: cluster::ImageList = Arc::new(|| Ok(Vec::new()));
     let events = ferrolet::events::Recorder::standalone(&name);
-    let handle = cluster::start(kube, cfg.clone(), info.clone(), images, readiness, events)
+    let handle = cluster::start(kube.clone(), cfg.clone(), info.clone(), images, readiness, events)
         .await
         .unwrap();
     let registered = handle.node.clone().expect("registered");
@@ -363,4 +363,24 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
         }
     })
     .await;
+
+    // Registering again finds the Node (409) and sets its default labels right, keeping the
+    // labels others added.
+    let patch = serde_json::json!({"metadata": {"labels": {
+        "kubernetes.io/hostname": "wrong", "kubernetes.io/os": null, "team": "a"}}});
+    nodes
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    let initial = ferrolet::node::register::initial_node(&cfg);
+    let again = ferrolet::node::register::register(&kube, &initial).await;
+    assert_eq!(again.metadata.uid.as_deref(), Some(uid.as_str()));
+    let l = nodes.get(&name).await.unwrap().metadata.labels.unwrap();
+    assert_eq!(l["kubernetes.io/hostname"], name);
+    assert_eq!(l["kubernetes.io/os"], "linux");
+    assert_eq!(l["team"], "a");
 }

@@ -67,6 +67,15 @@ pub async fn start(
     events.node(Kind::Normal, STARTING, "Starting kubelet.");
     let identity = blocking(|| Ok(machine::identity())).await?;
     let mut tracker = PressureTracker::new(PRESSURE_TRANSITION_PERIOD);
+    // The container manager's event, before registration as in kubelet.
+    if cfg.cgroups_per_qos {
+        events.node(
+            Kind::Normal,
+            NODE_ALLOCATABLE_ENFORCED,
+            "Updated Node Allocatable limit across pods",
+        );
+    }
+
     let mut node = None;
     if cfg.cluster.register_node {
         let o = observe(&cfg, &info, &identity, &images, &readiness, &mut tracker).await?;
@@ -76,14 +85,6 @@ pub async fn start(
         record(&events, &info.name, &recorded);
         node = Some(n);
     }
-    if cfg.cgroups_per_qos {
-        events.node(
-            Kind::Normal,
-            NODE_ALLOCATABLE_ENFORCED,
-            "Updated Node Allocatable limit across pods",
-        );
-    }
-
     let status_loop = Arc::new(Mutex::new(StatusLoop {
         kube: kube.clone(),
         cfg: cfg.clone(),
