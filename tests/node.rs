@@ -178,17 +178,18 @@ fn a_node_registers_turns_ready_gets_its_pod_cidr_and_renews_its_lease() {
     let admin = cp.kubeconfig("admin", "kubernetes-admin", "system:masters");
     let root = tempfile::tempdir().unwrap();
     let root_dir = root.path().to_path_buf();
+    let cp_dir = cp.dir.clone();
     net.in_ns(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
-            .block_on(scenario(name, node_kubeconfig, admin, root_dir))
+            .block_on(scenario(name, node_kubeconfig, admin, root_dir, cp_dir))
     });
     drop(cp);
 }
 
-async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_dir: PathBuf) {
+async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_dir: PathBuf, cp_dir: PathBuf) {
     let mut cfg = Config {
         node_name: name.clone(),
         root_dir,
@@ -383,4 +384,95 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
     assert_eq!(l["kubernetes.io/hostname"], name);
     assert_eq!(l["kubernetes.io/os"], "linux");
     assert_eq!(l["team"], "a");
+
+    // An API server outage: the loops keep going and catch up when it is back.
+    let outage = ApiServerOutage::begin(&cp_dir);
+    network_ready.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let _restarted = outage.end();
+    let back = k8s_openapi::jiff::Timestamp::now();
+    eventually("the API server back", Duration::from_secs(60), || async {
+        nodes.get(&name).await.map(|_| ()).map_err(|e| e.to_string())
+    })
+    .await;
+    eventually("NotReady posted after the outage", Duration::from_secs(30), || async {
+        let n = nodes.get(&name).await.map_err(|e| e.to_string())?;
+        match condition(&n, "Ready") {
+            Some((s, _, _)) if s == "False" => Ok(()),
+            other => Err(format!("Ready is {other:?}")),
+        }
+    })
+    .await;
+    eventually(
+        "the Lease renewed after the outage",
+        Duration::from_secs(30),
+        || async {
+            let l = leases.get(&name).await.map_err(|e| e.to_string())?;
+            match renew_of(&l) {
+                Some(t) if t > back => Ok(()),
+                other => Err(format!("renewTime {other:?}, back at {back}")),
+            }
+        },
+    )
+    .await;
+}
+
+/// The control plane's kube-apiserver killed, then started again with the same command line
+/// (the second pid the control-plane script records); the restarted one is killed on drop.
+struct ApiServerOutage {
+    argv: Vec<String>,
+    log: PathBuf,
+}
+
+struct Restarted(std::process::Child);
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl ApiServerOutage {
+    fn begin(cp_dir: &std::path::Path) -> ApiServerOutage {
+        let pids = std::fs::read_to_string(cp_dir.join("pids")).unwrap();
+        let pid: i32 = pids
+            .lines()
+            .nth(1)
+            .expect("the apiserver's pid")
+            .trim()
+            .parse()
+            .unwrap();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let argv: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        assert!(argv[0].ends_with("kube-apiserver"), "{argv:?}");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
+            && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        ApiServerOutage {
+            argv,
+            log: cp_dir.join("logs/kube-apiserver-restarted.log"),
+        }
+    }
+
+    /// Start it again (from this thread, which is in the control plane's namespace).
+    fn end(self) -> Restarted {
+        let log = std::fs::File::create(&self.log).unwrap();
+        let child = Command::new(&self.argv[0])
+            .args(&self.argv[1..])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Restarted(child)
+    }
 }
