@@ -233,7 +233,9 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
     let handle = cluster::start(kube.clone(), cfg.clone(), info.clone(), images, readiness, events)
         .await
         .unwrap();
-    let registered = handle.node.clone().expect("registered");
+    let registered = tokio::time::timeout(Duration::from_secs(30), handle.registered())
+        .await
+        .expect("registered within 30s");
     let uid = registered.metadata.uid.clone().unwrap();
 
     let nodes: Api<Node> = Api::all(admin.client());

@@ -11,7 +11,7 @@ use ferrolet_runtime::image::ImageRecord;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
-use tokio::sync::Mutex;
+use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
 use super::conditions::{self, PressureTracker, PRESSURE_TRANSITION_PERIOD};
@@ -34,28 +34,52 @@ pub type ImageList = Arc<dyn Fn() -> Result<Vec<ImageRecord>> + Send + Sync>;
 pub const STARTING: &str = "Starting";
 pub const NODE_ALLOCATABLE_ENFORCED: &str = "NodeAllocatableEnforced";
 
-/// The registered node.
+/// The node the loops keep: its name, and the Node once registered.
 pub struct NodeHandle {
     kube: Kube,
-    /// The Node as registered (None with registerNode off).
-    pub node: Option<Node>,
     pub name: String,
+    registered: watch::Receiver<Option<Node>>,
 }
 
 impl NodeHandle {
-    /// Wait up to `timeout` for the Node's spec.podCIDR ([`pod_cidr::wait`]).
+    /// The Node as registered, if it is yet (never with registerNode off).
+    pub fn node(&self) -> Option<Node> {
+        self.registered.borrow().clone()
+    }
+
+    /// Wait until the Node is registered (forever with registerNode off).
+    pub async fn registered(&self) -> Node {
+        let mut rx = self.registered.clone();
+        loop {
+            if let Some(n) = rx.borrow_and_update().clone() {
+                return n;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Wait up to `timeout` for the Node's spec.podCIDR ([`pod_cidr::wait`]; it asks the API
+    /// server, so it also works before registration has finished or with registerNode off).
     pub async fn pod_cidr(&self, timeout: Duration) -> Option<String> {
-        if let Some(c) = self.node.as_ref().and_then(pod_cidr::of) {
+        if let Some(c) = self.node().as_ref().and_then(pod_cidr::of) {
             return Some(c);
         }
         pod_cidr::wait(&self.kube, &self.name, timeout).await
     }
 }
 
-/// Record Starting, register the Node (waiting out the API server until it is registered) when
-/// `cfg.cluster.register_node`, then start the status loop (every nodeStatusUpdateFrequency,
-/// posted when changed or every nodeStatusReportFrequency; every second until Ready is first
-/// posted) and the Lease loop (every nodeLeaseDurationSeconds/4).
+/// How long the status loop runs every second while the node has not been posted Ready
+/// (kubelet's fastStatusUpdateOnce), before it settles at nodeStatusUpdateFrequency.
+const FAST_UPDATES_FOR: Duration = Duration::from_secs(120);
+
+/// Record Starting (and NodeAllocatableEnforced with pod cgroups), then start, without waiting
+/// for the API server: the status loop, which first registers the Node when
+/// `cfg.cluster.register_node` (retrying until it is registered) and then computes the status
+/// every nodeStatusUpdateFrequency (every second until Ready is first posted, for at most
+/// [`FAST_UPDATES_FOR`]) and posts it when it changed or every nodeStatusReportFrequency; and the
+/// Lease loop, every nodeLeaseDurationSeconds/4.
 pub async fn start(
     kube: Kube,
     cfg: Arc<Config>,
@@ -65,8 +89,6 @@ pub async fn start(
     events: Recorder,
 ) -> Result<NodeHandle> {
     events.node(Kind::Normal, STARTING, "Starting kubelet.");
-    let identity = blocking(|| Ok(machine::identity())).await?;
-    let mut tracker = PressureTracker::new(PRESSURE_TRANSITION_PERIOD);
     // The container manager's event, before registration as in kubelet.
     if cfg.cgroups_per_qos {
         events.node(
@@ -75,16 +97,8 @@ pub async fn start(
             "Updated Node Allocatable limit across pods",
         );
     }
-
-    let mut node = None;
-    if cfg.cluster.register_node {
-        let o = observe(&cfg, &info, &identity, &images, &readiness, &mut tracker).await?;
-        let mut initial = register::initial_node(&cfg);
-        let recorded = status::set_node_status(&mut initial, &o, &now());
-        let n = register::register(&kube, &initial).await;
-        record(&events, &info.name, &recorded);
-        node = Some(n);
-    }
+    let identity = blocking(|| Ok(machine::identity())).await?;
+    let (registered_tx, registered) = watch::channel(None);
     let status_loop = Arc::new(Mutex::new(StatusLoop {
         kube: kube.clone(),
         cfg: cfg.clone(),
@@ -93,7 +107,9 @@ pub async fn start(
         images,
         readiness,
         events,
-        tracker,
+        tracker: PressureTracker::new(PRESSURE_TRANSITION_PERIOD),
+        registered: registered_tx,
+        started: Instant::now(),
         last_report: None,
         ready_posted: false,
         failing: None,
@@ -103,10 +119,11 @@ pub async fn start(
         async move {
             let mut s = s.lock().await;
             s.round().await;
-            let pause = if s.ready_posted {
-                s.cfg.cluster.node_status_update_frequency
+            let every = s.cfg.cluster.node_status_update_frequency;
+            let pause = if s.ready_posted || s.started.elapsed() > FAST_UPDATES_FOR {
+                every
             } else {
-                Duration::from_secs(1).min(s.cfg.cluster.node_status_update_frequency)
+                Duration::from_secs(1).min(every)
             };
             drop(s);
             tokio::time::sleep(pause).await;
@@ -130,8 +147,8 @@ pub async fn start(
     });
     Ok(NodeHandle {
         kube,
-        node,
         name: info.name,
+        registered,
     })
 }
 
@@ -195,6 +212,9 @@ struct StatusLoop {
     readiness: Readiness,
     events: Recorder,
     tracker: PressureTracker,
+    /// The Node once registered (`None` until then, and always with registerNode off).
+    registered: watch::Sender<Option<Node>>,
+    started: Instant,
     /// When the status was last posted.
     last_report: Option<Instant>,
     /// Whether a Ready=True status has been posted (until then the loop runs every second, as
@@ -205,9 +225,35 @@ struct StatusLoop {
 }
 
 impl StatusLoop {
-    /// kubelet's updateNodeStatus: read the Node, run the setters, post the status when it
-    /// changed or the report period has passed.
+    /// kubelet's registerWithAPIServer: the Node created (or taken over) with its status;
+    /// returns once it is, retrying meanwhile.
+    async fn register(&mut self) -> Result<()> {
+        let o = observe(
+            &self.cfg,
+            &self.info,
+            &self.identity,
+            &self.images,
+            &self.readiness,
+            &mut self.tracker,
+        )
+        .await?;
+        let mut initial = register::initial_node(&self.cfg);
+        let recorded = status::set_node_status(&mut initial, &o, &now());
+        let node = register::register(&self.kube, &initial).await;
+        record(&self.events, &self.info.name, &recorded);
+        self.registered.send_replace(Some(node));
+        Ok(())
+    }
+
+    /// One round: registration first (until it is done), then kubelet's updateNodeStatus: read
+    /// the Node, run the setters, post the status when it changed or the report period passed.
     async fn round(&mut self) {
+        if self.cfg.cluster.register_node && self.registered.borrow().is_none() {
+            if let Err(e) = self.register().await {
+                warn!(node = %self.info.name, error = %format!("{e:#}"), "registering the node");
+                return;
+            }
+        }
         match self.try_round().await {
             Ok(()) => {
                 if self.failing.take().is_some() {
