@@ -204,6 +204,9 @@ impl PodWorker {
                     {
                         error!(pod = %pod::full_name(&self.pod), "stopping the pod panicked: {}; removing it", panic_message(p));
                     }
+                    // Its last status: every container stopped.
+                    let views = self.views();
+                    self.publish_status(&views).await;
                     self.lifecycle = Lifecycle::Terminated;
                 }
                 Lifecycle::Terminated => {
@@ -218,6 +221,7 @@ impl PodWorker {
                         }
                     };
                     if removed {
+                        self.m.status.pod_removed(&self.pod);
                         self.m.liveness.done(&duty);
                         return;
                     }
@@ -503,7 +507,7 @@ impl PodWorker {
             start_time: self.report.start_time,
             status: st.clone(),
         };
-        if let Err(e) = self.m.status.set(&self.uid, &self.pod_dir, rec, changed).await {
+        if let Err(e) = self.m.status.set(&self.pod, &self.pod_dir, rec, changed).await {
             warn!(pod = %pod::full_name(&self.pod), error = %format!("{e:#}"), "saving status");
         }
         self.report.last = Some(st);
