@@ -297,7 +297,7 @@ impl PodWorker {
             Msg::Probe(ev) => {
                 let reason = self.probe_kill_message(&ev);
                 if !ev.success && ev.kind != prober::Kind::Readiness {
-                    self.event(reasons::EVENT_KILLING, &reason);
+                    self.event(Some(&ev.container), reasons::EVENT_KILLING, &reason);
                 }
                 self.probes.apply(&ev, reason);
             }
@@ -316,11 +316,12 @@ impl PodWorker {
         }
     }
 
-    /// An event about this pod, with kubelet's reason; its type follows from the reason.
-    pub fn event(&self, reason: &str, message: &str) {
+    /// An event about this pod (`container`: the one it concerns, if any), with kubelet's
+    /// reason; its type follows from the reason.
+    pub fn event(&self, container: Option<&str>, reason: &str, message: &str) {
         self.m
             .events
-            .pod(&self.pod, None, reasons::event_kind(reason), reason, message);
+            .pod(&self.pod, container, reasons::event_kind(reason), reason, message);
     }
 
     /// Where the pod's ports are reached (probes, hooks).
