@@ -1,137 +1,46 @@
-//! The Node object against a real control plane (issue 12): a node registers with its labels,
+//! The Node object (kubelet's node status and lease, `src/node/`), driven directly against the
+//! shared control plane with the node's own credential: a node registers with its labels,
 //! taints, capacity, allocatable, nodeInfo and addresses, turns Ready once its runtime and
-//! network say so, gets a pod CIDR from the controller-manager, and renews its Lease. The
-//! control plane runs in a network namespace of the test's own; the node's parts run on a
-//! thread that joined it. Needs root (the namespace).
-
-mod common;
+//! network say so, gets a pod CIDR from the controller-manager, renews its Lease, takes an
+//! existing Node over, and rides out an API server outage. Its parts run on a thread that
+//! joined the cluster's namespace.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::net::TestNet;
 use ferrolet::config::{Config, Threshold};
 use ferrolet::kubeclient::Kube;
-use ferrolet::node::{cluster, NodeInfo};
+use ferrolet::node::{cluster as node_cluster, NodeInfo};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::Api;
+use libtest_mimic::Trial;
 
-const CONTROL_PLANE: &str = "/work/shared/k8s/control-plane";
+use crate::{cluster, test};
 
-/// A control plane started in `net`, stopped (and its directory removed) on drop.
-struct ControlPlane {
-    dir: PathBuf,
-    net_path: PathBuf,
+pub fn tests() -> Vec<Trial> {
+    vec![test(
+        "node_registers_turns_ready_gets_its_pod_cidr_renews_its_lease_and_survives_an_outage",
+        node_registers_turns_ready_gets_its_pod_cidr_renews_its_lease_and_survives_an_outage,
+    )]
 }
 
-impl ControlPlane {
-    fn start(net: &TestNet) -> ControlPlane {
-        let dir = std::env::temp_dir().join(format!("ferrolet-cp-node-{}", std::process::id()));
-        let cp = ControlPlane {
-            dir: dir.clone(),
-            net_path: net.path.clone(),
-        };
-        let out = net.command(CONTROL_PLANE).arg("start").arg(&dir).output().unwrap();
-        assert!(
-            out.status.success(),
-            "control-plane start: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        cp
-    }
-
-    /// A kubeconfig for `cn` in group `org`, with an X.509 v3 client certificate signed by the
-    /// cluster CA (rustls refuses the v1 certificates `control-plane node-kubeconfig` and the
-    /// admin kubeconfig carry: UnsupportedCertVersion).
-    fn kubeconfig(&self, file: &str, cn: &str, org: &str) -> PathBuf {
-        let pki = self.dir.join("pki");
-        let out_dir = self.dir.join("v3");
-        std::fs::create_dir_all(&out_dir).unwrap();
-        let (key, csr, crt, ext) = (
-            out_dir.join(format!("{file}.key")),
-            out_dir.join(format!("{file}.csr")),
-            out_dir.join(format!("{file}.crt")),
-            out_dir.join(format!("{file}.ext")),
-        );
-        std::fs::write(
-            &ext,
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
-        )
-        .unwrap();
-        let run = |args: &[&std::ffi::OsStr]| {
-            let out = Command::new("openssl").args(args).output().unwrap();
-            assert!(
-                out.status.success(),
-                "openssl: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        let subj = format!("/O={org}/CN={cn}");
-        run(&[
-            "req".as_ref(),
-            "-new".as_ref(),
-            "-newkey".as_ref(),
-            "rsa:2048".as_ref(),
-            "-nodes".as_ref(),
-            "-keyout".as_ref(),
-            key.as_os_str(),
-            "-subj".as_ref(),
-            subj.as_ref(),
-            "-out".as_ref(),
-            csr.as_os_str(),
-        ]);
-        run(&[
-            "x509".as_ref(),
-            "-req".as_ref(),
-            "-in".as_ref(),
-            csr.as_os_str(),
-            "-CA".as_ref(),
-            pki.join("ca.crt").as_os_str(),
-            "-CAkey".as_ref(),
-            pki.join("ca.key").as_os_str(),
-            "-CAcreateserial".as_ref(),
-            "-days".as_ref(),
-            "1".as_ref(),
-            "-extfile".as_ref(),
-            ext.as_os_str(),
-            "-out".as_ref(),
-            crt.as_os_str(),
-        ]);
-        let env = std::fs::read_to_string(self.dir.join("env")).unwrap();
-        let server = env
-            .lines()
-            .find_map(|l| l.strip_prefix("K8S_APISERVER="))
-            .expect("K8S_APISERVER")
-            .trim_matches('"');
-        let path = out_dir.join(format!("{file}.kubeconfig"));
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}\nusers:\n- name: u\n  user: {{client-certificate: \"{}\", client-key: \"{}\"}}\ncontexts:\n- name: c\n  context: {{cluster: local, user: u}}\ncurrent-context: c\n",
-                pki.join("ca.crt").display(),
-                crt.display(),
-                key.display()
-            ),
-        )
-        .unwrap();
-        path
-    }
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let _ = Command::new("nsenter")
-            .arg(format!("--net={}", self.net_path.display()))
-            .arg("--")
-            .arg(CONTROL_PLANE)
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
-    }
+fn node_registers_turns_ready_gets_its_pod_cidr_renews_its_lease_and_survives_an_outage() {
+    let c = cluster();
+    let name = "node-status".to_string();
+    let node_kubeconfig = c.node_kubeconfig(&name);
+    let admin = c.kubeconfig.clone();
+    let root = tempfile::tempdir().unwrap();
+    let root_dir = root.path().to_path_buf();
+    c.net.in_ns(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(scenario(name, node_kubeconfig, admin, root_dir))
+    });
 }
 
 async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
@@ -165,35 +74,11 @@ fn condition(n: &Node, kind: &str) -> Option<(String, String, String)> {
         })
 }
 
-#[test]
-fn a_node_registers_turns_ready_gets_its_pod_cidr_and_renews_its_lease() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
-    let net = TestNet::create("node");
-    let cp = ControlPlane::start(&net);
-    let name = "edge-node-1".to_string();
-    let node_kubeconfig = cp.kubeconfig("node", &format!("system:node:{name}"), "system:nodes");
-    let admin = cp.kubeconfig("admin", "kubernetes-admin", "system:masters");
-    let root = tempfile::tempdir().unwrap();
-    let root_dir = root.path().to_path_buf();
-    let cp_dir = cp.dir.clone();
-    net.in_ns(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(scenario(name, node_kubeconfig, admin, root_dir, cp_dir))
-    });
-    drop(cp);
-}
-
-async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_dir: PathBuf, cp_dir: PathBuf) {
+async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_dir: PathBuf) {
     let mut cfg = Config {
         node_name: name.clone(),
         root_dir,
-        node_ip: Some(common::net::NODE_IP.parse().unwrap()),
+        node_ip: Some(crate::common::net::NODE_IP.parse().unwrap()),
         max_pods: 42,
         ..Default::default()
     };
@@ -218,7 +103,7 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
     let kube = Kube::from_kubeconfig(&node_kubeconfig).await.unwrap();
     let admin = Kube::from_kubeconfig(&admin).await.unwrap();
     let network_ready = Arc::new(AtomicBool::new(false));
-    let readiness: cluster::Readiness = {
+    let readiness: node_cluster::Readiness = {
         let ready = network_ready.clone();
         Arc::new(move || {
             if ready.load(Ordering::SeqCst) {
@@ -228,9 +113,9 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
             }
         })
     };
-    let images: cluster::ImageList = Arc::new(|| Ok(Vec::new()));
+    let images: node_cluster::ImageList = Arc::new(|| Ok(Vec::new()));
     let events = ferrolet::events::Recorder::standalone(&name);
-    let handle = cluster::start(kube.clone(), cfg.clone(), info.clone(), images, readiness, events)
+    let handle = node_cluster::start(kube.clone(), cfg.clone(), info.clone(), images, readiness, events)
         .await
         .unwrap();
     let registered = tokio::time::timeout(Duration::from_secs(30), handle.registered())
@@ -322,7 +207,7 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
     assert_eq!(
         addrs,
         [
-            ("InternalIP".to_string(), common::net::NODE_IP.to_string()),
+            ("InternalIP".to_string(), crate::common::net::NODE_IP.to_string()),
             ("Hostname".to_string(), name.clone())
         ]
     );
@@ -388,10 +273,15 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
     assert_eq!(l["team"], "a");
 
     // An API server outage: the loops keep going and catch up when it is back.
-    let outage = ApiServerOutage::begin(&cp_dir);
+    // (The API server is stopped and restarted off this thread: the loops run on it meanwhile.)
+    let stopped = tokio::task::spawn_blocking(|| cluster().stop_apiserver())
+        .await
+        .unwrap();
     network_ready.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let _restarted = outage.end();
+    tokio::task::spawn_blocking(move || cluster().restart_apiserver(stopped))
+        .await
+        .unwrap();
     let back = k8s_openapi::jiff::Timestamp::now();
     eventually("the API server back", Duration::from_secs(60), || async {
         nodes.get(&name).await.map(|_| ()).map_err(|e| e.to_string())
@@ -417,64 +307,4 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
         },
     )
     .await;
-}
-
-/// The control plane's kube-apiserver killed, then started again with the same command line
-/// (the second pid the control-plane script records); the restarted one is killed on drop.
-struct ApiServerOutage {
-    argv: Vec<String>,
-    log: PathBuf,
-}
-
-struct Restarted(std::process::Child);
-
-impl Drop for Restarted {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl ApiServerOutage {
-    fn begin(cp_dir: &std::path::Path) -> ApiServerOutage {
-        let pids = std::fs::read_to_string(cp_dir.join("pids")).unwrap();
-        let pid: i32 = pids
-            .lines()
-            .nth(1)
-            .expect("the apiserver's pid")
-            .trim()
-            .parse()
-            .unwrap();
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
-        let argv: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        assert!(argv[0].ends_with("kube-apiserver"), "{argv:?}");
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
-            && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
-            && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        ApiServerOutage {
-            argv,
-            log: cp_dir.join("logs/kube-apiserver-restarted.log"),
-        }
-    }
-
-    /// Start it again (from this thread, which is in the control plane's namespace).
-    fn end(self) -> Restarted {
-        let log = std::fs::File::create(&self.log).unwrap();
-        let child = Command::new(&self.argv[0])
-            .args(&self.argv[1..])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Restarted(child)
-    }
 }
