@@ -129,7 +129,8 @@ pub fn set_node_status(node: &mut Node, o: &Observed, now: &Time) -> Vec<&'stati
     status.daemon_endpoints = Some(NodeDaemonEndpoints {
         kubelet_endpoint: Some(DaemonEndpoint { port: KUBELET_PORT }),
     });
-    status.images = Some(o.images.clone());
+    // An empty list is no list: the API server drops it, and it must not look like a change.
+    status.images = (!o.images.is_empty()).then(|| o.images.clone());
 
     let conds = status.conditions.get_or_insert_with(Vec::new);
     let mut events = conditions::set_pressure(conds, o.pressure, now);
@@ -147,6 +148,13 @@ pub fn changed(old: &NodeStatus, new: &NodeStatus) -> bool {
         }
         s.capacity = None;
         s.allocatable = None;
+        // The API server drops empty lists.
+        if s.images.as_ref().is_some_and(Vec::is_empty) {
+            s.images = None;
+        }
+        if s.addresses.as_ref().is_some_and(Vec::is_empty) {
+            s.addresses = None;
+        }
         s
     };
     strip(old) != strip(new)
@@ -337,6 +345,17 @@ mod tests {
         o.not_ready = vec!["container runtime is down".into()];
         set_node_status(&mut node, &o, &t(20));
         assert!(changed(&b, node.status.as_ref().unwrap()));
+    }
+
+    #[test]
+    fn no_images_is_no_list() {
+        let mut node = Node::default();
+        set_node_status(&mut node, &observed(), &t(0));
+        let s = node.status.as_ref().unwrap();
+        assert_eq!(s.images, None);
+        let mut served = s.clone();
+        served.images = Some(Vec::new());
+        assert!(!changed(&served, s));
     }
 
     #[test]

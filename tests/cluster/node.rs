@@ -252,6 +252,30 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
     })
     .await;
 
+    // An unchanged status is not posted again (only heartbeats would differ): some 4-second
+    // window, with the status computed every second, leaves the Node untouched.
+    eventually("a quiet Node", Duration::from_secs(30), || async {
+        let before = nodes
+            .get(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .metadata
+            .resource_version;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let after = nodes
+            .get(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .metadata
+            .resource_version;
+        if before == after {
+            Ok(())
+        } else {
+            Err(format!("resourceVersion {before:?} -> {after:?}"))
+        }
+    })
+    .await;
+
     // Registering again finds the Node (409) and sets its default labels right, keeping the
     // labels others added.
     let patch = serde_json::json!({"metadata": {"labels": {
