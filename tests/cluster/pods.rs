@@ -86,6 +86,11 @@ spec:
         st["containerStatuses"][0]["state"]["running"]["startedAt"].is_string(),
         "{st}"
     );
+    // kubelet's events, from this node.
+    c.wait("Created and Started events", Duration::from_secs(20), || {
+        let r = event_reasons("graceful");
+        r.iter().any(|x| x == "Created") && r.iter().any(|x| x == "Started")
+    });
 
     // Deleted with a 4 s grace period: preStop runs, TERM is ignored, the kill comes at the end
     // of the grace period, then the node deletes the object.
