@@ -172,6 +172,19 @@ impl MirrorPods {
         Ok(deleted)
     }
 
+    /// Delete the mirror pod of a static pod the node no longer has (kubelet deletes it in its
+    /// next cleanup); a pod of that name that is not a mirror is left alone. False when there
+    /// was none.
+    pub async fn delete_mirror_of(&self, static_pod: &Pod) -> Result<bool> {
+        match self.get(static_pod).await? {
+            Some(m) if is_mirror(&m) => {
+                info!(pod = %pod::full_name(&m), "deleting the mirror pod: its static pod is gone");
+                self.delete(pod::namespace(&m), pod::name(&m), Some(pod::uid(&m))).await
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Delete a mirror pod at once (grace 0), only if it is still the one with `uid`. False
     /// when it is already gone or has been replaced.
     async fn delete(&self, namespace: &str, name: &str, uid: Option<&str>) -> Result<bool> {

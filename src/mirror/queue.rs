@@ -18,8 +18,8 @@ use crate::pod;
 enum Request {
     /// The static pod (as it is now) should have a mirror.
     Ensure(Arc<Pod>),
-    /// The static pod is gone from the node: it needs no mirror any more.
-    Forget(String),
+    /// The static pod is gone from the node: its mirror goes too.
+    Forget(Arc<Pod>),
     /// A mirror pod changed on the API server (deleted by someone?): check it again.
     Recheck(String),
     /// Delete the mirrors of static pods the node does not have (their full names).
@@ -46,8 +46,8 @@ impl MirrorQueue {
         let _ = self.tx.send(Request::Ensure(static_pod));
     }
 
-    pub fn forget(&self, static_pod: &Pod) {
-        let _ = self.tx.send(Request::Forget(full_name(static_pod)));
+    pub fn forget(&self, static_pod: Arc<Pod>) {
+        let _ = self.tx.send(Request::Forget(static_pod));
     }
 
     /// A mirror pod was seen changing (or going) on the API server.
@@ -76,10 +76,12 @@ async fn run(mirrors: MirrorPods, mut rx: mpsc::UnboundedReceiver<Request>, uids
     let mut statics: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
     let mut todo: HashSet<String> = HashSet::new();
     let mut cleanup: Option<HashSet<String>> = None;
+    // Static pods gone from the node whose mirror is still to be deleted.
+    let mut gone: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
     let mut retry = Duration::from_millis(500);
     let mut failing = false;
     loop {
-        let busy = !todo.is_empty() || cleanup.is_some();
+        let busy = !todo.is_empty() || cleanup.is_some() || !gone.is_empty();
         let req = if busy && failing {
             tokio::select! {
                 r = rx.recv() => match r { Some(r) => Some(r), None => return },
@@ -98,6 +100,7 @@ async fn run(mirrors: MirrorPods, mut rx: mpsc::UnboundedReceiver<Request>, uids
             match r {
                 Request::Ensure(p) => {
                     let name = full_name(&p);
+                    gone.remove(&name);
                     let changed = statics.get(&name).is_none_or(|old| {
                         pod::annotation(old, pod::CONFIG_HASH) != pod::annotation(&p, pod::CONFIG_HASH)
                     });
@@ -106,10 +109,12 @@ async fn run(mirrors: MirrorPods, mut rx: mpsc::UnboundedReceiver<Request>, uids
                     }
                     statics.insert(name, p);
                 }
-                Request::Forget(name) => {
+                Request::Forget(p) => {
+                    let name = full_name(&p);
                     statics.remove(&name);
                     todo.remove(&name);
                     uids.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+                    gone.insert(name, p);
                 }
                 Request::Recheck(name) => {
                     if statics.contains_key(&name) {
@@ -141,6 +146,22 @@ async fn run(mirrors: MirrorPods, mut rx: mpsc::UnboundedReceiver<Request>, uids
                     }
                     ok = false;
                     break;
+                }
+            }
+        }
+        for (name, p) in gone.clone() {
+            if !ok {
+                break;
+            }
+            match mirrors.delete_mirror_of(&p).await {
+                Ok(_) => {
+                    gone.remove(&name);
+                }
+                Err(e) => {
+                    if !failing {
+                        warn!(pod = %name, error = %format!("{e:#}"), "deleting the mirror pod; will retry");
+                    }
+                    ok = false;
                 }
             }
         }

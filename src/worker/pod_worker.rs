@@ -223,7 +223,9 @@ impl PodWorker {
                     if removed {
                         self.m.status.pod_removed(&self.pod);
                         if let Some(mirrors) = &self.m.mirrors {
-                            mirrors.forget(&self.pod);
+                            if pod::is_static(&self.pod) {
+                                mirrors.forget(self.pod.clone());
+                            }
                         }
                         self.m.liveness.done(&duty);
                         return;

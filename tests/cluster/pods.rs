@@ -127,6 +127,7 @@ apiVersion: v1
 kind: Pod
 metadata: {{name: web, namespace: default}}
 spec:
+  terminationGracePeriodSeconds: 1
   containers:
   - {{name: app, image: {IMAGE}, command: [sleep, "3600"]}}
 "#
@@ -134,6 +135,7 @@ spec:
     );
     let name = format!("web-{}", node.node);
     let mirror = |c: &crate::common::cluster::Cluster| c.get_json(&["pod", &name]);
+    let t0 = Instant::now();
     c.wait(
         "the mirror pod to run as the API shows it",
         Duration::from_secs(60),
