@@ -135,7 +135,6 @@ spec:
     );
     let name = format!("web-{}", node.node);
     let mirror = |c: &crate::common::cluster::Cluster| c.get_json(&["pod", &name]);
-    let t0 = Instant::now();
     c.wait(
         "the mirror pod to run as the API shows it",
         Duration::from_secs(60),
