@@ -18,6 +18,10 @@ pub fn tests() -> Vec<Trial> {
             "static_pod_has_a_mirror_that_comes_back",
             static_pod_has_a_mirror_that_comes_back,
         ),
+        test(
+            "deployment_replicas_are_scheduled_and_run",
+            deployment_replicas_are_scheduled_and_run,
+        ),
     ]
 }
 
@@ -167,4 +171,76 @@ spec:
     // The static pod removed: its mirror goes.
     node.remove("web.yaml");
     c.wait("the mirror pod to go", Duration::from_secs(60), || mirror(c).is_none());
+}
+
+fn deployment_replicas_are_scheduled_and_run() {
+    let c = cluster();
+    let node = c.node("deploy");
+    c.wait("the node to be Ready", Duration::from_secs(60), || {
+        c.get_json(&["node", &node.node]).is_some_and(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|x| x["type"] == "Ready" && x["status"] == "True"))
+        })
+    });
+    // Pinned to this node: other tests' nodes share the cluster. The pods get the
+    // ServiceAccount token volume the API server adds to every pod.
+    c.apply(&format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: default}}
+spec:
+  replicas: 3
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: app
+        image: {IMAGE}
+        command: [sleep, "3600"]
+        # Ready only with the token volume in place.
+        readinessProbe:
+          exec: {{command: [test, -s, /var/run/secrets/kubernetes.io/serviceaccount/token]}}
+          periodSeconds: 1
+"#,
+        node = node.node
+    ));
+    let ready = || {
+        c.get_json(&["pods", "-l", "app=web"]).map_or(0, |l| {
+            l["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| {
+                    p["spec"]["nodeName"] == node.node.as_str()
+                        && p["status"]["phase"] == "Running"
+                        && p["status"]["containerStatuses"][0]["ready"] == true
+                })
+                .count()
+        })
+    };
+    c.wait(
+        "3 replicas Running and ready on the node",
+        Duration::from_secs(90),
+        || ready() == 3,
+    );
+    let d = c.get_json(&["deployment", "web"]).unwrap();
+    c.wait(
+        "the Deployment to count 3 available replicas",
+        Duration::from_secs(30),
+        || {
+            c.get_json(&["deployment", "web"])
+                .is_some_and(|d| d["status"]["availableReplicas"] == 3)
+        },
+    );
+    assert_eq!(d["spec"]["replicas"], 3);
+    c.kubectl_ok(&["delete", "deployment", "web", "--wait=false"]);
+    c.wait("the replicas to go", Duration::from_secs(60), || {
+        c.get_json(&["pods", "-l", "app=web"])
+            .is_some_and(|l| l["items"].as_array().unwrap().is_empty())
+    });
 }
