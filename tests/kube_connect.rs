@@ -2,7 +2,8 @@
 //! network namespace of this test's own): a node with only the bootstrap kubeconfig gets its
 //! client certificate through an auto-approved CSR, writes its pem and kubeconfig as kubelet
 //! does, rotates the certificate (the rotation wait shortened by the test knob) and keeps
-//! talking to the API server as itself; a second start uses the written kubeconfig.
+//! talking to the API server as itself; a second start uses the written kubeconfig; waiting
+//! for a certificate ends with a clear error on a denial or at the time limit.
 
 mod common;
 
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::net::TestNet;
+use ferrolet::kubeclient::csr;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 
@@ -235,6 +237,38 @@ fn bootstrap_then_rotation_against_a_real_api_server() {
                 cp.csrs().len(),
                 before,
                 "no new request on a restart with a valid kubeconfig"
+            );
+
+            // waiting ends with a clear error: a request nobody approves times out, a denied
+            // one fails with the denial (a node asking for a subject not its own is never
+            // auto-approved; the admin kubeconfig's X.509 v1 certificate is one rustls refuses)
+            let key = csr::new_key().unwrap();
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.distinguished_name.push(rcgen::DnType::CommonName, "not-a-node");
+            let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+            let err = csr::request_certificate(kube.client(), Some("stays-pending"), &pem, Duration::from_secs(2))
+                .await
+                .unwrap_err();
+            let msg = format!("{err:#}");
+            assert!(
+                msg.contains("stays-pending") && msg.contains("no certificate issued within 2s"),
+                "{msg}"
+            );
+            let deny = {
+                let cp = cp.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    tokio::task::spawn_blocking(move || cp.kubectl(&["certificate", "deny", "gets-denied"]))
+                        .await
+                        .unwrap();
+                }
+            };
+            let wait = csr::request_certificate(kube.client(), Some("gets-denied"), &pem, Duration::from_secs(60));
+            let (res, ()) = tokio::join!(wait, deny);
+            let msg = format!("{:#}", res.unwrap_err());
+            assert!(
+                msg.contains("gets-denied") && msg.contains("certificate signing request is denied"),
+                "{msg}"
             );
         });
     });

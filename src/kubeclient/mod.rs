@@ -97,6 +97,7 @@ impl Kube {
                 node: cfg.node_name.clone(),
                 limit,
                 current,
+                bootstrap: cfg.cluster.bootstrap_kubeconfig.clone(),
             }
             .spawn(),
             (true, None) => info!("the kubeconfig authenticates without a client certificate; nothing to rotate"),

@@ -1,9 +1,9 @@
 //! Client certificate rotation (kubelet's rotateCertificates, run by client-go's
 //! util/certificate Manager): at a jittered 70-90% of the current certificate's lifetime, a
-//! new key and a CertificateSigningRequest sent with the node's own current credential; the
-//! issued certificate goes to the certificate store and a client built on it replaces the one
-//! every [`super::Kube`] hands out. Failures are retried with a doubling back-off (2 s to
-//! 5 min) and logged once per change of error.
+//! new key and a CertificateSigningRequest sent with the node's own current credential (the
+//! bootstrap credential once that has expired); the issued certificate goes to the certificate
+//! store and a client built on it replaces the one every [`super::Kube`] hands out. Failures
+//! are retried with a doubling back-off (2 s to 5 min) and logged once per change of error.
 //!
 //! Tests shorten the wait with `FERROLET_TEST_ROTATE_CERT_AFTER=<seconds>`: each certificate is
 //! then renewed that long after it came into use instead of at its deadline (a control plane
@@ -63,6 +63,9 @@ pub(super) struct Rotation {
     pub node: String,
     pub limit: RateLimitLayer,
     pub current: Credential,
+    /// The bootstrap kubeconfig, if any: renewals ask with it once the current certificate has
+    /// expired (kubelet's clientset function falls back to the bootstrap credential).
+    pub bootstrap: Option<std::path::PathBuf>,
 }
 
 impl Rotation {
@@ -126,7 +129,15 @@ impl Rotation {
 
     /// One renewal: request, store, swap the client.
     async fn rotate_once(&self, tx: &watch::Sender<kube::Client>) -> Result<Credential> {
-        let client = tx.borrow().clone();
+        let client = match &self.bootstrap {
+            Some(path) if !self.current.valid_at(SystemTime::now()) => {
+                let p = path.clone();
+                let kc = blocking(move || kubeconfig::read(&p)).await?;
+                let config = kubeconfig::client_config(kc, None).await?;
+                super::build_client(config, &self.limit).context("the bootstrap credential")?
+            }
+            _ => tx.borrow().clone(),
+        };
         let key = csr::new_key()?;
         let request = csr::node_request(&self.node, &key)?;
         let cert = csr::request_certificate(client, None, &request, WAIT_LIMIT).await?;
