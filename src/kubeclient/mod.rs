@@ -14,6 +14,8 @@ pub mod kubeconfig;
 pub mod ratelimit;
 pub mod rotation;
 
+mod tls;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -127,6 +129,5 @@ impl Kube {
 
 /// A client for `config` with the rate limit in its stack.
 fn build_client(config: kube::Config, limit: &RateLimitLayer) -> Result<kube::Client> {
-    let builder = kube::client::ClientBuilder::try_from(config).context("building the API client")?;
-    Ok(builder.with_layer(limit).build())
+    tls::client(config, limit).context("building the API client")
 }
