@@ -3,7 +3,8 @@
 //! new key and a CertificateSigningRequest sent with the node's own current credential (the
 //! bootstrap credential once that has expired); the issued certificate goes to the certificate
 //! store and a client built on it replaces the one every [`super::Kube`] hands out. Failures
-//! are retried with a doubling back-off (2 s to 5 min) and logged once per change of error.
+//! (a panic in an attempt among them) are retried with a doubling back-off (2 s to 5 min) and
+//! logged once per change of error.
 //!
 //! Tests shorten the wait with `FERROLET_TEST_ROTATE_CERT_AFTER=<seconds>`: each certificate is
 //! then renewed that long after it came into use instead of at its deadline (a control plane
@@ -13,6 +14,7 @@ use std::sync::Weak;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
+use futures::FutureExt;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -103,7 +105,11 @@ impl Rotation {
                 let Some(tx) = self.tx.upgrade() else {
                     return;
                 };
-                match self.rotate_once(&tx).await {
+                // a panic in an attempt is one more failure, not the end of the rotation
+                let attempt = std::panic::AssertUnwindSafe(self.rotate_once(&tx)).catch_unwind().await;
+                let attempt =
+                    attempt.unwrap_or_else(|p| Err(anyhow::anyhow!("panicked: {}", crate::tasks::panic_message(p))));
+                match attempt {
                     Ok(cred) => {
                         info!(
                             expires = %chrono::DateTime::<chrono::Utc>::from(cred.not_after).to_rfc3339(),
