@@ -16,9 +16,11 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
+use crate::events::Recorder;
 use crate::images::local::{self, ImportDir};
 use crate::images::ImageManager;
 use crate::kubeclient::Kube;
+use crate::mirror::{MirrorPods, MirrorQueue};
 use crate::node::NodeInfo;
 use crate::pod::manager::PodManager;
 use crate::podconfig::{apiserver::ApiSource, file::FileSource, http::HttpSource, PodConfig};
@@ -171,6 +173,18 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         true => Some(Kube::connect(&cfg).await?),
         false => None,
     };
+    let events = match &kube {
+        Some(k) => Recorder::cluster(
+            k.clone(),
+            &cfg.node_name,
+            cfg.cluster.event_record_qps,
+            cfg.cluster.event_burst,
+        ),
+        None => Recorder::standalone(&cfg.node_name),
+    };
+    let mirrors = kube
+        .clone()
+        .map(|k| MirrorQueue::start(MirrorPods::new(k, &cfg.node_name)));
     let pods = Arc::new(PodManager::default());
     let liveness = Arc::new(Liveness::default());
     let node = NodeInfo::detect(&cfg);
@@ -179,11 +193,12 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         rt: rt.clone(),
         node: node.clone(),
         pods: pods.clone(),
-        status: StatusManager::new(pods.clone(), kube.clone().map(ApiStatusWriter::start)),
+        status: StatusManager::new(pods.clone(), kube.clone().map(ApiStatusWriter::start), mirrors.clone()),
         setup,
         images: ImageManager::new(rt.clone(), cfg.image_import_dir.clone()),
         liveness: liveness.clone(),
-        events: crate::events::Recorder::standalone(&cfg.node_name),
+        events: events.clone(),
+        mirrors: mirrors.clone(),
     });
 
     // Sources -> pod config -> pod workers.
@@ -210,9 +225,9 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
     if let Some(kube) = kube.clone() {
         sources.push(crate::pod::SOURCE_API);
-        let (tx, node_name) = (ev_tx.clone(), cfg.node_name.clone());
+        let (tx, node_name, mirrors) = (ev_tx.clone(), cfg.node_name.clone(), mirrors.clone());
         supervise("api source", Duration::from_secs(1), move || {
-            ApiSource::new(kube.clone(), node_name.clone()).run(snapshots_to(tx.clone()))
+            ApiSource::new(kube.clone(), node_name.clone(), mirrors.clone()).run(snapshots_to(tx.clone()))
         });
     }
     let (done_tx, done_rx) = mpsc::unbounded_channel();

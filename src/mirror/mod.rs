@@ -10,8 +10,10 @@
 //! that does is refused, logged once, and runs without a mirror, as under kubelet.
 
 mod object;
+mod queue;
 
-pub use object::{build, full_name, is_mirror, is_mirror_of, CONFIG_MIRROR};
+pub use object::{build, full_name, is_mirror_of};
+pub use queue::MirrorQueue;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -23,6 +25,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::kubeclient::Kube;
 use crate::pod;
+use crate::pod::{is_mirror, CONFIG_MIRROR};
 
 /// The node's mirror pods; cheap to clone.
 #[derive(Clone)]

@@ -46,6 +46,8 @@ pub struct Managers {
     /// Each worker's rounds, for /healthz.
     pub liveness: Arc<Liveness>,
     pub events: crate::events::Recorder,
+    /// In a cluster: the static pods' mirror pods.
+    pub mirrors: Option<crate::mirror::MirrorQueue>,
 }
 
 impl Managers {

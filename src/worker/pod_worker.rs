@@ -222,6 +222,9 @@ impl PodWorker {
                     };
                     if removed {
                         self.m.status.pod_removed(&self.pod);
+                        if let Some(mirrors) = &self.m.mirrors {
+                            mirrors.forget(&self.pod);
+                        }
                         self.m.liveness.done(&duty);
                         return;
                     }

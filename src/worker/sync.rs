@@ -24,6 +24,9 @@ impl PodWorker {
         if self.report.start_time.is_none() {
             self.report.start_time = Some(Utc::now());
         }
+        if let Some(mirrors) = self.m.mirrors.as_ref().filter(|_| pod::is_static(&self.pod)) {
+            mirrors.ensure(self.pod.clone());
+        }
         if let Err(e) = self.prepare_pod().await {
             warn!(pod = %pod::full_name(&self.pod), error = %format!("{e:#}"), "pod setup failed; will retry");
             for c in pod::all_containers(&self.pod) {

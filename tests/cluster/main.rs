@@ -7,6 +7,7 @@
 mod common;
 
 mod bootstrap;
+mod outage;
 mod pods;
 
 use std::sync::OnceLock;
@@ -37,7 +38,10 @@ pub fn test(name: &'static str, f: fn()) -> Trial {
 
 fn main() {
     let args = Arguments::from_args();
-    let trials: Vec<Trial> = [pods::tests(), bootstrap::tests()].into_iter().flatten().collect();
+    let trials: Vec<Trial> = [pods::tests(), outage::tests(), bootstrap::tests()]
+        .into_iter()
+        .flatten()
+        .collect();
     if args.list {
         libtest_mimic::run(&args, trials).exit();
     }
