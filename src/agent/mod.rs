@@ -109,7 +109,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     for w in &warnings {
         warn!("config: {w}");
     }
-    let cfg = Arc::new(cfg);
+    let mut cfg = Arc::new(cfg);
     raise_open_files_limit();
     std::fs::create_dir_all(&cfg.root_dir).with_context(|| format!("creating {}", cfg.root_dir.display()))?;
     let _lock = lock_root(&cfg.root_dir)?;
@@ -155,19 +155,6 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         let (cfg, rt) = (cfg.clone(), rt.clone());
         blocking(move || setup_cgroups(&cfg, &rt)).await?
     };
-    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups);
-    {
-        let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
-        blocking(move || {
-            let mut record = load_record(&root);
-            record.network = Some(settings);
-            save_record(&root, &record)
-        })
-        .await?;
-    }
-    // Before any pod worker: collects the network of sandboxes that are gone.
-    setup.network().init().await;
-
     // In a cluster: the node's API client, first (a bad credential ends the start here).
     let kube = match cfg.in_cluster() {
         true => Some(Kube::connect(&cfg).await?),
@@ -185,9 +172,50 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     let mirrors = kube
         .clone()
         .map(|k| MirrorQueue::start(MirrorPods::new(k, &cfg.node_name)));
+    let node = {
+        let cfg = cfg.clone();
+        blocking(move || Ok(NodeInfo::detect(&cfg))).await?
+    };
+    // In a cluster: the Node (registered and kept up in the background) and its podCIDR.
+    let mut node_handle = None;
+    if let Some(kube) = &kube {
+        let images: crate::node::cluster::ImageList = {
+            let rt = rt.clone();
+            Arc::new(move || Ok(rt.images().list()?))
+        };
+        let handle = crate::node::cluster::start(
+            kube.clone(),
+            cfg.clone(),
+            node.clone(),
+            images,
+            runtime_readiness(rt.clone()),
+            events.clone(),
+        )
+        .await?;
+        if cfg.network.mode == crate::config::NetworkMode::Bridge {
+            if let Some(cidr) = pod_cidr(&cfg, &handle).await {
+                let mut c = (*cfg).clone();
+                c.pod_cidr = Some(cidr);
+                cfg = Arc::new(c);
+            }
+        }
+        node_handle = Some(handle);
+    }
+    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups);
+    {
+        let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
+        blocking(move || {
+            let mut record = load_record(&root);
+            record.network = Some(settings);
+            save_record(&root, &record)
+        })
+        .await?;
+    }
+    // Before any pod worker: collects the network of sandboxes that are gone.
+    setup.network().init().await;
+
     let pods = Arc::new(PodManager::default());
     let liveness = Arc::new(Liveness::default());
-    let node = NodeInfo::detect(&cfg);
     let managers = Arc::new(Managers {
         cfg: cfg.clone(),
         rt: rt.clone(),
@@ -199,6 +227,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         liveness: liveness.clone(),
         events: events.clone(),
         mirrors: mirrors.clone(),
+        node_api: node_handle,
     });
 
     // Sources -> pod config -> pod workers.
@@ -291,6 +320,44 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     let _ = std::fs::remove_file(cfg.socket_path());
     let _ = std::fs::remove_file(cfg.exec_socket_path());
     Ok(())
+}
+
+/// The pod subnet in a cluster: the Node's podCIDR (kubelet's rule). A node that already has a
+/// pod network keeps the subnet it was set up with, without waiting for the API server: pods
+/// running on it must not find their subnet changed by an agent restarted during an outage.
+async fn pod_cidr(cfg: &Config, node: &crate::node::cluster::NodeHandle) -> Option<String> {
+    let recorded = {
+        let root = cfg.root_dir.clone();
+        blocking(move || Ok(load_record(&root).network))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|n| n.get("subnet").and_then(|s| s.as_str()).map(str::to_string))
+    };
+    if let Some(c) = node.node().as_ref().and_then(|n| n.spec.as_ref()?.pod_cidr.clone()) {
+        return Some(c);
+    }
+    if recorded.is_some() {
+        return recorded;
+    }
+    info!("waiting for the controller-manager to give the Node a podCIDR");
+    let cidr = node.pod_cidr(Duration::from_secs(60)).await;
+    if cidr.is_none() {
+        warn!(subnet = %cfg.network.subnet, "the Node has no podCIDR after 60 s; using the configured pod subnet");
+    }
+    cidr
+}
+
+/// What the Node's Ready condition says about the runtime: its zygote (which creates every
+/// container) must be alive.
+fn runtime_readiness(rt: Arc<Runtime>) -> crate::node::cluster::Readiness {
+    Arc::new(move || {
+        let pid = nix::unistd::Pid::from_raw(rt.zygote_pid());
+        match nix::sys::signal::kill(pid, None) {
+            Ok(()) => Vec::new(),
+            Err(_) => vec!["container runtime is down".to_string()],
+        }
+    })
 }
 
 /// A source's sender of snapshots, feeding the main loop.

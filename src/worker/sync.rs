@@ -239,7 +239,7 @@ impl PodWorker {
             pod_dir: self.pod_dir.clone(),
             volumes: self.resources.volumes.clone(),
             facts,
-            node_memory: m.node.allocatable_memory,
+            node_memory: m.node.allocatable.memory,
         };
         let id = start::create_container(&m.rt, &m.images, input).await?;
         self.containers.known.insert(id.clone());

@@ -7,6 +7,7 @@
 mod common;
 
 mod bootstrap;
+mod node;
 mod outage;
 mod pods;
 
@@ -38,7 +39,7 @@ pub fn test(name: &'static str, f: fn()) -> Trial {
 
 fn main() {
     let args = Arguments::from_args();
-    let trials: Vec<Trial> = [pods::tests(), outage::tests(), bootstrap::tests()]
+    let trials: Vec<Trial> = [pods::tests(), outage::tests(), node::tests(), bootstrap::tests()]
         .into_iter()
         .flatten()
         .collect();
