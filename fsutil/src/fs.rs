@@ -17,6 +17,12 @@ use crate::ids::unique;
 /// Write `data` to `path` so that a reader sees either the old or the new content, never a mix,
 /// and the new content survives a crash once this returns.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    write_atomic_mode(path, data, 0o644)
+}
+
+/// [`write_atomic`] with the new file's permission bits (0o600 for a private key: the file never
+/// exists with wider ones, not even as the temp file).
+pub fn write_atomic_mode(path: &Path, data: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -27,7 +33,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(mode)
             .open(&tmp)
             .with_context(|| format!("creating {}", tmp.display()))?;
         f.write_all(data)

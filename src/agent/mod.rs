@@ -156,9 +156,9 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         blocking(move || setup_cgroups(&cfg, &rt)).await?
     };
     // In a cluster: the node's API client, first (a bad credential ends the start here).
-    let kube = match &cfg.cluster.kubeconfig {
-        Some(path) => Some(Kube::from_kubeconfig(path).await?),
-        None => None,
+    let kube = match cfg.in_cluster() {
+        true => Some(Kube::connect(&cfg).await?),
+        false => None,
     };
     let events = match &kube {
         Some(k) => Recorder::cluster(

@@ -2,40 +2,132 @@
 //! a kube-rs client built from the node's kubeconfig. Every part that talks to the API server
 //! takes a [`Kube`] and asks it for the current client on each call, so a rotated credential
 //! reaches every caller without restarting anything.
+//!
+//! [`Kube::connect`] does what kubelet does at start in cluster mode: the TLS bootstrap when the
+//! kubeconfig is missing or expired ([`bootstrap`]), the certificate rotation in the background
+//! ([`rotation`]), and the kubeAPIQPS/kubeAPIBurst rate limit on every client ([`ratelimit`]).
+
+pub mod bootstrap;
+pub mod certstore;
+pub mod csr;
+pub mod kubeconfig;
+pub mod ratelimit;
+pub mod rotation;
 
 mod tls;
 
 use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 use tokio::sync::watch;
+use tracing::info;
+
+use crate::config::Config;
+use crate::tasks::blocking;
+use certstore::CertStore;
+use ratelimit::RateLimitLayer;
 
 /// A handle on the node's API client; cheap to clone.
 #[derive(Clone)]
 pub struct Kube {
     client: watch::Receiver<kube::Client>,
-    /// Keeps the channel open while only receivers are held.
-    _tx: std::sync::Arc<watch::Sender<kube::Client>>,
+    /// Keeps the channel open while only receivers are held; the rotation holds it weakly.
+    tx: Arc<watch::Sender<kube::Client>>,
 }
 
 impl Kube {
-    /// A client from the kubeconfig at `path` (its current context).
+    fn new(client: kube::Client) -> Kube {
+        let (tx, rx) = watch::channel(client);
+        Kube {
+            client: rx,
+            tx: Arc::new(tx),
+        }
+    }
+
+    /// The node's client as kubelet sets it up in cluster mode: the kubeconfig at
+    /// `--kubeconfig` if its client certificate is current, else a certificate bootstrapped
+    /// with `--bootstrap-kubeconfig` (and the kubeconfig written); rotated before it expires
+    /// when `rotateCertificates` is on; every request under the kubeAPIQPS/kubeAPIBurst limit.
+    pub async fn connect(cfg: &Config) -> Result<Kube> {
+        let path = cfg
+            .cluster
+            .kubeconfig
+            .clone()
+            .context("cluster mode needs --kubeconfig")?;
+        let limit = RateLimitLayer::new(cfg.cluster.kube_api_qps, cfg.cluster.kube_api_burst);
+        let store = CertStore::new(&cfg.root_dir);
+        bootstrap::ensure_kubeconfig(
+            &path,
+            cfg.cluster.bootstrap_kubeconfig.as_deref(),
+            &store,
+            &cfg.node_name,
+            &limit,
+        )
+        .await?;
+
+        let (p, s) = (path.clone(), store.clone());
+        let rotate = cfg.cluster.rotate_certificates;
+        let (kc, cred) = blocking(move || {
+            let kc = kubeconfig::read(&p)?;
+            let mut cred = kubeconfig::client_credential(&kc).context("client certificate")?;
+            // the rotation keeps its certificates in the store: one there that is current and
+            // lasts longer than the kubeconfig's is the newer credential (a kubeconfig carrying
+            // its certificate inline is never rewritten)
+            if rotate {
+                if let (Some(kc_cred), Ok(Some(stored))) = (&cred, s.current()) {
+                    if stored.valid_at(SystemTime::now()) && stored.not_after > kc_cred.not_after {
+                        cred = Some(stored);
+                    }
+                }
+            }
+            Ok((kc, cred))
+        })
+        .await
+        .with_context(|| format!("--kubeconfig {}", path.display()))?;
+
+        let config = kubeconfig::client_config(kc.clone(), cred.as_ref())
+            .await
+            .with_context(|| format!("--kubeconfig {}", path.display()))?;
+        let kube = Kube::new(build_client(config, &limit)?);
+        match (rotate, cred) {
+            (true, Some(current)) => rotation::Rotation {
+                tx: Arc::downgrade(&kube.tx),
+                kubeconfig: kc,
+                store,
+                node: cfg.node_name.clone(),
+                limit,
+                current,
+                bootstrap: cfg.cluster.bootstrap_kubeconfig.clone(),
+            }
+            .spawn(),
+            (true, None) => info!("the kubeconfig authenticates without a client certificate; nothing to rotate"),
+            (false, _) => {}
+        }
+        Ok(kube)
+    }
+
+    /// A client from the kubeconfig at `path` (its current context), under kubelet's default
+    /// rate limit; no bootstrap, no rotation.
     pub async fn from_kubeconfig(path: &Path) -> Result<Kube> {
         let kc = kube::config::Kubeconfig::read_from(path)
             .with_context(|| format!("reading kubeconfig {}", path.display()))?;
         let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .with_context(|| format!("kubeconfig {}", path.display()))?;
-        let client = tls::client(config).context("building the API client")?;
-        let (tx, rx) = watch::channel(client);
-        Ok(Kube {
-            client: rx,
-            _tx: std::sync::Arc::new(tx),
-        })
+        let defaults = crate::config::ClusterConfig::default();
+        let limit = RateLimitLayer::new(defaults.kube_api_qps, defaults.kube_api_burst);
+        Ok(Kube::new(build_client(config, &limit)?))
     }
 
     /// The current client.
     pub fn client(&self) -> kube::Client {
         self.client.borrow().clone()
     }
+}
+
+/// A client for `config` with the rate limit in its stack.
+fn build_client(config: kube::Config, limit: &RateLimitLayer) -> Result<kube::Client> {
+    tls::client(config, limit).context("building the API client")
 }

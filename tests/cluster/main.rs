@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bootstrap;
 mod node;
 mod outage;
 mod pods;
@@ -39,7 +40,7 @@ pub fn test(name: &'static str, f: fn()) -> Trial {
 fn main() {
     let args = Arguments::from_args();
     // Tests that stop the API server run after the others, one at a time.
-    let shared: Vec<Trial> = pods::tests();
+    let shared: Vec<Trial> = [pods::tests(), bootstrap::tests()].into_iter().flatten().collect();
     let disruptive: Vec<Trial> = [outage::tests(), node::tests()].into_iter().flatten().collect();
     if args.list {
         libtest_mimic::run(&args, shared.into_iter().chain(disruptive).collect()).exit();

@@ -171,11 +171,16 @@ impl Cluster {
     /// Start a node named `node-NAME` with more flags and config (YAML lines): each node has
     /// its own address and pod bridge.
     pub fn node_with(&self, name: &str, flags: &[&str], config: &str) -> Agent {
+        self.node_with_env(name, flags, config, Vec::new())
+    }
+
+    /// [`Cluster::node_with`] with more environment for the agent.
+    pub fn node_with_env(&self, name: &str, flags: &[&str], config: &str, env: Vec<(String, String)>) -> Agent {
         let (n, ip) = self.node_ip();
         let mut args = vec!["--node-ip", ip.as_str()];
         args.extend_from_slice(flags);
         let config = format!("ferrolet:\n  bridgeName: flk{n}\n{config}");
-        Agent::start_in_netns(name, &self.net.path, "bridge", &args, &config)
+        Agent::start_in_netns_with(name, &self.net.path, "bridge", &args, &config, env)
     }
 
     /// Wait until `f` holds, or panic saying `what`.

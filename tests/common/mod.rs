@@ -89,6 +89,18 @@ impl Agent {
         Agent::build_with(name, extra, config, false, Some(ns.to_path_buf()), network, Vec::new())
     }
 
+    /// Like [`Agent::start_in_netns`], with flags and more environment for the agent.
+    pub fn start_in_netns_with(
+        name: &str,
+        ns: &Path,
+        network: &str,
+        extra: &[&str],
+        config: &str,
+        env: Vec<(String, String)>,
+    ) -> Agent {
+        Agent::build_with(name, extra, config, false, Some(ns.to_path_buf()), network, env)
+    }
+
     /// Like [`Agent::start_in_netns`], with more environment for the agent.
     pub fn start_in_netns_env(name: &str, ns: &Path, network: &str, config: &str, env: Vec<(String, String)>) -> Agent {
         Agent::build_with(name, &[], config, false, Some(ns.to_path_buf()), network, env)
