@@ -75,14 +75,16 @@ enum Slot {
         pod: Arc<Pod>,
         terminating: bool,
     },
-    /// Admission refused the pod: it has a Failed status and nothing on the node.
-    Rejected { pod: Arc<Pod> },
+    /// Nothing runs for the pod: admission refused it (it has a Failed status), or the API
+    /// server had it finished (Succeeded or Failed) before this agent saw it. Containers an
+    /// earlier run left for it stay until the pod is removed.
+    Inert { pod: Arc<Pod> },
 }
 
 impl Slot {
     fn pod(&self) -> &Arc<Pod> {
         match self {
-            Slot::Worker { pod, .. } | Slot::Rejected { pod } => pod,
+            Slot::Worker { pod, .. } | Slot::Inert { pod } => pod,
         }
     }
 
@@ -138,7 +140,7 @@ impl PodWorkers {
     fn add(&mut self, p: Arc<Pod>) {
         match self.slots.get(pod::uid(&p)) {
             Some(Slot::Worker { terminating: false, .. }) => return self.update(p),
-            Some(Slot::Rejected { .. }) => return,
+            Some(Slot::Inert { .. }) => return,
             _ => {}
         }
         if self.blocked(&p) {
@@ -147,6 +149,15 @@ impl PodWorkers {
             return;
         }
         let uid = pod::uid(&p).to_string();
+        let api_phase = p.status.as_ref().and_then(Phase::of).filter(|_| !pod::is_static(&p));
+        if api_phase.is_some_and(Phase::is_terminal) {
+            // kubelet never runs a pod again that has finished: an agent restarted after the
+            // node lost the pod's containers (a reboot) must not run it a second time.
+            info!(pod = %pod::full_name(&p), "ADD of a pod that has finished: nothing runs");
+            self.m.pods.upsert(&uid, p.clone(), p.status.clone());
+            self.slots.insert(uid, Slot::Inert { pod: p });
+            return;
+        }
         if pod::deletion_requested(&p) {
             // Being deleted already (the agent restarted meanwhile): nothing starts, whatever
             // runs of it stops within its grace period.
@@ -169,7 +180,7 @@ impl PodWorkers {
         warn!(pod = %pod::full_name(&p), reason = %r.reason, "pod rejected: {}", r.message);
         let st = crate::status::rejected(&p, &r.reason, &r.message, &self.m.node.ip_strings());
         self.m.pods.upsert(&uid, p.clone(), Some(st));
-        self.slots.insert(uid, Slot::Rejected { pod: p });
+        self.slots.insert(uid, Slot::Inert { pod: p });
     }
 
     /// Whether `p` must wait: its UID, or another pod of its namespace/name, is terminating.
@@ -218,7 +229,7 @@ impl PodWorkers {
                 *terminating = true;
                 let _ = tx.send(Msg::Terminate);
             }
-            Some(Slot::Rejected { pod }) => {
+            Some(Slot::Inert { pod }) => {
                 info!(pod = %pod::full_name(pod), "REMOVE: the refused pod is gone");
                 let p = (**pod).clone();
                 self.m.pods.remove(uid);
@@ -235,7 +246,7 @@ impl PodWorkers {
     /// kubelet's HandlePodReconcile: the stored object is refreshed; nothing runs differently.
     fn reconcile(&mut self, p: Arc<Pod>) {
         let uid = pod::uid(&p).to_string();
-        if let Some(Slot::Worker { pod, .. } | Slot::Rejected { pod }) = self.slots.get_mut(&uid) {
+        if let Some(Slot::Worker { pod, .. } | Slot::Inert { pod }) = self.slots.get_mut(&uid) {
             *pod = p.clone();
             self.m.pods.set_pod(&uid, p);
         }
