@@ -20,6 +20,7 @@ pub mod kubeclient;
 pub mod kuberuntime;
 pub mod lifecycle;
 pub mod node;
+pub mod objects;
 pub mod pod;
 pub mod podconfig;
 pub mod podsetup;

@@ -20,6 +20,29 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
 pub const CONFIG_SEEN: &str = "kubernetes.io/config.seen";
+/// On a mirror pod: the hash of the static pod it mirrors.
+pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
+/// The source name of pods from the API server.
+pub const SOURCE_API: &str = "api";
+
+/// A pod from a file or URL (not from the API server).
+pub fn is_static(pod: &Pod) -> bool {
+    annotation(pod, CONFIG_SOURCE).is_some_and(|s| s != SOURCE_API)
+}
+
+/// The API server's mirror of a static pod.
+pub fn is_mirror(pod: &Pod) -> bool {
+    annotation(pod, CONFIG_MIRROR).is_some()
+}
+
+/// The deletion of the pod was requested (through the API server).
+pub fn deletion_requested(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
 
 /// A pod's `spec.restartPolicy` (validation admits only these three; defaulting sets Always).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,8 +125,14 @@ pub fn host_network(pod: &Pod) -> bool {
     spec(pod).host_network.unwrap_or(false)
 }
 
+/// The grace period a termination gets: the deletion's when the API server set one (kubelet's
+/// rule), else the spec's.
 pub fn grace_period(pod: &Pod) -> i64 {
-    spec(pod).termination_grace_period_seconds.unwrap_or(30).max(0)
+    pod.metadata
+        .deletion_grace_period_seconds
+        .or(spec(pod).termination_grace_period_seconds)
+        .unwrap_or(30)
+        .max(0)
 }
 
 #[cfg(test)]
