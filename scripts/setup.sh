@@ -11,8 +11,10 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # Debian packages: libseccomp for the seccomp profiles, busybox-static for the demo image,
-# CNI plugins and nftables for pod networking, iproute2 for the network tests' namespaces.
-packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iptables iproute2 ${FERROLET_EXTRA_PACKAGES:-})
+# CNI plugins and nftables for pod networking, iproute2 for the network tests' namespaces,
+# etcd for the cluster tests' control plane (installed here, outside the tests' namespaces,
+# where the package mirror is reachable).
+packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iptables iproute2 etcd-server ${FERROLET_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -22,6 +24,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian starts a system etcd on 2379; the control plane runs its own.
+  if [[ " ${missing[*]} " == *" etcd-server "* ]]; then
+    systemctl disable --now etcd >/dev/null 2>&1 || true
+  fi
 fi
 
 if ! command -v cargo >/dev/null; then

@@ -18,11 +18,13 @@ use tracing::{error, info, warn};
 use crate::config::Config;
 use crate::images::local::{self, ImportDir};
 use crate::images::ImageManager;
+use crate::kubeclient::Kube;
 use crate::node::NodeInfo;
 use crate::pod::manager::PodManager;
-use crate::podconfig::{file::FileSource, http::HttpSource, PodConfig};
+use crate::podconfig::{apiserver::ApiSource, file::FileSource, http::HttpSource, PodConfig};
 use crate::podsetup::cgroups::PodCgroups;
 use crate::podsetup::PodSetup;
+use crate::status::sync::ApiStatusWriter;
 use crate::status::StatusManager;
 use crate::tasks::{blocking, spawn_loop, supervise, Liveness};
 use crate::worker::cleanup::containers_by_pod;
@@ -164,6 +166,11 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     // Before any pod worker: collects the network of sandboxes that are gone.
     setup.network().init().await;
 
+    // In a cluster: the node's API client, first (a bad credential ends the start here).
+    let kube = match &cfg.cluster.kubeconfig {
+        Some(path) => Some(Kube::from_kubeconfig(path).await?),
+        None => None,
+    };
     let pods = Arc::new(PodManager::default());
     let liveness = Arc::new(Liveness::default());
     let node = NodeInfo::detect(&cfg);
@@ -172,7 +179,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         rt: rt.clone(),
         node: node.clone(),
         pods: pods.clone(),
-        status: StatusManager::new(pods.clone()),
+        status: StatusManager::new(pods.clone(), kube.clone().map(ApiStatusWriter::start)),
         setup,
         images: ImageManager::new(rt.clone(), cfg.image_import_dir.clone()),
         liveness: liveness.clone(),
@@ -199,6 +206,13 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         );
         supervise("http source", Duration::from_secs(1), move || {
             HttpSource::new(url.clone(), headers.clone(), node_name.clone()).run(snapshots_to(tx.clone()), every)
+        });
+    }
+    if let Some(kube) = kube.clone() {
+        sources.push(crate::pod::SOURCE_API);
+        let (tx, node_name) = (ev_tx.clone(), cfg.node_name.clone());
+        supervise("api source", Duration::from_secs(1), move || {
+            ApiSource::new(kube.clone(), node_name.clone()).run(snapshots_to(tx.clone()))
         });
     }
     let (done_tx, done_rx) = mpsc::unbounded_channel();

@@ -24,8 +24,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "authorization",
     "registryPullQPS",
     "registryBurst",
-    "eventRecordQPS",
-    "eventBurst",
     "enableDebuggingHandlers",
     "enableContentionProfiling",
     "healthzPort",
@@ -209,6 +207,18 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
             "kubeAPIBurst" => {
                 cfg.cluster.kube_api_burst = integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
             }
+            "eventRecordQPS" => {
+                cfg.cluster.event_record_qps = integer(f, v)?
+                    .try_into()
+                    .map_err(|_| anyhow!("{f}: must be 0 (no limit) or a positive number of events a second"))?
+            }
+            "eventBurst" => {
+                // 0 is unset: kubelet's defaulting fills in 100.
+                cfg.cluster.event_burst = match integer(f, v)? {
+                    0 => 100,
+                    n => n.try_into().map_err(|_| anyhow!("{f}: must not be negative"))?,
+                }
+            }
             "systemReserved" => {
                 let obj = v
                     .as_object()
@@ -352,6 +362,17 @@ mod tests {
         assert!(e.contains("maxPods"), "{e}");
         let e = apply("kind: Pod\napiVersion: v1\n").unwrap_err().to_string();
         assert!(e.contains("kind"), "{e}");
+    }
+
+    #[test]
+    fn event_rate_as_kubelet_reads_it() {
+        let (c, w) = apply(&format!("{HEAD}eventRecordQPS: 0\neventBurst: 7\n")).unwrap();
+        assert_eq!((c.cluster.event_record_qps, c.cluster.event_burst), (0, 7));
+        assert!(w.is_empty(), "{w:?}");
+        let (c, _) = apply(&format!("{HEAD}eventBurst: 0\n")).unwrap();
+        assert_eq!((c.cluster.event_record_qps, c.cluster.event_burst), (50, 100));
+        let e = apply(&format!("{HEAD}eventRecordQPS: -1\n")).unwrap_err().to_string();
+        assert!(e.contains("eventRecordQPS"), "{e}");
     }
 
     #[test]

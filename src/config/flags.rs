@@ -98,6 +98,11 @@ pub struct RunFlags {
     pub kube_api_qps: Option<f64>,
     #[arg(long = "kube-api-burst")]
     pub kube_api_burst: Option<u32>,
+    /// Event writes a second to the API server (0: no limit).
+    #[arg(long = "event-qps")]
+    pub event_qps: Option<u32>,
+    #[arg(long = "event-burst")]
+    pub event_burst: Option<u32>,
     #[arg(long = "rotate-certificates", num_args = 0..=1, default_missing_value = "true")]
     pub rotate_certificates: Option<bool>,
     /// First crash-loop back-off (kubelet's is 10s).
@@ -236,6 +241,12 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if let Some(b) = f.kube_api_burst {
         c.kube_api_burst = b;
+    }
+    if let Some(q) = f.event_qps {
+        c.event_record_qps = q;
+    }
+    if let Some(b) = f.event_burst {
+        c.event_burst = if b == 0 { 100 } else { b };
     }
     if let Some(b) = f.rotate_certificates {
         c.rotate_certificates = b;

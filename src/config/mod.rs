@@ -64,6 +64,11 @@ pub struct ClusterConfig {
     /// Client-side rate limit towards the API server (kubeAPIQPS / kubeAPIBurst).
     pub kube_api_qps: f64,
     pub kube_api_burst: u32,
+    /// Event writes a second to the API server, 0 for no limit, and their burst
+    /// (eventRecordQPS / eventBurst; kubelet's defaults since v1.27, 5 and 10 before, raised
+    /// with kubeAPIQPS).
+    pub event_record_qps: u32,
+    pub event_burst: u32,
 }
 
 impl Default for ClusterConfig {
@@ -80,6 +85,8 @@ impl Default for ClusterConfig {
             node_lease_duration_seconds: 40,
             kube_api_qps: 50.0,
             kube_api_burst: 100,
+            event_record_qps: 50,
+            event_burst: 100,
         }
     }
 }

@@ -1,12 +1,25 @@
 //! Events (client-go's record.EventRecorder as kubelet uses it): what happened to a pod or to the
 //! node, with kubelet's reasons. Standalone, an event is a log line; in a cluster it is also
-//! posted to the API server.
+//! posted to the API server as a core/v1 Event, correlated (repeats counted, similar ones
+//! combined, spam dropped) and rate-limited as client-go's recorder does, without ever making
+//! the caller wait.
+
+mod correlator;
+mod lru;
+mod object;
+mod sink;
+mod token_bucket;
+
+pub use correlator::{Correlated, Correlator};
+pub use object::{event_name, make, node_reference, pod_reference, COMPONENT};
 
 use std::sync::Arc;
 
+use chrono::Utc;
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
+use crate::kubeclient::Kube;
 use crate::pod;
 
 /// An event's type, as the API names it.
@@ -29,12 +42,26 @@ impl Kind {
 #[derive(Clone)]
 pub struct Recorder {
     node: Arc<str>,
+    sink: Option<sink::Sink>,
 }
 
 impl Recorder {
     /// A recorder that only logs (no API server).
     pub fn standalone(node: &str) -> Recorder {
-        Recorder { node: node.into() }
+        Recorder {
+            node: node.into(),
+            sink: None,
+        }
+    }
+
+    /// A recorder that logs and posts events to the API server as kubelet on `node`, at most
+    /// `qps` writes a second with bursts of `burst` (kubelet's eventRecordQPS / eventBurst; `qps`
+    /// 0: no limit). Starts its writer on the current tokio runtime.
+    pub fn cluster(kube: Kube, node: &str, qps: u32, burst: u32) -> Recorder {
+        Recorder {
+            node: node.into(),
+            sink: Some(sink::Sink::start(kube, qps, burst)),
+        }
     }
 
     /// An event about a pod (`container`: the container it concerns, if any).
@@ -44,6 +71,16 @@ impl Recorder {
             Kind::Normal => info!(pod = %full, container, reason, "{message}"),
             Kind::Warning => warn!(pod = %full, container, reason, "{message}"),
         }
+        if let Some(s) = &self.sink {
+            s.send(make(
+                pod_reference(p, container),
+                &self.node,
+                kind,
+                reason,
+                message,
+                Utc::now(),
+            ));
+        }
     }
 
     /// An event about the node.
@@ -52,5 +89,20 @@ impl Recorder {
             Kind::Normal => info!(node = %self.node, reason, "{message}"),
             Kind::Warning => warn!(node = %self.node, reason, "{message}"),
         }
+        if let Some(s) = &self.sink {
+            s.send(make(
+                node_reference(&self.node),
+                &self.node,
+                kind,
+                reason,
+                message,
+                Utc::now(),
+            ));
+        }
+    }
+
+    /// Events dropped because the queue to the API server was full (0 standalone).
+    pub fn dropped(&self) -> u64 {
+        self.sink.as_ref().map_or(0, sink::Sink::dropped)
     }
 }

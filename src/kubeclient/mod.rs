@@ -3,6 +3,8 @@
 //! takes a [`Kube`] and asks it for the current client on each call, so a rotated credential
 //! reaches every caller without restarting anything.
 
+mod tls;
+
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -24,7 +26,7 @@ impl Kube {
         let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .with_context(|| format!("kubeconfig {}", path.display()))?;
-        let client = kube::Client::try_from(config).context("building the API client")?;
+        let client = tls::client(config).context("building the API client")?;
         let (tx, rx) = watch::channel(client);
         Ok(Kube {
             client: rx,

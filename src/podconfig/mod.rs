@@ -9,6 +9,7 @@
 //! (`config.seen`, `config.source`) never make a pod "changed".
 
 pub mod admission;
+pub mod apiserver;
 pub mod file;
 pub mod http;
 pub mod source;
@@ -36,7 +37,7 @@ pub enum PodOp {
 }
 
 /// Annotations kubelet writes itself, ignored when comparing pods (kubelet's local annotations).
-const LOCAL_ANNOTATIONS: [&str; 3] = [pod::CONFIG_SOURCE, pod::CONFIG_SEEN, "kubernetes.io/config.mirror"];
+const LOCAL_ANNOTATIONS: [&str; 3] = [pod::CONFIG_SOURCE, pod::CONFIG_SEEN, pod::CONFIG_MIRROR];
 
 /// kubelet's podsDifferSemantically: spec, labels, deletion and annotations (but its own).
 pub fn differ_semantically(a: &Pod, b: &Pod) -> bool {

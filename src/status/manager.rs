@@ -1,16 +1,19 @@
 //! The status manager (kubelet's pkg/kubelet/status): where each pod's latest status goes. The
 //! pod table gets it at once (the HTTP API and the CLI read it there); a changed status is also
 //! written to the pod's directory (`status.json`), so an agent restart keeps start times,
-//! transition times and what the containers last did.
+//! transition times and what the containers last did. In a cluster, the API server is told too
+//! ([`super::sync`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use ferrolet_fsutil::{read_json_opt, write_json_atomic};
-use k8s_openapi::api::core::v1::PodStatus;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use serde::{Deserialize, Serialize};
 
+use super::sync::{ApiPod, ApiStatusWriter};
+use crate::pod;
 use crate::pod::manager::PodManager;
 use crate::tasks::blocking;
 
@@ -28,11 +31,33 @@ fn record_path(pod_dir: &Path) -> PathBuf {
 
 pub struct StatusManager {
     pods: Arc<PodManager>,
+    /// The API server's side, in a cluster.
+    api: Option<ApiStatusWriter>,
 }
 
 impl StatusManager {
-    pub fn new(pods: Arc<PodManager>) -> StatusManager {
-        StatusManager { pods }
+    pub fn new(pods: Arc<PodManager>, api: Option<ApiStatusWriter>) -> StatusManager {
+        StatusManager { pods, api }
+    }
+
+    /// Where a pod's status goes on the API server: API pods' own object. (A static pod's
+    /// status goes to its mirror pod.)
+    fn api_pod(&self, p: &Pod) -> Option<(&ApiStatusWriter, ApiPod)> {
+        let api = self.api.as_ref()?;
+        if pod::is_static(p) {
+            return None;
+        }
+        Some((api, ApiPod::of(p)))
+    }
+
+    /// The node is done with `p` (it terminated and everything it had is removed): a pod whose
+    /// deletion was requested through the API server is deleted there now.
+    pub fn pod_removed(&self, p: &Pod) {
+        if pod::deletion_requested(p) {
+            if let Some((api, to)) = self.api_pod(p) {
+                api.delete(to);
+            }
+        }
     }
 
     /// The status a pod had when the agent last ran, if its directory holds one.
@@ -40,10 +65,14 @@ impl StatusManager {
         read_json_opt(&record_path(pod_dir)).ok().flatten()
     }
 
-    /// Record the status of pod `uid`. `changed`: it differs from the last one recorded, so it
+    /// Record the status of pod `p`. `changed`: it differs from the last one recorded, so it
     /// is persisted too (when the pod still has a directory).
-    pub async fn set(&self, uid: &str, pod_dir: &Path, rec: PersistedStatus, changed: bool) -> anyhow::Result<()> {
-        self.pods.set_status(uid, rec.status.clone());
+    pub async fn set(&self, p: &Pod, pod_dir: &Path, rec: PersistedStatus, changed: bool) -> anyhow::Result<()> {
+        self.pods.set_status(pod::uid(p), rec.status.clone());
+        if let Some((api, to)) = self.api_pod(p) {
+            // The writer skips what the API server already has.
+            api.status(to, rec.status.clone());
+        }
         if !changed {
             return Ok(());
         }

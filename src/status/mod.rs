@@ -4,6 +4,7 @@
 pub mod generate;
 pub mod manager;
 pub mod phase;
+pub mod sync;
 
 pub use generate::{compute, rejected, StatusInput};
 pub use manager::{PersistedStatus, StatusManager};

@@ -134,6 +134,14 @@ impl PodWorkers {
             return;
         }
         let uid = pod::uid(&p).to_string();
+        if pod::deletion_requested(&p) {
+            // Being deleted already (the agent restarted meanwhile): nothing starts, whatever
+            // runs of it stops within its grace period.
+            info!(pod = %pod::full_name(&p), "ADD of a pod being deleted: terminating it");
+            let known = self.adoptable.remove(&uid).unwrap_or_default();
+            self.spawn(p, known, Lifecycle::Terminating);
+            return;
+        }
         match admission::admit(&p, &self.active_pods(), &self.m.node) {
             Ok(()) => {
                 info!(pod = %pod::full_name(&p), "ADD");
@@ -174,7 +182,17 @@ impl PodWorkers {
         {
             info!(pod = %pod::full_name(&p), "UPDATE");
             *pod = p.clone();
+            let deleted = pod::deletion_requested(&p);
             let _ = tx.send(Msg::Update(p));
+            if deleted {
+                // kubelet's graceful deletion: stop within the deletion's grace period; the
+                // status manager deletes the object once the node is done with it.
+                if let Some(Slot::Worker { tx, terminating, pod }) = self.slots.get_mut(&uid) {
+                    info!(pod = %pod::full_name(pod), "DELETE requested: terminating the pod");
+                    *terminating = true;
+                    let _ = tx.send(Msg::Terminate);
+                }
+            }
         }
     }
 

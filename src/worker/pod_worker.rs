@@ -204,6 +204,9 @@ impl PodWorker {
                     {
                         error!(pod = %pod::full_name(&self.pod), "stopping the pod panicked: {}; removing it", panic_message(p));
                     }
+                    // Its last status: every container stopped.
+                    let views = self.views();
+                    self.publish_status(&views).await;
                     self.lifecycle = Lifecycle::Terminated;
                 }
                 Lifecycle::Terminated => {
@@ -218,6 +221,7 @@ impl PodWorker {
                         }
                     };
                     if removed {
+                        self.m.status.pod_removed(&self.pod);
                         self.m.liveness.done(&duty);
                         return;
                     }
@@ -293,7 +297,7 @@ impl PodWorker {
             Msg::Probe(ev) => {
                 let reason = self.probe_kill_message(&ev);
                 if !ev.success && ev.kind != prober::Kind::Readiness {
-                    self.event(reasons::EVENT_KILLING, &reason);
+                    self.event(Some(&ev.container), reasons::EVENT_KILLING, &reason);
                 }
                 self.probes.apply(&ev, reason);
             }
@@ -312,11 +316,12 @@ impl PodWorker {
         }
     }
 
-    /// An event about this pod, with kubelet's reason; its type follows from the reason.
-    pub fn event(&self, reason: &str, message: &str) {
+    /// An event about this pod (`container`: the one it concerns, if any), with kubelet's
+    /// reason; its type follows from the reason.
+    pub fn event(&self, container: Option<&str>, reason: &str, message: &str) {
         self.m
             .events
-            .pod(&self.pod, None, reasons::event_kind(reason), reason, message);
+            .pod(&self.pod, container, reasons::event_kind(reason), reason, message);
     }
 
     /// Where the pod's ports are reached (probes, hooks).
@@ -503,7 +508,7 @@ impl PodWorker {
             start_time: self.report.start_time,
             status: st.clone(),
         };
-        if let Err(e) = self.m.status.set(&self.uid, &self.pod_dir, rec, changed).await {
+        if let Err(e) = self.m.status.set(&self.pod, &self.pod_dir, rec, changed).await {
             warn!(pod = %pod::full_name(&self.pod), error = %format!("{e:#}"), "saving status");
         }
         self.report.last = Some(st);

@@ -87,6 +87,7 @@ impl PodWorker {
             // The containers run in namespaces (and on an IP) nobody can name any more: never
             // start new ones beside them in a new sandbox as if nothing had happened.
             self.event(
+                None,
                 reasons::EVENT_SANDBOX_CHANGED,
                 "Pod sandbox record unreadable, it will be killed and re-created.",
             );
@@ -99,6 +100,7 @@ impl PodWorker {
         } else if !usable {
             if let Some(old) = self.resources.sandbox.clone() {
                 self.event(
+                    None,
                     reasons::EVENT_SANDBOX_CHANGED,
                     "Pod sandbox changed, it will be killed and re-created.",
                 );
@@ -138,6 +140,7 @@ impl PodWorker {
             .filter_map(|k| {
                 let v = views.all().find(|v| v.id == k.id).cloned()?;
                 self.event(
+                    Some(&k.name),
                     reasons::EVENT_KILLING,
                     &format!("Stopping container {}: {}", k.name, k.reason),
                 );
@@ -166,6 +169,7 @@ impl PodWorker {
             );
             if self.report.waiting.get(name).map(|w| w.reason) != Some(reasons::CRASH_LOOP_BACK_OFF) {
                 self.event(
+                    Some(name),
                     reasons::EVENT_BACK_OFF,
                     &format!("Back-off restarting failed container {name}"),
                 );
@@ -252,7 +256,11 @@ impl PodWorker {
         };
         let id = start::create_container(&m.rt, &m.images, input).await?;
         self.containers.known.insert(id.clone());
-        self.event(reasons::EVENT_CREATED, &format!("Created container {}", c.name));
+        self.event(
+            Some(&c.name),
+            reasons::EVENT_CREATED,
+            &format!("Created container {}", c.name),
+        );
         let backoff_key = plan::backoff_key(&c.name, &labels::hash(&c));
         if let Some(t) = s.previous_finished {
             self.restarts.next(&backoff_key, t);
@@ -264,6 +272,7 @@ impl PodWorker {
         self.watch(&id);
         let image = c.image.clone().unwrap_or_default();
         self.event(
+            Some(&c.name),
             reasons::EVENT_STARTED,
             &format!("Started container {} (image {image})", c.name),
         );

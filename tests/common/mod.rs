@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod net;
 
 use std::io::{Read, Write};

@@ -134,11 +134,18 @@ impl TestNet {
     }
 }
 
-impl Drop for TestNet {
-    fn drop(&mut self) {
+impl TestNet {
+    /// Unpin the namespace and remove its directory (also done on drop).
+    pub fn release(&self) {
         // Everything inside (bridge, veths, tables) goes with the namespace's last reference.
         let _ = umount2(&self.path, MntFlags::MNT_DETACH);
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

@@ -1,0 +1,61 @@
+//! Cluster-mode tests: one real control plane (../shared/k8s/control-plane) for the whole
+//! binary, started in a network namespace of its own; each test runs its own node (an agent
+//! with a distinct name and address) against it. Without ../shared the tests are skipped with a
+//! loud notice.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod pods;
+
+use std::sync::OnceLock;
+
+use common::cluster::Cluster;
+use libtest_mimic::{Arguments, Failed, Trial};
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+
+/// The cluster every test shares.
+pub fn cluster() -> &'static Cluster {
+    CLUSTER.get().expect("the cluster is started before the tests")
+}
+
+/// A test: a name and a function that panics on failure.
+pub fn test(name: &'static str, f: fn()) -> Trial {
+    Trial::test(name, move || {
+        std::panic::catch_unwind(f).map_err(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Failed::from(msg)
+        })
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials: Vec<Trial> = pods::tests();
+    if args.list {
+        libtest_mimic::run(&args, trials).exit();
+    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the cluster tests run real pods and need root"
+    );
+    let started = Cluster::start();
+    let conclusion = match started {
+        Some(c) => {
+            let _ = CLUSTER.set(c);
+            let conclusion = libtest_mimic::run(&args, trials);
+            // The statics are never dropped: stop the control plane and the namespace here.
+            if let Some(c) = CLUSTER.get() {
+                c.shutdown();
+            }
+            conclusion
+        }
+        None => libtest_mimic::run(&args, trials.into_iter().map(|t| t.with_ignored_flag(true)).collect()),
+    };
+    conclusion.exit()
+}
