@@ -171,6 +171,11 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         Some(path) => Some(Kube::from_kubeconfig(path).await?),
         None => None,
     };
+    // In a cluster, pods' ConfigMaps, Secrets, tokens and Services come from the API server.
+    let setup = match &kube {
+        Some(k) => setup.with_objects(crate::objects::ObjectManager::new(k.clone(), &cfg.node_name)),
+        None => setup,
+    };
     let pods = Arc::new(PodManager::default());
     let liveness = Arc::new(Liveness::default());
     let node = NodeInfo::detect(&cfg);

@@ -23,9 +23,13 @@ pub use store::Lookup;
 use store::{ObjectKey, Store};
 use tokens::{TokenKey, TokenManager};
 
-/// kubelet's default TTL of cached ConfigMaps and Secrets (the node's `node.alpha.kubernetes.io/ttl`
-/// is 0 on small clusters; kubelet's own default is a minute).
+/// kubelet's default TTL of cached ConfigMaps and Secrets, when the Node has no
+/// `node.alpha.kubernetes.io/ttl` (the TTL controller sets 0 in small clusters).
 pub const OBJECT_TTL: Duration = Duration::from_secs(60);
+/// The annotation the TTL controller sets on Nodes.
+pub const NODE_TTL_ANNOTATION: &str = "node.alpha.kubernetes.io/ttl";
+/// How often the Node's TTL annotation is read again.
+const NODE_TTL_REFRESH: Duration = Duration::from_secs(60);
 /// How long a list of Services serves environment variables.
 pub const SERVICES_TTL: Duration = Duration::from_secs(5);
 /// The API's default `expirationSeconds` of a projected token.
@@ -62,6 +66,9 @@ pub struct VolumeObjects {
 
 pub struct ObjectManager {
     kube: Kube,
+    node_name: String,
+    /// The TTL from the Node and when it was read.
+    ttl: std::sync::Mutex<Option<(std::time::Instant, Duration)>>,
     config_maps: Store<ConfigMap>,
     secrets: Store<Secret>,
     tokens: TokenManager,
@@ -69,11 +76,13 @@ pub struct ObjectManager {
 }
 
 impl ObjectManager {
-    pub fn new(kube: Kube) -> Arc<ObjectManager> {
+    pub fn new(kube: Kube, node_name: &str) -> Arc<ObjectManager> {
         Arc::new(ObjectManager {
             kube,
-            config_maps: Store::new(OBJECT_TTL),
-            secrets: Store::new(OBJECT_TTL),
+            node_name: node_name.to_string(),
+            ttl: std::sync::Mutex::new(None),
+            config_maps: Store::new(),
+            secrets: Store::new(),
             tokens: TokenManager::default(),
             services: services::ServiceCache::new(SERVICES_TTL),
         })
@@ -104,11 +113,37 @@ impl ObjectManager {
     }
 
     pub async fn config_map(&self, ns: &str, name: &str) -> Lookup<ConfigMap> {
-        self.config_maps.get(&self.kube, ns, name).await
+        let ttl = self.object_ttl().await;
+        self.config_maps.get(&self.kube, ns, name, ttl).await
     }
 
     pub async fn secret(&self, ns: &str, name: &str) -> Lookup<Secret> {
-        self.secrets.get(&self.kube, ns, name).await
+        let ttl = self.object_ttl().await;
+        self.secrets.get(&self.kube, ns, name, ttl).await
+    }
+
+    /// kubelet's getTTL: the Node's `node.alpha.kubernetes.io/ttl` seconds (read at most once a
+    /// minute), else a minute (also while the Node cannot be read).
+    async fn object_ttl(&self) -> Duration {
+        if let Some((at, ttl)) = *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) {
+            if at.elapsed() < NODE_TTL_REFRESH {
+                return ttl;
+            }
+        }
+        let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.kube.client());
+        match api.get_opt(&self.node_name).await {
+            Ok(Some(n)) => {
+                let ttl = node_ttl(&n);
+                *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) = Some((std::time::Instant::now(), ttl));
+                ttl
+            }
+            // Not registered yet, or unreadable: the default, and asked again next time.
+            Ok(None) => OBJECT_TTL,
+            Err(e) => {
+                tracing::debug!(error = %store::api_message(&e), "reading the node's object TTL");
+                OBJECT_TTL
+            }
+        }
     }
 
     /// A token for the pod's service account as the projection asks for it.
@@ -188,6 +223,17 @@ impl ObjectManager {
     }
 }
 
+/// The TTL a Node's annotation sets (kubelet's: a non-negative whole number of seconds).
+pub fn node_ttl(n: &k8s_openapi::api::core::v1::Node) -> Duration {
+    n.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NODE_TTL_ANNOTATION))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(OBJECT_TTL)
+}
+
 /// The ConfigMaps and Secrets a container's env and envFrom name.
 fn container_references(c: &Container) -> (BTreeSet<String>, BTreeSet<String>) {
     let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
@@ -250,6 +296,26 @@ pub fn references(p: &Pod) -> (BTreeSet<String>, BTreeSet<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ttl_from_the_node_annotation() {
+        let node = |ann: serde_json::Value| -> k8s_openapi::api::core::v1::Node {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n", "annotations": ann}})).unwrap()
+        };
+        assert_eq!(
+            node_ttl(&node(serde_json::json!({NODE_TTL_ANNOTATION: "0"}))),
+            Duration::ZERO
+        );
+        assert_eq!(
+            node_ttl(&node(serde_json::json!({NODE_TTL_ANNOTATION: "15"}))),
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            node_ttl(&node(serde_json::json!({NODE_TTL_ANNOTATION: "x"}))),
+            OBJECT_TTL
+        );
+        assert_eq!(node_ttl(&node(serde_json::json!({}))), OBJECT_TTL);
+    }
 
     #[test]
     fn references_cover_volumes_projections_env_and_pull_secrets() {

@@ -1,5 +1,6 @@
 //! ConfigMaps and Secrets as the node reads them (kubelet's cache-based manager, the `Cache`
-//! change-detection strategy): an object fetched with the node's identity is kept for a TTL;
+//! change-detection strategy): an object fetched with the node's identity is kept for a TTL
+//! (the caller's: the Node's `node.alpha.kubernetes.io/ttl`, 0 in small clusters);
 //! a pod registered anew (added, or changed as the API server sent it) marks its objects stale
 //! so its first use fetches them fresh; objects no registered pod references are dropped. A
 //! missing object is never cached, so it is seen as soon as it is created.
@@ -27,7 +28,6 @@ struct Entry<K> {
 
 /// The cache of one kind of object.
 pub struct Store<K> {
-    ttl: Duration,
     entries: Mutex<HashMap<ObjectKey, Entry<K>>>,
     /// Pod UID -> (the pod's resourceVersion when registered, the objects it references).
     pods: Mutex<HashMap<String, (String, BTreeSet<ObjectKey>)>>,
@@ -37,9 +37,8 @@ impl<K> Store<K>
 where
     K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    pub fn new(ttl: Duration) -> Store<K> {
+    pub fn new() -> Store<K> {
         Store {
-            ttl,
             entries: Mutex::new(HashMap::new()),
             pods: Mutex::new(HashMap::new()),
         }
@@ -80,12 +79,12 @@ where
         entries.retain(|k, _| pods.values().any(|(_, refs)| refs.contains(k)));
     }
 
-    /// The object, from the cache while it is fresh, else from the API server.
-    pub async fn get(&self, kube: &Kube, ns: &str, name: &str) -> Lookup<K> {
+    /// The object, from the cache while younger than `ttl`, else from the API server.
+    pub async fn get(&self, kube: &Kube, ns: &str, name: &str, ttl: Duration) -> Lookup<K> {
         let key = (ns.to_string(), name.to_string());
         {
             let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(e) = entries.get(&key).filter(|e| e.fetched.elapsed() < self.ttl) {
+            if let Some(e) = entries.get(&key).filter(|e| e.fetched.elapsed() < ttl) {
                 return Ok(Some(e.object.clone()));
             }
         }
@@ -147,7 +146,7 @@ mod tests {
 
     #[test]
     fn registration_invalidates_on_new_pod_versions_and_forgets_unreferenced() {
-        let s: Store<ConfigMap> = Store::new(Duration::from_secs(60));
+        let s: Store<ConfigMap> = Store::new();
         s.register("u1", "1", [key("a"), key("b")].into());
         seed(&s, "a");
         seed(&s, "b");

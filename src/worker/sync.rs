@@ -118,7 +118,7 @@ impl PodWorker {
             Ok(v) => v,
             Err(e) => {
                 if let Some(f) = e.downcast_ref::<crate::podsetup::volumes::SetUpFailed>() {
-                    self.event(reasons::EVENT_FAILED_MOUNT, &f.to_string());
+                    self.event(None, reasons::EVENT_FAILED_MOUNT, &f.to_string());
                 }
                 return Err(e);
             }
@@ -238,7 +238,7 @@ impl PodWorker {
             None => Default::default(),
         };
         for w in crate::kuberuntime::env::invalid_env_from_keys(&self.pod, &c, &env_objects) {
-            self.event(reasons::EVENT_INVALID_ENV_VAR_NAMES, &w);
+            self.event(None, reasons::EVENT_INVALID_ENV_VAR_NAMES, &w);
         }
         let input = BuildInput {
             cfg: m.cfg.clone(),

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod objects;
 mod pods;
 
 use std::sync::OnceLock;
@@ -36,7 +37,7 @@ pub fn test(name: &'static str, f: fn()) -> Trial {
 
 fn main() {
     let args = Arguments::from_args();
-    let trials: Vec<Trial> = pods::tests();
+    let trials: Vec<Trial> = pods::tests().into_iter().chain(objects::tests()).collect();
     if args.list {
         libtest_mimic::run(&args, trials).exit();
     }
