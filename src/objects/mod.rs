@@ -81,8 +81,8 @@ impl ObjectManager {
             kube,
             node_name: node_name.to_string(),
             ttl: std::sync::Mutex::new(None),
-            config_maps: Store::new(),
-            secrets: Store::new(),
+            config_maps: Store::default(),
+            secrets: Store::default(),
             tokens: TokenManager::default(),
             services: services::ServiceCache::new(SERVICES_TTL),
         })

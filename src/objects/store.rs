@@ -33,17 +33,19 @@ pub struct Store<K> {
     pods: Mutex<HashMap<String, (String, BTreeSet<ObjectKey>)>>,
 }
 
-impl<K> Store<K>
-where
-    K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    pub fn new() -> Store<K> {
+impl<K> Default for Store<K> {
+    fn default() -> Self {
         Store {
             entries: Mutex::new(HashMap::new()),
             pods: Mutex::new(HashMap::new()),
         }
     }
+}
 
+impl<K> Store<K>
+where
+    K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
     /// Record which objects the pod (at `version`) references. A new version of the pod makes
     /// them stale (kubelet's RegisterPod invalidates on every pod update); references no pod
     /// holds any longer are forgotten.
@@ -146,7 +148,7 @@ mod tests {
 
     #[test]
     fn registration_invalidates_on_new_pod_versions_and_forgets_unreferenced() {
-        let s: Store<ConfigMap> = Store::new();
+        let s: Store<ConfigMap> = Store::default();
         s.register("u1", "1", [key("a"), key("b")].into());
         seed(&s, "a");
         seed(&s, "b");
