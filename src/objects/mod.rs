@@ -28,8 +28,9 @@ use tokens::{TokenKey, TokenManager};
 pub const OBJECT_TTL: Duration = Duration::from_secs(60);
 /// The annotation the TTL controller sets on Nodes.
 pub const NODE_TTL_ANNOTATION: &str = "node.alpha.kubernetes.io/ttl";
-/// How often the Node's TTL annotation is read again.
-const NODE_TTL_REFRESH: Duration = Duration::from_secs(60);
+/// How often the Node's TTL annotation is read again (kubelet reads it from its Node
+/// informer; a new node gets it from the TTL controller within seconds).
+const NODE_TTL_REFRESH: Duration = Duration::from_secs(10);
 /// How long a list of Services serves environment variables.
 pub const SERVICES_TTL: Duration = Duration::from_secs(5);
 /// The API's default `expirationSeconds` of a projected token.
@@ -122,8 +123,8 @@ impl ObjectManager {
         self.secrets.get(&self.kube, ns, name, ttl).await
     }
 
-    /// kubelet's getTTL: the Node's `node.alpha.kubernetes.io/ttl` seconds (read at most once a
-    /// minute), else a minute (also while the Node cannot be read).
+    /// kubelet's getTTL: the Node's `node.alpha.kubernetes.io/ttl` seconds (read at most every
+    /// 10 s), else a minute (also while the Node cannot be read).
     async fn object_ttl(&self) -> Duration {
         if let Some((at, ttl)) = *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) {
             if at.elapsed() < NODE_TTL_REFRESH {

@@ -91,6 +91,7 @@ where
             }
         }
         let api: kube::Api<K> = kube::Api::namespaced(kube.client(), ns);
+        tracing::debug!(kind = K::kind(&()).as_ref(), namespace = ns, name, "fetching");
         match api.get_opt(name).await {
             Ok(Some(o)) => {
                 let o = Arc::new(o);

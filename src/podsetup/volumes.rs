@@ -161,6 +161,7 @@ fn write_files_volume(
         None => Ok(()),
     };
     if atomic_writer::write(dir, payload, &set_perms)? {
+        tracing::info!(volume = %dir.display(), files = payload.len(), "volume contents written");
         if let Some(g) = gid {
             let md = std::fs::metadata(dir)?;
             if md.gid() != g {
