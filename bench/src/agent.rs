@@ -22,6 +22,18 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(bin: &Path, dir: &Path, cgroup_root: &str, network: &str, log: &Path) -> Result<Agent> {
+        Agent::start_with(bin, dir, cgroup_root, network, log, &[])
+    }
+
+    /// [`Agent::start`] with more `ferrolet run` flags.
+    pub fn start_with(
+        bin: &Path,
+        dir: &Path,
+        cgroup_root: &str,
+        network: &str,
+        log: &Path,
+        extra: &[String],
+    ) -> Result<Agent> {
         let root = dir.join("root");
         let manifests = dir.join("manifests");
         let marks = dir.join("marks");
@@ -50,6 +62,7 @@ impl Agent {
             .arg(network)
             .arg("--hostname-override")
             .arg("bench")
+            .args(extra)
             .env("RUST_LOG", "ferrolet=warn,ferrolet_runtime=warn")
             .stdin(Stdio::null())
             .stdout(logf.try_clone()?)

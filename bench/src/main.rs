@@ -6,6 +6,7 @@
 //! networks never touch the node) and below this process's own cgroup.
 
 mod agent;
+mod cluster;
 mod peers;
 mod procstat;
 
@@ -38,6 +39,18 @@ struct Opts {
     /// Skip podman (crun and runc still run).
     #[arg(long)]
     skip_podman: bool,
+    /// Skip the cluster-mode figures (they need ../shared/k8s/control-plane).
+    #[arg(long)]
+    skip_cluster: bool,
+    /// Only the cluster-mode figures.
+    #[arg(long)]
+    only_cluster: bool,
+    /// Pods created through the API server one after another (cluster mode).
+    #[arg(long, default_value_t = 20)]
+    cluster_pods: usize,
+    /// Pods created through the API server at once (cluster mode).
+    #[arg(long, default_value_t = 50)]
+    cluster_burst: usize,
     /// The ferrolet binary (release build).
     #[arg(long, default_value = "target/release/ferrolet")]
     ferrolet: PathBuf,
@@ -159,6 +172,11 @@ fn run(
     cgroups: &Cgroups,
     cg: &NestedRoot,
 ) -> Result<Vec<Row>> {
+    if opts.only_cluster {
+        let bin = std::fs::canonicalize(&opts.ferrolet)
+            .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
+        return cluster_rows(opts, &bin, dir, cg);
+    }
     let mut rows = Vec::new();
     let oci_tar = opts.images.join("busybox.oci.tar");
     let docker_tar = opts.images.join("busybox.docker.tar");
@@ -389,6 +407,8 @@ fn run(
     rows.extend(lat);
     rows.extend(lat_net);
     rows.extend([burst_up, burst_down, mem_idle, mem_10, mem_100, mem_per_pod, cpu]);
+
+    rows.extend(cluster_rows(opts, &bin, dir, cg)?);
     Ok(rows)
 }
 
@@ -563,6 +583,55 @@ fn header() -> String {
     )
 }
 
+/// Cluster mode: no peer runs here (kubelet needs a CRI runtime), so these are numbers only.
+fn cluster_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    match cluster::script().filter(|_| !opts.skip_cluster) {
+        None => eprintln!("== cluster mode: skipped (--skip-cluster, or no ../shared/k8s/control-plane)"),
+        Some(script) => {
+            eprintln!(
+                "== cluster mode: {} pods through the API one after another, {} at once",
+                opts.cluster_pods, opts.cluster_burst
+            );
+            let r = cluster::run(
+                &script,
+                bin,
+                dir,
+                &format!("{}/cluster", cg.path()),
+                opts.cluster_pods,
+                opts.cluster_burst,
+            )?;
+            let mut row = |metric: String, unit: &'static str, v: f64| {
+                let mut x = Row::new(metric, unit, "none");
+                x.ferrolet = Some(v);
+                rows.push(x);
+            };
+            row(
+                "cluster: API pod created -> Running in the API, p50".into(),
+                "ms",
+                r.one_p50_ms,
+            );
+            row(
+                "cluster: API pod created -> Running in the API, p90".into(),
+                "ms",
+                r.one_p90_ms,
+            );
+            row(
+                format!("cluster: {} API pods at once, p50", opts.cluster_burst),
+                "ms",
+                r.burst_p50_ms,
+            );
+            row(
+                format!("cluster: {} API pods at once, last Running", opts.cluster_burst),
+                "ms",
+                r.burst_last_ms,
+            );
+            row("cluster: memory (PSS), idle agent".into(), "MiB", r.idle_pss_mib);
+        }
+    }
+    Ok(rows)
+}
+
 fn notes(opts: &Opts) -> String {
     format!(
         "Notes:\n\
@@ -572,7 +641,8 @@ fn notes(opts: &Opts) -> String {
 - CPU: user+system time of the same processes over {2}s of steady state, scaled to one minute.\n\
 - Runtime floor: create+start+wait+delete of `/bin/true` in a busybox container: ferrolet's runtime crate in-process versus `crun run` / `runc run` on the OCI spec ferrolet generated for the same container (same namespaces, mounts, capabilities, masked paths and RuntimeDefault seccomp profile; rootfs unpacked read-only instead of an overlay; no device rules, which these runtimes would need a devices cgroup for here), {3} runs, p50. On a hybrid node crun runs in a private mount namespace with the cgroup2 mount hidden (it refuses hybrid layouts), so it uses the same v1 controllers as the others.\n\
 - podman 4.3 runs with runc (crun refuses this machine's hybrid cgroups), the cgroupfs manager, inside a private mount and cgroup namespace rooted below the benchmark's cgroup (its /run, /var/lib and CNI config in the benchmark's directory), with explicit nofile/nproc ulimits (its defaults need CAP_SYS_RESOURCE). Its no-network runs use `--network none`.\n\
+- Cluster mode: a v1.26 control plane (etcd, kube-apiserver, controller-manager, scheduler from ../shared/k8s) in the benchmark's namespace and one ferrolet node with a node credential and the built-in bridge; pods (busybox `sleep`, nodeName set, a ServiceAccount token volume as the API server adds it) created with the admin credential, timed from just before the create request to the moment a watch of the pods shows phase Running: {4} one after another, then {5} at once. Memory: the agent, zygote and monitors 10 s after joining, no pods.\n\
 - Everything ran inside a private network namespace; ratios are ferrolet ÷ the named peer (below 1 means ferrolet is faster or smaller).\n",
-        opts.pods, opts.burst, opts.cpu_seconds, opts.runs
+        opts.pods, opts.burst, opts.cpu_seconds, opts.runs, opts.cluster_pods, opts.cluster_burst
     )
 }

@@ -16,9 +16,11 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
+use crate::events::Recorder;
 use crate::images::local::{self, ImportDir};
 use crate::images::ImageManager;
 use crate::kubeclient::Kube;
+use crate::mirror::{MirrorPods, MirrorQueue};
 use crate::node::NodeInfo;
 use crate::pod::manager::PodManager;
 use crate::podconfig::{apiserver::ApiSource, file::FileSource, http::HttpSource, PodConfig};
@@ -107,7 +109,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     for w in &warnings {
         warn!("config: {w}");
     }
-    let cfg = Arc::new(cfg);
+    let mut cfg = Arc::new(cfg);
     raise_open_files_limit();
     std::fs::create_dir_all(&cfg.root_dir).with_context(|| format!("creating {}", cfg.root_dir.display()))?;
     let _lock = lock_root(&cfg.root_dir)?;
@@ -153,6 +155,52 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         let (cfg, rt) = (cfg.clone(), rt.clone());
         blocking(move || setup_cgroups(&cfg, &rt)).await?
     };
+    // In a cluster: the node's API client, first (a bad credential ends the start here).
+    let kube = match &cfg.cluster.kubeconfig {
+        Some(path) => Some(Kube::from_kubeconfig(path).await?),
+        None => None,
+    };
+    let events = match &kube {
+        Some(k) => Recorder::cluster(
+            k.clone(),
+            &cfg.node_name,
+            cfg.cluster.event_record_qps,
+            cfg.cluster.event_burst,
+        ),
+        None => Recorder::standalone(&cfg.node_name),
+    };
+    let mirrors = kube
+        .clone()
+        .map(|k| MirrorQueue::start(MirrorPods::new(k, &cfg.node_name)));
+    let node = {
+        let cfg = cfg.clone();
+        blocking(move || Ok(NodeInfo::detect(&cfg))).await?
+    };
+    // In a cluster: the Node (registered and kept up in the background) and its podCIDR.
+    let mut node_handle = None;
+    if let Some(kube) = &kube {
+        let images: crate::node::cluster::ImageList = {
+            let rt = rt.clone();
+            Arc::new(move || Ok(rt.images().list()?))
+        };
+        let handle = crate::node::cluster::start(
+            kube.clone(),
+            cfg.clone(),
+            node.clone(),
+            images,
+            runtime_readiness(rt.clone()),
+            events.clone(),
+        )
+        .await?;
+        if cfg.network.mode == crate::config::NetworkMode::Bridge {
+            if let Some(cidr) = pod_cidr(&cfg, &handle).await {
+                let mut c = (*cfg).clone();
+                c.pod_cidr = Some(cidr);
+                cfg = Arc::new(c);
+            }
+        }
+        node_handle = Some(handle);
+    }
     let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups);
     {
         let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
@@ -166,11 +214,6 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     // Before any pod worker: collects the network of sandboxes that are gone.
     setup.network().init().await;
 
-    // In a cluster: the node's API client, first (a bad credential ends the start here).
-    let kube = match &cfg.cluster.kubeconfig {
-        Some(path) => Some(Kube::from_kubeconfig(path).await?),
-        None => None,
-    };
     // In a cluster, pods' ConfigMaps, Secrets, tokens and Services come from the API server.
     let setup = match &kube {
         Some(k) => setup.with_objects(crate::objects::ObjectManager::new(k.clone(), &cfg.node_name)),
@@ -178,17 +221,18 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     };
     let pods = Arc::new(PodManager::default());
     let liveness = Arc::new(Liveness::default());
-    let node = NodeInfo::detect(&cfg);
     let managers = Arc::new(Managers {
         cfg: cfg.clone(),
         rt: rt.clone(),
         node: node.clone(),
         pods: pods.clone(),
-        status: StatusManager::new(pods.clone(), kube.clone().map(ApiStatusWriter::start)),
+        status: StatusManager::new(pods.clone(), kube.clone().map(ApiStatusWriter::start), mirrors.clone()),
         setup,
         images: ImageManager::new(rt.clone(), cfg.image_import_dir.clone()),
         liveness: liveness.clone(),
-        events: crate::events::Recorder::standalone(&cfg.node_name),
+        events: events.clone(),
+        mirrors: mirrors.clone(),
+        node_api: node_handle,
     });
 
     // Sources -> pod config -> pod workers.
@@ -215,9 +259,9 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
     if let Some(kube) = kube.clone() {
         sources.push(crate::pod::SOURCE_API);
-        let (tx, node_name) = (ev_tx.clone(), cfg.node_name.clone());
+        let (tx, node_name, mirrors) = (ev_tx.clone(), cfg.node_name.clone(), mirrors.clone());
         supervise("api source", Duration::from_secs(1), move || {
-            ApiSource::new(kube.clone(), node_name.clone()).run(snapshots_to(tx.clone()))
+            ApiSource::new(kube.clone(), node_name.clone(), mirrors.clone()).run(snapshots_to(tx.clone()))
         });
     }
     let (done_tx, done_rx) = mpsc::unbounded_channel();
@@ -281,6 +325,44 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     let _ = std::fs::remove_file(cfg.socket_path());
     let _ = std::fs::remove_file(cfg.exec_socket_path());
     Ok(())
+}
+
+/// The pod subnet in a cluster: the Node's podCIDR (kubelet's rule). A node that already has a
+/// pod network keeps the subnet it was set up with, without waiting for the API server: pods
+/// running on it must not find their subnet changed by an agent restarted during an outage.
+async fn pod_cidr(cfg: &Config, node: &crate::node::cluster::NodeHandle) -> Option<String> {
+    let recorded = {
+        let root = cfg.root_dir.clone();
+        blocking(move || Ok(load_record(&root).network))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|n| n.get("subnet").and_then(|s| s.as_str()).map(str::to_string))
+    };
+    if let Some(c) = node.node().as_ref().and_then(|n| n.spec.as_ref()?.pod_cidr.clone()) {
+        return Some(c);
+    }
+    if recorded.is_some() {
+        return recorded;
+    }
+    info!("waiting for the controller-manager to give the Node a podCIDR");
+    let cidr = node.pod_cidr(Duration::from_secs(60)).await;
+    if cidr.is_none() {
+        warn!(subnet = %cfg.network.subnet, "the Node has no podCIDR after 60 s; using the configured pod subnet");
+    }
+    cidr
+}
+
+/// What the Node's Ready condition says about the runtime: its zygote (which creates every
+/// container) must be alive.
+fn runtime_readiness(rt: Arc<Runtime>) -> crate::node::cluster::Readiness {
+    Arc::new(move || {
+        let pid = nix::unistd::Pid::from_raw(rt.zygote_pid());
+        match nix::sys::signal::kill(pid, None) {
+            Ok(()) => Vec::new(),
+            Err(_) => vec!["container runtime is down".to_string()],
+        }
+    })
 }
 
 /// A source's sender of snapshots, feeding the main loop.

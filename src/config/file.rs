@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
 
-use super::{resolve_relative, Config, NetworkMode};
+use super::{resolve_relative, Config, EvictionHard, NetworkMode, Reserved, Threshold};
 use crate::pod::units::{bytes, parse_duration};
 
 /// KubeletConfiguration fields accepted but not acted on (yet).
@@ -55,13 +55,11 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "contentType",
     "serializeImagePulls",
     "maxParallelImagePulls",
-    "evictionHard",
     "evictionSoft",
     "evictionSoftGracePeriod",
     "evictionPressureTransitionPeriod",
     "evictionMaxPodGracePeriod",
     "evictionMinimumReclaim",
-    "mergeDefaultEvictionSettings",
     "podsPerCore",
     "enableControllerAttachDetach",
     "protectKernelDefaults",
@@ -74,7 +72,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "containerLogMaxWorkers",
     "containerLogMonitorInterval",
     "configMapAndSecretChangeDetectionStrategy",
-    "kubeReserved",
     "reservedSystemCPUs",
     "showHiddenMetricsForVersion",
     "systemReservedCgroup",
@@ -133,6 +130,7 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
         other => bail!("apiVersion: expected kubelet.config.k8s.io/v1beta1, got {other:?}"),
     }
     let mut warnings = Vec::new();
+    let (mut eviction_hard, mut merge_eviction_defaults) = (None, false);
     for (key, v) in map {
         let f = key.as_str();
         match f {
@@ -219,22 +217,10 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
                     n => n.try_into().map_err(|_| anyhow!("{f}: must not be negative"))?,
                 }
             }
-            "systemReserved" => {
-                let obj = v
-                    .as_object()
-                    .ok_or_else(|| anyhow!("{f}: expected a map of resource to quantity"))?;
-                for (res, q) in obj {
-                    let q = string(&format!("{f}.{res}"), q)?;
-                    match res.as_str() {
-                        "cpu" => {
-                            cfg.system_reserved_cpu_milli =
-                                crate::pod::units::milli(&q).map_err(|e| anyhow!("{f}.cpu: {e}"))?
-                        }
-                        "memory" => cfg.system_reserved_memory = bytes(&q).map_err(|e| anyhow!("{f}.memory: {e}"))?,
-                        other => warnings.push(format!("{f}.{other} is not enforced by ferrolet")),
-                    }
-                }
-            }
+            "systemReserved" => cfg.system_reserved = reserved(f, v, &mut warnings)?,
+            "kubeReserved" => cfg.kube_reserved = reserved(f, v, &mut warnings)?,
+            "evictionHard" => eviction_hard = Some(parse_eviction_hard(f, v, &mut warnings)?),
+            "mergeDefaultEvictionSettings" => merge_eviction_defaults = boolean(f, v)?,
             "crashLoopBackOff" => {
                 let obj = v.as_object().ok_or_else(|| anyhow!("{f}: expected an object"))?;
                 for (k, x) in obj {
@@ -253,7 +239,91 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
             other => bail!("unknown field {other:?} (not a KubeletConfiguration field)"),
         }
     }
+    if let Some(given) = eviction_hard {
+        cfg.eviction_hard = merge_eviction(given, merge_eviction_defaults);
+    }
     Ok(warnings)
+}
+
+/// A systemReserved / kubeReserved map: cpu, memory and ephemeral-storage are taken out of
+/// allocatable; other resources are accepted with a warning.
+fn reserved(f: &str, v: &Value, warnings: &mut Vec<String>) -> Result<Reserved> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| anyhow!("{f}: expected a map of resource to quantity"))?;
+    let mut r = Reserved::default();
+    for (res, q) in obj {
+        let field = format!("{f}.{res}");
+        let q = string(&field, q)?;
+        let amount = match res.as_str() {
+            "cpu" => crate::pod::units::milli(&q).map_err(|e| anyhow!("{field}: {e}"))?,
+            "memory" | "ephemeral-storage" => bytes(&q).map_err(|e| anyhow!("{field}: {e}"))?,
+            other => {
+                warnings.push(format!("{f}.{other} is not enforced by ferrolet"));
+                continue;
+            }
+        };
+        if amount < 0 {
+            bail!("{field}: {q:?} is negative");
+        }
+        match res.as_str() {
+            "cpu" => r.cpu_milli = amount,
+            "memory" => r.memory = amount,
+            _ => r.ephemeral_storage = amount,
+        }
+    }
+    Ok(r)
+}
+
+/// The evictionHard signals a file names (before kubelet's defaulting rule is applied).
+struct GivenEviction {
+    memory_available: Option<Threshold>,
+    nodefs_available: Option<Threshold>,
+    pid_available: Option<Threshold>,
+}
+
+fn parse_eviction_hard(f: &str, v: &Value, warnings: &mut Vec<String>) -> Result<GivenEviction> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| anyhow!("{f}: expected a map of signal to threshold"))?;
+    let mut g = GivenEviction {
+        memory_available: None,
+        nodefs_available: None,
+        pid_available: None,
+    };
+    for (signal, x) in obj {
+        let field = format!("{f}.{signal}");
+        let t = Threshold::parse(&string(&field, x)?).map_err(|e| anyhow!("{field}: {e:#}"))?;
+        match signal.as_str() {
+            "memory.available" => g.memory_available = Some(t),
+            "nodefs.available" => g.nodefs_available = Some(t),
+            "pid.available" => g.pid_available = Some(t),
+            "nodefs.inodesFree" | "imagefs.available" | "imagefs.inodesFree" | "allocatableMemory.available" => {
+                warnings.push(format!("{field} is not measured by ferrolet"))
+            }
+            other => bail!("{f}: unknown eviction signal {other:?}"),
+        }
+    }
+    Ok(g)
+}
+
+/// kubelet's rule: an evictionHard map replaces the defaults, unless
+/// mergeDefaultEvictionSettings asks for the defaults of the signals it does not name.
+fn merge_eviction(given: GivenEviction, merge_defaults: bool) -> EvictionHard {
+    let d = if merge_defaults {
+        EvictionHard::default()
+    } else {
+        EvictionHard {
+            memory_available: None,
+            nodefs_available: None,
+            pid_available: None,
+        }
+    };
+    EvictionHard {
+        memory_available: given.memory_available.or(d.memory_available),
+        nodefs_available: given.nodefs_available.or(d.nodefs_available),
+        pid_available: given.pid_available.or(d.pid_available),
+    }
 }
 
 /// ferrolet's own settings, under a `ferrolet:` key of the same file.
@@ -362,6 +432,49 @@ mod tests {
         assert!(e.contains("maxPods"), "{e}");
         let e = apply("kind: Pod\napiVersion: v1\n").unwrap_err().to_string();
         assert!(e.contains("kind"), "{e}");
+    }
+
+    #[test]
+    fn reservations_and_eviction_thresholds() {
+        let (c, w) = apply(&format!(
+            "{HEAD}systemReserved:\n  cpu: 500m\n  memory: 1Gi\n  pid: '100'\nkubeReserved:\n  cpu: '1'\n  ephemeral-storage: 2Gi\nevictionHard:\n  memory.available: 200Mi\n  imagefs.available: 10%\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.system_reserved,
+            Reserved {
+                cpu_milli: 500,
+                memory: 1 << 30,
+                ephemeral_storage: 0
+            }
+        );
+        assert_eq!(c.kube_reserved.cpu_milli, 1000);
+        assert_eq!(c.kube_reserved.ephemeral_storage, 2 << 30);
+        // A given map replaces kubelet's defaults.
+        assert_eq!(c.eviction_hard.memory_available, Some(Threshold::Quantity(200 << 20)));
+        assert_eq!(c.eviction_hard.nodefs_available, None);
+        assert!(w.iter().any(|x| x.contains("systemReserved.pid")), "{w:?}");
+        assert!(w.iter().any(|x| x.contains("imagefs.available")), "{w:?}");
+
+        let (c, _) = apply(&format!(
+            "{HEAD}mergeDefaultEvictionSettings: true\nevictionHard:\n  pid.available: 5%\n"
+        ))
+        .unwrap();
+        assert_eq!(c.eviction_hard.pid_available, Some(Threshold::Percent(5.0)));
+        assert_eq!(
+            c.eviction_hard.memory_available,
+            EvictionHard::default().memory_available
+        );
+        assert_eq!(c.eviction_hard.nodefs_available, Some(Threshold::Percent(10.0)));
+
+        let e = apply(&format!("{HEAD}evictionHard:\n  memory.available: 120%\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("evictionHard.memory.available"), "{e}");
+        let e = apply(&format!("{HEAD}kubeReserved:\n  memory: lots\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kubeReserved.memory"), "{e}");
     }
 
     #[test]

@@ -91,6 +91,70 @@ impl Default for ClusterConfig {
     }
 }
 
+/// A reservation of node resources (kubelet's systemReserved / kubeReserved), in millicores
+/// and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reserved {
+    pub cpu_milli: i64,
+    pub memory: i64,
+    pub ephemeral_storage: i64,
+}
+
+/// An eviction threshold: an absolute quantity or a percentage of the resource's capacity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Threshold {
+    Quantity(i64),
+    Percent(f64),
+}
+
+impl Threshold {
+    /// The threshold in the resource's units, for a resource of `capacity`.
+    pub fn amount(self, capacity: i64) -> i64 {
+        match self {
+            Threshold::Quantity(q) => q,
+            Threshold::Percent(p) => ((capacity as f64) * p / 100.0).round() as i64,
+        }
+    }
+
+    /// kubelet's form: `100Mi`, `10%`.
+    pub fn parse(s: &str) -> Result<Threshold> {
+        let s = s.trim();
+        if let Some(p) = s.strip_suffix('%') {
+            let v: f64 = p.parse().map_err(|_| anyhow::anyhow!("{s:?} is not a percentage"))?;
+            if !(0.0..=100.0).contains(&v) {
+                bail!("{s:?}: a percentage must be between 0% and 100%");
+            }
+            return Ok(Threshold::Percent(v));
+        }
+        let q = crate::pod::units::bytes(s).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if q < 0 {
+            bail!("{s:?} is negative");
+        }
+        Ok(Threshold::Quantity(q))
+    }
+}
+
+/// The hard eviction signals ferrolet measures (kubelet's evictionHard keys
+/// `memory.available`, `nodefs.available`, `pid.available`); `None`: no threshold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvictionHard {
+    pub memory_available: Option<Threshold>,
+    pub nodefs_available: Option<Threshold>,
+    pub pid_available: Option<Threshold>,
+}
+
+impl Default for EvictionHard {
+    /// kubelet's defaults on Linux (memory.available 100Mi, nodefs.available 10%; the inode and
+    /// imagefs signals are not measured here).
+    fn default() -> EvictionHard {
+        EvictionHard {
+            memory_available: Some(Threshold::Quantity(100 << 20)),
+            nodefs_available: Some(Threshold::Percent(10.0)),
+            pid_available: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub node_name: String,
@@ -128,8 +192,13 @@ pub struct Config {
     /// Pods without a seccompProfile get RuntimeDefault (kubelet's seccompDefault; on by
     /// default here, docs/runtime.md#libcontainer-facts-that-matter).
     pub seccomp_default: bool,
-    pub system_reserved_cpu_milli: i64,
-    pub system_reserved_memory: i64,
+    /// Resources set aside for the system's daemons (kubelet's systemReserved).
+    pub system_reserved: Reserved,
+    /// Resources set aside for the agent itself (kubelet's kubeReserved).
+    pub kube_reserved: Reserved,
+    /// The hard eviction thresholds (kubelet's evictionHard). ferrolet evicts nothing yet: they
+    /// are taken out of allocatable and drive the node's pressure conditions, as in kubelet.
+    pub eviction_hard: EvictionHard,
     pub network: NetworkConfig,
     /// Image archives dropped here are imported at start and on every file check.
     pub image_import_dir: PathBuf,
@@ -170,8 +239,9 @@ impl Default for Config {
             max_container_restart_period: Duration::from_secs(300),
             initial_container_restart_period: Duration::from_secs(10),
             seccomp_default: true,
-            system_reserved_cpu_milli: 0,
-            system_reserved_memory: 0,
+            system_reserved: Reserved::default(),
+            kube_reserved: Reserved::default(),
+            eviction_hard: EvictionHard::default(),
             network: NetworkConfig {
                 mode: NetworkMode::Bridge,
                 bridge: "ferrolet0".into(),

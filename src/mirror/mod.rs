@@ -10,8 +10,10 @@
 //! that does is refused, logged once, and runs without a mirror, as under kubelet.
 
 mod object;
+mod queue;
 
-pub use object::{build, full_name, is_mirror, is_mirror_of, CONFIG_MIRROR};
+pub use object::{build, full_name, is_mirror_of};
+pub use queue::MirrorQueue;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -23,6 +25,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::kubeclient::Kube;
 use crate::pod;
+use crate::pod::{is_mirror, CONFIG_MIRROR};
 
 /// The node's mirror pods; cheap to clone.
 #[derive(Clone)]
@@ -167,6 +170,19 @@ impl MirrorPods {
             }
         }
         Ok(deleted)
+    }
+
+    /// Delete the mirror pod of a static pod the node no longer has (kubelet deletes it in its
+    /// next cleanup); a pod of that name that is not a mirror is left alone. False when there
+    /// was none.
+    pub async fn delete_mirror_of(&self, static_pod: &Pod) -> Result<bool> {
+        match self.get(static_pod).await? {
+            Some(m) if is_mirror(&m) => {
+                info!(pod = %pod::full_name(&m), "deleting the mirror pod: its static pod is gone");
+                self.delete(pod::namespace(&m), pod::name(&m), Some(pod::uid(&m))).await
+            }
+            _ => Ok(false),
+        }
     }
 
     /// Delete a mirror pod at once (grace 0), only if it is still the one with `uid`. False

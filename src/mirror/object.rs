@@ -7,17 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::pod;
 
-/// The annotation that makes a pod a mirror pod; its value is the static pod's config hash.
-pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
-
-fn annotation<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
-    p.metadata.annotations.as_ref()?.get(key).map(String::as_str)
-}
-
-/// Whether `p` is a mirror pod (it has the mirror annotation).
-pub fn is_mirror(p: &Pod) -> bool {
-    annotation(p, CONFIG_MIRROR).is_some()
-}
+use crate::pod::{annotation, CONFIG_MIRROR};
 
 /// kubelet's pod full name, `name_namespace`: how a mirror pod and its static pod are paired.
 pub fn full_name(p: &Pod) -> String {
@@ -103,7 +93,7 @@ mod tests {
         );
         assert_eq!(v["spec"]["nodeName"], "node-a");
         assert!(v.get("status").is_none());
-        assert!(is_mirror(&m) && !is_mirror(&s));
+        assert!(pod::is_mirror(&m) && !pod::is_mirror(&s));
         assert_eq!(full_name(&m), "web-node-a_default");
     }
 

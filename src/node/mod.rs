@@ -1,30 +1,37 @@
-//! Facts about this node the agent reports and admits pods against: name, addresses,
-//! capacity and allocatable cpu/memory/ephemeral-storage/pods.
+//! The node: facts about it the agent admits pods against (name, addresses, capacity and
+//! allocatable), and in a cluster its Node object (kubelet's kubelet_node_status.go,
+//! nodestatus/ and nodelease/): registration, status, conditions, the Lease, the loops.
+
+pub mod allocatable;
+pub mod cluster;
+pub mod conditions;
+pub mod lease;
+pub mod machine;
+pub mod pod_cidr;
+pub mod register;
+pub mod status;
 
 use std::net::IpAddr;
 
 use crate::config::Config;
+pub use allocatable::Resources;
 
 #[derive(Debug, Clone)]
 pub struct NodeInfo {
     pub name: String,
     pub ips: Vec<IpAddr>,
-    pub ephemeral_storage: i64,
-    pub allocatable_cpu_milli: i64,
-    pub allocatable_memory: i64,
-    pub max_pods: u32,
+    /// What the machine has.
+    pub capacity: Resources,
+    /// What pods may have: capacity less kubeReserved, systemReserved and evictionHard.
+    pub allocatable: Resources,
 }
 
 impl NodeInfo {
+    /// Reads /proc, /sys and statvfs: call it off the async threads.
     pub fn detect(cfg: &Config) -> NodeInfo {
-        let cpu_milli = std::thread::available_parallelism()
-            .map(|n| n.get() as i64)
-            .unwrap_or(1)
-            * 1000;
-        let memory = meminfo_total().unwrap_or(0);
-        let ephemeral_storage = nix::sys::statvfs::statvfs(cfg.root_dir.parent().unwrap_or(&cfg.root_dir))
-            .map(|s| (s.blocks() as i64) * (s.fragment_size() as i64))
-            .unwrap_or(0);
+        let capacity = machine::capacity(&cfg.root_dir, cfg.max_pods);
+        let allocatable =
+            allocatable::allocatable(&capacity, cfg.system_reserved, cfg.kube_reserved, &cfg.eviction_hard);
         let ips = match cfg.node_ip {
             Some(ip) => vec![ip],
             None => default_route_ips(),
@@ -32,23 +39,14 @@ impl NodeInfo {
         NodeInfo {
             name: cfg.node_name.clone(),
             ips,
-            ephemeral_storage,
-            allocatable_cpu_milli: (cpu_milli - cfg.system_reserved_cpu_milli).max(0),
-            allocatable_memory: (memory - cfg.system_reserved_memory).max(0),
-            max_pods: cfg.max_pods,
+            capacity,
+            allocatable,
         }
     }
 
     pub fn ip_strings(&self) -> Vec<String> {
         self.ips.iter().map(|i| i.to_string()).collect()
     }
-}
-
-fn meminfo_total() -> Option<i64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 /// The IPv4 addresses of the interface holding the default route (what kubelet reports as the

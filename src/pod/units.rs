@@ -96,7 +96,11 @@ pub fn parse_quantity(s: &str) -> Result<f64, String> {
 
 /// A cpu quantity in millicores, rounded up like Kubernetes' MilliValue.
 pub fn milli(s: &str) -> Result<i64, String> {
-    Ok((parse_quantity(s)? * 1000.0).ceil() as i64)
+    let v = parse_quantity(s)? * 1000.0;
+    // 1900m parses as 1.9 cores, which times 1000 is 1900.0000000000002 in floating point:
+    // a value that close to a whole millicore is that millicore, not the next one up.
+    let nearest = v.round();
+    Ok(if (v - nearest).abs() < 1e-6 { nearest } else { v.ceil() } as i64)
 }
 
 /// A byte quantity, rounded up.
@@ -107,6 +111,15 @@ pub fn bytes(s: &str) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn millicores_are_exact() {
+        assert_eq!(milli("1900m").unwrap(), 1900);
+        assert_eq!(milli("1.9").unwrap(), 1900);
+        assert_eq!(milli("0.1").unwrap(), 100);
+        assert_eq!(milli("0.0001").unwrap(), 1);
+        assert_eq!(milli("2").unwrap(), 2000);
+    }
 
     #[test]
     fn go_durations() {

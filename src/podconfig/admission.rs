@@ -1,11 +1,13 @@
-//! Admission (kubelet's lifecycle admit handlers, for what a node without an API server can
-//! check): a new pod is refused when ferrolet cannot run something it asks for, when the node
-//! already runs maxPods pods, or when its cpu or memory requests do not fit in what the active
-//! pods leave of allocatable. A refused pod is Failed with kubelet's reason and message.
+//! Admission (kubelet's lifecycle admit handlers): a new pod is refused when ferrolet cannot run
+//! something it asks for, when the node already runs maxPods pods, when its cpu or memory
+//! requests do not fit in what the active pods leave of allocatable (OutOfpods, OutOfcpu,
+//! OutOfmemory), or when a predicate against the Node fails ([`super::predicates`]: node name,
+//! selector and affinity, host ports, NoExecute taints for static pods). A refused pod is Failed
+//! with kubelet's reason and message.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::node::NodeInfo;
 use crate::pod::{qos, reasons, validation};
@@ -17,25 +19,26 @@ pub struct Rejection {
     pub message: String,
 }
 
-/// Can the node take `p` beside the `active` pods (admitted, not terminating, not finished)?
-pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo) -> Result<(), Rejection> {
+/// Can the node (`node`, its Node object `node_object`) take `p` beside the `active` pods
+/// (admitted, not terminating, not finished)?
+pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo, node_object: &Node) -> Result<(), Rejection> {
     if let Some(why) = validation::unsupported(p) {
         return Err(Rejection {
             reason: reasons::UNSUPPORTED_POD_SPEC.into(),
             message: why,
         });
     }
-    if active.len() as u32 >= node.max_pods {
+    if active.len() as i64 >= node.allocatable.pods {
         return Err(Rejection {
             reason: reasons::OUT_OF_PODS.into(),
             message: format!(
                 "Node didn't have enough resource: pods, requested: 1, used: {}, capacity: {}",
                 active.len(),
-                node.max_pods
+                node.allocatable.pods
             ),
         });
     }
-    for (res, cap) in [("cpu", node.allocatable_cpu_milli), ("memory", node.allocatable_memory)] {
+    for (res, cap) in [("cpu", node.allocatable.cpu_milli), ("memory", node.allocatable.memory)] {
         let want = qos::pod_requests(p, res);
         if want == 0 {
             continue;
@@ -52,6 +55,12 @@ pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo) -> Result<(), Reject
             });
         }
     }
+    if let Some(predicate) = super::predicates::failed(p, active, node_object) {
+        return Err(Rejection {
+            reason: predicate.into(),
+            message: format!("Predicate {predicate} failed"),
+        });
+    }
     Ok(())
 }
 
@@ -60,13 +69,17 @@ mod tests {
     use super::*;
 
     fn node(max_pods: u32) -> NodeInfo {
+        let r = crate::node::Resources {
+            cpu_milli: 1000,
+            memory: 1 << 30,
+            pods: max_pods as i64,
+            ..Default::default()
+        };
         NodeInfo {
             name: "n".into(),
             ips: Vec::new(),
-            ephemeral_storage: 0,
-            allocatable_cpu_milli: 1000,
-            allocatable_memory: 1 << 30,
-            max_pods,
+            capacity: r.clone(),
+            allocatable: r,
         }
     }
 
@@ -80,10 +93,10 @@ mod tests {
 
     #[test]
     fn pods_and_cpu_must_fit() {
-        assert!(admit(&pod("500m"), &[], &node(2)).is_ok());
-        let full = admit(&pod("500m"), &[pod("100m"), pod("100m")], &node(2)).unwrap_err();
+        assert!(admit(&pod("500m"), &[], &node(2), &Node::default()).is_ok());
+        let full = admit(&pod("500m"), &[pod("100m"), pod("100m")], &node(2), &Node::default()).unwrap_err();
         assert_eq!(full.reason, "OutOfpods");
-        let cpu = admit(&pod("600m"), &[pod("500m")], &node(5)).unwrap_err();
+        let cpu = admit(&pod("600m"), &[pod("500m")], &node(5), &Node::default()).unwrap_err();
         assert_eq!(cpu.reason, "OutOfcpu");
         assert!(
             cpu.message.contains("requested: 600, used: 500, capacity: 1000"),

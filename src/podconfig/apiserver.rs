@@ -5,7 +5,7 @@
 //! node runs is taken for an orphan while the API server is unreachable.
 //!
 //! Mirror pods (the API server's copies of this node's static pods) are not pods to run; they
-//! are left out.
+//! are left out, and a change to one is passed to the mirror pods' task.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,16 +20,19 @@ use tracing::{info, warn};
 
 use super::Snapshot;
 use crate::kubeclient::Kube;
+use crate::mirror::MirrorQueue;
 use crate::pod;
 
 pub struct ApiSource {
     kube: Kube,
     node: String,
+    /// Told when a mirror pod changes, so one deleted by a user comes back.
+    mirrors: Option<MirrorQueue>,
 }
 
 impl ApiSource {
-    pub fn new(kube: Kube, node: String) -> ApiSource {
-        ApiSource { kube, node }
+    pub fn new(kube: Kube, node: String, mirrors: Option<MirrorQueue>) -> ApiSource {
+        ApiSource { kube, node, mirrors }
     }
 
     /// Watch until the receiver is gone (a broken watch is resumed, never the end).
@@ -63,6 +66,12 @@ impl ApiSource {
                     }
                     listed_once = true;
                     true
+                }
+                Ok(Event::Apply(p)) | Ok(Event::Delete(p)) if pod::is_mirror(&p) => {
+                    if let Some(m) = &self.mirrors {
+                        m.recheck(&p);
+                    }
+                    false
                 }
                 Ok(Event::Apply(p)) => {
                     let uid = pod::uid(&p).to_string();

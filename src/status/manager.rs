@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use serde::{Deserialize, Serialize};
 
 use super::sync::{ApiPod, ApiStatusWriter};
+use crate::mirror::MirrorQueue;
 use crate::pod;
 use crate::pod::manager::PodManager;
 use crate::tasks::blocking;
@@ -33,19 +34,21 @@ pub struct StatusManager {
     pods: Arc<PodManager>,
     /// The API server's side, in a cluster.
     api: Option<ApiStatusWriter>,
+    mirrors: Option<MirrorQueue>,
 }
 
 impl StatusManager {
-    pub fn new(pods: Arc<PodManager>, api: Option<ApiStatusWriter>) -> StatusManager {
-        StatusManager { pods, api }
+    pub fn new(pods: Arc<PodManager>, api: Option<ApiStatusWriter>, mirrors: Option<MirrorQueue>) -> StatusManager {
+        StatusManager { pods, api, mirrors }
     }
 
-    /// Where a pod's status goes on the API server: API pods' own object. (A static pod's
-    /// status goes to its mirror pod.)
+    /// Where a pod's status goes on the API server: an API pod's own object, a static pod's
+    /// mirror pod (once it has one).
     fn api_pod(&self, p: &Pod) -> Option<(&ApiStatusWriter, ApiPod)> {
         let api = self.api.as_ref()?;
         if pod::is_static(p) {
-            return None;
+            let uid = self.mirrors.as_ref()?.mirror_uid(p)?;
+            return Some((api, ApiPod { uid, ..ApiPod::of(p) }));
         }
         Some((api, ApiPod::of(p)))
     }

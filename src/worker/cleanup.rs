@@ -45,6 +45,17 @@ impl PodWorkers {
         if !self.orphans_cleaned {
             return;
         }
+        // Mirror pods whose static pod the node no longer has (terminating ones keep theirs).
+        if let Some(mirrors) = &self.m.mirrors {
+            let statics = self
+                .slots
+                .values()
+                .map(|s| s.pod())
+                .filter(|p| pod::is_static(p))
+                .map(|p| crate::mirror::full_name(p))
+                .collect();
+            mirrors.cleanup(statics);
+        }
         let rt = self.m.rt.clone();
         let by_pod = match blocking(move || Ok(containers_by_pod(&rt)?)).await {
             Ok(l) => l,

@@ -46,9 +46,22 @@ pub struct Managers {
     /// Each worker's rounds, for /healthz.
     pub liveness: Arc<Liveness>,
     pub events: crate::events::Recorder,
+    /// In a cluster: the static pods' mirror pods.
+    pub mirrors: Option<crate::mirror::MirrorQueue>,
+    /// In a cluster: the Node as registered.
+    pub node_api: Option<crate::node::cluster::NodeHandle>,
 }
 
 impl Managers {
+    /// The Node pods are admitted against: as registered, or as it would be registered (its
+    /// labels and taints from the configuration) on a standalone node or before registration.
+    pub fn node_object(&self) -> k8s_openapi::api::core::v1::Node {
+        self.node_api
+            .as_ref()
+            .and_then(|n| n.node())
+            .unwrap_or_else(|| crate::node::register::initial_node(&self.cfg))
+    }
+
     pub fn pod_dir(&self, uid: &str) -> PathBuf {
         self.cfg.pods_dir().join(uid)
     }
@@ -142,7 +155,7 @@ impl PodWorkers {
             self.spawn(p, known, Lifecycle::Terminating);
             return;
         }
-        match admission::admit(&p, &self.active_pods(), &self.m.node) {
+        match admission::admit(&p, &self.active_pods(), &self.m.node, &self.m.node_object()) {
             Ok(()) => {
                 info!(pod = %pod::full_name(&p), "ADD");
                 let known = self.adoptable.remove(&uid).unwrap_or_default();

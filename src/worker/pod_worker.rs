@@ -222,6 +222,11 @@ impl PodWorker {
                     };
                     if removed {
                         self.m.status.pod_removed(&self.pod);
+                        if let Some(mirrors) = &self.m.mirrors {
+                            if pod::is_static(&self.pod) {
+                                mirrors.forget(self.pod.clone());
+                            }
+                        }
                         self.m.liveness.done(&duty);
                         return;
                     }
@@ -353,9 +358,9 @@ impl PodWorker {
         PodFacts {
             pod_ips: self.sandbox_ips(),
             host_ips: self.m.node.ip_strings(),
-            node_cpu_milli: self.m.node.allocatable_cpu_milli,
-            node_memory: self.m.node.allocatable_memory,
-            node_ephemeral_storage: self.m.node.ephemeral_storage,
+            node_cpu_milli: self.m.node.allocatable.cpu_milli,
+            node_memory: self.m.node.allocatable.memory,
+            node_ephemeral_storage: self.m.node.allocatable.ephemeral_storage,
         }
     }
 

@@ -24,6 +24,9 @@ impl PodWorker {
         if self.report.start_time.is_none() {
             self.report.start_time = Some(Utc::now());
         }
+        if let Some(mirrors) = self.m.mirrors.as_ref().filter(|_| pod::is_static(&self.pod)) {
+            mirrors.ensure(self.pod.clone());
+        }
         if let Err(e) = self.prepare_pod().await {
             warn!(pod = %pod::full_name(&self.pod), error = %format!("{e:#}"), "pod setup failed; will retry");
             for c in pod::all_containers(&self.pod) {
@@ -251,7 +254,7 @@ impl PodWorker {
             pod_dir: self.pod_dir.clone(),
             volumes: self.resources.volumes.clone(),
             facts,
-            node_memory: m.node.allocatable_memory,
+            node_memory: m.node.allocatable.memory,
             env_objects,
         };
         let id = start::create_container(&m.rt, &m.images, input).await?;

@@ -6,7 +6,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod node;
 mod objects;
+mod outage;
 mod pods;
 
 use std::sync::OnceLock;
@@ -37,26 +39,32 @@ pub fn test(name: &'static str, f: fn()) -> Trial {
 
 fn main() {
     let args = Arguments::from_args();
-    let trials: Vec<Trial> = pods::tests().into_iter().chain(objects::tests()).collect();
+    // Tests that stop the API server run after the others, one at a time.
+    let shared: Vec<Trial> = pods::tests().into_iter().chain(objects::tests()).collect();
+    let disruptive: Vec<Trial> = [outage::tests(), node::tests()].into_iter().flatten().collect();
     if args.list {
-        libtest_mimic::run(&args, trials).exit();
+        libtest_mimic::run(&args, shared.into_iter().chain(disruptive).collect()).exit();
     }
     assert!(
         nix::unistd::geteuid().is_root(),
         "the cluster tests run real pods and need root"
     );
-    let started = Cluster::start();
-    let conclusion = match started {
-        Some(c) => {
-            let _ = CLUSTER.set(c);
-            let conclusion = libtest_mimic::run(&args, trials);
-            // The statics are never dropped: stop the control plane and the namespace here.
-            if let Some(c) = CLUSTER.get() {
-                c.shutdown();
-            }
-            conclusion
-        }
-        None => libtest_mimic::run(&args, trials.into_iter().map(|t| t.with_ignored_flag(true)).collect()),
+    let Some(c) = Cluster::start() else {
+        let all = shared.into_iter().chain(disruptive);
+        libtest_mimic::run(&args, all.map(|t| t.with_ignored_flag(true)).collect()).exit();
     };
-    conclusion.exit()
+    let _ = CLUSTER.set(c);
+    let first = libtest_mimic::run(&args, shared);
+    let one_at_a_time = Arguments {
+        test_threads: Some(1),
+        ..args.clone()
+    };
+    let second = libtest_mimic::run(&one_at_a_time, disruptive);
+    // The statics are never dropped: stop the control plane and the namespace here.
+    if let Some(c) = CLUSTER.get() {
+        c.shutdown();
+    }
+    if first.has_failed() || second.has_failed() {
+        std::process::exit(101);
+    }
 }

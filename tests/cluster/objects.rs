@@ -138,18 +138,15 @@ fn config_map_volume_updates_live() {
     );
     let host = node.dir.join("host");
     std::fs::create_dir_all(&host).unwrap();
-    // Until the node registers itself, its Node object is made here: without one the pod
-    // garbage collector deletes the node's pods, and the TTL controller sets no TTL.
-    if c.get_json(&["node", &node.node]).is_none() {
-        c.apply(&format!(
-            "apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\n",
-            node.node
-        ));
-    }
-    c.wait("the TTL controller's annotation", Duration::from_secs(60), || {
-        c.get_json(&["node", &node.node])
-            .is_some_and(|n| n["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] == "0")
-    });
+    // The node registers itself; the TTL controller then sets its objects' TTL (0 here).
+    c.wait(
+        "the TTL controller's annotation on the Node",
+        Duration::from_secs(60),
+        || {
+            c.get_json(&["node", &node.node])
+                .is_some_and(|n| n["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] == "0")
+        },
+    );
     let cm = |v: &str| {
         format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: live, namespace: default}}\ndata: {{key: {v}}}\n")
     };

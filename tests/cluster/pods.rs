@@ -9,10 +9,33 @@ use crate::common::IMAGE;
 use crate::{cluster, test};
 
 pub fn tests() -> Vec<Trial> {
-    vec![test(
-        "api_pod_runs_reports_status_and_deletes_gracefully",
-        api_pod_runs_reports_status_and_deletes_gracefully,
-    )]
+    vec![
+        test(
+            "api_pod_runs_reports_status_and_deletes_gracefully",
+            api_pod_runs_reports_status_and_deletes_gracefully,
+        ),
+        test(
+            "static_pod_has_a_mirror_that_comes_back",
+            static_pod_has_a_mirror_that_comes_back,
+        ),
+        test(
+            "deployment_replicas_are_scheduled_and_run",
+            deployment_replicas_are_scheduled_and_run,
+        ),
+    ]
+}
+
+/// The reasons of the events about pod `name` (namespace default).
+fn event_reasons(name: &str) -> Vec<String> {
+    let list = crate::cluster()
+        .get_json(&["events", "--field-selector", &format!("involvedObject.name={name}")])
+        .unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["reason"].as_str().map(str::to_string))
+        .collect()
 }
 
 fn api_pod_runs_reports_status_and_deletes_gracefully() {
@@ -67,6 +90,11 @@ spec:
         st["containerStatuses"][0]["state"]["running"]["startedAt"].is_string(),
         "{st}"
     );
+    // kubelet's events, from this node.
+    c.wait("Created and Started events", Duration::from_secs(20), || {
+        let r = event_reasons("graceful");
+        r.iter().any(|x| x == "Created") && r.iter().any(|x| x == "Started")
+    });
 
     // Deleted with a 4 s grace period: preStop runs, TERM is ignored, the kill comes at the end
     // of the grace period, then the node deletes the object.
@@ -89,5 +117,130 @@ spec:
             .pods()
             .iter()
             .any(|p| p.metadata.name.as_deref() == Some("graceful"))
+    });
+}
+
+fn static_pod_has_a_mirror_that_comes_back() {
+    let c = cluster();
+    let node = c.node("mirror");
+    node.write(
+        "web.yaml",
+        &format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: web, namespace: default}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {{name: app, image: {IMAGE}, command: [sleep, "3600"]}}
+"#
+        ),
+    );
+    let name = format!("web-{}", node.node);
+    let mirror = |c: &crate::common::cluster::Cluster| c.get_json(&["pod", &name]);
+    c.wait(
+        "the mirror pod to run as the API shows it",
+        Duration::from_secs(60),
+        || mirror(c).is_some_and(|p| p["status"]["phase"] == "Running"),
+    );
+    let m = mirror(c).unwrap();
+    let ann = &m["metadata"]["annotations"];
+    assert!(ann["kubernetes.io/config.mirror"].is_string(), "{ann}");
+    assert_eq!(ann["kubernetes.io/config.source"], "file", "{ann}");
+    let owner = &m["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "Node", "{owner}");
+    assert_eq!(owner["name"], node.node.as_str(), "{owner}");
+    let first_uid = m["metadata"]["uid"].as_str().unwrap().to_string();
+
+    // Deleted by a user: it comes back (a new object), and the static pod never stopped.
+    let started = m["status"]["containerStatuses"][0]["state"]["running"]["startedAt"].clone();
+    c.kubectl_ok(&["delete", "pod", &name, "--wait=false"]);
+    c.wait("the mirror pod to come back", Duration::from_secs(30), || {
+        mirror(c).is_some_and(|p| {
+            p["metadata"]["uid"].as_str() != Some(first_uid.as_str()) && p["status"]["phase"] == "Running"
+        })
+    });
+    let again = mirror(c).unwrap();
+    assert_eq!(
+        again["status"]["containerStatuses"][0]["state"]["running"]["startedAt"], started,
+        "the static pod's container restarted"
+    );
+    assert_eq!(again["status"]["containerStatuses"][0]["restartCount"], 0);
+
+    // The static pod removed: its mirror goes.
+    node.remove("web.yaml");
+    c.wait("the mirror pod to go", Duration::from_secs(60), || mirror(c).is_none());
+}
+
+fn deployment_replicas_are_scheduled_and_run() {
+    let c = cluster();
+    let node = c.node("deploy");
+    c.wait("the node to be Ready", Duration::from_secs(60), || {
+        c.get_json(&["node", &node.node]).is_some_and(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|x| x["type"] == "Ready" && x["status"] == "True"))
+        })
+    });
+    // Pinned to this node: other tests' nodes share the cluster. The pods get the
+    // ServiceAccount token volume the API server adds to every pod.
+    c.apply(&format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: default}}
+spec:
+  replicas: 3
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: app
+        image: {IMAGE}
+        command: [sleep, "3600"]
+        # Ready only with the token volume in place.
+        readinessProbe:
+          exec: {{command: [test, -s, /var/run/secrets/kubernetes.io/serviceaccount/token]}}
+          periodSeconds: 1
+"#,
+        node = node.node
+    ));
+    let ready = || {
+        c.get_json(&["pods", "-l", "app=web"]).map_or(0, |l| {
+            l["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| {
+                    p["spec"]["nodeName"] == node.node.as_str()
+                        && p["status"]["phase"] == "Running"
+                        && p["status"]["containerStatuses"][0]["ready"] == true
+                })
+                .count()
+        })
+    };
+    c.wait(
+        "3 replicas Running and ready on the node",
+        Duration::from_secs(90),
+        || ready() == 3,
+    );
+    let d = c.get_json(&["deployment", "web"]).unwrap();
+    c.wait(
+        "the Deployment to count 3 available replicas",
+        Duration::from_secs(30),
+        || {
+            c.get_json(&["deployment", "web"])
+                .is_some_and(|d| d["status"]["availableReplicas"] == 3)
+        },
+    );
+    assert_eq!(d["spec"]["replicas"], 3);
+    c.kubectl_ok(&["delete", "deployment", "web", "--wait=false"]);
+    c.wait("the replicas to go", Duration::from_secs(60), || {
+        c.get_json(&["pods", "-l", "app=web"])
+            .is_some_and(|l| l["items"].as_array().unwrap().is_empty())
     });
 }

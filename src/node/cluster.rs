@@ -1,0 +1,315 @@
+//! The node in a cluster (kubelet's Run for the node object: registerWithAPIServer,
+//! syncNodeStatus on its period and the lease controller): register the Node, then keep its
+//! status and Lease current for the agent's whole life. An API server that is down ends
+//! nothing: every loop retries and catches up when it returns.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use ferrolet_runtime::image::ImageRecord;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use tokio::sync::{watch, Mutex};
+use tracing::{info, warn};
+
+use super::conditions::{self, PressureTracker, PRESSURE_TRANSITION_PERIOD};
+use super::lease::{self, LeaseController};
+use super::status::{self, Observed};
+use super::{allocatable, machine, pod_cidr, register, NodeInfo};
+use crate::config::Config;
+use crate::events::{Kind, Recorder};
+use crate::kubeclient::Kube;
+use crate::tasks::{blocking, spawn_loop};
+
+/// Why the node is not ready now: the runtime's and the pod network's errors, in kubelet's
+/// words (`container runtime network not ready: NetworkReady=false reason:... message:...`);
+/// empty when both are ready. Called off the async threads.
+pub type Readiness = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+/// The images in the node's store (`rt.images().list()`). Called off the async threads.
+pub type ImageList = Arc<dyn Fn() -> Result<Vec<ImageRecord>> + Send + Sync>;
+
+/// kubelet's event at start, and the one for the pods' cgroup limit.
+pub const STARTING: &str = "Starting";
+pub const NODE_ALLOCATABLE_ENFORCED: &str = "NodeAllocatableEnforced";
+
+/// The node the loops keep: its name, and the Node once registered.
+pub struct NodeHandle {
+    kube: Kube,
+    pub name: String,
+    registered: watch::Receiver<Option<Node>>,
+}
+
+impl NodeHandle {
+    /// The Node as registered, if it is yet (never with registerNode off).
+    pub fn node(&self) -> Option<Node> {
+        self.registered.borrow().clone()
+    }
+
+    /// Wait until the Node is registered (forever with registerNode off).
+    pub async fn registered(&self) -> Node {
+        let mut rx = self.registered.clone();
+        loop {
+            if let Some(n) = rx.borrow_and_update().clone() {
+                return n;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Wait up to `timeout` for the Node's spec.podCIDR ([`pod_cidr::wait`]; it asks the API
+    /// server, so it also works before registration has finished or with registerNode off).
+    pub async fn pod_cidr(&self, timeout: Duration) -> Option<String> {
+        if let Some(c) = self.node().as_ref().and_then(pod_cidr::of) {
+            return Some(c);
+        }
+        pod_cidr::wait(&self.kube, &self.name, timeout).await
+    }
+}
+
+/// How long the status loop runs every second while the node has not been posted Ready
+/// (kubelet's fastStatusUpdateOnce), before it settles at nodeStatusUpdateFrequency.
+const FAST_UPDATES_FOR: Duration = Duration::from_secs(120);
+
+/// Record Starting (and NodeAllocatableEnforced with pod cgroups), then start, without waiting
+/// for the API server: the status loop, which first registers the Node when
+/// `cfg.cluster.register_node` (retrying until it is registered) and then computes the status
+/// every nodeStatusUpdateFrequency (every second until Ready is first posted, for at most
+/// [`FAST_UPDATES_FOR`]) and posts it when it changed or every nodeStatusReportFrequency; and the
+/// Lease loop, every nodeLeaseDurationSeconds/4.
+pub async fn start(
+    kube: Kube,
+    cfg: Arc<Config>,
+    info: NodeInfo,
+    images: ImageList,
+    readiness: Readiness,
+    events: Recorder,
+) -> Result<NodeHandle> {
+    events.node(Kind::Normal, STARTING, "Starting kubelet.");
+    // The container manager's event, before registration as in kubelet.
+    if cfg.cgroups_per_qos {
+        events.node(
+            Kind::Normal,
+            NODE_ALLOCATABLE_ENFORCED,
+            "Updated Node Allocatable limit across pods",
+        );
+    }
+    let identity = blocking(|| Ok(machine::identity())).await?;
+    let (registered_tx, registered) = watch::channel(None);
+    let status_loop = Arc::new(Mutex::new(StatusLoop {
+        kube: kube.clone(),
+        cfg: cfg.clone(),
+        info: info.clone(),
+        identity,
+        images,
+        readiness,
+        events,
+        tracker: PressureTracker::new(PRESSURE_TRANSITION_PERIOD),
+        registered: registered_tx,
+        started: Instant::now(),
+        last_report: None,
+        ready_posted: false,
+        failing: None,
+    }));
+    spawn_loop("node status", Duration::from_secs(1), move || {
+        let s = status_loop.clone();
+        async move {
+            let mut s = s.lock().await;
+            s.round().await;
+            let every = s.cfg.cluster.node_status_update_frequency;
+            let pause = if s.ready_posted || s.started.elapsed() > FAST_UPDATES_FOR {
+                every
+            } else {
+                Duration::from_secs(1).min(every)
+            };
+            drop(s);
+            tokio::time::sleep(pause).await;
+            true
+        }
+    });
+
+    let every = lease::renew_interval(cfg.cluster.node_lease_duration_seconds);
+    let lease = Arc::new(Mutex::new(LeaseController::new(
+        kube.clone(),
+        &info.name,
+        cfg.cluster.node_lease_duration_seconds,
+    )));
+    spawn_loop("node lease", every, move || {
+        let lease = lease.clone();
+        async move {
+            lease.lock().await.heartbeat().await;
+            tokio::time::sleep(every).await;
+            true
+        }
+    });
+    Ok(NodeHandle {
+        kube,
+        name: info.name,
+        registered,
+    })
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+fn record(events: &Recorder, node: &str, reasons: &[&'static str]) {
+    for r in reasons {
+        events.node(Kind::Normal, r, &format!("Node {node} status is now: {r}"));
+    }
+}
+
+/// Gather what the setters need, off the async threads.
+async fn observe(
+    cfg: &Arc<Config>,
+    info: &NodeInfo,
+    identity: &machine::Identity,
+    images: &ImageList,
+    readiness: &Readiness,
+    tracker: &mut PressureTracker,
+) -> Result<Observed> {
+    let (cfg2, images, readiness) = (cfg.clone(), images.clone(), readiness.clone());
+    let (capacity, signals, records, not_ready) = blocking(move || {
+        let capacity = machine::capacity(&cfg2.root_dir, cfg2.max_pods);
+        Ok((capacity, machine::signals(&cfg2.root_dir), images(), readiness()))
+    })
+    .await?;
+    let seen = match signals {
+        Ok(s) => conditions::observed(&s, &cfg.eviction_hard),
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "measuring the eviction signals");
+            Default::default()
+        }
+    };
+    let images = match records {
+        Ok(r) => status::node_images(r),
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "listing the node's images");
+            Vec::new()
+        }
+    };
+    let allocatable = allocatable::allocatable(&capacity, cfg.system_reserved, cfg.kube_reserved, &cfg.eviction_hard);
+    Ok(Observed {
+        addresses: status::addresses(&info.name, &info.ips),
+        capacity,
+        allocatable,
+        identity: identity.clone(),
+        images,
+        pressure: tracker.observe(Instant::now(), seen),
+        not_ready,
+    })
+}
+
+struct StatusLoop {
+    kube: Kube,
+    cfg: Arc<Config>,
+    info: NodeInfo,
+    identity: machine::Identity,
+    images: ImageList,
+    readiness: Readiness,
+    events: Recorder,
+    tracker: PressureTracker,
+    /// The Node once registered (`None` until then, and always with registerNode off).
+    registered: watch::Sender<Option<Node>>,
+    started: Instant,
+    /// When the status was last posted.
+    last_report: Option<Instant>,
+    /// Whether a Ready=True status has been posted (until then the loop runs every second, as
+    /// kubelet's fastStatusUpdateOnce).
+    ready_posted: bool,
+    /// The error of the last round, if it failed (logged once per change).
+    failing: Option<String>,
+}
+
+impl StatusLoop {
+    /// kubelet's registerWithAPIServer: the Node created (or taken over) with its status;
+    /// returns once it is, retrying meanwhile.
+    async fn register(&mut self) -> Result<()> {
+        let o = observe(
+            &self.cfg,
+            &self.info,
+            &self.identity,
+            &self.images,
+            &self.readiness,
+            &mut self.tracker,
+        )
+        .await?;
+        let mut initial = register::initial_node(&self.cfg);
+        let recorded = status::set_node_status(&mut initial, &o, &now());
+        let node = register::register(&self.kube, &initial).await;
+        record(&self.events, &self.info.name, &recorded);
+        self.registered.send_replace(Some(node));
+        Ok(())
+    }
+
+    /// One round: registration first (until it is done), then kubelet's updateNodeStatus: read
+    /// the Node, run the setters, post the status when it changed or the report period passed.
+    async fn round(&mut self) {
+        if self.cfg.cluster.register_node && self.registered.borrow().is_none() {
+            if let Err(e) = self.register().await {
+                warn!(node = %self.info.name, error = %format!("{e:#}"), "registering the node");
+                return;
+            }
+        }
+        match self.try_round().await {
+            Ok(()) => {
+                if self.failing.take().is_some() {
+                    info!(node = %self.info.name, "updating the node status again");
+                }
+            }
+            Err(e) => {
+                let e = format!("{e:#}");
+                if self.failing.as_ref() != Some(&e) {
+                    warn!(node = %self.info.name, error = %e, "updating the node status failed; retrying");
+                    self.failing = Some(e);
+                }
+            }
+        }
+    }
+
+    async fn try_round(&mut self) -> Result<()> {
+        use anyhow::Context;
+        let o = observe(
+            &self.cfg,
+            &self.info,
+            &self.identity,
+            &self.images,
+            &self.readiness,
+            &mut self.tracker,
+        )
+        .await?;
+        let nodes: Api<Node> = Api::all(self.kube.client());
+        let name = &self.info.name;
+        let node = nodes
+            .get(name)
+            .await
+            .with_context(|| format!("getting the Node {name}"))?;
+        let old = node.status.clone().unwrap_or_default();
+        let mut updated = node.clone();
+        let recorded = status::set_node_status(&mut updated, &o, &now());
+        let new = updated.status.clone().unwrap_or_default();
+        let due = self
+            .last_report
+            .is_none_or(|t| t.elapsed() >= self.cfg.cluster.node_status_report_frequency);
+        if !due && !status::changed(&old, &new) {
+            return Ok(());
+        }
+        let uid = node.metadata.uid.clone().unwrap_or_default();
+        let patch = status::status_patch(&uid, &old, &new);
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+            .with_context(|| format!("patching the status of Node {name}"))?;
+        self.last_report = Some(Instant::now());
+        record(&self.events, name, &recorded);
+        let ready = status::condition(&new, "Ready").is_some_and(|c| c.status == "True");
+        if ready && !self.ready_posted {
+            info!(node = %name, "the node is Ready");
+        }
+        self.ready_posted |= ready;
+        Ok(())
+    }
+}

@@ -1,0 +1,245 @@
+//! What the machine says about itself (kubelet reads it through cAdvisor): capacity, the
+//! identity the Node's nodeInfo shows, and the eviction signals the pressure conditions are
+//! computed from. Every function here reads /proc, /sys or statvfs: call them off the async
+//! threads.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::allocatable::{hugepage_resource, Resources};
+
+/// The machine's capacity: logical cpus, MemTotal, the root dir's filesystem size, huge pages
+/// of every size the kernel offers, and `max_pods`.
+pub fn capacity(root_dir: &Path, max_pods: u32) -> Resources {
+    let cpu_milli = std::thread::available_parallelism()
+        .map(|n| n.get() as i64)
+        .unwrap_or(1)
+        * 1000;
+    let memory = meminfo().ok().and_then(|m| m.get("MemTotal").copied()).unwrap_or(0);
+    let ephemeral_storage = filesystem(root_dir).map(|f| f.capacity).unwrap_or(0);
+    Resources {
+        cpu_milli,
+        memory,
+        ephemeral_storage,
+        pods: max_pods as i64,
+        hugepages: hugepages(Path::new("/sys/kernel/mm/hugepages")),
+    }
+}
+
+/// `/proc/meminfo` in bytes, by field name.
+pub fn meminfo() -> Result<BTreeMap<String, i64>> {
+    let s = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    Ok(parse_meminfo(&s))
+}
+
+fn parse_meminfo(s: &str) -> BTreeMap<String, i64> {
+    s.lines()
+        .filter_map(|l| {
+            let (k, rest) = l.split_once(':')?;
+            let mut it = rest.split_whitespace();
+            let n: i64 = it.next()?.parse().ok()?;
+            let mult = if it.next() == Some("kB") { 1024 } else { 1 };
+            Some((k.trim().to_string(), n.saturating_mul(mult)))
+        })
+        .collect()
+}
+
+/// Huge pages configured per page size (kubelet reports every supported size, 0 included).
+pub fn hugepages(dir: &Path) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(kb) = name
+            .strip_prefix("hugepages-")
+            .and_then(|s| s.strip_suffix("kB"))
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let pages: i64 = std::fs::read_to_string(e.path().join("nr_hugepages"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        out.insert(hugepage_resource(kb), pages.saturating_mul(kb as i64 * 1024));
+    }
+    out
+}
+
+/// A filesystem's size and what is available to unprivileged users (the nodefs signal).
+#[derive(Debug, Clone, Copy)]
+pub struct Filesystem {
+    pub capacity: i64,
+    pub available: i64,
+}
+
+/// The filesystem holding `path` (its nearest existing ancestor, for a root dir not yet made).
+pub fn filesystem(path: &Path) -> Result<Filesystem> {
+    let existing = path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    let s = nix::sys::statvfs::statvfs(existing).with_context(|| format!("statfs {}", existing.display()))?;
+    let frag = s.fragment_size() as i64;
+    Ok(Filesystem {
+        capacity: (s.blocks() as i64).saturating_mul(frag),
+        available: (s.blocks_available() as i64).saturating_mul(frag),
+    })
+}
+
+/// The eviction signals as kubelet's eviction manager computes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signals {
+    /// memory.available: capacity less the working set (usage less inactive file pages), i.e.
+    /// MemFree + Inactive(file) on the whole machine.
+    pub memory_available: i64,
+    pub memory_capacity: i64,
+    pub nodefs_available: i64,
+    pub nodefs_capacity: i64,
+    /// pid.available: the highest pid count the kernel allows less the tasks that exist.
+    pub pid_available: i64,
+    pub pid_capacity: i64,
+}
+
+/// Measure the signals now; `root_dir` is on the node's filesystem (nodefs).
+pub fn signals(root_dir: &Path) -> Result<Signals> {
+    let m = meminfo()?;
+    let total = *m.get("MemTotal").context("/proc/meminfo has no MemTotal")?;
+    let free = m.get("MemFree").copied().unwrap_or(0);
+    let inactive_file = m.get("Inactive(file)").copied().unwrap_or(0);
+    let fs = filesystem(root_dir)?;
+    let (pid_capacity, tasks) = pids()?;
+    Ok(Signals {
+        memory_available: free.saturating_add(inactive_file).min(total),
+        memory_capacity: total,
+        nodefs_available: fs.available,
+        nodefs_capacity: fs.capacity,
+        pid_available: pid_capacity.saturating_sub(tasks),
+        pid_capacity,
+    })
+}
+
+/// kubelet's rlimit stats: the pid limit (the smaller of kernel.pid_max and kernel.threads-max)
+/// and the number of tasks (threads included) that exist, from /proc/loadavg.
+fn pids() -> Result<(i64, i64)> {
+    let read = |p: &str| -> Result<i64> {
+        std::fs::read_to_string(p)
+            .with_context(|| format!("reading {p}"))?
+            .trim()
+            .parse()
+            .with_context(|| format!("parsing {p}"))
+    };
+    let max = read("/proc/sys/kernel/pid_max")?;
+    let max = read("/proc/sys/kernel/threads-max").map_or(max, |t| t.min(max));
+    let loadavg = std::fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
+    let tasks = loadavg
+        .split_whitespace()
+        .nth(3)
+        .and_then(|f| f.split_once('/'))
+        .and_then(|(_, total)| total.parse().ok())
+        .with_context(|| format!("parsing /proc/loadavg {loadavg:?}"))?;
+    Ok((max, tasks))
+}
+
+/// What nodeInfo shows about the machine (the rest of nodeInfo is the agent's own).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub kernel_version: String,
+    pub os_image: String,
+    pub machine_id: String,
+    pub system_uuid: String,
+    pub boot_id: String,
+}
+
+/// Read the machine's identity; what cannot be read stays empty (as cAdvisor leaves it).
+pub fn identity() -> Identity {
+    let trimmed = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    Identity {
+        kernel_version: trimmed("/proc/sys/kernel/osrelease"),
+        os_image: std::fs::read_to_string("/etc/os-release")
+            .ok()
+            .and_then(|s| pretty_name(&s))
+            .unwrap_or_else(|| "Linux".into()),
+        machine_id: trimmed("/etc/machine-id"),
+        system_uuid: trimmed("/sys/class/dmi/id/product_uuid"),
+        boot_id: trimmed("/proc/sys/kernel/random/boot_id"),
+    }
+}
+
+/// PRETTY_NAME of an os-release file, unquoted.
+fn pretty_name(os_release: &str) -> Option<String> {
+    let v = os_release.lines().find_map(|l| l.strip_prefix("PRETTY_NAME="))?.trim();
+    let v = v
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+        .unwrap_or(v);
+    Some(v.to_string()).filter(|v| !v.is_empty())
+}
+
+/// Go's name for the architecture this binary runs on (GOARCH), as the Node's labels and
+/// nodeInfo show it.
+pub fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "x86" => "386",
+        "aarch64" => "arm64",
+        "arm" => "arm",
+        "powerpc64" if cfg!(target_endian = "little") => "ppc64le",
+        "powerpc64" => "ppc64",
+        "s390x" => "s390x",
+        "riscv64" => "riscv64",
+        "loongarch64" => "loong64",
+        "mips64" if cfg!(target_endian = "little") => "mips64le",
+        "mips64" => "mips64",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_in_bytes() {
+        let m = parse_meminfo("MemTotal:       16374928 kB\nMemFree: 100 kB\nHugePages_Total:       0\n");
+        assert_eq!(m["MemTotal"], 16374928 * 1024);
+        assert_eq!(m["MemFree"], 102400);
+        assert_eq!(m["HugePages_Total"], 0);
+    }
+
+    #[test]
+    fn os_release_pretty_name() {
+        assert_eq!(
+            pretty_name("NAME=\"Debian\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n").as_deref(),
+            Some("Debian GNU/Linux 12 (bookworm)")
+        );
+        assert_eq!(pretty_name("PRETTY_NAME=Alpine\n").as_deref(), Some("Alpine"));
+        assert_eq!(pretty_name("NAME=x\n"), None);
+    }
+
+    #[test]
+    fn hugepage_sizes_from_sysfs() {
+        let d = tempfile::tempdir().unwrap();
+        for (dir, n) in [("hugepages-2048kB", "3\n"), ("hugepages-1048576kB", "0\n")] {
+            std::fs::create_dir(d.path().join(dir)).unwrap();
+            std::fs::write(d.path().join(dir).join("nr_hugepages"), n).unwrap();
+        }
+        let h = hugepages(d.path());
+        assert_eq!(h["hugepages-2Mi"], 3 * 2048 * 1024);
+        assert_eq!(h["hugepages-1Gi"], 0);
+    }
+
+    #[test]
+    fn signals_are_measured() {
+        let s = signals(Path::new("/")).unwrap();
+        assert!(s.memory_capacity > 0 && s.memory_available > 0 && s.memory_available <= s.memory_capacity);
+        assert!(s.nodefs_capacity > 0 && s.nodefs_available <= s.nodefs_capacity);
+        assert!(s.pid_capacity > 0 && s.pid_available > 0 && s.pid_available < s.pid_capacity);
+    }
+}
