@@ -21,6 +21,7 @@ pub mod kuberuntime;
 pub mod lifecycle;
 pub mod mirror;
 pub mod node;
+pub mod objects;
 pub mod pod;
 pub mod podconfig;
 pub mod podsetup;

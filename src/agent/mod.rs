@@ -214,6 +214,11 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     // Before any pod worker: collects the network of sandboxes that are gone.
     setup.network().init().await;
 
+    // In a cluster, pods' ConfigMaps, Secrets, tokens and Services come from the API server.
+    let setup = match &kube {
+        Some(k) => setup.with_objects(crate::objects::ObjectManager::new(k.clone(), &cfg.node_name)),
+        None => setup,
+    };
     let pods = Arc::new(PodManager::default());
     let liveness = Arc::new(Liveness::default());
     let managers = Arc::new(Managers {

@@ -46,6 +46,8 @@ pub struct BuildInput {
     pub volumes: BTreeMap<String, VolumeHost>,
     pub facts: PodFacts,
     pub node_memory: i64,
+    /// The ConfigMaps, Secrets and Service variables the environment uses (fetched already).
+    pub env_objects: crate::objects::EnvObjects,
 }
 
 /// Errors here are kubelet's CreateContainerConfigError.
@@ -55,7 +57,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     let psc = spec.security_context.clone().unwrap_or_default();
     let csc = c.security_context.clone().unwrap_or_default();
 
-    let env = env::build(p, c, &input.facts).map_err(anyhow::Error::msg)?;
+    let env = env::build(p, c, &input.facts, &input.env_objects).map_err(anyhow::Error::msg)?;
     let command = expand_all(c.command.as_deref().unwrap_or(&[]), &env);
     let args = expand_all(c.args.as_deref().unwrap_or(&[]), &env);
 

@@ -45,6 +45,8 @@ pub const EVENT_UNHEALTHY: &str = "Unhealthy";
 pub const EVENT_PROBE_WARNING: &str = "ProbeWarning";
 pub const EVENT_FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
 pub const EVENT_FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
+pub const EVENT_INVALID_ENV_VAR_NAMES: &str = "InvalidEnvironmentVariableNames";
+pub const EVENT_FAILED_MOUNT: &str = "FailedMount";
 
 /// Whether an event with `reason` is a Warning (kubelet records these as warnings) or Normal.
 pub fn event_kind(reason: &str) -> crate::events::Kind {
@@ -53,7 +55,8 @@ pub fn event_kind(reason: &str) -> crate::events::Kind {
         | EVENT_UNHEALTHY
         | EVENT_PROBE_WARNING
         | EVENT_FAILED_POST_START_HOOK
-        | EVENT_FAILED_PRE_STOP_HOOK => crate::events::Kind::Warning,
+        | EVENT_FAILED_PRE_STOP_HOOK
+        | EVENT_INVALID_ENV_VAR_NAMES => crate::events::Kind::Warning,
         r if r.starts_with("Failed") => crate::events::Kind::Warning,
         _ => crate::events::Kind::Normal,
     }

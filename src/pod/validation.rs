@@ -273,28 +273,57 @@ fn volume_sources(v: &Volume) -> usize {
 }
 
 /// Features ferrolet does not run, each with the reason a user sees in the pod's status.
-/// Returns the first one found.
+/// Returns the first one found. Pods from the API server may use ConfigMaps, Secrets and
+/// projected volumes; static pods (files, URLs, or of unknown source) have no API server to
+/// read them from.
 pub fn unsupported(pod: &Pod) -> Option<String> {
     let spec = pod.spec.as_ref()?;
+    let from_api = crate::pod::annotation(pod, crate::pod::CONFIG_SOURCE) == Some(crate::pod::SOURCE_API);
     for v in spec.volumes.iter().flatten() {
-        let what = if v.config_map.is_some() {
+        let needs_api = if v.config_map.is_some() {
             Some("configMap")
         } else if v.secret.is_some() {
             Some("secret")
-        } else if v.persistent_volume_claim.is_some() {
-            Some("persistentVolumeClaim")
         } else if v.projected.is_some() {
             Some("projected")
-        } else if v.empty_dir.is_none() && v.host_path.is_none() && v.downward_api.is_none() {
-            Some("this volume type")
         } else {
             None
         };
-        if let Some(w) = what {
+        if let (Some(w), false) = (needs_api, from_api) {
             return Some(format!(
                 "spec.volumes[{}]: {w} volumes are not supported by ferrolet (static pods have no API server to read them from); use emptyDir, hostPath or downwardAPI",
                 v.name
             ));
+        }
+        let other = if v.persistent_volume_claim.is_some() {
+            Some("persistentVolumeClaim")
+        } else if needs_api.is_none() && v.empty_dir.is_none() && v.host_path.is_none() && v.downward_api.is_none() {
+            Some("this volume type")
+        } else {
+            None
+        };
+        if let Some(w) = other {
+            return Some(if from_api {
+                format!(
+                    "spec.volumes[{}]: {w} volumes are not supported by ferrolet; use emptyDir, hostPath, downwardAPI, configMap, secret or projected",
+                    v.name
+                )
+            } else {
+                format!(
+                    "spec.volumes[{}]: {w} volumes are not supported by ferrolet (static pods have no API server to read them from); use emptyDir, hostPath or downwardAPI",
+                    v.name
+                )
+            });
+        }
+        if let Some(pr) = &v.projected {
+            for (i, src) in pr.sources.iter().flatten().enumerate() {
+                if src.cluster_trust_bundle.is_some() || src.pod_certificate.is_some() {
+                    return Some(format!(
+                        "spec.volumes[{}].projected.sources[{i}]: only configMap, secret, downwardAPI and serviceAccountToken projections are supported",
+                        v.name
+                    ));
+                }
+            }
         }
     }
     if spec.ephemeral_containers.as_ref().is_some_and(|e| !e.is_empty()) {
@@ -320,6 +349,9 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
                 "container {:?}: stdin/tty are not supported for static pods",
                 c.name
             ));
+        }
+        if from_api {
+            continue;
         }
         for e in c.env_from.iter().flatten() {
             if e.config_map_ref.is_some() || e.secret_ref.is_some() {
@@ -444,6 +476,35 @@ mod tests {
             "volumes":[{"name":"cfg","configMap":{"name":"x"}}]}}),
         );
         assert!(unsupported(&p).unwrap().contains("configMap"));
+    }
+
+    #[test]
+    fn api_pods_may_use_objects_static_pods_may_not() {
+        let with_source = |source: &str| {
+            pod(
+                serde_json::json!({"metadata":{"name":"a","annotations":{"kubernetes.io/config.source":source}},
+                "spec":{"containers":[{"name":"c","image":"x",
+                    "envFrom":[{"secretRef":{"name":"s"}}],
+                    "env":[{"name":"X","valueFrom":{"configMapKeyRef":{"name":"x","key":"k"}}}]}],
+                "volumes":[{"name":"cfg","configMap":{"name":"x"}},{"name":"s","secret":{"secretName":"s"}},
+                    {"name":"api","projected":{"sources":[{"serviceAccountToken":{"path":"token"}}]}}]}}),
+            )
+        };
+        assert_eq!(unsupported(&with_source("api")), None);
+        let e = unsupported(&with_source("file")).unwrap();
+        assert!(e.contains("static pods have no API server"), "{e}");
+        let mut p = with_source("file");
+        p.spec.as_mut().unwrap().volumes = None;
+        let e = unsupported(&p).unwrap();
+        assert!(e.contains("envFrom configMapRef/secretRef needs an API server"), "{e}");
+        let mut p = with_source("api");
+        p.spec.as_mut().unwrap().volumes = Some(vec![serde_json::from_value(
+            serde_json::json!({"name":"data","persistentVolumeClaim":{"claimName":"c"}}),
+        )
+        .unwrap()]);
+        assert!(unsupported(&p)
+            .unwrap()
+            .contains("persistentVolumeClaim volumes are not supported"));
     }
 
     #[test]

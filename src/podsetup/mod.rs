@@ -1,12 +1,15 @@
 //! Everything a pod needs on the node before its containers can run, and its removal after:
 //! the pod cgroup ([`cgroups`], kubelet's pod container manager), the sandbox namespaces and
-//! /dev/shm ([`sandbox`]), the pod network ([`network`]), volumes ([`volumes`]) and the files
-//! kubelet manages for every pod ([`dns`]). [`PodSetup`] puts them together in kubelet's order
+//! /dev/shm ([`sandbox`]), the pod network ([`network`]), volumes ([`volumes`], their files from
+//! [`payloads`] written by the [`atomic_writer`]) and the files kubelet manages for every pod
+//! ([`dns`]). [`PodSetup`] puts them together in kubelet's order
 //! and keeps the blocking parts (mounts, cgroupfs, fsync'd writes) off the async threads.
 
+pub mod atomic_writer;
 pub mod cgroups;
 pub mod dns;
 pub mod network;
+pub mod payloads;
 pub mod sandbox;
 pub mod volumes;
 
@@ -20,6 +23,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::warn;
 
 use crate::config::Config;
+use crate::objects::{ObjectManager, VolumeObjects};
 use crate::pod::{self, fieldpath::PodFacts};
 use crate::tasks::blocking;
 use cgroups::PodCgroups;
@@ -32,6 +36,8 @@ pub struct PodSetup {
     rt: Arc<Runtime>,
     cgroups: PodCgroups,
     network: PodNetwork,
+    /// ConfigMaps, Secrets, tokens and Services: only on a node in a cluster.
+    objects: Option<Arc<ObjectManager>>,
 }
 
 impl PodSetup {
@@ -44,7 +50,18 @@ impl PodSetup {
             rt,
             cgroups,
             network,
+            objects: None,
         }
+    }
+
+    /// In a cluster: where pods' ConfigMaps, Secrets, tokens and Services come from.
+    pub fn with_objects(mut self, objects: Arc<ObjectManager>) -> PodSetup {
+        self.objects = Some(objects);
+        self
+    }
+
+    pub fn objects(&self) -> Option<&Arc<ObjectManager>> {
+        self.objects.as_ref()
     }
 
     pub fn cgroups(&self) -> &PodCgroups {
@@ -123,15 +140,24 @@ impl PodSetup {
         self.network.detach(&sb.id).await
     }
 
-    /// Set up every volume of the pod; returns where each lives on the node.
+    /// Set up every volume of the pod (on every sync: configMap, secret, projected and
+    /// downwardAPI volumes follow their sources); returns where each lives on the node. An error
+    /// from a volume is a [`volumes::SetUpFailed`].
     pub async fn mount_volumes(
         &self,
         p: &Arc<Pod>,
         pod_dir: &Path,
         facts: &PodFacts,
     ) -> Result<BTreeMap<String, VolumeHost>> {
+        let objects = match &self.objects {
+            Some(o) => {
+                o.register_pod(p);
+                o.volume_objects(p).await
+            }
+            None => VolumeObjects::default(),
+        };
         let (p, dir, facts) = (p.clone(), pod_dir.to_path_buf(), facts.clone());
-        blocking(move || volumes::setup(&p, &dir, &facts, facts.node_memory)).await
+        blocking(move || volumes::setup(&p, &dir, &facts, facts.node_memory, &objects)).await
     }
 
     /// /etc/hosts, /etc/resolv.conf and /etc/hostname for the pod's containers.
@@ -146,6 +172,9 @@ impl PodSetup {
     /// tried even when an earlier one fails; returns whether all of them went.
     pub async fn teardown(&self, p: &Arc<Pod>, pod_dir: &Path, sb: Option<Sandbox>) -> bool {
         let name = pod::full_name(p);
+        if let Some(o) = &self.objects {
+            o.unregister_pod(pod::uid(p));
+        }
         let mut clean = true;
         let mut failed = |what: &str, e: anyhow::Error| {
             warn!(pod = %name, error = %format!("{e:#}"), "{what}");

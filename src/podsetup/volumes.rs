@@ -1,7 +1,9 @@
-//! Pod volumes on the node (kubelet's volume manager, for the volume types a node without an
-//! API server can serve): emptyDir (a directory, or tmpfs for `medium: Memory`), hostPath
-//! with its type checks, and downwardAPI files; then each container's volumeMounts become bind
-//! mounts (subPath, readOnly, mountPropagation). Directories live where kubelet keeps them:
+//! Pod volumes on the node (kubelet's volume manager): emptyDir (a directory, or tmpfs for
+//! `medium: Memory`), hostPath with its type checks, and the volumes made of files from the pod
+//! and from API objects: downwardAPI and configMap on disk, secret and projected on tmpfs (never
+//! on disk), each written through the [`atomic_writer`](super::atomic_writer) so that a resync
+//! updates them in place, all at once. Then each container's volumeMounts become bind mounts
+//! (subPath, readOnly, mountPropagation). Directories live where kubelet keeps them:
 //! `<root>/pods/<uid>/volumes/<plugin>/<name>`.
 
 use std::collections::BTreeMap;
@@ -12,14 +14,17 @@ use anyhow::{anyhow, bail, Context, Result};
 use ferrolet_runtime::config::{Mount, MountKind, Propagation};
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
+use super::atomic_writer::{self, Payload};
+use super::payloads;
+use crate::objects::VolumeObjects;
 use crate::pod;
 use crate::pod::expansion::expand;
-use crate::pod::fieldpath::{field_ref, resource_field, PodFacts};
+use crate::pod::fieldpath::PodFacts;
 
 #[derive(Debug, Clone)]
 pub struct VolumeHost {
     pub path: PathBuf,
-    /// downwardAPI volumes are always read-only in the container.
+    /// configMap, secret, downwardAPI and projected volumes are always read-only in the container.
     pub readonly: bool,
     /// emptyDir: subPaths may be created inside it.
     pub writable_by_us: bool,
@@ -29,13 +34,42 @@ pub fn pod_volumes_dir(pod_dir: &Path) -> PathBuf {
     pod_dir.join("volumes")
 }
 
-/// Set up every volume of the pod; returns where each lives on the node.
-pub fn setup(p: &Pod, pod_dir: &Path, facts: &PodFacts, node_memory: i64) -> Result<BTreeMap<String, VolumeHost>> {
+/// A volume that could not be set up, in kubelet's words (the FailedMount event's message).
+#[derive(Debug)]
+pub struct SetUpFailed {
+    pub volume: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for SetUpFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MountVolume.SetUp failed for volume {:?} : {}",
+            self.volume, self.message
+        )
+    }
+}
+
+impl std::error::Error for SetUpFailed {}
+
+/// Set up every volume of the pod (again on every sync: object-backed volumes are rewritten
+/// when their content changed); returns where each lives on the node. `objects` holds what
+/// configMap, secret and projected volumes need.
+pub fn setup(
+    p: &Pod,
+    pod_dir: &Path,
+    facts: &PodFacts,
+    node_memory: i64,
+    objects: &VolumeObjects,
+) -> Result<BTreeMap<String, VolumeHost>> {
     let mut out = BTreeMap::new();
     let fs_group = pod::spec(p).security_context.as_ref().and_then(|s| s.fs_group);
     for v in pod::spec(p).volumes.iter().flatten() {
-        let host =
-            setup_one(p, v, pod_dir, facts, node_memory, fs_group).with_context(|| format!("volume {:?}", v.name))?;
+        let host = setup_one(p, v, pod_dir, facts, node_memory, fs_group, objects).map_err(|e| SetUpFailed {
+            volume: v.name.clone(),
+            message: format!("{e:#}"),
+        })?;
         out.insert(v.name.clone(), host);
     }
     Ok(out)
@@ -48,6 +82,7 @@ fn setup_one(
     facts: &PodFacts,
     node_memory: i64,
     fs_group: Option<i64>,
+    objects: &VolumeObjects,
 ) -> Result<VolumeHost> {
     let base = pod_volumes_dir(pod_dir);
     if let Some(e) = &v.empty_dir {
@@ -58,19 +93,11 @@ fn setup_one(
                 Some(q) => crate::pod::units::bytes(&q.0).map_err(|e| anyhow!("sizeLimit: {e}"))?,
                 None => node_memory,
             };
-            let opts = format!("mode=0777,size={}", size.max(4096));
-            nix::mount::mount(
-                Some("tmpfs"),
-                &dir,
-                Some("tmpfs"),
-                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-                Some(opts.as_str()),
-            )
-            .with_context(|| format!("mounting tmpfs on {}", dir.display()))?;
+            mount_tmpfs(&dir, &format!("mode=0777,size={}", size.max(4096)))?;
         }
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
         if let Some(g) = fs_group {
-            apply_fs_group(&dir, g as u32)?;
+            apply_fs_group(&dir, g as u32, false)?;
         }
         return Ok(VolumeHost {
             path: dir,
@@ -87,55 +114,74 @@ fn setup_one(
             writable_by_us: false,
         });
     }
-    if let Some(d) = &v.downward_api {
-        let dir = base.join("kubernetes.io~downward-api").join(&v.name);
-        std::fs::create_dir_all(&dir)?;
-        let mode = d.default_mode.unwrap_or(0o644) as u32;
-        for item in d.items.iter().flatten() {
-            if item.path.starts_with('/') || item.path.split('/').any(|c| c == "..") {
-                bail!("items path {:?} must be relative without '..'", item.path);
-            }
-            let content = if let Some(f) = &item.field_ref {
-                match f.field_path.as_str() {
-                    "metadata.labels" => kv_lines(p.metadata.labels.as_ref()),
-                    "metadata.annotations" => kv_lines(p.metadata.annotations.as_ref()),
-                    path => field_ref(p, path, facts).map_err(|e| anyhow!("{}: {e}", item.path))?,
-                }
-            } else if let Some(r) = &item.resource_field_ref {
-                let cname = r.container_name.as_deref().unwrap_or("");
-                let c = pod::containers(p)
-                    .iter()
-                    .find(|c| c.name == cname)
-                    .ok_or_else(|| anyhow!("{}: resourceFieldRef.containerName {cname:?} not found", item.path))?;
-                let div = r.divisor.as_ref().map(|q| q.0.clone()).unwrap_or_else(|| "1".into());
-                resource_field(c, &r.resource, &div, facts).map_err(|e| anyhow!("{}: {e}", item.path))?
-            } else {
-                bail!("{}: needs fieldRef or resourceFieldRef", item.path);
-            };
-            let file = dir.join(&item.path);
-            if let Some(parent) = file.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            ferrolet_fsutil::write_atomic(&file, content.as_bytes())?;
-            let m = item.mode.map(|m| m as u32).unwrap_or(mode);
-            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m))?;
-        }
-        return Ok(VolumeHost {
-            path: dir,
-            readonly: true,
-            writable_by_us: false,
-        });
-    }
-    bail!("unsupported volume type")
+    // The volumes of files: (plugin directory, on tmpfs, content).
+    let (plugin, memory, payload) = if let Some(d) = &v.downward_api {
+        let mode = d.default_mode.unwrap_or(payloads::DEFAULT_MODE);
+        let files = payloads::downward_api(p, d.items.as_deref().unwrap_or(&[]), mode, facts);
+        ("kubernetes.io~downward-api", false, files)
+    } else if let Some(c) = &v.config_map {
+        ("kubernetes.io~configmap", false, payloads::config_map(c, objects))
+    } else if let Some(s) = &v.secret {
+        ("kubernetes.io~secret", true, payloads::secret(s, objects))
+    } else if let Some(pr) = &v.projected {
+        let files = payloads::projected(p, &v.name, pr, objects, facts, fs_group.is_some());
+        ("kubernetes.io~projected", true, files)
+    } else {
+        bail!("unsupported volume type")
+    };
+    let payload = payload.map_err(anyhow::Error::msg)?;
+    let dir = base.join(plugin).join(&v.name);
+    write_files_volume(&dir, memory, node_memory, &payload, fs_group)?;
+    Ok(VolumeHost {
+        path: dir,
+        readonly: true,
+        writable_by_us: false,
+    })
 }
 
-/// `key="value"` lines sorted by key, as the downward API writes labels and annotations.
-fn kv_lines(m: Option<&BTreeMap<String, String>>) -> String {
-    m.into_iter()
-        .flatten()
-        .map(|(k, v)| format!("{k}={}", serde_json::Value::String(v.clone())))
-        .collect::<Vec<_>>()
-        .join("\n")
+/// A volume of files: its directory (tmpfs for secrets), the payload written atomically, the
+/// group ownership of fsGroup (read-only) on what was written.
+fn write_files_volume(
+    dir: &Path,
+    memory: bool,
+    node_memory: i64,
+    payload: &Payload,
+    fs_group: Option<i64>,
+) -> Result<()> {
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+    }
+    if memory && !is_mountpoint(dir) {
+        mount_tmpfs(dir, &format!("size={}", node_memory.max(4096)))?;
+    }
+    let gid = fs_group.map(|g| g as u32);
+    let set_perms = |version: &Path| match gid {
+        Some(g) => apply_fs_group(version, g, true),
+        None => Ok(()),
+    };
+    if atomic_writer::write(dir, payload, &set_perms)? {
+        tracing::info!(volume = %dir.display(), files = payload.len(), "volume contents written");
+        if let Some(g) = gid {
+            let md = std::fs::metadata(dir)?;
+            if md.gid() != g {
+                std::os::unix::fs::lchown(dir, None, Some(g))?;
+            }
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode((md.mode() & 0o7777) | 0o2550))?;
+        }
+    }
+    Ok(())
+}
+
+fn mount_tmpfs(dir: &Path, opts: &str) -> Result<()> {
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(opts),
+    )
+    .with_context(|| format!("mounting tmpfs on {}", dir.display()))
 }
 
 fn check_host_path(path: &Path, typ: &str) -> Result<()> {
@@ -191,14 +237,16 @@ fn check_host_path(path: &Path, typ: &str) -> Result<()> {
     }
 }
 
-/// kubelet's SetVolumeOwnership: group fsGroup, group rw, setgid on directories.
-fn apply_fs_group(dir: &Path, gid: u32) -> Result<()> {
+/// kubelet's SetVolumeOwnership: group fsGroup, group rw (read for read-only volumes), setgid
+/// on directories; symlinks are left alone.
+fn apply_fs_group(dir: &Path, gid: u32, readonly: bool) -> Result<()> {
+    let (dir_bits, file_bits) = if readonly { (0o2550, 0o440) } else { (0o2070, 0o060) };
     let md = std::fs::symlink_metadata(dir)?;
     if md.gid() != gid {
         std::os::unix::fs::lchown(dir, None, Some(gid))?;
     }
     let mode = md.mode() & 0o7777;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o2070))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | dir_bits))?;
     if md.is_dir() {
         for e in std::fs::read_dir(dir)?.flatten() {
             let t = e.file_type()?;
@@ -206,13 +254,16 @@ fn apply_fs_group(dir: &Path, gid: u32) -> Result<()> {
                 continue;
             }
             if t.is_dir() {
-                apply_fs_group(&e.path(), gid)?;
+                apply_fs_group(&e.path(), gid, readonly)?;
             } else {
                 let m = e.metadata()?;
                 if m.gid() != gid {
                     std::os::unix::fs::lchown(e.path(), None, Some(gid))?;
                 }
-                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode((m.mode() & 0o7777) | 0o060))?;
+                std::fs::set_permissions(
+                    e.path(),
+                    std::fs::Permissions::from_mode((m.mode() & 0o7777) | file_bits),
+                )?;
             }
         }
     }
@@ -368,7 +419,7 @@ pub fn expand_sub_path(expr: &str, env: &[(String, String)]) -> Result<String> {
     Ok(p)
 }
 
-/// Unmount the subPath binds and tmpfs emptyDirs, and remove the pod's volume directories
+/// Unmount the subPath binds and the tmpfs volumes, and remove the pod's volume directories
 /// (hostPaths are untouched).
 pub fn teardown(pod_dir: &Path) -> Result<()> {
     let subpaths = subpaths_dir(pod_dir);
@@ -381,12 +432,19 @@ pub fn teardown(pod_dir: &Path) -> Result<()> {
         }
         _ => {}
     }
-    let base = pod_volumes_dir(pod_dir).join("kubernetes.io~empty-dir");
-    if let Ok(rd) = std::fs::read_dir(&base) {
-        for e in rd.flatten() {
-            if is_mountpoint(&e.path()) {
-                ferrolet_runtime::rootfs::unmount(&e.path())
-                    .with_context(|| format!("unmounting {}", e.path().display()))?;
+    // tmpfs: memory emptyDirs, secrets, projected volumes.
+    for plugin in [
+        "kubernetes.io~empty-dir",
+        "kubernetes.io~secret",
+        "kubernetes.io~projected",
+    ] {
+        let base = pod_volumes_dir(pod_dir).join(plugin);
+        if let Ok(rd) = std::fs::read_dir(&base) {
+            for e in rd.flatten() {
+                if is_mountpoint(&e.path()) {
+                    ferrolet_runtime::rootfs::unmount(&e.path())
+                        .with_context(|| format!("unmounting {}", e.path().display()))?;
+                }
             }
         }
     }
@@ -434,5 +492,54 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("absolute"));
+    }
+
+    #[test]
+    fn config_map_and_downward_api_volumes_update_in_place() {
+        let t = tempfile::tempdir().unwrap();
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c"}], "volumes": [
+                {"name": "cfg", "configMap": {"name": "cfg", "items": [{"key": "k", "path": "conf/k.txt"}]}},
+                {"name": "info", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}
+            ]}
+        }))
+        .unwrap();
+        let objects = |v: &str| {
+            let cm: k8s_openapi::api::core::v1::ConfigMap =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "cfg"}, "data": {"k": v}})).unwrap();
+            let mut o = VolumeObjects::default();
+            o.config_maps.insert("cfg".into(), Ok(Some(std::sync::Arc::new(cm))));
+            o
+        };
+        let hosts = setup(&p, t.path(), &PodFacts::default(), 1 << 30, &objects("one")).unwrap();
+        let cfg = &hosts["cfg"];
+        assert!(cfg.readonly && cfg.path.ends_with("volumes/kubernetes.io~configmap/cfg"));
+        assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "one");
+        assert_eq!(
+            std::fs::read_link(cfg.path.join("conf")).unwrap(),
+            Path::new("..data/conf")
+        );
+        let info = &hosts["info"];
+        assert_eq!(
+            std::fs::read_to_string(info.path.join("labels")).unwrap(),
+            "app=\"web\""
+        );
+        let before = std::fs::read_link(cfg.path.join(atomic_writer::DATA_DIR)).unwrap();
+        setup(&p, t.path(), &PodFacts::default(), 1 << 30, &objects("two")).unwrap();
+        assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "two");
+        assert_ne!(
+            std::fs::read_link(cfg.path.join(atomic_writer::DATA_DIR)).unwrap(),
+            before
+        );
+        // A missing configMap names itself as kubelet does.
+        let mut none = VolumeObjects::default();
+        none.config_maps.insert("cfg".into(), Ok(None));
+        let e = setup(&p, t.path(), &PodFacts::default(), 1 << 30, &none).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "MountVolume.SetUp failed for volume \"cfg\" : configmap \"cfg\" not found"
+        );
+        teardown(t.path()).unwrap();
     }
 }

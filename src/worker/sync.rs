@@ -117,7 +117,15 @@ impl PodWorker {
             self.resources.sandbox = Some(m.setup.create_sandbox(&self.pod, &self.pod_dir).await?);
         }
         let facts = self.facts();
-        self.resources.volumes = m.setup.mount_volumes(&self.pod, &self.pod_dir, &facts).await?;
+        self.resources.volumes = match m.setup.mount_volumes(&self.pod, &self.pod_dir, &facts).await {
+            Ok(v) => v,
+            Err(e) => {
+                if let Some(f) = e.downcast_ref::<crate::podsetup::volumes::SetUpFailed>() {
+                    self.event(None, reasons::EVENT_FAILED_MOUNT, &f.to_string());
+                }
+                return Err(e);
+            }
+        };
         m.setup
             .write_managed_files(&self.pod, &self.pod_dir, &facts.pod_ips)
             .await?;
@@ -228,6 +236,13 @@ impl PodWorker {
         let m = self.m.clone();
         let pod_cgroup = m.setup.cgroups().pod_path(&self.pod);
         let facts = self.facts();
+        let env_objects = match m.setup.objects() {
+            Some(o) => o.env_objects(&self.pod, &c).await,
+            None => Default::default(),
+        };
+        for w in crate::kuberuntime::env::invalid_env_from_keys(&self.pod, &c, &env_objects) {
+            self.event(None, reasons::EVENT_INVALID_ENV_VAR_NAMES, &w);
+        }
         let input = BuildInput {
             cfg: m.cfg.clone(),
             pod: self.pod.clone(),
@@ -240,6 +255,7 @@ impl PodWorker {
             volumes: self.resources.volumes.clone(),
             facts,
             node_memory: m.node.allocatable.memory,
+            env_objects,
         };
         let id = start::create_container(&m.rt, &m.images, input).await?;
         self.containers.known.insert(id.clone());

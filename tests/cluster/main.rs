@@ -8,6 +8,7 @@ mod common;
 
 mod bootstrap;
 mod node;
+mod objects;
 mod outage;
 mod pods;
 
@@ -40,7 +41,10 @@ pub fn test(name: &'static str, f: fn()) -> Trial {
 fn main() {
     let args = Arguments::from_args();
     // Tests that stop the API server run after the others, one at a time.
-    let shared: Vec<Trial> = [pods::tests(), bootstrap::tests()].into_iter().flatten().collect();
+    let shared: Vec<Trial> = [pods::tests(), bootstrap::tests(), objects::tests()]
+        .into_iter()
+        .flatten()
+        .collect();
     let disruptive: Vec<Trial> = [outage::tests(), node::tests()].into_iter().flatten().collect();
     if args.list {
         libtest_mimic::run(&args, shared.into_iter().chain(disruptive).collect()).exit();

@@ -179,7 +179,11 @@ impl Cluster {
         let (n, ip) = self.node_ip();
         let mut args = vec!["--node-ip", ip.as_str()];
         args.extend_from_slice(flags);
-        let config = format!("ferrolet:\n  bridgeName: flk{n}\n{config}");
+        // The nodes share the machine's disk with everything else: the disk pressure they
+        // report (and the scheduler heeds) is about their own thresholds, not the machine's.
+        let config = format!(
+            "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: \"1%\"\nferrolet:\n  bridgeName: flk{n}\n{config}"
+        );
         Agent::start_in_netns_with(name, &self.net.path, "bridge", &args, &config, env)
     }
 

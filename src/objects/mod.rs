@@ -1,0 +1,353 @@
+//! The API objects pods use, read with the node's own identity (kubelet's configmap, secret and
+//! token managers and its service lister): ConfigMaps and Secrets ([`store`]), ServiceAccount
+//! tokens bound to pods ([`tokens`]), Services for environment variables ([`services`]). The
+//! Node authorizer lets the node read only what pods bound to it reference, so everything here
+//! is asked for on behalf of one pod. Only nodes in a cluster have an [`ObjectManager`].
+//!
+//! What a container's environment or a pod's volumes need is fetched here, asynchronously, into
+//! plain values ([`EnvObjects`], [`VolumeObjects`]) that the pure builders below read.
+
+pub mod services;
+pub mod store;
+pub mod tokens;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, ServiceAccountTokenProjection};
+
+use crate::kubeclient::Kube;
+use crate::pod;
+pub use store::Lookup;
+use store::{ObjectKey, Store};
+use tokens::{TokenKey, TokenManager};
+
+/// kubelet's default TTL of cached ConfigMaps and Secrets, when the Node has no
+/// `node.alpha.kubernetes.io/ttl` (the TTL controller sets 0 in small clusters).
+pub const OBJECT_TTL: Duration = Duration::from_secs(60);
+/// The annotation the TTL controller sets on Nodes.
+pub const NODE_TTL_ANNOTATION: &str = "node.alpha.kubernetes.io/ttl";
+/// How often the Node's TTL annotation is read again (kubelet reads it from its Node
+/// informer; a new node gets it from the TTL controller within seconds).
+const NODE_TTL_REFRESH: Duration = Duration::from_secs(10);
+/// How long a list of Services serves environment variables.
+pub const SERVICES_TTL: Duration = Duration::from_secs(5);
+/// The API's default `expirationSeconds` of a projected token.
+pub const DEFAULT_TOKEN_EXPIRATION: i64 = 3600;
+
+/// The ConfigMaps and Secrets one container's environment references, and the Service
+/// variables it gets.
+/// The default (a node without an API server) has none.
+#[derive(Debug, Clone)]
+pub struct EnvObjects {
+    pub config_maps: BTreeMap<String, Lookup<ConfigMap>>,
+    pub secrets: BTreeMap<String, Lookup<Secret>>,
+    pub service_env: Result<Vec<(String, String)>, String>,
+}
+
+impl Default for EnvObjects {
+    fn default() -> Self {
+        EnvObjects {
+            config_maps: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+            service_env: Ok(Vec::new()),
+        }
+    }
+}
+
+/// What a pod's configMap, secret and projected volumes need: the objects by name, and each
+/// projected serviceAccountToken by (volume, source index).
+#[derive(Debug, Default, Clone)]
+pub struct VolumeObjects {
+    pub config_maps: BTreeMap<String, Lookup<ConfigMap>>,
+    pub secrets: BTreeMap<String, Lookup<Secret>>,
+    pub tokens: BTreeMap<(String, usize), Result<String, String>>,
+}
+
+pub struct ObjectManager {
+    kube: Kube,
+    node_name: String,
+    /// The TTL from the Node and when it was read.
+    ttl: std::sync::Mutex<Option<(std::time::Instant, Duration)>>,
+    config_maps: Store<ConfigMap>,
+    secrets: Store<Secret>,
+    tokens: TokenManager,
+    services: services::ServiceCache,
+}
+
+impl ObjectManager {
+    pub fn new(kube: Kube, node_name: &str) -> Arc<ObjectManager> {
+        Arc::new(ObjectManager {
+            kube,
+            node_name: node_name.to_string(),
+            ttl: std::sync::Mutex::new(None),
+            config_maps: Store::default(),
+            secrets: Store::default(),
+            tokens: TokenManager::default(),
+            services: services::ServiceCache::new(SERVICES_TTL),
+        })
+    }
+
+    /// Note what the pod references (kubelet's RegisterPod). A new version of the pod fetches
+    /// its objects anew; the same version keeps using the cache until its TTL.
+    pub fn register_pod(&self, p: &Pod) {
+        let (uid, version) = (pod::uid(p), p.metadata.resource_version.as_deref().unwrap_or(""));
+        let (cms, secrets) = references(p);
+        let ns = pod::namespace(p);
+        let keys = |names: BTreeSet<String>| {
+            names
+                .into_iter()
+                .map(|n| (ns.to_string(), n))
+                .collect::<BTreeSet<ObjectKey>>()
+        };
+        self.config_maps.register(uid, version, keys(cms));
+        self.secrets.register(uid, version, keys(secrets));
+    }
+
+    /// The pod left the node: forget its objects and tokens (kubelet's UnregisterPod and
+    /// DeleteServiceAccountToken).
+    pub fn unregister_pod(&self, uid: &str) {
+        self.config_maps.unregister(uid);
+        self.secrets.unregister(uid);
+        self.tokens.forget_pod(uid);
+    }
+
+    pub async fn config_map(&self, ns: &str, name: &str) -> Lookup<ConfigMap> {
+        let ttl = self.object_ttl().await;
+        self.config_maps.get(&self.kube, ns, name, ttl).await
+    }
+
+    pub async fn secret(&self, ns: &str, name: &str) -> Lookup<Secret> {
+        let ttl = self.object_ttl().await;
+        self.secrets.get(&self.kube, ns, name, ttl).await
+    }
+
+    /// kubelet's getTTL: the Node's `node.alpha.kubernetes.io/ttl` seconds (read at most every
+    /// 10 s), else a minute (also while the Node cannot be read).
+    async fn object_ttl(&self) -> Duration {
+        if let Some((at, ttl)) = *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) {
+            if at.elapsed() < NODE_TTL_REFRESH {
+                return ttl;
+            }
+        }
+        let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.kube.client());
+        match api.get_opt(&self.node_name).await {
+            Ok(Some(n)) => {
+                let ttl = node_ttl(&n);
+                *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) = Some((std::time::Instant::now(), ttl));
+                ttl
+            }
+            // Not registered yet, or unreadable: the default, and asked again next time.
+            Ok(None) => OBJECT_TTL,
+            Err(e) => {
+                tracing::debug!(error = %store::api_message(&e), "reading the node's object TTL");
+                OBJECT_TTL
+            }
+        }
+    }
+
+    /// A token for the pod's service account as the projection asks for it.
+    pub async fn token(&self, p: &Pod, t: &ServiceAccountTokenProjection) -> Result<String, String> {
+        let key = TokenKey {
+            namespace: pod::namespace(p).to_string(),
+            service_account: pod::spec(p)
+                .service_account_name
+                .clone()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "default".into()),
+            audiences: t.audience.iter().filter(|a| !a.is_empty()).cloned().collect(),
+            expiration_seconds: t.expiration_seconds.unwrap_or(DEFAULT_TOKEN_EXPIRATION),
+            pod_name: pod::name(p).to_string(),
+            pod_uid: pod::uid(p).to_string(),
+        };
+        self.tokens.get(&self.kube, &key).await
+    }
+
+    /// What `c`'s env and envFrom reference, and the Service variables of the pod.
+    pub async fn env_objects(&self, p: &Pod, c: &Container) -> EnvObjects {
+        let ns = pod::namespace(p);
+        let mut out = EnvObjects::default();
+        let (cms, secrets) = container_references(c);
+        for n in cms {
+            let got = self.config_map(ns, &n).await;
+            out.config_maps.insert(n, got);
+        }
+        for n in secrets {
+            let got = self.secret(ns, &n).await;
+            out.secrets.insert(n, got);
+        }
+        let links = pod::spec(p).enable_service_links.unwrap_or(true);
+        out.service_env = self
+            .services
+            .list(&self.kube)
+            .await
+            .map(|l| services::env_vars(&l, ns, links));
+        out
+    }
+
+    /// What the pod's configMap, secret and projected volumes need.
+    pub async fn volume_objects(&self, p: &Pod) -> VolumeObjects {
+        let ns = pod::namespace(p);
+        let mut out = VolumeObjects::default();
+        let mut cms = BTreeSet::new();
+        let mut secrets = BTreeSet::new();
+        for v in pod::spec(p).volumes.iter().flatten() {
+            if let Some(c) = &v.config_map {
+                cms.insert(c.name.clone());
+            }
+            if let Some(s) = v.secret.as_ref().and_then(|s| s.secret_name.clone()) {
+                secrets.insert(s);
+            }
+            for (i, src) in v.projected.iter().flat_map(|p| p.sources.iter().flatten()).enumerate() {
+                if let Some(c) = &src.config_map {
+                    cms.insert(c.name.clone());
+                }
+                if let Some(s) = &src.secret {
+                    secrets.insert(s.name.clone());
+                }
+                if let Some(t) = &src.service_account_token {
+                    let got = self.token(p, t).await;
+                    out.tokens.insert((v.name.clone(), i), got);
+                }
+            }
+        }
+        for n in cms {
+            let got = self.config_map(ns, &n).await;
+            out.config_maps.insert(n, got);
+        }
+        for n in secrets {
+            let got = self.secret(ns, &n).await;
+            out.secrets.insert(n, got);
+        }
+        out
+    }
+}
+
+/// The TTL a Node's annotation sets (kubelet's: a non-negative whole number of seconds).
+pub fn node_ttl(n: &k8s_openapi::api::core::v1::Node) -> Duration {
+    n.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NODE_TTL_ANNOTATION))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(OBJECT_TTL)
+}
+
+/// The ConfigMaps and Secrets a container's env and envFrom name.
+fn container_references(c: &Container) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
+    for e in c.env_from.iter().flatten() {
+        if let Some(r) = &e.config_map_ref {
+            cms.insert(r.name.clone());
+        }
+        if let Some(r) = &e.secret_ref {
+            secrets.insert(r.name.clone());
+        }
+    }
+    for e in c.env.iter().flatten() {
+        if let Some(vf) = &e.value_from {
+            if let Some(r) = &vf.config_map_key_ref {
+                cms.insert(r.name.clone());
+            }
+            if let Some(r) = &vf.secret_key_ref {
+                secrets.insert(r.name.clone());
+            }
+        }
+    }
+    (cms, secrets)
+}
+
+/// Every ConfigMap and Secret the pod names (kubelet's VisitPodConfigmapNames and
+/// VisitPodSecretNames, for what ferrolet runs: volumes, projections, env, envFrom, image pull
+/// secrets).
+pub fn references(p: &Pod) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
+    let spec = pod::spec(p);
+    for s in spec.image_pull_secrets.iter().flatten() {
+        secrets.insert(s.name.clone());
+    }
+    for v in spec.volumes.iter().flatten() {
+        if let Some(c) = &v.config_map {
+            cms.insert(c.name.clone());
+        }
+        if let Some(s) = v.secret.as_ref().and_then(|s| s.secret_name.clone()) {
+            secrets.insert(s);
+        }
+        for src in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+            if let Some(c) = &src.config_map {
+                cms.insert(c.name.clone());
+            }
+            if let Some(s) = &src.secret {
+                secrets.insert(s.name.clone());
+            }
+        }
+    }
+    for c in pod::all_containers(p) {
+        let (a, b) = container_references(c);
+        cms.extend(a);
+        secrets.extend(b);
+    }
+    cms.retain(|n| !n.is_empty());
+    secrets.retain(|n| !n.is_empty());
+    (cms, secrets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_from_the_node_annotation() {
+        let node = |ann: serde_json::Value| -> k8s_openapi::api::core::v1::Node {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n", "annotations": ann}})).unwrap()
+        };
+        assert_eq!(
+            node_ttl(&node(serde_json::json!({NODE_TTL_ANNOTATION: "0"}))),
+            Duration::ZERO
+        );
+        assert_eq!(
+            node_ttl(&node(serde_json::json!({NODE_TTL_ANNOTATION: "15"}))),
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            node_ttl(&node(serde_json::json!({NODE_TTL_ANNOTATION: "x"}))),
+            OBJECT_TTL
+        );
+        assert_eq!(node_ttl(&node(serde_json::json!({}))), OBJECT_TTL);
+    }
+
+    #[test]
+    fn references_cover_volumes_projections_env_and_pull_secrets() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {
+                "imagePullSecrets": [{"name": "pull"}],
+                "volumes": [
+                    {"name": "a", "configMap": {"name": "cm-vol"}},
+                    {"name": "b", "secret": {"secretName": "sec-vol"}},
+                    {"name": "c", "projected": {"sources": [
+                        {"configMap": {"name": "kube-root-ca.crt"}},
+                        {"secret": {"name": "sec-proj"}},
+                        {"serviceAccountToken": {"path": "token"}}
+                    ]}}
+                ],
+                "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "sec-init"}}]}],
+                "containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "cm-from"}}],
+                    "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm-key", "key": "k"}}},
+                            {"name": "Y", "valueFrom": {"secretKeyRef": {"name": "sec-key", "key": "k"}}}]}]
+            }
+        }))
+        .unwrap();
+        let (cms, secrets) = references(&p);
+        assert_eq!(
+            cms.into_iter().collect::<Vec<_>>(),
+            ["cm-from", "cm-key", "cm-vol", "kube-root-ca.crt"]
+        );
+        assert_eq!(
+            secrets.into_iter().collect::<Vec<_>>(),
+            ["pull", "sec-init", "sec-key", "sec-proj", "sec-vol"]
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! The objects pods use, read with the node's own identity: env and envFrom from a ConfigMap
+//! and a Secret, a configMap volume updated live (its `..data` swapped), the projected
+//! ServiceAccount token every pod gets, accepted by TokenReview.
+
+use std::path::Path;
+use std::time::Duration;
+
+use libtest_mimic::Trial;
+
+use crate::common::IMAGE;
+use crate::{cluster, test};
+
+pub fn tests() -> Vec<Trial> {
+    vec![
+        test("env_from_config_map_and_secret", env_from_config_map_and_secret),
+        test("config_map_volume_updates_live", config_map_volume_updates_live),
+        test(
+            "projected_service_account_token_accepted_by_token_review",
+            projected_service_account_token_accepted_by_token_review,
+        ),
+    ]
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// The admission plugin needs the namespace's default ServiceAccount before any pod.
+fn wait_default_service_account() {
+    let c = cluster();
+    c.wait("the default ServiceAccount", Duration::from_secs(60), || {
+        c.kubectl(&["get", "serviceaccount", "default"]).status.success()
+    });
+}
+
+fn env_from_config_map_and_secret() {
+    let c = cluster();
+    wait_default_service_account();
+    let node = c.node("objenv");
+    let host = node.dir.join("host");
+    std::fs::create_dir_all(&host).unwrap();
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: env-cfg, namespace: default}}
+data: {{MODE: fast, 1BAD: skipped}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: env-sec, namespace: default}}
+stringData: {{PASSWORD: hunter2}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: env-objects, namespace: default}}
+spec:
+  nodeName: {node}
+  volumes: [{{name: host, hostPath: {{path: {host}}}}}]
+  containers:
+  - name: app
+    image: {IMAGE}
+    command: [sh, -c, "env > /host/env.tmp && mv /host/env.tmp /host/env; sleep 3600"]
+    envFrom: [{{configMapRef: {{name: env-cfg}}}}, {{secretRef: {{name: env-sec}}, prefix: S_}}]
+    env:
+    - {{name: PW, valueFrom: {{secretKeyRef: {{name: env-sec, key: PASSWORD}}}}}}
+    - {{name: URL, value: "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"}}
+    volumeMounts: [{{name: host, mountPath: /host}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: env-missing, namespace: default}}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  containers:
+  - name: app
+    image: {IMAGE}
+    command: [sleep, "3600"]
+    env: [{{name: X, valueFrom: {{configMapKeyRef: {{name: nope, key: k}}}}}}]
+"#,
+        node = node.node,
+        host = host.display()
+    ));
+    c.wait("the container's environment", Duration::from_secs(90), || {
+        read(&host.join("env")).contains("PW=")
+    });
+    let env = read(&host.join("env"));
+    let lines: Vec<&str> = env.lines().collect();
+    assert!(lines.contains(&"MODE=fast"), "{env}");
+    assert!(lines.contains(&"S_PASSWORD=hunter2"), "{env}");
+    assert!(lines.contains(&"PW=hunter2"), "{env}");
+    assert!(!env.contains("1BAD"), "{env}");
+    assert!(lines.contains(&"KUBERNETES_SERVICE_PORT=443"), "{env}");
+    let svc = c.get_json(&["service", "kubernetes"]).unwrap();
+    let ip = svc["spec"]["clusterIP"].as_str().unwrap();
+    assert!(
+        lines.contains(&format!("KUBERNETES_SERVICE_HOST={ip}").as_str()),
+        "{env}"
+    );
+    assert!(lines.contains(&format!("URL=https://{ip}:443").as_str()), "{env}");
+    assert!(
+        lines.contains(&format!("KUBERNETES_PORT_443_TCP=tcp://{ip}:443").as_str()),
+        "{env}"
+    );
+
+    // A missing ConfigMap keeps the container from starting, in kubelet's words.
+    c.wait(
+        "CreateContainerConfigError for the missing ConfigMap",
+        Duration::from_secs(60),
+        || {
+            c.get_json(&["pod", "env-missing"]).is_some_and(|p| {
+                let w = &p["status"]["containerStatuses"][0]["state"]["waiting"];
+                w["reason"] == "CreateContainerConfigError" && w["message"] == "configmap \"nope\" not found"
+            })
+        },
+    );
+    // The skipped key is reported (kubelet's event; the agent's log has every event).
+    let log = node.agent_log();
+    assert!(
+        log.contains("InvalidEnvironmentVariableNames")
+            && log.contains("Keys [1BAD] from the EnvFrom configMap default/env-cfg"),
+        "no InvalidEnvironmentVariableNames event"
+    );
+    c.kubectl_ok(&["delete", "pod", "env-objects", "env-missing", "--grace-period=1"]);
+    c.kubectl_ok(&["delete", "configmap", "env-cfg"]);
+    c.kubectl_ok(&["delete", "secret", "env-sec"]);
+}
+
+fn config_map_volume_updates_live() {
+    let c = cluster();
+    wait_default_service_account();
+    let kc = c.node_kubeconfig("node-objlive");
+    let node = c.node_with(
+        "objlive",
+        &["--kubeconfig", kc.to_str().unwrap()],
+        "syncFrequency: 3s\n",
+    );
+    let host = node.dir.join("host");
+    std::fs::create_dir_all(&host).unwrap();
+    // The node registers itself; the TTL controller then sets its objects' TTL (0 here).
+    c.wait(
+        "the TTL controller's annotation on the Node",
+        Duration::from_secs(60),
+        || {
+            c.get_json(&["node", &node.node])
+                .is_some_and(|n| n["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] == "0")
+        },
+    );
+    let cm = |v: &str| {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: live, namespace: default}}\ndata: {{key: {v}}}\n")
+    };
+    c.apply(&cm("one"));
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: live-cfg, namespace: default}}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  volumes:
+  - {{name: host, hostPath: {{path: {host}}}}}
+  - {{name: cfg, configMap: {{name: live}}}}
+  containers:
+  - name: app
+    image: {IMAGE}
+    command: [sh, -c, "while true; do cat /cfg/key > /host/seen.tmp; readlink /cfg/..data > /host/data.tmp; mv /host/seen.tmp /host/seen; mv /host/data.tmp /host/data; sleep 0.5; done"]
+    volumeMounts: [{{name: host, mountPath: /host}}, {{name: cfg, mountPath: /cfg}}]
+"#,
+        node = node.node,
+        host = host.display()
+    ));
+    c.wait("the first version in the pod", Duration::from_secs(90), || {
+        read(&host.join("seen")) == "one"
+    });
+    let first = read(&host.join("data"));
+    assert!(first.starts_with("..20"), "{first:?}");
+    c.apply(&cm("two"));
+    // Within the objects' TTL (the Node's node.alpha.kubernetes.io/ttl, 0 in a cluster this
+    // small, read every 10 s) plus one resync.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while read(&host.join("seen")) != "two" {
+        if std::time::Instant::now() > deadline {
+            let node_obj = c.get_json(&["node", &node.node]).unwrap_or_default();
+            panic!(
+                "the update did not reach the pod in 60 s (seen {:?}; node annotations {}):\n{}",
+                read(&host.join("seen")),
+                node_obj["metadata"]["annotations"],
+                crate::common::tail(&node.agent_log(), 12)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let second = read(&host.join("data"));
+    assert!(second.starts_with("..20") && second != first, "{first:?} -> {second:?}");
+    c.kubectl_ok(&["delete", "pod", "live-cfg", "--grace-period=1"]);
+    c.kubectl_ok(&["delete", "configmap", "live"]);
+}
+
+fn projected_service_account_token_accepted_by_token_review() {
+    let c = cluster();
+    wait_default_service_account();
+    let node = c.node("objtoken");
+    let host = node.dir.join("host");
+    std::fs::create_dir_all(&host).unwrap();
+    // No automountServiceAccountToken: false, so the admission plugin adds kube-api-access.
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: sa-token, namespace: default}}
+spec:
+  nodeName: {node}
+  volumes: [{{name: host, hostPath: {{path: {host}}}}}]
+  containers:
+  - name: app
+    image: {IMAGE}
+    command: [sh, -c, "d=/var/run/secrets/kubernetes.io/serviceaccount; cat $d/namespace > /host/ns; cp $d/ca.crt /host/ca; cat $d/token > /host/token.tmp && mv /host/token.tmp /host/token; sleep 3600"]
+    volumeMounts: [{{name: host, mountPath: /host}}]
+"#,
+        node = node.node,
+        host = host.display()
+    ));
+    c.wait("the token in the pod", Duration::from_secs(90), || {
+        !read(&host.join("token")).is_empty()
+    });
+    assert_eq!(read(&host.join("ns")), "default");
+    assert!(read(&host.join("ca")).contains("BEGIN CERTIFICATE"));
+    // The token volume is tmpfs on the node, never disk.
+    let p = c.get_json(&["pod", "sa-token"]).unwrap();
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    let vol = p["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v["name"].as_str().filter(|n| n.starts_with("kube-api-access-")))
+        .expect("the admission plugin's kube-api-access volume")
+        .to_string();
+    let mounts = read(Path::new("/proc/self/mountinfo"));
+    let suffix = format!("{uid}/volumes/kubernetes.io~projected/{vol}");
+    assert!(
+        mounts.lines().any(|l| l.contains(&suffix) && l.contains(" - tmpfs ")),
+        "no tmpfs at {suffix}"
+    );
+
+    let token = read(&host.join("token"));
+    let review = c.kubectl_stdin(
+        &["create", "-f", "-", "-o", "json"],
+        &format!("apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec: {{token: {token}}}\n"),
+    );
+    let review: serde_json::Value = serde_json::from_str(&review).unwrap();
+    let st = &review["status"];
+    assert_eq!(st["authenticated"], true, "{st}");
+    assert_eq!(st["user"]["username"], "system:serviceaccount:default:default", "{st}");
+    assert_eq!(
+        st["user"]["extra"]["authentication.kubernetes.io/pod-name"][0], "sa-token",
+        "the token is bound to the pod: {st}"
+    );
+    c.kubectl_ok(&["delete", "pod", "sa-token", "--grace-period=1"]);
+}
