@@ -56,7 +56,10 @@ pub(crate) fn monitor_holding(state_dir: &Path) -> Option<i32> {
 pub(crate) fn monitor_of(candidates: &[i32]) -> Option<(i32, i32)> {
     candidates.iter().find_map(|&pid| {
         let parent = ppid(pid)?;
-        (parent > 1 && comm(parent).as_deref() == Some(MONITOR_COMM)).then_some((parent, pid))
+        // A process of the container can give itself the monitor's name: a parent that is
+        // itself one of the container's processes is never its monitor.
+        (parent > 1 && !candidates.contains(&parent) && comm(parent).as_deref() == Some(MONITOR_COMM))
+            .then_some((parent, pid))
     })
 }
 
