@@ -77,6 +77,18 @@ pub struct ExitRecord {
 /// `state.json`: two more copies to rebuild the record from when `container.json` cannot be read.
 pub const RECORD_ANNOTATION: &str = "ferrolet.io/container-record";
 
+impl ContainerState {
+    /// The state an `exit.json` says: Exited, or ExitUnknown when the monitor recorded that it
+    /// could not learn how init ended.
+    fn from_exit(e: ExitRecord) -> ContainerState {
+        if e.reason.is_some() {
+            ContainerState::ExitUnknown(e)
+        } else {
+            ContainerState::Exited(e)
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ContainerState {
     /// Created, not started; the init process waits.
@@ -323,7 +335,7 @@ pub(crate) fn load(dir: &Path, cgroups: &Cgroups) -> Result<ContainerInfo> {
         Rec::Ok(e) => {
             return Ok(finish(
                 record,
-                ContainerState::Exited(e),
+                ContainerState::from_exit(e),
                 monitor_rec.ok(),
                 started_at,
                 errors,
@@ -395,7 +407,7 @@ pub(crate) fn load(dir: &Path, cgroups: &Cgroups) -> Result<ContainerInfo> {
             } else if process_matches(m.monitor_pid, m.monitor_start) {
                 live(started_at.is_some())
             } else if let Some(e) = exit_now() {
-                ContainerState::Exited(e)
+                ContainerState::from_exit(e)
             } else {
                 let left = remaining();
                 if !left.is_empty() {
@@ -464,7 +476,7 @@ pub(crate) fn load(dir: &Path, cgroups: &Cgroups) -> Result<ContainerInfo> {
                 }
                 _ => {
                     if let Some(e) = exit_now() {
-                        ContainerState::Exited(e)
+                        ContainerState::from_exit(e)
                     } else if !left.is_empty() && !other_boot {
                         ContainerState::Unknown {
                             reason: format!(

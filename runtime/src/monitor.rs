@@ -108,10 +108,15 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     drop(reply);
 
     let status = pump(init, out_r, err_r, &mut log);
-    let (exit_code, signal) = match status {
-        Some(WaitStatus::Exited(_, c)) => (c, None),
-        Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32)),
-        _ => (255, None),
+    let (exit_code, signal, reason) = match status {
+        Some(WaitStatus::Exited(_, c)) => (c, None, None),
+        Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32), None),
+        // Reads as an unknown exit, never as a real exit code 255.
+        _ => (
+            255,
+            None,
+            Some("the monitor could not collect init's exit status".to_string()),
+        ),
     };
     let oom_killed = crate::cgroups::Cgroups::detect()
         .ok()
@@ -122,7 +127,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         signal,
         oom_killed,
         finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
-        reason: None,
+        reason,
     };
     match write_json_atomic(&args.bundle.join("exit.json"), &exit) {
         Ok(()) => 0,
