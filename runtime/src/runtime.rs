@@ -213,6 +213,15 @@ impl Runtime {
         let Some(m) = &info.monitor else {
             return Ok(());
         };
+        if m.init_pid == 0 && info.state.may_be_alive() {
+            // The monitor was found through the kernel but not the container's init: signal
+            // what runs in its cgroup rather than nothing.
+            let cgroup = self.cgroup_of(&info);
+            if !cgroup.is_empty() {
+                self.cgroups.signal_all(&cgroup, signal);
+            }
+            return Ok(());
+        }
         if !info.state.may_be_alive() || !process_matches(m.init_pid, m.init_start) {
             return Ok(());
         }
