@@ -33,11 +33,16 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             Ok(0) => continue,
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => {
-                // (ENOMEM, say) The agent has no other zygote: say so and keep serving.
-                say(format_args!("poll: {e}"));
+            Err(e @ (nix::errno::Errno::ENOMEM | nix::errno::Errno::EAGAIN)) => {
+                // Short of memory for a moment: the agent has no other zygote, keep serving.
+                say(format_args!("poll: {e}; retrying"));
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 continue;
+            }
+            Err(e) => {
+                // Anything else means the socket is unusable: waiting would only spin.
+                say(format_args!("poll: {e}; the zygote exits"));
+                exit(1);
             }
         }
         let (req, mut fds) = match recv_request(sock.as_raw_fd(), &mut buf) {
