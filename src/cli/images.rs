@@ -73,6 +73,14 @@ pub fn run(cmd: &ImagesCommand) -> Result<i32> {
         ImagesCommand::Rm { root, refs } => {
             let store = ImageStore::open(root.root_dir.join("images"))?;
             let users = super::reset::image_users(&root.root_dir);
+            // A container whose record was rebuilt from what survived may use any image.
+            let unknown = ferrolet_runtime::digest::Digest::of(b"");
+            if let Some((id, _)) = users.iter().find(|(_, d)| *d == unknown) {
+                eprintln!(
+                    "container {id} uses an image that is not known (its record was rebuilt); remove the container (or `ferrolet reset`) before removing images"
+                );
+                return Ok(1);
+            }
             let mut failed = 0;
             for r in refs {
                 match store.remove(r, &users) {
