@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = ferrolet::podsetup::dns::hosts_file(&p, &facts.pod_ips, "cluster.local");
         let _ = ferrolet::podsetup::dns::resolv_conf(&p, &cfg);
         for c in ferrolet::pod::all_containers(&p) {
-            if let Ok(env) = ferrolet::kuberuntime::env::build(&p, c, &facts) {
+            if let Ok(env) = ferrolet::kuberuntime::env::build(&p, c, &facts, &Default::default()) {
                 let _ = ferrolet::pod::expansion::expand_all(c.command.as_deref().unwrap_or(&[]), &env);
                 for m in c.volume_mounts.iter().flatten() {
                     if let Some(e) = m.sub_path_expr.as_deref() {
