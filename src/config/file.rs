@@ -489,6 +489,19 @@ mod tests {
     }
 
     #[test]
+    fn the_example_configs_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        for f in ["kubelet-config.yaml", "kubelet-config-cluster.yaml"] {
+            let mut c = Config::default();
+            apply_file(&mut c, &dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
+        }
+        let mut c = Config::default();
+        apply_file(&mut c, &dir.join("kubelet-config-cluster.yaml")).unwrap();
+        assert_eq!(c.cluster.register_with_taints[0].effect, "NoSchedule");
+        assert_eq!(c.cluster.node_lease_duration_seconds, 40);
+    }
+
+    #[test]
     fn relative_paths_resolve_against_the_file() {
         let (c, _) = apply(&format!("{HEAD}staticPodPath: manifests\n")).unwrap();
         let p = c.static_pod_path.unwrap();
