@@ -243,4 +243,10 @@ spec:
         c.get_json(&["pods", "-l", "app=web"])
             .is_some_and(|l| l["items"].as_array().unwrap().is_empty())
     });
+    // Normal operation never meets a NodeRestriction / Node authorizer refusal.
+    let log = node.agent_log();
+    assert!(
+        !log.contains("forbidden") && !log.contains("Forbidden"),
+        "the node was refused something:\n{log}"
+    );
 }
