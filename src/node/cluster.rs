@@ -225,10 +225,9 @@ struct StatusLoop {
 }
 
 impl StatusLoop {
-    /// kubelet's registerWithAPIServer: the Node created (or taken over) with its status;
-    /// returns once it is, retrying meanwhile.
-    async fn register(&mut self) -> Result<()> {
-        let o = observe(
+    /// What the machine and the agent show now.
+    async fn observe(&mut self) -> Result<Observed> {
+        observe(
             &self.cfg,
             &self.info,
             &self.identity,
@@ -236,7 +235,13 @@ impl StatusLoop {
             &self.readiness,
             &mut self.tracker,
         )
-        .await?;
+        .await
+    }
+
+    /// kubelet's registerWithAPIServer: the Node created (or taken over) with its status;
+    /// returns once it is, retrying meanwhile.
+    async fn register(&mut self) -> Result<()> {
+        let o = self.observe().await?;
         let mut initial = register::initial_node(&self.cfg);
         let recorded = status::set_node_status(&mut initial, &o, &now());
         let node = register::register(&self.kube, &initial).await;
@@ -272,15 +277,7 @@ impl StatusLoop {
 
     async fn try_round(&mut self) -> Result<()> {
         use anyhow::Context;
-        let o = observe(
-            &self.cfg,
-            &self.info,
-            &self.identity,
-            &self.images,
-            &self.readiness,
-            &mut self.tracker,
-        )
-        .await?;
+        let o = self.observe().await?;
         let nodes: Api<Node> = Api::all(self.kube.client());
         let name = &self.info.name;
         let node = nodes

@@ -169,14 +169,7 @@ impl ObjectManager {
         let ns = pod::namespace(p);
         let mut out = EnvObjects::default();
         let (cms, secrets) = container_references(c);
-        for n in cms {
-            let got = self.config_map(ns, &n).await;
-            out.config_maps.insert(n, got);
-        }
-        for n in secrets {
-            let got = self.secret(ns, &n).await;
-            out.secrets.insert(n, got);
-        }
+        (out.config_maps, out.secrets) = self.fetch(ns, cms, secrets).await;
         let links = pod::spec(p).enable_service_links.unwrap_or(true);
         out.service_env = self
             .services
@@ -212,15 +205,28 @@ impl ObjectManager {
                 }
             }
         }
-        for n in cms {
+        (out.config_maps, out.secrets) = self.fetch(ns, cms, secrets).await;
+        out
+    }
+
+    /// The named ConfigMaps and Secrets of namespace `ns`, each as found or why not.
+    async fn fetch(
+        &self,
+        ns: &str,
+        config_maps: impl IntoIterator<Item = String>,
+        secrets: impl IntoIterator<Item = String>,
+    ) -> (BTreeMap<String, Lookup<ConfigMap>>, BTreeMap<String, Lookup<Secret>>) {
+        let mut cms = BTreeMap::new();
+        for n in config_maps {
             let got = self.config_map(ns, &n).await;
-            out.config_maps.insert(n, got);
+            cms.insert(n, got);
         }
+        let mut found = BTreeMap::new();
         for n in secrets {
             let got = self.secret(ns, &n).await;
-            out.secrets.insert(n, got);
+            found.insert(n, got);
         }
-        out
+        (cms, found)
     }
 }
 

@@ -37,8 +37,7 @@ fn env_from_config_map_and_secret() {
     let c = cluster();
     wait_default_service_account();
     let node = c.node("objenv");
-    let host = node.dir.join("host");
-    std::fs::create_dir_all(&host).unwrap();
+    let host = node.host_dir();
     c.apply(&format!(
         r#"
 apiVersion: v1
@@ -136,8 +135,7 @@ fn config_map_volume_updates_live() {
         &["--kubeconfig", kc.to_str().unwrap()],
         "syncFrequency: 3s\n",
     );
-    let host = node.dir.join("host");
-    std::fs::create_dir_all(&host).unwrap();
+    let host = node.host_dir();
     // The node registers itself; the TTL controller then sets its objects' TTL (0 here).
     c.wait(
         "the TTL controller's annotation on the Node",
@@ -202,8 +200,7 @@ fn projected_service_account_token_accepted_by_token_review() {
     let c = cluster();
     wait_default_service_account();
     let node = c.node("objtoken");
-    let host = node.dir.join("host");
-    std::fs::create_dir_all(&host).unwrap();
+    let host = node.host_dir();
     // No automountServiceAccountToken: false, so the admission plugin adds kube-api-access.
     c.apply(&format!(
         r#"

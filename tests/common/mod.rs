@@ -257,6 +257,13 @@ impl Agent {
         }
     }
 
+    /// A directory of the test's, for hostPath volumes (created).
+    pub fn host_dir(&self) -> PathBuf {
+        let d = self.dir.join("host");
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
