@@ -68,6 +68,15 @@ impl StatusManager {
         read_json_opt(&record_path(pod_dir)).ok().flatten()
     }
 
+    /// The status of a pod admission refused (it has no directory): the pod table and the API
+    /// server get it.
+    pub fn set_refused(&self, p: &Pod, status: PodStatus) {
+        if let Some((api, to)) = self.api_pod(p) {
+            api.status(to, status.clone());
+        }
+        self.pods.upsert(pod::uid(p), Arc::new(p.clone()), Some(status));
+    }
+
     /// Record the status of pod `p`. `changed`: it differs from the last one recorded, so it
     /// is persisted too (when the pod still has a directory).
     pub async fn set(&self, p: &Pod, pod_dir: &Path, rec: PersistedStatus, changed: bool) -> anyhow::Result<()> {

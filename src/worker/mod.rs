@@ -179,7 +179,7 @@ impl PodWorkers {
     fn reject(&mut self, uid: String, p: Arc<Pod>, r: Rejection) {
         warn!(pod = %pod::full_name(&p), reason = %r.reason, "pod rejected: {}", r.message);
         let st = crate::status::rejected(&p, &r.reason, &r.message, &self.m.node.ip_strings());
-        self.m.pods.upsert(&uid, p.clone(), Some(st));
+        self.m.status.set_refused(&p, st);
         self.slots.insert(uid, Slot::Inert { pod: p });
     }
 

@@ -19,6 +19,10 @@ pub fn tests() -> Vec<Trial> {
             static_pod_has_a_mirror_that_comes_back,
         ),
         test(
+            "a_pod_that_does_not_fit_is_failed_in_the_api",
+            a_pod_that_does_not_fit_is_failed_in_the_api,
+        ),
+        test(
             "deployment_replicas_are_scheduled_and_run",
             deployment_replicas_are_scheduled_and_run,
         ),
@@ -41,8 +45,7 @@ fn event_reasons(name: &str) -> Vec<String> {
 fn api_pod_runs_reports_status_and_deletes_gracefully() {
     let c = cluster();
     let node = c.node("apipod");
-    let host = node.dir.join("host");
-    std::fs::create_dir_all(&host).unwrap();
+    let host = node.host_dir();
     c.apply(&format!(
         r#"
 apiVersion: v1
@@ -249,4 +252,33 @@ spec:
         !log.contains("forbidden") && !log.contains("Forbidden"),
         "the node was refused something:\n{log}"
     );
+}
+
+fn a_pod_that_does_not_fit_is_failed_in_the_api() {
+    let c = cluster();
+    let node = c.node("admit");
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: too-big, namespace: default}}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  containers:
+  - {{name: app, image: {IMAGE}, command: [sleep, "3600"], resources: {{requests: {{cpu: "1000"}}}}}}
+"#,
+        node = node.node
+    ));
+    c.wait("the refusal in the API", Duration::from_secs(30), || {
+        c.get_json(&["pod", "too-big"])
+            .is_some_and(|p| p["status"]["phase"] == "Failed" && p["status"]["reason"] == "OutOfcpu")
+    });
+    let p = c.get_json(&["pod", "too-big"]).unwrap();
+    let msg = p["status"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("Node didn't have enough resource: cpu"), "{msg}");
+    c.kubectl_ok(&["delete", "pod", "too-big", "--wait=false"]);
+    c.wait("the refused pod to go", Duration::from_secs(30), || {
+        c.get_json(&["pod", "too-big"]).is_none()
+    });
 }
