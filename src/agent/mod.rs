@@ -306,7 +306,11 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
 
-    let state = crate::server::State::new(rt.clone(), pods.clone(), node.name.clone(), liveness);
+    let streaming = crate::server::streaming::Timeouts {
+        idle: cfg.streaming_connection_idle_timeout,
+        ..Default::default()
+    };
+    let state = crate::server::State::new(rt.clone(), pods.clone(), node.name.clone(), liveness, streaming);
     crate::server::serve_all(&cfg, state).await?;
     info!(
         node = %cfg.node_name,

@@ -7,6 +7,7 @@
 mod conn;
 pub mod exec;
 mod healthz;
+pub mod streaming;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,15 +37,24 @@ pub struct State {
     pub node_name: String,
     /// The agent's duties, for /healthz.
     pub liveness: Arc<Liveness>,
+    /// exec, attach and port-forward connections: idle and stream creation timeouts.
+    pub streaming: streaming::Timeouts,
 }
 
 impl State {
-    pub fn new(rt: Arc<Runtime>, pods: Arc<PodManager>, node_name: String, liveness: Arc<Liveness>) -> Arc<State> {
+    pub fn new(
+        rt: Arc<Runtime>,
+        pods: Arc<PodManager>,
+        node_name: String,
+        liveness: Arc<Liveness>,
+        streaming: streaming::Timeouts,
+    ) -> Arc<State> {
         Arc::new(State {
             rt,
             pods,
             node_name,
             liveness,
+            streaming,
         })
     }
 }
@@ -104,6 +114,7 @@ pub fn local_router(state: Arc<State>) -> Router {
             .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
             .route("/ferrolet/pods", get(ferrolet_pods))
             .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
+            .merge(streaming::routes())
             .with_state(state),
     )
 }
