@@ -455,6 +455,93 @@ mod tests {
         );
     }
 
+    /// A client on the other end of an in-memory connection: opens the v4 streams, sends
+    /// stdin with FIN, and reads everything until the server closes.
+    #[tokio::test]
+    async fn spdy_session_echoes_stdin_and_ends_with_the_v4_status() {
+        use super::super::spdy::{self, Frame, HeaderDecoder, HeaderEncoder, Headers};
+        use tokio::io::AsyncWriteExt;
+
+        let (server_io, client_io) = tokio::io::duplex(1 << 16);
+        let (conn, incoming) = Connection::start(server_io, Duration::from_secs(60));
+        let opts = Options {
+            stdin: true,
+            stdout: true,
+            stderr: false,
+            tty: false,
+        };
+        let server = tokio::spawn(async move {
+            let (session, finish) = spdy_streams(conn, incoming, V4, opts, Duration::from_secs(5))
+                .await
+                .expect("the streams");
+            run(session, finish, |mut s: Session| async move {
+                let mut stdin = s.stdin.take().unwrap();
+                let out = s.stdout.take().unwrap();
+                while let Some(b) = stdin.recv().await {
+                    out.write(&b).await.unwrap();
+                }
+                Outcome::ExitCode {
+                    code: 3,
+                    command: vec!["cat".into()],
+                }
+            })
+            .await;
+        });
+
+        let (mut rd, mut wr) = tokio::io::split(client_io);
+        let mut enc = HeaderEncoder::new();
+        let mut send = Vec::new();
+        for (id, kind) in [(1u32, "error"), (3, "stdin"), (5, "stdout")] {
+            let f = Frame::SynStream {
+                stream_id: id,
+                associated_to: 0,
+                priority: 0,
+                flags: 0,
+                headers: Headers(vec![("streamType".into(), kind.into())]),
+            };
+            send.extend(spdy::encode(&f, &mut enc).unwrap());
+        }
+        send.extend(spdy::encode(&Frame::Ping { id: 1 }, &mut enc).unwrap());
+        let data = Frame::Data {
+            stream_id: 3,
+            fin: true,
+            data: Bytes::from_static(b"hi\n"),
+        };
+        send.extend(spdy::encode(&data, &mut enc).unwrap());
+        wr.write_all(&send).await.unwrap();
+
+        let mut dec = HeaderDecoder::new();
+        let (mut replies, mut stdout, mut error, mut fins, mut pong, mut goaway) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), false, false);
+        while let Some(f) = spdy::read_frame(&mut rd, &mut dec).await.unwrap() {
+            match f {
+                Frame::SynReply { stream_id, .. } => replies.push(stream_id),
+                Frame::Data { stream_id, fin, data } => {
+                    match stream_id {
+                        5 => stdout.extend_from_slice(&data),
+                        1 => error.extend_from_slice(&data),
+                        _ => {}
+                    }
+                    if fin {
+                        fins.push(stream_id);
+                    }
+                }
+                Frame::Ping { id: 1 } => pong = true,
+                Frame::GoAway { .. } => goaway = true,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        server.await.unwrap();
+        assert_eq!(replies, [1, 3, 5]);
+        assert!(pong);
+        assert_eq!(stdout, b"hi\n");
+        // Output closed before the status, the error stream last, then GOAWAY.
+        assert_eq!(fins, [5, 3, 1]);
+        assert!(goaway);
+        let status: serde_json::Value = serde_json::from_slice(&error).unwrap();
+        assert_eq!(status["details"]["causes"][0]["message"], "3");
+    }
+
     #[tokio::test]
     async fn resize_events_decode_across_chunks() {
         let (tx, rx) = mpsc::channel(4);
