@@ -99,10 +99,21 @@ fn exec_stdin_output_and_exit_code() {
         // A large output arrives whole (many frames, no flow-control stall).
         let out = kubectl(
             &env,
-            &["exec", "execed", "--", "sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x"],
+            &[
+                "exec",
+                "execed",
+                "--",
+                "sh",
+                "-c",
+                "head -c 3000000 /dev/zero | tr '\\0' x",
+            ],
             None,
         );
-        assert!(out.status.success(), "{transport}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{transport}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(out.stdout.len(), 3_000_000, "{transport}");
     }
 }
@@ -180,7 +191,12 @@ fn http_get(port: u16) -> (bool, String) {
     let out = cluster()
         .net
         .command("curl")
-        .args(["-sS", "--max-time", "20", &format!("http://127.0.0.1:{port}/index.html")])
+        .args([
+            "-sS",
+            "--max-time",
+            "20",
+            &format!("http://127.0.0.1:{port}/index.html"),
+        ])
         .output()
         .expect("running curl");
     (

@@ -41,5 +41,7 @@ pub async fn handle(
 /// Connect the session to the container's main process until it exits or the client leaves.
 pub async fn attach_session(_rt: Arc<Runtime>, id: String, _session: Session) -> Outcome {
     // The runtime's attach (Runtime::attach) plugs in here.
-    Outcome::Error(format!("attaching to container {id} is not supported by this runtime yet"))
+    Outcome::Error(format!(
+        "attaching to container {id} is not supported by this runtime yet"
+    ))
 }

@@ -127,7 +127,9 @@ async fn run_pipes(rt: &Runtime, id: &str, spec: &ExecSpec, session: Session) ->
                 outputs.push((pipe::Receiver::from_owned_fd(r)?, o));
                 child_out.push(w);
             }
-            None => child_out.push(OwnedFd::from(std::fs::OpenOptions::new().write(true).open("/dev/null")?)),
+            None => child_out.push(OwnedFd::from(
+                std::fs::OpenOptions::new().write(true).open("/dev/null")?,
+            )),
         }
     }
     let [stdout, stderr]: [OwnedFd; 2] = child_out.try_into().map_err(|_| anyhow::anyhow!("stdio setup"))?;
@@ -150,7 +152,10 @@ async fn run_pipes(rt: &Runtime, id: &str, spec: &ExecSpec, session: Session) ->
         }
         _ => None,
     };
-    let copies: Vec<_> = outputs.into_iter().map(|(r, o)| tokio::spawn(pump_output(r, o))).collect();
+    let copies: Vec<_> = outputs
+        .into_iter()
+        .map(|(r, o)| tokio::spawn(pump_output(r, o)))
+        .collect();
     let all_output = futures::future::join_all(copies);
     let wait = proc_.wait();
     tokio::pin!(gone, wait, all_output);

@@ -54,14 +54,26 @@ impl Default for Timeouts {
 /// The streaming routes (kubelet's paths; GET and POST as kubelet registers them).
 pub fn routes() -> Router<Arc<State>> {
     Router::new()
-        .route("/exec/{namespace}/{pod}/{container}", get(exec::handle).post(exec::handle))
-        .route("/exec/{namespace}/{pod}/{uid}/{container}", get(exec::handle).post(exec::handle))
-        .route("/attach/{namespace}/{pod}/{container}", get(attach::handle).post(attach::handle))
+        .route(
+            "/exec/{namespace}/{pod}/{container}",
+            get(exec::handle).post(exec::handle),
+        )
+        .route(
+            "/exec/{namespace}/{pod}/{uid}/{container}",
+            get(exec::handle).post(exec::handle),
+        )
+        .route(
+            "/attach/{namespace}/{pod}/{container}",
+            get(attach::handle).post(attach::handle),
+        )
         .route(
             "/attach/{namespace}/{pod}/{uid}/{container}",
             get(attach::handle).post(attach::handle),
         )
-        .route("/portForward/{namespace}/{pod}", get(portforward::handle).post(portforward::handle))
+        .route(
+            "/portForward/{namespace}/{pod}",
+            get(portforward::handle).post(portforward::handle),
+        )
         .route(
             "/portForward/{namespace}/{pod}/{uid}",
             get(portforward::handle).post(portforward::handle),

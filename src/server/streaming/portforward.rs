@@ -323,7 +323,10 @@ async fn connect(target: &PodPorts, port: u16) -> Result<tokio::net::TcpStream, 
         None => "on the node".to_string(),
     };
     let mut last = String::new();
-    for ip in [IpAddr::from([127, 0, 0, 1]), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)] {
+    for ip in [
+        IpAddr::from([127, 0, 0, 1]),
+        IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+    ] {
         let addr = SocketAddr::new(ip, port);
         match crate::probe::netns::connect(addr, target.netns.clone(), CONNECT_TIMEOUT).await {
             Ok(s) => return Ok(s),
@@ -343,6 +346,8 @@ mod tests {
         assert_eq!(ports_from_query(&q("port=8080&port=9090")), Ok(vec![8080, 9090]));
         assert!(ports_from_query(&q("")).unwrap_err().contains("\"port\" is required"));
         assert!(ports_from_query(&q("port=0")).unwrap_err().contains("must be > 0"));
-        assert!(ports_from_query(&q("port=70000")).unwrap_err().contains("unable to parse"));
+        assert!(ports_from_query(&q("port=70000"))
+            .unwrap_err()
+            .contains("unable to parse"));
     }
 }

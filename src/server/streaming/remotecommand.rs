@@ -434,7 +434,10 @@ mod tests {
         );
         assert!(Options::from_query(&q("command=ls&tty=1")).is_err());
         assert!(Options::from_query(&q("stdout=true")).is_err());
-        assert_eq!(query_all(&q("command=sh&command=-c&command=a%20b"), "command"), ["sh", "-c", "a b"]);
+        assert_eq!(
+            query_all(&q("command=sh&command=-c&command=a%20b"), "command"),
+            ["sh", "-c", "a b"]
+        );
     }
 
     #[test]
@@ -547,21 +550,11 @@ mod tests {
         let (tx, rx) = mpsc::channel(4);
         let mut sizes = decode_resize(rx);
         tx.send(Bytes::from_static(b"{\"Width\":80,\"Hei")).await.unwrap();
-        tx.send(Bytes::from_static(b"ght\":24}{\"Width\":100,\"Height\":40}")).await.unwrap();
-        assert_eq!(
-            sizes.recv().await,
-            Some(TermSize {
-                width: 80,
-                height: 24
-            })
-        );
-        assert_eq!(
-            sizes.recv().await,
-            Some(TermSize {
-                width: 100,
-                height: 40
-            })
-        );
+        tx.send(Bytes::from_static(b"ght\":24}{\"Width\":100,\"Height\":40}"))
+            .await
+            .unwrap();
+        assert_eq!(sizes.recv().await, Some(TermSize { width: 80, height: 24 }));
+        assert_eq!(sizes.recv().await, Some(TermSize { width: 100, height: 40 }));
         drop(tx);
         assert_eq!(sizes.recv().await, None);
     }

@@ -430,7 +430,11 @@ fn control(kind: u16, flags: u8, body: &[u8]) -> Vec<u8> {
 pub fn encode(f: &Frame, enc: &mut HeaderEncoder) -> io::Result<Vec<u8>> {
     let fin = |b: bool| if b { FLAG_FIN } else { 0 };
     Ok(match f {
-        Frame::Data { stream_id, fin: f, data } => {
+        Frame::Data {
+            stream_id,
+            fin: f,
+            data,
+        } => {
             if data.len() >= MAX_FRAME {
                 return Err(bad("data frame too large"));
             }

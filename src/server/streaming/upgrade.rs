@@ -136,9 +136,15 @@ mod tests {
         assert_eq!(e.headers().get_all(ACCEPTED_HEADER).iter().count(), 2);
 
         let mut r = req(&[("connection", "Upgrade"), ("upgrade", "SPDY/3.1")]);
-        assert_eq!(spdy(&mut r, &supported).err().unwrap().status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            spdy(&mut r, &supported).err().unwrap().status(),
+            StatusCode::BAD_REQUEST
+        );
         let mut r = req(&[(PROTOCOL_HEADER, "v4.channel.k8s.io")]);
-        assert_eq!(spdy(&mut r, &supported).err().unwrap().status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            spdy(&mut r, &supported).err().unwrap().status(),
+            StatusCode::BAD_REQUEST
+        );
     }
 
     #[test]

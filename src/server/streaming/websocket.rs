@@ -274,7 +274,11 @@ pub fn tunnel(socket: WebSocket) -> tokio::io::DuplexStream {
             match rd.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if sink.send(Message::Binary(Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
+                    if sink
+                        .send(Message::Binary(Bytes::copy_from_slice(&buf[..n])))
+                        .await
+                        .is_err()
+                    {
                         break;
                     }
                 }
@@ -314,7 +318,9 @@ mod tests {
             base64: false,
             close_signal: true,
         };
-        let Message::Binary(m) = encode(f, 1, b"hi") else { panic!() };
+        let Message::Binary(m) = encode(f, 1, b"hi") else {
+            panic!()
+        };
         assert_eq!(&m[..], &[1, b'h', b'i']);
         assert_eq!(decode(f, &m), Some((1, Bytes::from_static(b"hi"))));
         assert_eq!(decode(f, &[255, 0]), Some((255, Bytes::from_static(&[0]))));
@@ -327,7 +333,9 @@ mod tests {
             base64: true,
             close_signal: false,
         };
-        let Message::Text(m) = encode(f, 2, b"foo\n") else { panic!() };
+        let Message::Text(m) = encode(f, 2, b"foo\n") else {
+            panic!()
+        };
         assert_eq!(m.as_str(), "2Zm9vCg==");
         assert_eq!(decode(f, m.as_bytes()), Some((2, Bytes::from_static(b"foo\n"))));
         assert_eq!(decode(f, b"0!!"), None);
@@ -336,7 +344,10 @@ mod tests {
     #[test]
     fn requested_protocols_split_on_commas() {
         let mut h = axum::http::HeaderMap::new();
-        h.append("sec-websocket-protocol", "v5.channel.k8s.io, v4.channel.k8s.io".parse().unwrap());
+        h.append(
+            "sec-websocket-protocol",
+            "v5.channel.k8s.io, v4.channel.k8s.io".parse().unwrap(),
+        );
         h.append("sec-websocket-protocol", "channel.k8s.io".parse().unwrap());
         assert_eq!(
             requested_protocols(&h),
