@@ -322,7 +322,9 @@ async fn connect(target: &PodPorts, port: u16) -> Result<tokio::net::TcpStream, 
         Some(ns) => format!("inside namespace {:?}", ns.display().to_string()),
         None => "on the node".to_string(),
     };
-    let mut last = String::new();
+    // localhost is 127.0.0.1, then ::1 for servers listening on IPv6 only; the IPv4 error is
+    // the one reported.
+    let mut first = None;
     for ip in [
         IpAddr::from([127, 0, 0, 1]),
         IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
@@ -330,10 +332,14 @@ async fn connect(target: &PodPorts, port: u16) -> Result<tokio::net::TcpStream, 
         let addr = SocketAddr::new(ip, port);
         match crate::probe::netns::connect(addr, target.netns.clone(), CONNECT_TIMEOUT).await {
             Ok(s) => return Ok(s),
-            Err(e) => last = format!("failed to connect to localhost:{port} {where_}: dial tcp {addr}: {e}"),
+            Err(e) => {
+                first.get_or_insert(format!(
+                    "failed to connect to localhost:{port} {where_}: dial tcp {addr}: {e}"
+                ));
+            }
         }
     }
-    Err(last)
+    Err(first.unwrap_or_default())
 }
 
 #[cfg(test)]
