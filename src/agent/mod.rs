@@ -306,12 +306,8 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
 
-    let streaming = crate::server::streaming::Timeouts {
-        idle: cfg.streaming_connection_idle_timeout,
-        ..Default::default()
-    };
-    let state = crate::server::State::new(rt.clone(), pods.clone(), node.name.clone(), liveness, streaming);
-    crate::server::serve_all(&cfg, state).await?;
+    let state = crate::server::State::new(rt.clone(), pods.clone(), node.name.clone(), liveness, cfg.clone());
+    crate::server::serve_all(&cfg, state, kube.clone(), node.ips.clone()).await?;
     info!(
         node = %cfg.node_name,
         root = %cfg.root_dir.display(),

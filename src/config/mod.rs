@@ -4,6 +4,7 @@
 
 pub mod file;
 mod flags;
+pub mod serving;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use crate::pod::validation::is_dns_subdomain;
 
 pub use flags::RunFlags;
+pub use serving::{AuthzMode, ServingConfig, TlsVersion};
 
 /// Where pod networking comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +212,8 @@ pub struct Config {
     pub verbosity: u8,
     /// Joining a cluster (when `cluster.kubeconfig` is set).
     pub cluster: ClusterConfig,
+    /// The kubelet API: port, TLS, authentication and authorization.
+    pub serving: ServingConfig,
 }
 
 impl Default for Config {
@@ -257,6 +261,7 @@ impl Default for Config {
             load_demo_image: true,
             verbosity: 2,
             cluster: ClusterConfig::default(),
+            serving: ServingConfig::default(),
         }
     }
 }
@@ -337,6 +342,7 @@ impl Config {
         if !c.kube_api_qps.is_finite() || c.kube_api_qps <= 0.0 || c.kube_api_burst == 0 {
             bail!("kubeAPIQPS and kubeAPIBurst must be positive");
         }
+        self.serving.validate(self.in_cluster())?;
         if let Some(u) = &self.static_pod_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
                 bail!("staticPodURL: {u:?} is not an http(s) URL");

@@ -38,7 +38,7 @@ pub fn deadline(not_before: SystemTime, not_after: SystemTime, r: f64) -> System
 }
 
 /// A uniform number in [0, 1) from the kernel's randomness.
-fn jitter() -> f64 {
+pub fn jitter() -> f64 {
     let n = u64::from_str_radix(&ferrolet_fsutil::random_hex(8), 16).unwrap_or(0);
     (n >> 11) as f64 / (1u64 << 53) as f64
 }

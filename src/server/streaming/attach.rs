@@ -13,6 +13,7 @@ use ferrolet_runtime::Runtime;
 use tracing::info;
 
 use super::remotecommand::{self, Options, Outcome, Session};
+use super::Timeouts;
 use super::{lookup_running, plain_error, Target};
 use crate::server::State;
 
@@ -31,7 +32,7 @@ pub async fn handle(
         Err(resp) => return *resp,
     };
     let rt = st.rt.clone();
-    remotecommand::serve(req, opts, st.streaming, move |session| async move {
+    remotecommand::serve(req, opts, Timeouts::of(&st), move |session| async move {
         info!(pod = %found.pod, container = %found.container, tty = session.tty, "attach");
         attach_session(rt, found.container_id, session).await
     })

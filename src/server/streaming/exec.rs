@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tracing::info;
 
 use super::remotecommand::{self, Options, Outcome, Output, Session};
-use super::{lookup_running, plain_error, Target};
+use super::{lookup_running, plain_error, Target, Timeouts};
 use crate::server::State;
 
 pub async fn handle(
@@ -38,7 +38,7 @@ pub async fn handle(
         Err(resp) => return *resp,
     };
     let rt = st.rt.clone();
-    let timeouts = st.streaming;
+    let timeouts = Timeouts::of(&st);
     remotecommand::serve(req, opts, timeouts, move |session| async move {
         info!(pod = %target.pod, container = %target.container, ?command, tty = session.tty, "exec");
         run(rt, target.container_id, command, session).await

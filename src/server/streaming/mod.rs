@@ -51,6 +51,16 @@ impl Default for Timeouts {
     }
 }
 
+impl Timeouts {
+    /// From the configuration (streamingConnectionIdleTimeout).
+    pub fn of(st: &State) -> Timeouts {
+        Timeouts {
+            idle: st.config.streaming_connection_idle_timeout,
+            ..Default::default()
+        }
+    }
+}
+
 /// The streaming routes (kubelet's paths; GET and POST as kubelet registers them).
 pub fn routes() -> Router<Arc<State>> {
     Router::new()

@@ -91,7 +91,7 @@ pub async fn handle(
         uid: crate::pod::uid(&entry.pod).to_string(),
         netns,
     };
-    serve(req, target, st.streaming).await
+    serve(req, target, Timeouts::of(&st)).await
 }
 
 /// Upgrade and forward (the pod is already resolved).
