@@ -14,13 +14,27 @@ use crate::{cluster, test};
 
 pub fn tests() -> Vec<Trial> {
     vec![
-        test("exec_stdin_output_and_exit_code", exec_stdin_output_and_exit_code),
-        test("port_forward_reaches_a_pod_httpd", port_forward_reaches_a_pod_httpd),
+        test(
+            "streaming_exec_stdin_output_and_exit_code",
+            exec_stdin_output_and_exit_code,
+        ),
+        test(
+            "streaming_port_forward_reaches_a_pod_httpd",
+            port_forward_reaches_a_pod_httpd,
+        ),
     ]
 }
 
 /// The two ways kubectl 1.32 speaks: its environment for each.
 const TRANSPORTS: [(&str, &str); 2] = [("websocket", "true"), ("spdy", "false")];
+
+/// What the node logs for each transport: exec's subprotocol, port-forward's.
+fn negotiated(transport: &str) -> (&'static str, &'static str) {
+    match transport {
+        "websocket" => ("protocol=v5.channel.k8s.io", "protocol=SPDY/3.1+portforward.k8s.io"),
+        _ => ("protocol=v4.channel.k8s.io", "protocol=portforward.k8s.io"),
+    }
+}
 
 fn kubectl(env: &[(&str, &str)], args: &[&str], stdin: Option<&str>) -> Output {
     let c = cluster();
@@ -115,6 +129,10 @@ fn exec_stdin_output_and_exit_code() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert_eq!(out.stdout.len(), 3_000_000, "{transport}");
+
+        // The transport was the one meant, not a fallback.
+        let log = node.agent_log();
+        assert!(log.contains(negotiated(transport).0), "{transport}: {log}");
     }
 }
 
@@ -220,6 +238,8 @@ fn port_forward_reaches_a_pod_httpd() {
             assert_eq!(body, "hello-from-forwarded\n", "{transport}");
         }
         drop(pf);
+        let log = node.agent_log();
+        assert!(log.contains(negotiated(transport).1), "{transport}: {log}");
 
         // Nothing listens on 9999: that connection fails with kubelet's message, and the
         // forwarder keeps serving.

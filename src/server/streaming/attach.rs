@@ -1,4 +1,4 @@
-//! `/attach/{namespace}/{pod}[/{uid}]/{container}?stdin=1&stdout=1&stderr=1&tty=1`: connect
+//! `/attach/{namespace}/{pod}[/{uid}]/{container}?input=1&output=1&error=1&tty=1`: connect
 //! to the streams of a container's main process (a container with `stdin`/`tty` in its spec),
 //! over the same protocols as exec. The session with the container's monitor comes from the
 //! runtime's attach; [`attach_session`] is where it plugs in.
@@ -33,7 +33,7 @@ pub async fn handle(
     };
     let rt = st.rt.clone();
     remotecommand::serve(req, opts, Timeouts::of(&st), move |session| async move {
-        info!(pod = %found.pod, container = %found.container, tty = session.tty, "attach");
+        info!(pod = %found.pod, container = %found.container, tty = session.tty, protocol = %session.protocol, "attach");
         attach_session(rt, found.container_id, session).await
     })
     .await

@@ -1,4 +1,4 @@
-//! `/exec/{namespace}/{pod}[/{uid}]/{container}?command=...&stdin=1&stdout=1&stderr=1&tty=1`:
+//! `/exec/{namespace}/{pod}[/{uid}]/{container}?command=...&input=1&output=1&error=1&tty=1`:
 //! run a command in a running container through the runtime and connect its stdio to the
 //! session's streams. Without a tty: pipes (stdin only when asked for, else /dev/null), the
 //! client's end of stdin closes the pipe so `echo hi | kubectl exec -i ... cat` ends; stdout
@@ -40,7 +40,7 @@ pub async fn handle(
     let rt = st.rt.clone();
     let timeouts = Timeouts::of(&st);
     remotecommand::serve(req, opts, timeouts, move |session| async move {
-        info!(pod = %target.pod, container = %target.container, ?command, tty = session.tty, "exec");
+        info!(pod = %target.pod, container = %target.container, ?command, tty = session.tty, protocol = %session.protocol, "exec");
         run(rt, target.container_id, command, session).await
     })
     .await

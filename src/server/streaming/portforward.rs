@@ -123,6 +123,7 @@ pub async fn serve(mut req: Request<Body>, target: PodPorts, timeouts: Timeouts)
             }
         }
         return ws.on_upgrade(move |socket| async move {
+            info!(pod = %target.pod, protocol = %protocol, transport = "websocket", "port-forward session");
             if protocol == SPDY_TUNNEL {
                 let io = websocket::tunnel(socket);
                 let (conn, streams) = Connection::start(io, timeouts.idle);
@@ -143,6 +144,7 @@ pub async fn serve(mut req: Request<Body>, target: PodPorts, timeouts: Timeouts)
     tokio::spawn(async move {
         match up.on_upgrade.await {
             Ok(io) => {
+                info!(pod = %target.pod, protocol = %PROTOCOL_V1, transport = "spdy", "port-forward session");
                 let (conn, streams) = Connection::start(TokioIo::new(io), timeouts.idle);
                 serve_spdy(conn, streams, target, timeouts).await;
             }
@@ -333,8 +335,14 @@ async fn connect(target: &PodPorts, port: u16) -> Result<tokio::net::TcpStream, 
         match crate::probe::netns::connect(addr, target.netns.clone(), CONNECT_TIMEOUT).await {
             Ok(s) => return Ok(s),
             Err(e) => {
+                // Go's wording, which kubectl users know from other kubelets.
+                let why = match e.kind() {
+                    std::io::ErrorKind::ConnectionRefused => "connect: connection refused".to_string(),
+                    std::io::ErrorKind::TimedOut => "i/o timeout".to_string(),
+                    _ => e.to_string(),
+                };
                 first.get_or_insert(format!(
-                    "failed to connect to localhost:{port} {where_}: dial tcp {addr}: {e}"
+                    "failed to connect to localhost:{port} {where_}: dial tcp {addr}: {why}"
                 ));
             }
         }

@@ -42,7 +42,8 @@ const STDERR: u8 = 2;
 const ERROR: u8 = 3;
 const RESIZE: u8 = 4;
 
-/// Which streams the request asks for (`stdin=1`, `stdout=1`, `stderr=1`, `tty=1`).
+/// Which streams the request asks for: `input=1` (stdin), `output=1` (stdout), `error=1`
+/// (stderr), `tty=1`, the parameter names the API server passes on (core/v1's Exec*Param).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Options {
     pub stdin: bool,
@@ -57,9 +58,9 @@ impl Options {
         let on = |k: &str| q.iter().any(|(n, v)| n == k && v == "1");
         let tty = on("tty");
         let o = Options {
-            stdin: on("stdin"),
-            stdout: on("stdout"),
-            stderr: on("stderr") && !tty,
+            stdin: on("input"),
+            stdout: on("output"),
+            stderr: on("error") && !tty,
             tty,
         };
         if !o.stdin && !o.stdout && !o.stderr {
@@ -140,6 +141,8 @@ pub struct Session {
     pub stderr: Option<Output>,
     pub resize: Option<mpsc::Receiver<TermSize>>,
     pub tty: bool,
+    /// The negotiated subprotocol ("" for a WebSocket client that asked for none).
+    pub protocol: String,
     conn: Conn,
 }
 
@@ -216,6 +219,7 @@ where
                 stderr: out(opts.stderr, STDERR),
                 resize,
                 tty: opts.tty,
+                protocol: protocol.clone(),
                 conn: Conn::Ws(conn.clone()),
             };
             let finish = Finish {
@@ -302,6 +306,7 @@ async fn spdy_streams(
         stderr: stderr.clone(),
         resize: resize.filter(|_| opts.tty).map(|s| decode_resize(s.rx.into_inner())),
         tty: opts.tty,
+        protocol: protocol.to_string(),
         conn: Conn::Spdy(conn.clone()),
     };
     let finish = Finish {
@@ -422,7 +427,7 @@ mod tests {
 
     #[test]
     fn options_as_kubelet_reads_them() {
-        let o = Options::from_query(&q("stdin=1&stdout=1&stderr=1&tty=1&command=sh")).unwrap();
+        let o = Options::from_query(&q("input=1&output=1&error=1&tty=1&command=sh")).unwrap();
         assert_eq!(
             o,
             Options {
@@ -433,7 +438,8 @@ mod tests {
             }
         );
         assert!(Options::from_query(&q("command=ls&tty=1")).is_err());
-        assert!(Options::from_query(&q("stdout=true")).is_err());
+        assert!(Options::from_query(&q("output=true")).is_err());
+        assert!(Options::from_query(&q("stdout=1")).is_err());
         assert_eq!(
             query_all(&q("command=sh&command=-c&command=a%20b"), "command"),
             ["sh", "-c", "a b"]
