@@ -809,6 +809,19 @@ fn containers_survive_owner_sigkill_and_are_readopted() -> Result<()> {
             "still running after the owner died"
         );
         let ticks_at_kill = output(&logs.join("long.log"))?.0.len();
+        // The monitor's attach socket is found by the new owner too.
+        let (mut rd, _wr) = rt
+            .attach(
+                long,
+                AttachOptions {
+                    stdout: true,
+                    ..Default::default()
+                },
+            )
+            .await?
+            .into_split();
+        attach_until(&mut rd, "tick", Duration::from_secs(5)).await?;
+        drop(rd);
         // wait() on an adopted container, which exits later with its own code.
         let exit = tokio::time::timeout(Duration::from_secs(20), rt.wait(long)).await??;
         ensure!(exit.exit_code == 7, "{exit:?}");
