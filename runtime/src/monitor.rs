@@ -129,7 +129,6 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     drop(reply);
 
     let status = pump(init, sources, &mut log, &mut attach);
-    attach.finish(Duration::from_secs(1));
     let (exit_code, signal, reason) = match status {
         Some(WaitStatus::Exited(_, c)) => (c, None, None),
         Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32), None),
@@ -151,7 +150,10 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
         reason,
     };
-    match write_json_atomic(&args.bundle.join("exit.json"), &exit) {
+    let recorded = write_json_atomic(&args.bundle.join("exit.json"), &exit);
+    // Attachers see the end of their session only after the exit is recorded.
+    attach.finish(Duration::from_secs(1));
+    match recorded {
         Ok(()) => 0,
         Err(_) => 1,
     }

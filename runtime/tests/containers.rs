@@ -120,6 +120,10 @@ fn main() {
             attach_stdin_and_tagged_output_to_several_attachers,
         ),
         trial("attach_refusals", attach_refusals),
+        trial(
+            "attach_stdin_once_on_a_terminal_hangs_up_on_detach",
+            attach_stdin_once_on_a_terminal_hangs_up_on_detach,
+        ),
         trial("slow_attacher_does_not_stall_the_log", slow_attacher_does_not_stall_the_log),
     ];
     let conclusion = libtest_mimic::run(&args, tests);
@@ -1374,6 +1378,33 @@ fn attach_to_a_tty_container() -> Result<()> {
                 rt.attach(&id, AttachOptions::default()).await.is_err(),
                 "attaching to an exited container must fail"
             );
+            Ok(())
+        })
+        .await
+    })
+}
+
+fn attach_stdin_once_on_a_terminal_hangs_up_on_detach() -> Result<()> {
+    block(async {
+        let mut c = config("attach-once-tty", &["sh"]);
+        (c.stdin, c.stdin_once, c.tty) = (true, true, true);
+        with_running(&c, |id| async move {
+            let rt = &env().rt;
+            let opts = AttachOptions {
+                stdin: true,
+                stdout: true,
+                stderr: false,
+            };
+            let (mut rd, mut wr) = rt.attach(&id, opts).await?.into_split();
+            wr.write_stdin(b"echo x-$((2*3))\n").await?;
+            attach_until(&mut rd, "x-6", Duration::from_secs(10)).await?;
+            // As containerd's shim: closing a terminal's stdin hangs the terminal up; the
+            // interactive shell (SIGHUP, then end of input) exits.
+            wr.close_stdin().await?;
+            tokio::time::timeout(Duration::from_secs(10), rt.wait(&id))
+                .await
+                .map_err(|_| anyhow!("the shell did not end after its terminal's stdin was closed"))??;
+            ensure!(rd.next().await.is_none(), "the session should end with the container");
             Ok(())
         })
         .await
