@@ -1000,7 +1000,10 @@ fn stdin_and_tty_pods_run_and_log() {
         let (tty, input) = (a.logs("term", "container=tty"), a.logs("term", "container=in"));
         // A terminal's output goes to the log as stdout, with the terminal's line endings.
         if tty.contains("/dev/pts/0") && tty.contains("on-a-terminal") && input.contains("waiting for stdin") {
-            assert!(!input.contains("never"), "stdin without an attacher must stay open: {input}");
+            assert!(
+                !input.contains("never"),
+                "stdin without an attacher must stay open: {input}"
+            );
             break;
         }
         assert!(Instant::now() < deadline, "logs: {tty:?} {input:?}");

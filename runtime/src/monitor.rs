@@ -1,8 +1,10 @@
 //! The per-container monitor (docs/runtime.md#the-monitor): the container's parent and the holder of its
 //! stdio. Forked from the zygote into a session of its own, it mounts the rootfs, creates the
 //! container through libcontainer, reports back, then copies stdout/stderr into the CRI log
-//! until the container exits, and records the exit status atomically. No threads, no async:
-//! a poll loop over two pipes and a pidfd. It outlives the agent.
+//! until the container exits, and records the exit status atomically. It holds the container's
+//! stdin (or its terminal's master) and serves attachers ([`crate::attach::server`]). No
+//! threads, no async: a poll loop over the output, a pidfd and the attach socket
+//! (docs/runtime.md#terminals-and-attach). It outlives the agent.
 //!
 //! A zygote worker forks it and calls [`run`]; that is the only tie between the two. The
 //! monitor answers the `Create` request itself over [`crate::proto`] and uses the process
@@ -24,8 +26,8 @@ use crate::container::{ExitRecord, MonitorRecord};
 use crate::crilog::{LineSplitter, LogWriter, Stream};
 use crate::pidfd::process_start_time;
 use crate::process::{detach_stdio, exit, set_name, set_title};
-use crate::tty::ConsoleSocket;
 use crate::proto::{write_reply, CreateArgs, Reply};
+use crate::tty::ConsoleSocket;
 use ferrolet_fsutil::{chain, write_json_atomic};
 
 /// How long output is still collected after the container's init exits, for processes that
@@ -162,12 +164,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
 /// Copy output into the log (and to attachers) until the container has exited and its
 /// output is drained, serving the attach socket meanwhile. Returns the init process's wait
 /// status.
-fn pump(
-    init: Pid,
-    sources: [Option<File>; 2],
-    log: &mut LogWriter,
-    attach: &mut AttachServer,
-) -> Option<WaitStatus> {
+fn pump(init: Pid, sources: [Option<File>; 2], log: &mut LogWriter, attach: &mut AttachServer) -> Option<WaitStatus> {
     let pidfd = crate::pidfd::PidFd::open(init.as_raw()).ok().map(|p| p.into_fd());
     let mut pipes = sources;
     let mut split = [LineSplitter::default(), LineSplitter::default()];
@@ -241,7 +238,11 @@ fn pump(
                     split[i].push(&buf[..n], &mut emit);
                     attach.output(stream, &buf[..n]);
                 }
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
                 // End of output (EIO is how a pty master says the terminal's last user left).
                 Ok(_) | Err(_) => {
                     split[i].finish(&mut emit);
@@ -333,7 +334,11 @@ impl Stdio {
     /// terminal: libcontainer connects stdio to the pty itself.
     fn container_ends(&self) -> Result<Option<[OwnedFd; 3]>, String> {
         let Stdio::Pipes {
-            stdin, out, err, devnull, ..
+            stdin,
+            out,
+            err,
+            devnull,
+            ..
         } = self
         else {
             return Ok(None);
@@ -372,7 +377,11 @@ impl Stdio {
                     .receive_master(Duration::from_secs(10))
                     .map_err(|e| format!("receiving the container's terminal: {e}"))?;
                 drop(console);
-                let dup = |what: &str| master.try_clone().map_err(|e| format!("dup of the pty master for {what}: {e}"));
+                let dup = |what: &str| {
+                    master
+                        .try_clone()
+                        .map_err(|e| format!("dup of the pty master for {what}: {e}"))
+                };
                 let stdin = if args.stdin { Some(dup("stdin")?) } else { None };
                 let resize = Some(dup("resize")?);
                 Ok((

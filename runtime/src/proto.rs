@@ -58,7 +58,7 @@ pub(crate) struct ExecArgs {
     /// Run on a terminal: the whole OCI process (terminal set) to run, written to a
     /// process.json for libcontainer; the pty master goes back over the console fd.
     #[serde(default)]
-    pub tty_process: Option<oci_spec::runtime::Process>,
+    pub tty_process: Option<Box<oci_spec::runtime::Process>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

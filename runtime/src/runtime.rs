@@ -460,7 +460,7 @@ impl Runtime {
     /// resizes with [`crate::resize_tty`]. `TERM=xterm` is set unless `spec.env` sets `TERM`.
     pub async fn exec_tty(&self, id: &str, spec: &ExecSpec) -> Result<(ExecProcess, OwnedFd)> {
         let mut args = self.exec_args(id, spec)?;
-        args.tty_process = Some(self.tty_process(id, &args)?);
+        args.tty_process = Some(Box::new(self.tty_process(id, &args)?));
         let (ours, theirs) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
             nix::sys::socket::SockType::Stream,
@@ -492,7 +492,10 @@ impl Runtime {
         if !info.is_running() {
             return Err(Error::container(
                 id,
-                format!("cannot attach: the container is not running (state {})", state_word(&info.state)),
+                format!(
+                    "cannot attach: the container is not running (state {})",
+                    state_word(&info.state)
+                ),
             ));
         }
         Attach::connect(id, &self.dir(id), opts).await

@@ -69,13 +69,8 @@ impl ConsoleSocket {
         let mut buf = [0u8; 64];
         let mut iov = [IoSliceMut::new(&mut buf)];
         let mut cmsg = nix::cmsg_space!([RawFd; 1]);
-        let msg = recvmsg::<()>(
-            conn.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(io::Error::from)?;
+        let msg = recvmsg::<()>(conn.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
+            .map_err(io::Error::from)?;
         let mut got = None;
         for c in msg.cmsgs().map_err(io::Error::from)? {
             if let ControlMessageOwned::ScmRights(fds) = c {
@@ -192,7 +187,10 @@ mod tests {
         resize_tty(pty.master.as_fd(), 132, 43).expect("resize");
         let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
         // SAFETY: TIOCGWINSZ writes one winsize.
-        assert_eq!(unsafe { libc::ioctl(pty.slave.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) }, 0);
+        assert_eq!(
+            unsafe { libc::ioctl(pty.slave.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) },
+            0
+        );
         assert_eq!((ws.ws_col, ws.ws_row), (132, 43));
     }
 

@@ -465,10 +465,8 @@ mod tests {
 
     #[test]
     fn stdin_and_tty_are_supported() {
-        let p = pod(
-            serde_json::json!({"metadata":{"name":"a"},"spec":{"containers":[
-            {"name":"c","image":"x","stdin":true,"stdinOnce":true,"tty":true}]}}),
-        );
+        let p = pod(serde_json::json!({"metadata":{"name":"a"},"spec":{"containers":[
+            {"name":"c","image":"x","stdin":true,"stdinOnce":true,"tty":true}]}}));
         assert_eq!(unsupported(&p), None);
         assert!(validate(&p).is_empty(), "{:?}", validate(&p));
     }

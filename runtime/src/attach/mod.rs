@@ -65,15 +65,13 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 impl Attach {
     /// Connect to the monitor's socket `<dir>/attach` and ask for `opts`.
     pub(crate) async fn connect(id: &str, dir: &Path, opts: AttachOptions) -> Result<Attach> {
-        let sock = connect_in(dir, wire_name())
-            .await
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Error::container(
-                    id,
-                    "attach: the container's monitor serves no attach socket (it was started by an older ferrolet)",
-                ),
-                _ => Error::container(id, format!("attach: connecting to the container's monitor: {e}")),
-            })?;
+        let sock = connect_in(dir, wire_name()).await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::container(
+                id,
+                "attach: the container's monitor serves no attach socket (it was started by an older ferrolet)",
+            ),
+            _ => Error::container(id, format!("attach: connecting to the container's monitor: {e}")),
+        })?;
         let (mut rd, mut wr) = sock.into_split();
         let hello = Hello {
             stdin: opts.stdin,
@@ -81,7 +79,8 @@ impl Attach {
             stderr: opts.stderr,
         };
         let req = wire::frame(wire::HELLO, &serde_json::to_vec(&hello).unwrap_or_default());
-        let io_err = |e: std::io::Error| Error::container(id, format!("attach: talking to the container's monitor: {e}"));
+        let io_err =
+            |e: std::io::Error| Error::container(id, format!("attach: talking to the container's monitor: {e}"));
         wr.write_all(&req).await.map_err(io_err)?;
         let mut dec = Decoder::default();
         let mut buf = vec![0u8; 64 * 1024];
@@ -122,7 +121,10 @@ impl Attach {
                     Err(Error::invalid_config(r.field, r.reason))
                 }
             }
-            k => Err(Error::container(id, format!("attach: unexpected answer {k} from the monitor"))),
+            k => Err(Error::container(
+                id,
+                format!("attach: unexpected answer {k} from the monitor"),
+            )),
         }
     }
 
@@ -184,7 +186,10 @@ impl AttachWriter {
     /// the container's stdin is closed (`stdinOnce`) the bytes are dropped.
     pub async fn write_stdin(&mut self, data: &[u8]) -> Result<()> {
         if !self.stdin {
-            return Err(Error::invalid_config("stdin", "this attach session was opened without stdin"));
+            return Err(Error::invalid_config(
+                "stdin",
+                "this attach session was opened without stdin",
+            ));
         }
         if self.stdin_closed {
             return Err(Error::container(&self.id, "attach: stdin was already closed"));

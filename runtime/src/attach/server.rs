@@ -224,7 +224,10 @@ impl AttachServer {
             let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(1000) as i32)
                 .unwrap_or(nix::poll::PollTimeout::ZERO);
             let ready: Vec<bool> = match nix::poll::poll(&mut pfds, ms) {
-                Ok(_) => pfds.iter().map(|p| p.revents().is_some_and(|r| !r.is_empty())).collect(),
+                Ok(_) => pfds
+                    .iter()
+                    .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+                    .collect(),
                 Err(_) => vec![false; pfds.len()],
             };
             drop(pfds);
@@ -346,8 +349,10 @@ impl AttachServer {
             stdin_open: self.stdin.is_some() && !self.close_when_flushed,
         };
         c.hello = Some(hello);
-        c.out
-            .extend(wire::frame(wire::WELCOME, &serde_json::to_vec(&welcome).unwrap_or_default()));
+        c.out.extend(wire::frame(
+            wire::WELCOME,
+            &serde_json::to_vec(&welcome).unwrap_or_default(),
+        ));
         flush_client(c);
     }
 
