@@ -1433,7 +1433,7 @@ fn attach_stdin_once_closes_stdin_on_detach() -> Result<()> {
                 stderr: true,
             };
             let mut a = rt.attach(&id, opts).await?;
-            ensure!(!a.tty());
+            ensure!(!a.tty() && a.stdin_open());
             a.write_stdin(b"line-one\n").await?;
             let (mut rd, wr) = a.into_split();
             attach_until(&mut rd, "line-one", Duration::from_secs(10)).await?;
@@ -1491,9 +1491,10 @@ fn attach_stdin_and_tagged_output_to_several_attachers() -> Result<()> {
                 bo == "out:x\n" && be.is_empty(),
                 "second attacher (stdout only): {bo:?} {be:?}"
             );
-            // Without stdinOnce an attacher closing its stdin leaves the container's open.
+            // Without stdinOnce an attacher closing its stdin (and dropping its writer) leaves
+            // the container's open, and it still gets output.
             a_wr.close_stdin().await?;
-            drop((a_rd, a_wr));
+            drop(a_wr);
             tokio::time::sleep(Duration::from_millis(300)).await;
             ensure!(
                 rt.inspect(&id)?.is_running(),
@@ -1502,7 +1503,8 @@ fn attach_stdin_and_tagged_output_to_several_attachers() -> Result<()> {
             let (mut c_rd, mut c_wr) = rt.attach(&id, all).await?.into_split();
             c_wr.write_stdin(b"y\nbye\n").await?;
             attach_until(&mut c_rd, "out:bye", Duration::from_secs(10)).await?;
-            drop((c_rd, c_wr, b_rd));
+            attach_until(&mut a_rd, "out:bye", Duration::from_secs(10)).await?;
+            drop((a_rd, c_rd, c_wr, b_rd));
             let exit = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
             ensure!(exit.exit_code == 0, "{exit:?}");
             let (out, err) = output(&log)?;

@@ -56,6 +56,7 @@ pub struct AttachWriter {
     wr: OwnedWriteHalf,
     tty: bool,
     stdin: bool,
+    stdin_open: bool,
     stdin_closed: bool,
 }
 
@@ -106,6 +107,7 @@ impl Attach {
                         wr,
                         tty: w.tty,
                         stdin: opts.stdin,
+                        stdin_open: w.stdin_open,
                         stdin_closed: false,
                     },
                 })
@@ -134,6 +136,13 @@ impl Attach {
         self.reader.tty
     }
 
+    /// Whether the container's stdin was open when this session began: false for a container
+    /// without `stdin`, or a `stdinOnce` container whose stdin an earlier attacher closed
+    /// (what is written then is dropped, as with containerd).
+    pub fn stdin_open(&self) -> bool {
+        self.writer.stdin_open
+    }
+
     /// The next output; None when the container exited (or its monitor went away).
     pub async fn next(&mut self) -> Option<AttachOutput> {
         self.reader.next().await
@@ -151,8 +160,9 @@ impl Attach {
         self.writer.resize(width, height).await
     }
 
-    /// Separate halves, to read output and write stdin from different tasks. Dropping both
-    /// detaches.
+    /// Separate halves, to read output and write stdin from different tasks. Dropping the
+    /// writer ends this attacher's stdin (see [`AttachWriter::close_stdin`]) while the reader
+    /// still gets output; dropping both detaches.
     pub fn into_split(self) -> (AttachReader, AttachWriter) {
         (self.reader, self.writer)
     }
@@ -180,6 +190,11 @@ impl AttachReader {
 impl AttachWriter {
     pub fn tty(&self) -> bool {
         self.tty
+    }
+
+    /// See [`Attach::stdin_open`].
+    pub fn stdin_open(&self) -> bool {
+        self.stdin_open
     }
 
     /// Write to the container's stdin. Delivered in order with other attachers' input; once

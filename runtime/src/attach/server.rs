@@ -53,8 +53,12 @@ struct Client {
     dec: Decoder,
     out: VecDeque<u8>,
     hello: Option<Hello>,
-    /// Its stdin ended (CLOSE_STDIN); later STDIN frames are ignored.
+    /// Its stdin ended (CLOSE_STDIN, or it shut down its sending side); later STDIN frames
+    /// are ignored.
     stdin_done: bool,
+    /// It shut down its sending side: nothing more to read, but it may still take output
+    /// (a caller that dropped only its writer half).
+    input_done: bool,
     /// Refused: flush the refusal, then close.
     closing: bool,
     gone: bool,
@@ -122,7 +126,7 @@ impl AttachServer {
         let read_more = self.pending.len() < MAX_PENDING_STDIN;
         for (i, c) in self.clients.iter().enumerate() {
             let mut f = PollFlags::empty();
-            if !c.closing && (read_more || c.hello.is_none()) {
+            if !c.closing && !c.input_done && (read_more || c.hello.is_none()) {
                 f |= PollFlags::POLLIN;
             }
             if !c.out.is_empty() {
@@ -141,10 +145,13 @@ impl AttachServer {
         match slot {
             Slot::Listener => self.accept(),
             Slot::Client(i) => {
-                if revents.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
+                if revents.contains(PollFlags::POLLIN) && !self.clients[i].input_done {
                     self.read_client(i);
                 }
-                if revents.contains(PollFlags::POLLOUT) {
+                if revents.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
+                    // Closed entirely (a half-close is only end of input): detached.
+                    self.clients[i].gone = true;
+                } else if revents.contains(PollFlags::POLLOUT) {
                     flush_client(&mut self.clients[i]);
                 }
             }
@@ -254,6 +261,7 @@ impl AttachServer {
                         out: VecDeque::new(),
                         hello: None,
                         stdin_done: false,
+                        input_done: false,
                         closing: false,
                         gone: false,
                     });
@@ -268,7 +276,15 @@ impl AttachServer {
         let mut buf = [0u8; 32 * 1024];
         let n = match self.clients[i].sock.read(&mut buf) {
             Ok(0) => {
-                self.clients[i].gone = true;
+                // End of its input: its stdin ends, its output goes on until it closes.
+                let c = &mut self.clients[i];
+                c.input_done = true;
+                if c.hello.is_none() {
+                    c.gone = true;
+                } else if c.hello.is_some_and(|h| h.stdin) && !c.stdin_done {
+                    c.stdin_done = true;
+                    self.stdin_ended();
+                }
                 return;
             }
             Ok(n) => n,
