@@ -444,3 +444,132 @@ fn flush_client(c: &mut Client) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Run the server's side of one poll round over whatever is ready now.
+    fn round(s: &mut AttachServer) {
+        let fds = s.fds();
+        let mut pfds: Vec<nix::poll::PollFd> = fds.iter().map(|(fd, f, _)| nix::poll::PollFd::new(*fd, *f)).collect();
+        let slots: Vec<Slot> = fds.iter().map(|(_, _, s)| *s).collect();
+        nix::poll::poll(&mut pfds, nix::poll::PollTimeout::from(200u16)).unwrap();
+        let rev: Vec<PollFlags> = pfds.iter().map(|p| p.revents().unwrap_or(PollFlags::empty())).collect();
+        drop(pfds);
+        drop(fds);
+        for (slot, r) in slots.into_iter().zip(rev) {
+            if !r.is_empty() {
+                s.ready(slot, r);
+            }
+        }
+        s.sweep();
+    }
+
+    fn hello(c: &mut UnixStream, stdin: bool) {
+        let h = Hello {
+            stdin,
+            stdout: true,
+            stderr: false,
+        };
+        c.write_all(&wire::frame(wire::HELLO, &serde_json::to_vec(&h).unwrap()))
+            .unwrap();
+    }
+
+    fn read_frames(c: &mut UnixStream) -> Vec<(u8, Vec<u8>)> {
+        c.set_nonblocking(true).unwrap();
+        let mut d = Decoder::default();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => d.push(&buf[..n]),
+                Err(_) => break,
+            }
+        }
+        let mut v = Vec::new();
+        while let Some(f) = d.next_frame().unwrap() {
+            v.push(f);
+        }
+        v
+    }
+
+    #[test]
+    fn a_slow_attacher_is_bounded_and_a_stdin_once_detach_closes_stdin() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let (mut s, err) = AttachServer::bind(
+            dir.path(),
+            StdioSetup {
+                tty: false,
+                stdin_once: true,
+                stdin: Some(w),
+                resize: None,
+            },
+        );
+        assert!(err.is_none());
+        let mut slow = UnixStream::connect(dir.path().join(SOCKET_NAME)).unwrap();
+        let mut fast = UnixStream::connect(dir.path().join(SOCKET_NAME)).unwrap();
+        hello(&mut slow, true);
+        hello(&mut fast, false);
+        for _ in 0..5 {
+            round(&mut s);
+        }
+        assert_eq!(s.clients.len(), 2);
+        // 8 MiB of output while `slow` reads nothing: its queue stays bounded.
+        let chunk = vec![b'x'; 64 * 1024];
+        for _ in 0..128 {
+            s.output(Stream::Stdout, &chunk);
+            s.output(Stream::Stderr, &chunk);
+            // `fast` keeps up.
+            let _ = read_frames(&mut fast);
+        }
+        assert!(s.clients.iter().all(|c| c.out.len() <= MAX_QUEUE));
+        let frames = read_frames(&mut slow);
+        assert_eq!(frames[0].0, wire::WELCOME);
+        assert!(
+            frames[1..].iter().all(|(k, _)| *k == wire::STDOUT),
+            "stderr was not asked for"
+        );
+        // stdin reaches the container's pipe; detaching closes it (stdinOnce).
+        slow.write_all(&wire::frame(wire::STDIN, b"hello\n")).unwrap();
+        round(&mut s);
+        drop(slow);
+        for _ in 0..3 {
+            round(&mut s);
+        }
+        assert_eq!(s.clients.len(), 1);
+        let mut got = String::new();
+        std::fs::File::from(r).read_to_string(&mut got).unwrap();
+        assert_eq!(got, "hello\n", "stdin delivered, then closed (EOF)");
+    }
+
+    #[test]
+    fn stdin_is_refused_by_name_without_a_container_stdin() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _) = AttachServer::bind(
+            dir.path(),
+            StdioSetup {
+                tty: false,
+                stdin_once: false,
+                stdin: None,
+                resize: None,
+            },
+        );
+        let mut c = UnixStream::connect(dir.path().join(SOCKET_NAME)).unwrap();
+        hello(&mut c, true);
+        for _ in 0..3 {
+            round(&mut s);
+        }
+        let frames = read_frames(&mut c);
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].0, wire::REFUSED);
+        let r: Refused = serde_json::from_slice(&frames[0].1).unwrap();
+        assert_eq!(r.field, "stdin");
+        assert!(s.clients.is_empty(), "a refused attacher is dropped");
+        let mode = std::fs::metadata(dir.path().join(SOCKET_NAME)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+    }
+}
