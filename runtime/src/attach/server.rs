@@ -145,10 +145,12 @@ impl AttachServer {
         match slot {
             Slot::Listener => self.accept(),
             Slot::Client(i) => {
+                let hup = revents.intersects(PollFlags::POLLHUP | PollFlags::POLLERR);
                 if revents.contains(PollFlags::POLLIN) && !self.clients[i].input_done {
-                    self.read_client(i);
+                    // Before a hang-up, take everything it sent (its last stdin).
+                    while self.read_client(i) && hup {}
                 }
-                if revents.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
+                if hup {
                     // Closed entirely (a half-close is only end of input): detached.
                     self.clients[i].gone = true;
                 } else if revents.contains(PollFlags::POLLOUT) {
@@ -272,7 +274,8 @@ impl AttachServer {
         }
     }
 
-    fn read_client(&mut self, i: usize) {
+    /// Read once and act on the whole frames; true when there may be more to read.
+    fn read_client(&mut self, i: usize) -> bool {
         let mut buf = [0u8; 32 * 1024];
         let n = match self.clients[i].sock.read(&mut buf) {
             Ok(0) => {
@@ -285,28 +288,29 @@ impl AttachServer {
                     c.stdin_done = true;
                     self.stdin_ended();
                 }
-                return;
+                return false;
             }
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => return,
+            Err(e) if e.kind() == ErrorKind::Interrupted => return true,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
             Err(_) => {
                 self.clients[i].gone = true;
-                return;
+                return false;
             }
         };
         self.clients[i].dec.push(&buf[..n]);
         loop {
             let frame = match self.clients[i].dec.next_frame() {
                 Ok(Some(f)) => f,
-                Ok(None) => return,
+                Ok(None) => return true,
                 Err(_) => {
                     self.clients[i].gone = true;
-                    return;
+                    return false;
                 }
             };
             self.frame(i, frame.0, &frame.1);
             if self.clients[i].gone || self.clients[i].closing {
-                return;
+                return false;
             }
         }
     }
