@@ -22,6 +22,7 @@ pub fn tests() -> Vec<Trial> {
             "streaming_port_forward_reaches_a_pod_httpd",
             port_forward_reaches_a_pod_httpd,
         ),
+        test("streaming_attach_to_a_stdin_container", attach_to_a_stdin_container),
     ]
 }
 
@@ -130,9 +131,69 @@ fn exec_stdin_output_and_exit_code() {
         );
         assert_eq!(out.stdout.len(), 3_000_000, "{transport}");
 
+        // A terminal: kubectl needs one of its own, so it runs under script(1).
+        let c = cluster();
+        let out = c
+            .net
+            .command("script")
+            .args(["-qec", "kubectl exec -it execed -- tty", "/dev/null"])
+            .env("KUBECONFIG", &c.kubeconfig)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{transport}: {text}");
+        assert!(text.contains("/dev/pts/"), "{transport}: {text}");
+
         // The transport was the one meant, not a fallback.
         let log = node.agent_log();
         assert!(log.contains(negotiated(transport).0), "{transport}: {log}");
+    }
+}
+
+/// kubectl attach to a container started with `stdin: true, stdinOnce: true`: what is typed
+/// reaches the container, the end of input closes its stdin, the session ends with it.
+fn attach_to_a_stdin_container() {
+    let c = cluster();
+    let node = c.node("attach");
+    for (transport, ws) in TRANSPORTS {
+        let name = format!("attached-{transport}");
+        c.apply(&format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  restartPolicy: Never
+  containers:
+  - name: app
+    image: {IMAGE}
+    stdin: true
+    stdinOnce: true
+    command: [sh, -c, "while read l; do echo got:$l; done; echo bye"]
+"#,
+            node = node.node
+        ));
+        c.wait("the pod to run", Duration::from_secs(60), || {
+            c.get_json(&["pod", &name])
+                .is_some_and(|p| p["status"]["phase"] == "Running")
+        });
+        let env = [("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", ws)];
+        let out = kubectl(&env, &["attach", "-i", &name], Some("a\nb\n"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{transport}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(stdout, "got:a\ngot:b\nbye\n", "{transport}");
+        c.wait("the container to end with its stdin", Duration::from_secs(30), || {
+            c.get_json(&["pod", &name])
+                .is_some_and(|p| p["status"]["phase"] == "Succeeded")
+        });
     }
 }
 

@@ -1,7 +1,7 @@
 //! `/attach/{namespace}/{pod}[/{uid}]/{container}?input=1&output=1&error=1&tty=1`: connect
 //! to the streams of a container's main process (a container with `stdin`/`tty` in its spec),
-//! over the same protocols as exec. The session with the container's monitor comes from the
-//! runtime's attach; [`attach_session`] is where it plugs in.
+//! over the same protocols as exec, through the runtime's attach session with the container's
+//! monitor (output as the monitor reads it, stdin, stdin's end, terminal sizes).
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::extract::{Path, State as AxState};
 use axum::http::{Request, StatusCode};
 use axum::response::Response;
-use ferrolet_runtime::Runtime;
+use ferrolet_runtime::{AttachOptions, AttachOutput, Runtime};
 use tracing::info;
 
 use super::remotecommand::{self, Options, Outcome, Session};
@@ -39,10 +39,67 @@ pub async fn handle(
     .await
 }
 
-/// Connect the session to the container's main process until it exits or the client leaves.
-pub async fn attach_session(_rt: Arc<Runtime>, id: String, _session: Session) -> Outcome {
-    // The runtime's attach (Runtime::attach) plugs in here.
-    Outcome::Error(format!(
-        "attaching to container {id} is not supported by this runtime yet"
-    ))
+/// Connect the session to the container's main process until it exits or the client leaves
+/// (the container goes on running; a `stdinOnce` container's stdin is closed when this
+/// attacher's stdin ends, by the monitor).
+pub async fn attach_session(rt: Arc<Runtime>, id: String, mut session: Session) -> Outcome {
+    let gone = session.client_gone();
+    let opts = AttachOptions {
+        stdin: session.stdin.is_some(),
+        stdout: session.stdout.is_some(),
+        stderr: session.stderr.is_some(),
+    };
+    let attach = match rt.attach(&id, opts).await {
+        Ok(a) => a,
+        Err(e) => return Outcome::Error(format!("{e:#}")),
+    };
+    let (mut reader, mut writer) = attach.into_split();
+    let (mut stdin, mut resize) = (session.stdin.take(), session.resize.take());
+    // Input: the client's stdin and terminal sizes, until both end. The writer lives as long
+    // as this task: dropping it would detach.
+    let input = tokio::spawn(async move {
+        while stdin.is_some() || resize.is_some() {
+            tokio::select! {
+                b = async { stdin.as_mut()?.recv().await }, if stdin.is_some() => match b {
+                    Some(b) => {
+                        if writer.write_stdin(&b).await.is_err() {
+                            stdin = None;
+                        }
+                    }
+                    None => {
+                        let _ = writer.close_stdin().await;
+                        stdin = None;
+                    }
+                },
+                s = async { resize.as_mut()?.recv().await }, if resize.is_some() => match s {
+                    Some(s) => {
+                        let _ = writer.resize(s.width, s.height).await;
+                    }
+                    None => resize = None,
+                },
+            }
+        }
+        writer
+    });
+    let (stdout, stderr) = (session.stdout.take(), session.stderr.take());
+    tokio::pin!(gone);
+    loop {
+        let out = tokio::select! {
+            o = reader.next() => o,
+            _ = &mut gone => break,
+        };
+        let (data, to) = match out {
+            Some(AttachOutput::Stdout(b)) => (b, stdout.as_ref()),
+            // With a terminal everything is stdout; without one, stderr goes where asked.
+            Some(AttachOutput::Stderr(b)) => (b, stderr.as_ref()),
+            None => break,
+        };
+        if let Some(to) = to {
+            if to.write(&data).await.is_err() {
+                break;
+            }
+        }
+    }
+    input.abort();
+    Outcome::Success
 }

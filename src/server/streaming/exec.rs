@@ -6,7 +6,7 @@
 //! runtime's pty (one stream, stderr merged, resize events applied to it). The client going
 //! away kills the process.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -183,20 +183,6 @@ fn kill(pid: i32) {
     }
 }
 
-/// Set a pty's window size (TIOCSWINSZ on its master).
-pub fn set_winsize(fd: &OwnedFd, width: u16, height: u16) {
-    let ws = libc::winsize {
-        ws_row: height,
-        ws_col: width,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which outlives the call.
-    unsafe {
-        libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws);
-    }
-}
-
 /// Connect a pty master to the session: stdin into it, its output to stdout, resize events
 /// applied to it; ends when the output reaches EOF (the pty's last holder exited).
 pub async fn pump_pty(master: OwnedFd, mut session: Session) -> anyhow::Result<()> {
@@ -204,7 +190,9 @@ pub async fn pump_pty(master: OwnedFd, mut session: Session) -> anyhow::Result<(
         let fd = master.try_clone()?;
         tokio::spawn(async move {
             while let Some(s) = rx.recv().await {
-                set_winsize(&fd, s.width, s.height);
+                if let Err(e) = ferrolet_runtime::resize_tty(fd.as_fd(), s.width, s.height) {
+                    tracing::debug!(error = %e, "exec: resizing the terminal");
+                }
             }
         });
     }
@@ -221,7 +209,24 @@ pub async fn pump_pty(master: OwnedFd, mut session: Session) -> anyhow::Result<(
     Ok(())
 }
 
-async fn run_tty(_rt: &Runtime, _id: &str, _spec: &ExecSpec, _session: Session) -> anyhow::Result<i32> {
-    // The runtime's pty exec (Runtime::exec_tty) plugs in here with pump_pty.
-    anyhow::bail!("a tty is not supported by this runtime yet")
+async fn run_tty(rt: &Runtime, id: &str, spec: &ExecSpec, session: Session) -> anyhow::Result<i32> {
+    let gone = session.client_gone();
+    let (proc_, master) = rt.exec_tty(id, spec).await?;
+    let pid = proc_.pid();
+    let output = pump_pty(master, session);
+    let wait = proc_.wait();
+    tokio::pin!(gone, wait, output);
+    let code = tokio::select! {
+        code = &mut wait => code?,
+        _ = &mut gone => {
+            kill(pid);
+            return Ok(128 + libc::SIGKILL);
+        }
+    };
+    // What the process wrote before it exited is still in the terminal.
+    tokio::select! {
+        _ = &mut output => {}
+        _ = &mut gone => {}
+    }
+    Ok(code)
 }
