@@ -270,6 +270,7 @@ impl HeaderDecoder {
         loop {
             out.reserve(1024);
             let (in0, out0) = (self.z.total_in(), out.len());
+            let mut dictionary_set = false;
             match self.z.decompress_vec(input, &mut out, FlushDecompress::Sync) {
                 Ok(Status::StreamEnd) => return Err(bad("header block ended the zlib stream")),
                 Ok(_) => {}
@@ -277,6 +278,7 @@ impl HeaderDecoder {
                     self.z
                         .set_dictionary(dictionary())
                         .map_err(|e| bad(format!("header block dictionary: {e}")))?;
+                    dictionary_set = true;
                 }
                 Err(e) => return Err(bad(format!("decompressing a header block: {e}"))),
             }
@@ -284,12 +286,16 @@ impl HeaderDecoder {
             if out.len() > MAX_FRAME {
                 return Err(bad("header block too large"));
             }
-            let progressed = out.len() > out0 || self.z.total_in() > in0;
+            // Done when all input is consumed and the output was not cut short.
             if input.is_empty() && out.len() < out.capacity() {
                 return Ok(out);
             }
-            if !progressed && input.is_empty() {
-                return Ok(out);
+            let progressed = out.len() > out0 || self.z.total_in() > in0 || dictionary_set;
+            if !progressed {
+                if input.is_empty() {
+                    return Ok(out);
+                }
+                return Err(bad("header block does not decompress"));
             }
         }
     }
@@ -345,19 +351,30 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, dec: &mut HeaderDecoder
         Err(e) => return Err(e),
     }
     r.read_exact(&mut head[1..]).await?;
-    let flags = head[4];
-    let len = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
+    let len = frame_len(&head);
     if len > MAX_FRAME {
         return Err(bad(format!("frame of {len} bytes")));
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await?;
+    decode_frame(head, body, dec).map(Some)
+}
+
+/// The length of the frame whose 8-byte head is `head`.
+pub fn frame_len(head: &[u8; 8]) -> usize {
+    u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize
+}
+
+/// Parse one frame from its head and body (header blocks through `dec`, which must see every
+/// block of the connection in order). The input is the peer's: anything may be in it.
+pub fn decode_frame(head: [u8; 8], body: Vec<u8>, dec: &mut HeaderDecoder) -> io::Result<Frame> {
+    let flags = head[4];
     if head[0] & 0x80 == 0 {
-        return Ok(Some(Frame::Data {
+        return Ok(Frame::Data {
             stream_id: u32::from_be_bytes([head[0], head[1], head[2], head[3]]) & 0x7fff_ffff,
             fin: flags & FLAG_FIN != 0,
             data: Bytes::from(body),
-        }));
+        });
     }
     let version = u16::from_be_bytes([head[0], head[1]]) & 0x7fff;
     if version != VERSION {
@@ -366,7 +383,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, dec: &mut HeaderDecoder
     let kind = u16::from_be_bytes([head[2], head[3]]);
     let b = &body[..];
     let sid = |at| u32_at(b, at).map(|v| v & 0x7fff_ffff);
-    Ok(Some(match kind {
+    Ok(match kind {
         SYN_STREAM => {
             if b.len() < 10 {
                 return Err(bad("SYN_STREAM too short"));
@@ -413,17 +430,20 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, dec: &mut HeaderDecoder
             delta: u32_at(b, 4)? & 0x7fff_ffff,
         },
         other => Frame::Unknown { kind: other },
-    }))
+    })
 }
 
-fn control(kind: u16, flags: u8, body: &[u8]) -> Vec<u8> {
+fn control(kind: u16, flags: u8, body: &[u8]) -> io::Result<Vec<u8>> {
+    if body.len() >= MAX_FRAME {
+        return Err(bad("control frame too large"));
+    }
     let mut out = Vec::with_capacity(8 + body.len());
     out.extend_from_slice(&(0x8000 | VERSION).to_be_bytes());
     out.extend_from_slice(&kind.to_be_bytes());
     out.push(flags);
     out.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
     out.extend_from_slice(body);
-    out
+    Ok(out)
 }
 
 /// Serialize one frame (header blocks through `enc`, which must see every block in order).
@@ -458,7 +478,7 @@ pub fn encode(f: &Frame, enc: &mut HeaderEncoder) -> io::Result<Vec<u8>> {
             b.push(priority << 5);
             b.push(0);
             b.extend(enc.encode(headers)?);
-            control(SYN_STREAM, *flags, &b)
+            control(SYN_STREAM, *flags, &b)?
         }
         Frame::SynReply {
             stream_id,
@@ -467,7 +487,7 @@ pub fn encode(f: &Frame, enc: &mut HeaderEncoder) -> io::Result<Vec<u8>> {
         } => {
             let mut b = stream_id.to_be_bytes().to_vec();
             b.extend(enc.encode(headers)?);
-            control(SYN_REPLY, fin(*f), &b)
+            control(SYN_REPLY, fin(*f), &b)?
         }
         Frame::Headers {
             stream_id,
@@ -476,12 +496,12 @@ pub fn encode(f: &Frame, enc: &mut HeaderEncoder) -> io::Result<Vec<u8>> {
         } => {
             let mut b = stream_id.to_be_bytes().to_vec();
             b.extend(enc.encode(headers)?);
-            control(HEADERS, fin(*f), &b)
+            control(HEADERS, fin(*f), &b)?
         }
         Frame::RstStream { stream_id, status } => {
             let mut b = stream_id.to_be_bytes().to_vec();
             b.extend_from_slice(&status.to_be_bytes());
-            control(RST_STREAM, 0, &b)
+            control(RST_STREAM, 0, &b)?
         }
         Frame::Settings { flags, entries } => {
             let mut b = (entries.len() as u32).to_be_bytes().to_vec();
@@ -489,21 +509,21 @@ pub fn encode(f: &Frame, enc: &mut HeaderEncoder) -> io::Result<Vec<u8>> {
                 b.extend_from_slice(&((u32::from(*f) << 24) | (id & 0x00ff_ffff)).to_be_bytes());
                 b.extend_from_slice(&v.to_be_bytes());
             }
-            control(SETTINGS, *flags, &b)
+            control(SETTINGS, *flags, &b)?
         }
-        Frame::Ping { id } => control(PING, 0, &id.to_be_bytes()),
+        Frame::Ping { id } => control(PING, 0, &id.to_be_bytes())?,
         Frame::GoAway {
             last_good_stream_id,
             status,
         } => {
             let mut b = last_good_stream_id.to_be_bytes().to_vec();
             b.extend_from_slice(&status.to_be_bytes());
-            control(GOAWAY, 0, &b)
+            control(GOAWAY, 0, &b)?
         }
         Frame::WindowUpdate { stream_id, delta } => {
             let mut b = stream_id.to_be_bytes().to_vec();
             b.extend_from_slice(&delta.to_be_bytes());
-            control(WINDOW_UPDATE, 0, &b)
+            control(WINDOW_UPDATE, 0, &b)?
         }
         Frame::Unknown { .. } => return Err(bad("cannot encode an unknown frame")),
     })
