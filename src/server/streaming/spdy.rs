@@ -635,6 +635,22 @@ mod tests {
         assert_eq!(headers.get("missing"), None);
     }
 
+    /// The fuzz seeds are written by Python's zlib with the dictionary (fuzz/seeds/make.py):
+    /// another implementation's header blocks decode here.
+    #[tokio::test]
+    async fn header_blocks_from_another_zlib_decode() {
+        let wire = include_bytes!("../../../fuzz/seeds/spdy_frames/exec");
+        let mut dec = HeaderDecoder::new();
+        let mut r = &wire[..];
+        let mut kinds = Vec::new();
+        while let Some(f) = read_frame(&mut r, &mut dec).await.unwrap() {
+            if let Frame::SynStream { headers, .. } = &f {
+                kinds.push(headers.get("streamType").unwrap().to_string());
+            }
+        }
+        assert_eq!(kinds, ["error", "stdin", "stdout"]);
+    }
+
     #[tokio::test]
     async fn truncated_and_foreign_input_is_an_error() {
         let mut dec = HeaderDecoder::new();
