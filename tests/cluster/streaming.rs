@@ -80,6 +80,34 @@ fn exec_stdin_output_and_exit_code() {
     let c = cluster();
     let node = c.node("exec");
     httpd_pod("execed", &node.node);
+
+    // /run through the API server's node proxy: the output, or kubelet's errors.
+    let run = |path: &str| kubectl(&[], &["create", "--raw", path, "-f", "-"], Some(""));
+    let base = format!("/api/v1/nodes/{}/proxy", node.node);
+    let out = run(&format!("{base}/run/default/execed/app?cmd=echo%20hello%20run"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello run\n");
+    // kubectl shows a 404 without its body.
+    let out = run(&format!("{base}/run/default/nope/app?cmd=true"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("NotFound"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&format!("{base}/run/default/execed/nope?cmd=true"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("container not found"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let uid = c.get_json(&["pod", "execed"]).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = run(&format!("{base}/run/default/execed/{uid}/app?cmd=echo%20by%20uid"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "by uid\n");
+    let out = run(&format!("{base}/run/default/execed/not-the-uid/app?cmd=true"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound"));
     for (transport, ws) in TRANSPORTS {
         let env = [("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", ws)];
         // stdin reaches the command and its end ends `cat`.
