@@ -2,6 +2,7 @@
 //! KubeletConfiguration file (`--config`, [`file`]), then flags with kubelet's names
 //! ([`flags`]). Later wins. [`load`] does all three and the checks across fields.
 
+pub mod effective;
 pub mod file;
 mod flags;
 pub mod serving;

@@ -14,6 +14,8 @@ pub mod clientcert;
 mod conn;
 pub mod exec;
 mod healthz;
+mod node;
+pub mod node_logs;
 pub mod tls;
 
 use std::net::{IpAddr, SocketAddr};
@@ -172,8 +174,21 @@ pub fn kubelet_router(state: Arc<State>) -> Router {
         .route("/healthz/{check}", get(healthz::one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/runningpods/", get(node::runningpods))
+        .route("/configz", get(node::configz))
+        .route("/spec/", get(node::spec))
+        .route("/spec", get(node::spec))
+        .route("/logs/", get(system_logs))
+        .route("/logs/{*path}", get(system_logs))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
         .with_state(state)
+}
+
+/// `/logs/...`: files and listings under /var/log.
+async fn system_logs(uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let rel = path.strip_prefix("/logs/").unwrap_or("");
+    node_logs::serve(std::path::Path::new(node_logs::LOG_DIR), rel, path).await
 }
 
 /// `/healthz` alone, for the plain healthz port.
