@@ -174,6 +174,12 @@ fn tls_port_with_client_certificates_and_the_healthz_port() {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("hello-10250"), "{body}");
 
+    // TLS 1.2 too: the client's handshake signature is checked with its certificate's key
+    let mut tls12 = with_cert.to_vec();
+    tls12.extend(["--tls-max", "1.2"]);
+    let (code, body) = curl(&tls12, &format!("{base}/healthz"));
+    assert_eq!((code, body.as_str()), (200, "ok"));
+
     // pods as the runtime sees them: name, namespace, uid; containers with name and image
     let (code, body) = curl(&with_cert, &format!("{base}/runningpods/"));
     assert_eq!(code, 200, "{body}");
