@@ -30,6 +30,10 @@ pub fn tests() -> Vec<Trial> {
             "serving_certificate_is_requested_and_served_once_approved",
             serving_certificate_is_requested_and_served_once_approved,
         ),
+        test(
+            "serving_certificate_rotates_without_a_restart",
+            serving_certificate_rotates_without_a_restart,
+        ),
     ]
 }
 
@@ -289,22 +293,7 @@ fn serving_certificate_is_requested_and_served_once_approved() {
     );
     let user = format!("system:node:{}", node.node);
     // the request, from the node's own credential, for the kubelet-serving signer
-    let mut csr = String::new();
-    c.wait("the serving certificate request", Duration::from_secs(60), || {
-        let list = c.get_json(&["csr"]).unwrap();
-        if let Some(r) = list["items"].as_array().unwrap().iter().find(|r| {
-            r["spec"]["signerName"] == "kubernetes.io/kubelet-serving" && r["spec"]["username"] == user.as_str()
-        }) {
-            csr = r["metadata"]["name"].as_str().unwrap().to_string();
-            let usages = r["spec"]["usages"].clone();
-            assert_eq!(
-                usages,
-                serde_json::json!(["digital signature", "key encipherment", "server auth"])
-            );
-            return true;
-        }
-        false
-    });
+    let csr = pending_serving_csr(&user);
     let base = format!("https://{}:10250", node_ip(&node));
     let ca = c.ca.display().to_string();
     // no certificate yet: handshakes fail
@@ -340,4 +329,71 @@ fn serving_certificate_is_requested_and_served_once_approved() {
         })
         .count();
     assert_eq!(requests, 1, "the stored certificate is reused");
+}
+
+/// Wait for a pending kubelet-serving request from `user` and return its name (its usages
+/// checked).
+fn pending_serving_csr(user: &str) -> String {
+    let c = cluster();
+    let mut csr = String::new();
+    c.wait("a serving certificate request", Duration::from_secs(60), || {
+        let list = c.get_json(&["csr"]).unwrap();
+        if let Some(r) = list["items"].as_array().unwrap().iter().find(|r| {
+            r["spec"]["signerName"] == "kubernetes.io/kubelet-serving"
+                && r["spec"]["username"] == user
+                && r["status"]["conditions"].is_null()
+        }) {
+            csr = r["metadata"]["name"].as_str().unwrap().to_string();
+            assert_eq!(
+                r["spec"]["usages"],
+                serde_json::json!(["digital signature", "key encipherment", "server auth"])
+            );
+            return true;
+        }
+        false
+    });
+    csr
+}
+
+/// The serial number of the certificate served at `ip:10250` (empty when none is).
+fn served_serial(ip: &str) -> String {
+    let out = cluster()
+        .net
+        .command("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl s_client -connect {ip}:10250 </dev/null 2>/dev/null | openssl x509 -noout -serial"
+        ))
+        .output()
+        .expect("openssl s_client");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn serving_certificate_rotates_without_a_restart() {
+    let c = cluster();
+    let kc = c.node_kubeconfig("node-srvrot");
+    // every certificate is renewed 5 s after it comes into use
+    let node = c.node_with_env(
+        "srvrot",
+        &["--kubeconfig", kc.to_str().unwrap()],
+        "serverTLSBootstrap: true\n",
+        vec![("FERROLET_TEST_ROTATE_CERT_AFTER".into(), "5".into())],
+    );
+    let user = format!("system:node:{}", node.node);
+    let ip = node_ip(&node);
+    c.kubectl_ok(&["certificate", "approve", &pending_serving_csr(&user)]);
+    let mut first = String::new();
+    wait_for("the first certificate served", Duration::from_secs(60), || {
+        first = served_serial(&ip);
+        first.starts_with("serial=")
+    });
+    // the renewal asks again; once approved the new certificate is served by the same process
+    let pid = node.pid();
+    c.kubectl_ok(&["certificate", "approve", &pending_serving_csr(&user)]);
+    wait_for("the renewed certificate served", Duration::from_secs(60), || {
+        let now = served_serial(&ip);
+        now.starts_with("serial=") && now != first
+    });
+    assert_eq!(node.pid(), pid);
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "no restart");
 }
