@@ -179,6 +179,7 @@ pub struct Config {
     pub container_log_max_size: u64,
     pub container_log_max_files: u32,
     pub enable_server: bool,
+    /// Where the kubelet port and the read-only port listen (kubelet's address, 0.0.0.0).
     pub address: IpAddr,
     /// kubelet's read-only HTTP port (`/healthz`, `/pods`, unauthenticated); 0, the default as
     /// in kubelet, disables it.
@@ -233,7 +234,8 @@ impl Default for Config {
             container_log_max_size: 10 << 20,
             container_log_max_files: 5,
             enable_server: true,
-            address: IpAddr::from([127, 0, 0, 1]),
+            // kubelet's: the API server reaches the kubelet port at the node's address
+            address: IpAddr::from([0, 0, 0, 0]),
             read_only_port: 0,
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
