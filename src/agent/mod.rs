@@ -306,7 +306,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
 
-    let state = crate::server::State::new(rt.clone(), pods.clone(), node.name.clone(), liveness);
+    let state = crate::server::State::new(rt.clone(), pods.clone(), node.name.clone(), liveness, mirrors.is_some());
     crate::server::serve_all(&cfg, state).await?;
     info!(
         node = %cfg.node_name,

@@ -7,6 +7,7 @@
 mod conn;
 pub mod exec;
 mod healthz;
+pub mod metrics;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,15 +37,24 @@ pub struct State {
     pub node_name: String,
     /// The agent's duties, for /healthz.
     pub liveness: Arc<Liveness>,
+    /// Static pods have mirror pods (the agent is in a cluster), for kubelet_mirror_pods.
+    pub mirrors_enabled: bool,
 }
 
 impl State {
-    pub fn new(rt: Arc<Runtime>, pods: Arc<PodManager>, node_name: String, liveness: Arc<Liveness>) -> Arc<State> {
+    pub fn new(
+        rt: Arc<Runtime>,
+        pods: Arc<PodManager>,
+        node_name: String,
+        liveness: Arc<Liveness>,
+        mirrors_enabled: bool,
+    ) -> Arc<State> {
         Arc::new(State {
             rt,
             pods,
             node_name,
             liveness,
+            mirrors_enabled,
         })
     }
 }
@@ -55,7 +65,9 @@ impl State {
 /// runs in the background and is restarted if it panics.
 pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
     {
-        let (app, path) = (local_router(state.clone()), cfg.socket_path());
+        let app =
+            local_router(state.clone()).layer(axum::middleware::from_fn(|r, n| metrics::instrument("local", r, n)));
+        let (app, path) = (app, cfg.socket_path());
         supervise("API socket", Duration::from_secs(1), move || {
             let (app, path) = (app.clone(), path.clone());
             async move {
@@ -82,18 +94,22 @@ pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding the HTTP API on {addr}"))?;
         info!(%addr, "HTTP API listening");
-        tokio::spawn(conn::serve(listener, read_only_router(state)));
+        let app =
+            read_only_router(state).layer(axum::middleware::from_fn(|r, n| metrics::instrument("readonly", r, n)));
+        tokio::spawn(conn::serve(listener, app));
     }
     Ok(())
 }
 
-/// kubelet's read-only endpoints, unauthenticated: what any local user may see.
+/// kubelet's read-only endpoints, unauthenticated: what any local user may see (kubelet's
+/// default handlers: health, pods, metrics).
 pub fn read_only_router(state: Arc<State>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::all))
         .route("/healthz/{check}", get(healthz::one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .merge(metrics::routes())
         .with_state(state)
 }
 
