@@ -99,6 +99,24 @@ pub struct ProbeDuration {
     pub namespace: String,
 }
 
+/// rest_client_requests_total's labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RestRequest {
+    code: String,
+    host: String,
+    method: String,
+}
+
+/// rest_client_request_duration_seconds' labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RestDuration {
+    verb: String,
+    host: String,
+}
+
+/// client-go's request latency buckets.
+const REST_BUCKETS: [f64; 12] = [0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0];
+
 #[derive(Clone)]
 struct Buckets(&'static [f64]);
 
@@ -156,6 +174,8 @@ pub struct KubeletMetrics {
     http_inflight: Family<HttpInflight, Gauge>,
     probe_total: Family<ProbeResult, Counter>,
     probe_duration: Family<ProbeDuration, Histogram, Buckets>,
+    rest_requests: Family<RestRequest, Counter>,
+    rest_duration: Family<RestDuration, Histogram, Buckets>,
     process: process::ProcessMetrics,
 }
 
@@ -190,6 +210,8 @@ impl KubeletMetrics {
             http_inflight: Family::default(),
             probe_total: Family::default(),
             probe_duration: Family::new_with_constructor(Buckets(&DEF_BUCKETS)),
+            rest_requests: Family::default(),
+            rest_duration: Family::new_with_constructor(Buckets(&REST_BUCKETS)),
             process: process::ProcessMetrics::default(),
             registry: Registry::default(),
             probes_registry: Registry::default(),
@@ -288,6 +310,16 @@ impl KubeletMetrics {
             "kubelet_http_inflight_requests",
             "Number of the inflight http requests",
             m.http_inflight.clone(),
+        );
+        r.register(
+            "rest_client_requests",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            m.rest_requests.clone(),
+        );
+        r.register(
+            "rest_client_request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host.",
+            m.rest_duration.clone(),
         );
         m.process.register(&mut r);
         let mut p = Registry::default();
@@ -425,6 +457,23 @@ impl KubeletMetrics {
             labels,
             start: Instant::now(),
         }
+    }
+
+    /// A request to the API server ended with `code` ("<error>" when no answer came).
+    pub fn rest_client_request(&self, method: &str, host: &str, code: &str, took: Duration) {
+        self.rest_requests
+            .get_or_create(&RestRequest {
+                code: code.into(),
+                host: host.into(),
+                method: method.into(),
+            })
+            .inc();
+        self.rest_duration
+            .get_or_create(&RestDuration {
+                verb: method.into(),
+                host: host.into(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// One probe attempt's result (successful, failed, unknown) and duration.
