@@ -19,6 +19,7 @@ pub mod images;
 pub mod kubeclient;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod metrics;
 pub mod mirror;
 pub mod node;
 pub mod objects;

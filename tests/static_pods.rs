@@ -984,3 +984,40 @@ fn reset_finds_containers_without_their_records() {
     let again = a.reset().unwrap();
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
 }
+
+#[test]
+fn stdin_and_tty_pods_run_and_log() {
+    let mut a = Agent::start("tty", &[]);
+    a.write(
+        "term.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: term}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: tty\n    image: {IMAGE}\n    stdin: true\n    stdinOnce: true\n    tty: true\n    command: [\"sh\", \"-c\", \"tty; echo on-a-terminal; exec sleep 3600\"]\n  - name: in\n    image: {IMAGE}\n    stdin: true\n    command: [\"sh\", \"-c\", \"echo waiting for stdin; cat; echo never\"]\n"
+        ),
+    );
+    let before = a.wait_phase("term", "Running", T);
+    let deadline = Instant::now() + T;
+    loop {
+        let (tty, input) = (a.logs("term", "container=tty"), a.logs("term", "container=in"));
+        // A terminal's output goes to the log as stdout, with the terminal's line endings.
+        if tty.contains("/dev/pts/0") && tty.contains("on-a-terminal") && input.contains("waiting for stdin") {
+            assert!(
+                !input.contains("never"),
+                "stdin without an attacher must stay open: {input}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "logs: {tty:?} {input:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The monitors hold the containers' stdin and terminal: an agent restart changes nothing.
+    a.restart();
+    let after = a.wait_phase("term", "Running", T);
+    for c in ["tty", "in"] {
+        assert_eq!(
+            container_status(&after, c).container_id,
+            container_status(&before, c).container_id,
+            "{c}: same container after the agent restart"
+        );
+        assert_eq!(restarts(&after, c), 0, "{c}");
+    }
+}

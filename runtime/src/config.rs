@@ -47,6 +47,16 @@ pub struct ContainerConfig {
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
     pub log: LogConfig,
+    /// Keep the container's stdin open for attachers (Kubernetes `stdin`); without it stdin is
+    /// `/dev/null`.
+    pub stdin: bool,
+    /// Close the container's stdin when the first attacher that wrote to it detaches
+    /// (Kubernetes `stdinOnce`).
+    pub stdin_once: bool,
+    /// Run the container's process on a terminal (Kubernetes `tty`): its stdin, stdout and
+    /// stderr are the slave of a pty whose master the monitor holds; the log gets the output
+    /// as stdout.
+    pub tty: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

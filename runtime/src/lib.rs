@@ -7,6 +7,7 @@
 //! Start-up order matters: call [`fork_zygote`] first thing in `main`, before any thread
 //! exists, then build the async runtime and [`Runtime::new`].
 
+mod attach;
 pub mod cgroups;
 pub mod config;
 pub mod container;
@@ -23,11 +24,14 @@ pub mod rootfs;
 mod runtime;
 pub mod seccomp;
 pub mod spec;
+mod tty;
 pub mod user;
 mod zygote;
 
+pub use attach::{Attach, AttachOptions, AttachOutput, AttachReader, AttachWriter};
 pub use config::ContainerConfig;
 pub use container::{ContainerInfo, ContainerState, ExitRecord};
 pub use error::{Error, Result};
 pub use runtime::{ExecIo, ExecOutput, ExecProcess, ExecSpec, Runtime};
+pub use tty::resize_tty;
 pub use zygote::{fork_zygote, ZygoteHandle};

@@ -1,8 +1,10 @@
 //! The per-container monitor (docs/runtime.md#the-monitor): the container's parent and the holder of its
 //! stdio. Forked from the zygote into a session of its own, it mounts the rootfs, creates the
 //! container through libcontainer, reports back, then copies stdout/stderr into the CRI log
-//! until the container exits, and records the exit status atomically. No threads, no async:
-//! a poll loop over two pipes and a pidfd. It outlives the agent.
+//! until the container exits, and records the exit status atomically. It holds the container's
+//! stdin (or its terminal's master) and serves attachers ([`crate::attach::server`]). No
+//! threads, no async: a poll loop over the output, a pidfd and the attach socket
+//! (docs/runtime.md#terminals-and-attach). It outlives the agent.
 //!
 //! A zygote worker forks it and calls [`run`]; that is the only tie between the two. The
 //! monitor answers the `Create` request itself over [`crate::proto`] and uses the process
@@ -19,11 +21,13 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use crate::attach::server::{AttachServer, Slot, StdioSetup};
 use crate::container::{ExitRecord, MonitorRecord};
 use crate::crilog::{LineSplitter, LogWriter, Stream};
 use crate::pidfd::process_start_time;
 use crate::process::{detach_stdio, exit, set_name, set_title};
 use crate::proto::{write_reply, CreateArgs, Reply};
+use crate::tty::ConsoleSocket;
 use ferrolet_fsutil::{chain, write_json_atomic};
 
 /// How long output is still collected after the container's init exits, for processes that
@@ -57,23 +61,29 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         let _ = crate::rootfs::unmount(&args.rootfs.target);
         return fail(format!("workingDir {}: {e}", args.workdir));
     }
-    let pipes = (|| -> nix::Result<_> {
-        let o = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        let e = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        Ok((o, e))
-    })();
-    let ((out_r, out_w), (err_r, err_w)) = match pipes {
-        Ok(p) => p,
-        Err(e) => return fail(format!("pipes: {e}")),
+    let stdio = match Stdio::prepare(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = crate::rootfs::unmount(&args.rootfs.target);
+            return fail(e);
+        }
     };
-    let devnull = match File::open("/dev/null") {
-        Ok(f) => OwnedFd::from(f),
-        Err(e) => return fail(format!("/dev/null: {e}")),
+    let ends = match stdio.container_ends() {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = crate::rootfs::unmount(&args.rootfs.target);
+            return fail(e);
+        }
     };
-    let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
-        .with_root_path(&args.lc_root)
-        .map(|b| b.with_stdin(devnull).with_stdout(out_w).with_stderr(err_w))
-        .and_then(|b| b.as_init(&args.bundle).with_systemd(false).with_detach(true).build());
+    let builder = ContainerBuilder::new(args.id.clone(), SyscallType::default()).with_root_path(&args.lc_root);
+    let built = builder.and_then(|b| {
+        let b = match (&stdio, ends) {
+            (_, Some([i, o, e])) => b.with_stdin(i).with_stdout(o).with_stderr(e),
+            (Stdio::Tty { console }, None) => b.with_console_socket(Some(console.path())),
+            (Stdio::Pipes { .. }, None) => b,
+        };
+        b.as_init(&args.bundle).with_systemd(false).with_detach(true).build()
+    });
     let container = match built {
         Ok(c) => c,
         Err(e) => {
@@ -87,6 +97,19 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     // Held until the monitor exits: with it the runtime finds this monitor through /proc when
     // monitor.json cannot be read (opened after build(), so the container never inherits it).
     let _state_dir = File::open(&args.bundle);
+    let (sources, setup) = match stdio.into_sources(&args) {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
+            return fail(e);
+        }
+    };
+    // From here on a reader or attacher that went away must not kill the monitor (the
+    // container, cloned above, keeps the default disposition).
+    // SAFETY: ignoring a signal.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    // A failed bind leaves the container unattachable, not unlogged.
+    let (mut attach, _bind_error) = AttachServer::bind(&args.bundle, setup);
     let me = std::process::id() as i32;
     let rec = MonitorRecord {
         monitor_pid: me,
@@ -107,7 +130,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     );
     drop(reply);
 
-    let status = pump(init, out_r, err_r, &mut log);
+    let status = pump(init, sources, &mut log, &mut attach);
     let (exit_code, signal, reason) = match status {
         Some(WaitStatus::Exited(_, c)) => (c, None, None),
         Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32), None),
@@ -129,17 +152,21 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
         reason,
     };
-    match write_json_atomic(&args.bundle.join("exit.json"), &exit) {
+    let recorded = write_json_atomic(&args.bundle.join("exit.json"), &exit);
+    // Attachers see the end of their session only after the exit is recorded.
+    attach.finish(Duration::from_secs(1));
+    match recorded {
         Ok(()) => 0,
         Err(_) => 1,
     }
 }
 
-/// Copy output into the log until the container has exited and its pipes are drained.
-/// Returns the init process's wait status.
-fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Option<WaitStatus> {
+/// Copy output into the log (and to attachers) until the container has exited and its
+/// output is drained, serving the attach socket meanwhile. Returns the init process's wait
+/// status.
+fn pump(init: Pid, sources: [Option<File>; 2], log: &mut LogWriter, attach: &mut AttachServer) -> Option<WaitStatus> {
     let pidfd = crate::pidfd::PidFd::open(init.as_raw()).ok().map(|p| p.into_fd());
-    let mut pipes: [Option<File>; 2] = [Some(File::from(out_r)), Some(File::from(err_r))];
+    let mut pipes = sources;
     let mut split = [LineSplitter::default(), LineSplitter::default()];
     let streams = [Stream::Stdout, Stream::Stderr];
     let mut status: Option<WaitStatus> = None;
@@ -161,6 +188,8 @@ fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Optio
                 }
                 PollTimeout::try_from(left.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::NONE)
             }
+            // Without a pidfd nothing wakes us when init exits: look often.
+            None if pidfd.is_none() => PollTimeout::from(100u16),
             // Wake up now and then to reap orphans even if nothing else happens.
             None => PollTimeout::from(5000u16),
         };
@@ -179,16 +208,10 @@ fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Optio
             }
             _ => None,
         };
-        if pfds.is_empty() {
-            // Pipes closed but init not reaped yet: block on it.
-            match waitpid(init, None) {
-                Ok(s) => status = Some(s),
-                Err(nix::errno::Errno::EINTR) => {}
-                // Not ours to wait for any more: the outcome is unknown.
-                Err(_) => break,
-            }
-            continue;
-        }
+        let attach_base = pfds.len();
+        let attach_fds = attach.fds();
+        let slots: Vec<Slot> = attach_fds.iter().map(|(_, _, s)| *s).collect();
+        pfds.extend(attach_fds.into_iter().map(|(fd, flags, _)| PollFd::new(fd, flags)));
         match poll(&mut pfds, timeout) {
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
@@ -199,13 +222,10 @@ fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Optio
                 continue;
             }
         }
-        let ready: Vec<bool> = pfds
-            .iter()
-            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
-            .collect();
+        let revents: Vec<PollFlags> = pfds.iter().map(|p| p.revents().unwrap_or(PollFlags::empty())).collect();
         drop(pfds);
         for (k, &i) in idx.iter().enumerate() {
-            if !ready[k] {
+            if revents[k].is_empty() {
                 continue;
             }
             let n = pipes[i].as_mut().map(|f| f.read(&mut buf)).unwrap_or(Ok(0));
@@ -214,15 +234,39 @@ fn pump(init: Pid, out_r: OwnedFd, err_r: OwnedFd, log: &mut LogWriter) -> Optio
                 let _ = log.write(chrono::Utc::now(), stream, partial, line);
             };
             match n {
-                Ok(0) | Err(_) => {
+                Ok(n) if n > 0 => {
+                    split[i].push(&buf[..n], &mut emit);
+                    attach.output(stream, &buf[..n]);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
+                // End of output (EIO is how a pty master says the terminal's last user left).
+                Ok(_) | Err(_) => {
                     split[i].finish(&mut emit);
                     pipes[i] = None;
                 }
-                Ok(n) => split[i].push(&buf[..n], &mut emit),
             }
         }
+        for (k, slot) in slots.into_iter().enumerate() {
+            let r = revents[attach_base + k];
+            if !r.is_empty() {
+                attach.ready(slot, r);
+            }
+        }
+        attach.sweep();
+        if attach.take_hangup() {
+            // stdinOnce on a terminal: closing every master fd hangs the terminal up.
+            let stream = streams[0];
+            split[0].finish(&mut |line: &[u8], partial: bool| {
+                let _ = log.write(chrono::Utc::now(), stream, partial, line);
+            });
+            pipes[0] = None;
+        }
         if let Some(s) = pidfd_slot {
-            if ready[s] && status.is_none() {
+            if !revents[s].is_empty() && status.is_none() {
                 if let Ok(ws) = waitpid(init, None) {
                     status = Some(ws);
                 }
@@ -247,6 +291,108 @@ fn reap(init: Pid, status: &mut Option<WaitStatus>) {
                 if ws.pid() == Some(init) && status.is_none() {
                     *status = Some(ws);
                 }
+            }
+        }
+    }
+}
+
+/// The container's stdio as the monitor sets it up: pipes (stdin optional), or a terminal
+/// that libcontainer allocates in the container and whose master comes back over a console
+/// socket in the state directory.
+enum Stdio {
+    Pipes {
+        stdin: Option<(OwnedFd, OwnedFd)>,
+        out: (OwnedFd, OwnedFd),
+        err: (OwnedFd, OwnedFd),
+        devnull: OwnedFd,
+    },
+    Tty {
+        console: ConsoleSocket,
+    },
+}
+
+impl Stdio {
+    fn prepare(args: &CreateArgs) -> Result<Stdio, String> {
+        if args.tty {
+            let console = ConsoleSocket::bind(&args.bundle, "console.sock")
+                .map_err(|e| format!("console socket in {}: {e}", args.bundle.display()))?;
+            return Ok(Stdio::Tty { console });
+        }
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipes: {e}"));
+        let stdin = if args.stdin { Some(pipe()?) } else { None };
+        let devnull = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+        Ok(Stdio::Pipes {
+            stdin,
+            out: pipe()?,
+            err: pipe()?,
+            devnull: OwnedFd::from(devnull),
+        })
+    }
+
+    /// Copies of the container's ends of the pipes for the builder, which closes them after
+    /// building (the originals close in [`into_sources`](Self::into_sources)). None for a
+    /// terminal: libcontainer connects stdio to the pty itself.
+    fn container_ends(&self) -> Result<Option<[OwnedFd; 3]>, String> {
+        let Stdio::Pipes {
+            stdin,
+            out,
+            err,
+            devnull,
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| format!("dup of a stdio pipe: {e}"));
+        let input = match stdin {
+            Some((r, _)) => dup(r)?,
+            None => dup(devnull)?,
+        };
+        Ok(Some([input, dup(&out.1)?, dup(&err.1)?]))
+    }
+
+    /// After build(): the monitor's read ends (stdout, stderr) and what attachers use.
+    fn into_sources(self, args: &CreateArgs) -> Result<([Option<File>; 2], StdioSetup), String> {
+        match self {
+            Stdio::Pipes { stdin, out, err, .. } => {
+                // Our copies of the container's ends close here, so EOF means the container's
+                // side is gone.
+                drop((out.1, err.1));
+                let stdin = stdin.map(|(r, w)| {
+                    drop(r);
+                    w
+                });
+                Ok((
+                    [Some(File::from(out.0)), Some(File::from(err.0))],
+                    StdioSetup {
+                        tty: false,
+                        stdin_once: args.stdin_once,
+                        stdin,
+                        resize: None,
+                    },
+                ))
+            }
+            Stdio::Tty { console } => {
+                let master = console
+                    .receive_master(Duration::from_secs(10))
+                    .map_err(|e| format!("receiving the container's terminal: {e}"))?;
+                drop(console);
+                let dup = |what: &str| {
+                    master
+                        .try_clone()
+                        .map_err(|e| format!("dup of the pty master for {what}: {e}"))
+                };
+                let stdin = if args.stdin { Some(dup("stdin")?) } else { None };
+                let resize = Some(dup("resize")?);
+                Ok((
+                    [Some(File::from(master)), None],
+                    StdioSetup {
+                        tty: true,
+                        stdin_once: args.stdin_once,
+                        stdin,
+                        resize,
+                    },
+                ))
             }
         }
     }

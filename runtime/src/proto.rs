@@ -35,6 +35,14 @@ pub(crate) struct CreateArgs {
     pub workdir: String,
     pub log: LogConfig,
     pub cgroup_path: String,
+    /// Keep a stdin for attachers (else /dev/null).
+    #[serde(default)]
+    pub stdin: bool,
+    #[serde(default)]
+    pub stdin_once: bool,
+    /// Run on a terminal: libcontainer allocates it and sends the master back.
+    #[serde(default)]
+    pub tty: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -47,6 +55,10 @@ pub(crate) struct ExecArgs {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub additional_gids: Vec<u32>,
+    /// Run on a terminal: the whole OCI process (terminal set) to run, written to a
+    /// process.json for libcontainer; the pty master goes back over the console fd.
+    #[serde(default)]
+    pub tty_process: Option<Box<oci_spec::runtime::Process>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -66,7 +78,8 @@ pub(crate) enum Request {
     Start { id: String, lc_root: PathBuf },
     /// Kill what is left, remove the cgroup and libcontainer's state (fds: reply).
     Delete { id: String, lc_root: PathBuf },
-    /// Run a process in a running container (fds: reply, stdin, stdout, stderr).
+    /// Run a process in a running container (fds: reply, stdin, stdout, stderr; or, with
+    /// `tty_process`, reply and a unix socket the pty master is sent over).
     Exec(ExecArgs),
     /// Create pod namespaces and bind-mount them under a directory (fds: reply).
     Pin(PinArgs),

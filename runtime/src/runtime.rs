@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
+use crate::attach::{Attach, AttachOptions};
 use crate::cgroups::{CgroupStats, Cgroups};
 use crate::config::ContainerConfig;
 use crate::container::{self, ContainerInfo, ContainerRecord, ContainerState, ExitRecord, StartedRecord};
@@ -439,6 +440,68 @@ impl Runtime {
 
     /// Start a process in a running container with the given stdio.
     pub async fn exec(&self, id: &str, spec: &ExecSpec, io: ExecIo) -> Result<ExecProcess> {
+        let args = self.exec_args(id, spec)?;
+        let mut replies = self
+            .zygote
+            .call(&Request::Exec(args), &[&io.stdin, &io.stdout, &io.stderr])?;
+        drop(io);
+        Self::exec_started(id, &mut replies).await.map(|pid| ExecProcess {
+            pid,
+            pidfd: PidFd::open(pid).ok(),
+            replies,
+        })
+    }
+
+    /// Start a process in a running container on a new terminal: it is a session leader with
+    /// the terminal as its controlling tty and stdin, stdout and stderr. The terminal is
+    /// allocated inside the container, from the container's own devpts (`tty` prints
+    /// `/dev/pts/N` of the container). Returns the process and the pty master (blocking,
+    /// close-on-exec): the caller reads the output from it and writes the input to it, and
+    /// resizes with [`crate::resize_tty`]. `TERM=xterm` is set unless `spec.env` sets `TERM`.
+    pub async fn exec_tty(&self, id: &str, spec: &ExecSpec) -> Result<(ExecProcess, OwnedFd)> {
+        let mut args = self.exec_args(id, spec)?;
+        args.tty_process = Some(Box::new(self.tty_process(id, &args)?));
+        let (ours, theirs) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::Stream,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .context("creating the socket for the pty master")?;
+        let mut replies = self.zygote.call(&Request::Exec(args), &[&theirs])?;
+        drop(theirs);
+        let pid = Self::exec_started(id, &mut replies).await?;
+        // The worker sent the master before it replied.
+        let master = crate::tty::recv_fd_now(std::os::fd::AsFd::as_fd(&ours))
+            .map_err(|e| Error::container(id, format!("exec: {}", chain(&e))))?;
+        Ok((
+            ExecProcess {
+                pid,
+                pidfd: PidFd::open(pid).ok(),
+                replies,
+            },
+            master,
+        ))
+    }
+
+    /// Attach to a running container's stdio through its monitor: output from now on (stdout
+    /// and stderr, or the terminal's output as stdout), and stdin when the container was
+    /// created with `stdin` (asking for stdin otherwise is an error naming `stdin`).
+    pub async fn attach(&self, id: &str, opts: AttachOptions) -> Result<Attach> {
+        let info = self.inspect(id)?;
+        if !info.is_running() {
+            return Err(Error::container(
+                id,
+                format!(
+                    "cannot attach: the container is not running (state {})",
+                    state_word(&info.state)
+                ),
+            ));
+        }
+        Attach::connect(id, &self.dir(id), opts).await
+    }
+
+    fn exec_args(&self, id: &str, spec: &ExecSpec) -> Result<ExecArgs> {
         let info = self.inspect(id)?;
         if !info.is_running() {
             return Err(Error::container(id, "cannot exec: the container is not running"));
@@ -449,7 +512,7 @@ impl Runtime {
         let oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
         let proc_ = oci.process().clone().unwrap_or_default();
         let (uid, gid) = spec.user.unwrap_or((proc_.user().uid(), proc_.user().gid()));
-        let args = ExecArgs {
+        Ok(ExecArgs {
             id: id.to_string(),
             lc_root: self.lc_root.clone(),
             args: spec.args.clone(),
@@ -458,17 +521,59 @@ impl Runtime {
             uid: Some(uid),
             gid: Some(gid),
             additional_gids: proc_.user().additional_gids().clone().unwrap_or_default(),
+            tty_process: None,
+        })
+    }
+
+    /// The OCI process of a terminal exec: what libcontainer's tenant builder would make of
+    /// `args` (the container's environment with the exec's on top, its capabilities and
+    /// noNewPrivileges), with `terminal` set. libcontainer only takes a terminal from a whole
+    /// process.json.
+    fn tty_process(&self, id: &str, args: &ExecArgs) -> Result<oci_spec::runtime::Process> {
+        let oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
+        let base = oci.process().clone().unwrap_or_default();
+        let mut env: Vec<(String, String)> = base
+            .env()
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|kv| match kv.split_once('=') {
+                Some((k, v)) => (k.to_string(), v.to_string()),
+                None => (kv, String::new()),
+            })
+            .collect();
+        let mut set = |k: &str, v: &str| match env.iter_mut().find(|(n, _)| n == k) {
+            Some(slot) => slot.1 = v.to_string(),
+            None => env.push((k.to_string(), v.to_string())),
         };
-        let mut replies = self
-            .zygote
-            .call(&Request::Exec(args), &[&io.stdin, &io.stdout, &io.stderr])?;
-        drop(io);
+        set("TERM", "xterm");
+        for (k, v) in &args.env {
+            set(k, v);
+        }
+        let user = oci_spec::runtime::UserBuilder::default()
+            .uid(args.uid.unwrap_or(0))
+            .gid(args.gid.unwrap_or(0))
+            .additional_gids(args.additional_gids.clone())
+            .build()
+            .map_err(|e| Error::invalid_config("exec.user", e.to_string()))?;
+        let mut p = oci_spec::runtime::ProcessBuilder::default()
+            .terminal(true)
+            .args(args.args.clone())
+            .env(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>())
+            .cwd(args.cwd.clone().unwrap_or_else(|| "/".into()))
+            .user(user);
+        if let Some(caps) = base.capabilities() {
+            p = p.capabilities(caps.clone());
+        }
+        if base.no_new_privileges() == Some(true) {
+            p = p.no_new_privileges(true);
+        }
+        p.build().map_err(|e| Error::invalid_config("exec", e.to_string()))
+    }
+
+    async fn exec_started(id: &str, replies: &mut Replies) -> Result<i32> {
         match replies.next().await? {
-            Reply::ExecStarted { pid } => Ok(ExecProcess {
-                pid,
-                pidfd: PidFd::open(pid).ok(),
-                replies,
-            }),
+            Reply::ExecStarted { pid } => Ok(pid),
             Reply::Failed { error } => Err(Error::container(id, format!("exec: {error}"))),
             other => Err(Error::container(id, format!("exec: unexpected reply {other:?}"))),
         }
@@ -684,6 +789,9 @@ fn prepare(
             .unwrap_or_else(|| "/".into()),
         log,
         cgroup_path,
+        stdin: cfg.stdin,
+        stdin_once: cfg.stdin_once,
+        tty: cfg.tty,
     })
 }
 
@@ -712,5 +820,17 @@ async fn read_limited(fd: OwnedFd, limit: usize) -> Vec<u8> {
                 out.extend_from_slice(&buf[..n.min(room)]);
             }
         }
+    }
+}
+
+/// A state as a word for messages.
+fn state_word(s: &ContainerState) -> &'static str {
+    match s {
+        ContainerState::Created => "created",
+        ContainerState::Running => "running",
+        ContainerState::Exited(_) => "exited",
+        ContainerState::ExitUnknown(_) => "exited",
+        ContainerState::Unknown { .. } => "unknown",
+        ContainerState::Incomplete => "incomplete",
     }
 }

@@ -179,6 +179,10 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
                 .unwrap_or_else(|| "/".into()),
         ));
     }
+    if cfg.tty {
+        // As containerd's WithTTY: programs on a terminal need to know which one.
+        extra_env.push(("TERM".to_string(), "xterm".to_string()));
+    }
     let env = merge_env(image, &cfg.env, &extra_env);
     let cwd = cfg
         .working_dir
@@ -216,7 +220,7 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
         );
     }
     let mut process = ProcessBuilder::default()
-        .terminal(false)
+        .terminal(cfg.tty)
         .args(args)
         .env(env)
         .cwd(cwd)

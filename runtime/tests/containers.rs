@@ -17,8 +17,9 @@ use ferrolet_runtime::cgroups::NestedRoot;
 use ferrolet_runtime::config::LogConfig;
 use ferrolet_runtime::crilog::{self, Stream};
 use ferrolet_runtime::digest::Digest;
-use ferrolet_runtime::{fork_zygote, ContainerConfig, ContainerState, ExecSpec, Runtime};
+use ferrolet_runtime::{fork_zygote, AttachOptions, AttachOutput, ContainerConfig, ContainerState, ExecSpec, Runtime};
 use libtest_mimic::{Arguments, Failed, Trial};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 struct Env {
     rt: Runtime,
@@ -105,6 +106,28 @@ fn main() {
         trial(
             "container_without_records_is_found_by_cgroup_and_mount",
             container_without_records_is_found_by_cgroup_and_mount,
+        ),
+        trial(
+            "exec_tty_runs_on_a_container_terminal",
+            exec_tty_runs_on_a_container_terminal,
+        ),
+        trial("attach_to_a_tty_container", attach_to_a_tty_container),
+        trial(
+            "attach_stdin_once_closes_stdin_on_detach",
+            attach_stdin_once_closes_stdin_on_detach,
+        ),
+        trial(
+            "attach_stdin_and_tagged_output_to_several_attachers",
+            attach_stdin_and_tagged_output_to_several_attachers,
+        ),
+        trial("attach_refusals", attach_refusals),
+        trial(
+            "attach_stdin_once_on_a_terminal_hangs_up_on_detach",
+            attach_stdin_once_on_a_terminal_hangs_up_on_detach,
+        ),
+        trial(
+            "slow_attacher_does_not_stall_the_log",
+            slow_attacher_does_not_stall_the_log,
         ),
     ];
     let conclusion = libtest_mimic::run(&args, tests);
@@ -794,6 +817,19 @@ fn containers_survive_owner_sigkill_and_are_readopted() -> Result<()> {
             "still running after the owner died"
         );
         let ticks_at_kill = output(&logs.join("long.log"))?.0.len();
+        // The monitor's attach socket is found by the new owner too.
+        let (mut rd, _wr) = rt
+            .attach(
+                long,
+                AttachOptions {
+                    stdout: true,
+                    ..Default::default()
+                },
+            )
+            .await?
+            .into_split();
+        attach_until(&mut rd, "tick", Duration::from_secs(5)).await?;
+        drop(rd);
         // wait() on an adopted container, which exits later with its own code.
         let exit = tokio::time::timeout(Duration::from_secs(20), rt.wait(long)).await??;
         ensure!(exit.exit_code == 7, "{exit:?}");
@@ -1176,5 +1212,387 @@ fn container_without_records_is_found_by_cgroup_and_mount() -> Result<()> {
         r?;
         d?;
         ensure_removed(&t)
+    })
+}
+
+// ---- terminals and attach (docs/runtime.md#terminals-and-attach) ----
+
+/// Read from a pty master until `want` appears in what was read (or `limit` passes).
+fn read_pty_until(master: &OwnedFd, want: &str, limit: Duration) -> Result<String> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(want) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        ensure!(
+            !left.is_zero(),
+            "no {want:?} on the terminal within {limit:?}; got {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        let mut p = [PollFd::new(master.as_fd(), PollFlags::POLLIN)];
+        let ms = PollTimeout::try_from(left.as_millis().min(1000) as i32).unwrap_or(PollTimeout::ZERO);
+        if poll(&mut p, ms)? == 0 {
+            continue;
+        }
+        match nix::unistd::read(master.as_raw_fd(), &mut buf) {
+            Ok(0) | Err(nix::errno::Errno::EIO) => bail!(
+                "terminal closed before {want:?}; got {:?}",
+                String::from_utf8_lossy(&got)
+            ),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => {}
+            Err(e) => bail!("reading the terminal: {e}"),
+        }
+    }
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
+fn pty_number(master: &OwnedFd) -> Result<u32> {
+    let mut n: libc::c_uint = 0;
+    // SAFETY: TIOCGPTN writes one unsigned int.
+    let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTN, &mut n) };
+    ensure!(r == 0, "TIOCGPTN: {}", std::io::Error::last_os_error());
+    Ok(n)
+}
+
+/// Create and start `cfg`; run `f` with its id; delete it whatever happens.
+async fn with_running<F, Fut>(cfg: &ContainerConfig, f: F) -> Result<()>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let rt = &env().rt;
+    let info = rt.create(cfg).await?;
+    let id = info.id().to_string();
+    let r = async {
+        rt.start(&id).await?;
+        f(id.clone()).await
+    }
+    .await;
+    rt.delete(&id).await?;
+    r
+}
+
+fn exec_tty_runs_on_a_container_terminal() -> Result<()> {
+    block(async {
+        with_running(&config("exec-tty", &["sleep", "60"]), |id| async move {
+            let rt = &env().rt;
+            let spec = ExecSpec {
+                args: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    // tty_nr (field 7 of stat) is the controlling terminal, 0 for none.
+                    "tty; echo term=$TERM ctty=$(cut -d' ' -f7 /proc/$$/stat) sid=$(cut -d' ' -f6 /proc/$$/stat) pid=$$ .; read go; stty size; exit 5".into(),
+                ],
+                ..Default::default()
+            };
+            let (proc_, master) = rt.exec_tty(&id, &spec).await?;
+            let first = read_pty_until(&master, " .", Duration::from_secs(10))?;
+            let n = pty_number(&master)?;
+            ensure!(
+                first.contains(&format!("/dev/pts/{n}\r\n")),
+                "`tty` should name the container's /dev/pts/{n}: {first:?}"
+            );
+            ensure!(first.contains("term=xterm"), "{first:?}");
+            let field = |k: &str| {
+                first
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix(k))
+                    .map(str::to_string)
+                    .unwrap_or_default()
+            };
+            ensure!(field("ctty=") != "0" && !field("ctty=").is_empty(), "no controlling tty: {first:?}");
+            ensure!(field("sid=") == field("pid="), "the shell is not a session leader: {first:?}");
+            ferrolet_runtime::resize_tty(master.as_fd(), 123, 45)?;
+            nix::unistd::write(&master, b"go\n")?;
+            read_pty_until(&master, "45 123", Duration::from_secs(10))?;
+            let code = tokio::time::timeout(Duration::from_secs(10), proc_.wait())
+                .await
+                .map_err(|_| anyhow!("exec did not exit"))??;
+            ensure!(code == 5, "exit code {code}");
+            // The worker left nothing behind in libcontainer's directory.
+            let lc = env().root.join("libcontainer").join(&id);
+            let left: Vec<String> = std::fs::read_dir(&lc)?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("ferrolet-exec-") || n.starts_with("tenant-tty-"))
+                .collect();
+            ensure!(left.is_empty(), "left in {}: {left:?}", lc.display());
+            Ok(())
+        })
+        .await
+    })
+}
+
+/// Collect attach output until `want` is in the concatenated stream (stdout, stderr).
+async fn attach_until(a: &mut ferrolet_runtime::AttachReader, want: &str, limit: Duration) -> Result<(String, String)> {
+    let mut out = (String::new(), String::new());
+    let r = tokio::time::timeout(limit, async {
+        while !(out.0.contains(want) || out.1.contains(want)) {
+            match a.next().await {
+                Some(AttachOutput::Stdout(b)) => out.0.push_str(&String::from_utf8_lossy(&b)),
+                Some(AttachOutput::Stderr(b)) => out.1.push_str(&String::from_utf8_lossy(&b)),
+                None => return false,
+            }
+        }
+        true
+    })
+    .await;
+    match r {
+        Ok(true) => Ok(out),
+        Ok(false) => bail!("attach ended before {want:?}; got {out:?}"),
+        Err(_) => bail!("no {want:?} from attach within {limit:?}; got {out:?}"),
+    }
+}
+
+fn attach_to_a_tty_container() -> Result<()> {
+    block(async {
+        let mut c = config("attach-tty", &["sh"]);
+        (c.stdin, c.tty) = (true, true);
+        let log = c.log.path.clone();
+        with_running(&c, |id| async move {
+            let rt = &env().rt;
+            let all = AttachOptions {
+                stdin: true,
+                stdout: true,
+                stderr: true,
+            };
+            let a = rt.attach(&id, all).await?;
+            ensure!(a.tty(), "the session should report a terminal");
+            let (mut rd, mut wr) = a.into_split();
+            wr.resize(100, 50).await?;
+            wr.write_stdin(b"echo hi-$((40+2))\n").await?;
+            let (o, e) = attach_until(&mut rd, "hi-42", Duration::from_secs(10)).await?;
+            ensure!(e.is_empty(), "a terminal has no separate stderr: {e:?}");
+            ensure!(
+                o.contains("echo hi-$((40+2))"),
+                "the terminal should echo the input: {o:?}"
+            );
+            wr.write_stdin(b"stty size\n").await?;
+            attach_until(&mut rd, "50 100", Duration::from_secs(10)).await?;
+            wr.write_stdin(b"exit 3\n").await?;
+            let end = tokio::time::timeout(Duration::from_secs(10), async { while rd.next().await.is_some() {} }).await;
+            ensure!(end.is_ok(), "the session did not end when the container exited");
+            let exit = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            ensure!(exit.exit_code == 3, "{exit:?}");
+            let (out, err) = output(&log)?;
+            ensure!(
+                out.iter().any(|l| l.contains("hi-42")) && err.is_empty(),
+                "log: {out:?} {err:?}"
+            );
+            ensure!(
+                rt.attach(&id, AttachOptions::default()).await.is_err(),
+                "attaching to an exited container must fail"
+            );
+            Ok(())
+        })
+        .await
+    })
+}
+
+fn attach_stdin_once_on_a_terminal_hangs_up_on_detach() -> Result<()> {
+    block(async {
+        let mut c = config("attach-once-tty", &["sh"]);
+        (c.stdin, c.stdin_once, c.tty) = (true, true, true);
+        with_running(&c, |id| async move {
+            let rt = &env().rt;
+            let opts = AttachOptions {
+                stdin: true,
+                stdout: true,
+                stderr: false,
+            };
+            let (mut rd, mut wr) = rt.attach(&id, opts).await?.into_split();
+            wr.write_stdin(b"echo x-$((2*3))\n").await?;
+            attach_until(&mut rd, "x-6", Duration::from_secs(10)).await?;
+            // As containerd's shim: closing a terminal's stdin hangs the terminal up; the
+            // interactive shell (SIGHUP, then end of input) exits.
+            wr.close_stdin().await?;
+            tokio::time::timeout(Duration::from_secs(10), rt.wait(&id))
+                .await
+                .map_err(|_| anyhow!("the shell did not end after its terminal's stdin was closed"))??;
+            // (the shell's last prompt may still be queued)
+            let end = tokio::time::timeout(Duration::from_secs(5), async { while rd.next().await.is_some() {} }).await;
+            ensure!(end.is_ok(), "the session should end with the container");
+            Ok(())
+        })
+        .await
+    })
+}
+
+fn attach_stdin_once_closes_stdin_on_detach() -> Result<()> {
+    block(async {
+        let mut c = config("attach-once", &["sh", "-c", "cat; echo cat-ended"]);
+        (c.stdin, c.stdin_once) = (true, true);
+        let log = c.log.path.clone();
+        with_running(&c, |id| async move {
+            let rt = &env().rt;
+            let opts = AttachOptions {
+                stdin: true,
+                stdout: true,
+                stderr: true,
+            };
+            let mut a = rt.attach(&id, opts).await?;
+            ensure!(!a.tty() && a.stdin_open());
+            a.write_stdin(b"line-one\n").await?;
+            let (mut rd, wr) = a.into_split();
+            attach_until(&mut rd, "line-one", Duration::from_secs(10)).await?;
+            // Detaching (dropping the session) closes a stdinOnce container's stdin.
+            drop((rd, wr));
+            let exit = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id))
+                .await
+                .map_err(|_| anyhow!("cat did not see end of stdin after the attacher detached"))??;
+            ensure!(exit.exit_code == 0, "{exit:?}");
+            let (out, _) = output(&log)?;
+            ensure!(out == ["line-one", "cat-ended"], "log: {out:?}");
+            Ok(())
+        })
+        .await
+    })
+}
+
+fn attach_stdin_and_tagged_output_to_several_attachers() -> Result<()> {
+    block(async {
+        let script = "echo started; while read l; do echo \"out:$l\"; echo \"err:$l\" >&2; \
+                      if [ \"$l\" = bye ]; then sleep 1; echo after-detach; exit 0; fi; done";
+        let mut c = config("attach-pipes", &["sh", "-c", script]);
+        c.stdin = true;
+        let log = c.log.path.clone();
+        with_running(&c, |id| async move {
+            let rt = &env().rt;
+            let all = AttachOptions {
+                stdin: true,
+                stdout: true,
+                stderr: true,
+            };
+            let out_only = AttachOptions {
+                stdout: true,
+                ..Default::default()
+            };
+            // Nobody attached yet: the output is logged all the same.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !output(&log)?.0.contains(&"started".to_string()) {
+                ensure!(Instant::now() < deadline, "\"started\" not logged without attachers");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let (mut a_rd, mut a_wr) = rt.attach(&id, all).await?.into_split();
+            let (mut b_rd, _b_wr) = rt.attach(&id, out_only).await?.into_split();
+            a_wr.write_stdin(b"x\n").await?;
+            let (ao, ae) = attach_until(&mut a_rd, "err:x", Duration::from_secs(10)).await?;
+            let (ao, ae) = if ao.contains("out:x") {
+                (ao, ae)
+            } else {
+                let more = attach_until(&mut a_rd, "out:x", Duration::from_secs(10)).await?;
+                (ao + &more.0, ae + &more.1)
+            };
+            ensure!(ao == "out:x\n" && ae == "err:x\n", "first attacher: {ao:?} {ae:?}");
+            let (bo, be) = attach_until(&mut b_rd, "out:x", Duration::from_secs(10)).await?;
+            ensure!(
+                bo == "out:x\n" && be.is_empty(),
+                "second attacher (stdout only): {bo:?} {be:?}"
+            );
+            // Without stdinOnce an attacher closing its stdin (and dropping its writer) leaves
+            // the container's open, and it still gets output.
+            a_wr.close_stdin().await?;
+            drop(a_wr);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            ensure!(
+                rt.inspect(&id)?.is_running(),
+                "closing one attacher's stdin ended the container"
+            );
+            let (mut c_rd, mut c_wr) = rt.attach(&id, all).await?.into_split();
+            c_wr.write_stdin(b"y\nbye\n").await?;
+            attach_until(&mut c_rd, "out:bye", Duration::from_secs(10)).await?;
+            attach_until(&mut a_rd, "out:bye", Duration::from_secs(10)).await?;
+            drop((a_rd, c_rd, c_wr, b_rd));
+            let exit = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            ensure!(exit.exit_code == 0, "{exit:?}");
+            let (out, err) = output(&log)?;
+            ensure!(
+                out == ["started", "out:x", "out:y", "out:bye", "after-detach"],
+                "stdout log: {out:?}"
+            );
+            ensure!(err == ["err:x", "err:y", "err:bye"], "stderr log: {err:?}");
+            Ok(())
+        })
+        .await
+    })
+}
+
+fn attach_refusals() -> Result<()> {
+    block(async {
+        with_running(&config("attach-no-stdin", &["sleep", "60"]), |id| async move {
+            let rt = &env().rt;
+            let e = match rt
+                .attach(
+                    &id,
+                    AttachOptions {
+                        stdin: true,
+                        stdout: true,
+                        stderr: true,
+                    },
+                )
+                .await
+            {
+                Ok(_) => bail!("attaching stdin to a container without stdin succeeded"),
+                Err(e) => e,
+            };
+            let msg = ferrolet_fsutil::chain(&e).to_string();
+            ensure!(msg.contains("stdin"), "the error should name stdin: {msg}");
+            // Output-only attach works on any running container.
+            let mut a = rt
+                .attach(
+                    &id,
+                    AttachOptions {
+                        stdout: true,
+                        stderr: true,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            ensure!(a.write_stdin(b"x").await.is_err(), "write without stdin must fail");
+            rt.kill(&id, libc::SIGKILL)?;
+            let end = tokio::time::timeout(Duration::from_secs(10), async { while a.next().await.is_some() {} }).await;
+            ensure!(end.is_ok(), "the session did not end when the container was killed");
+            tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            ensure!(
+                rt.attach(&id, AttachOptions::default()).await.is_err(),
+                "attaching to a stopped container must fail"
+            );
+            Ok(())
+        })
+        .await
+    })
+}
+
+fn slow_attacher_does_not_stall_the_log() -> Result<()> {
+    block(async {
+        let mut c = config("attach-slow", &["sh", "-c", "read go; seq 1 200000"]);
+        c.stdin = true;
+        let log = c.log.path.clone();
+        with_running(&c, |id| async move {
+            let rt = &env().rt;
+            let opts = AttachOptions {
+                stdin: true,
+                stdout: true,
+                stderr: true,
+            };
+            // This attacher never reads its output.
+            let mut a = rt.attach(&id, opts).await?;
+            a.write_stdin(b"go\n").await?;
+            let exit = tokio::time::timeout(Duration::from_secs(30), rt.wait(&id))
+                .await
+                .map_err(|_| anyhow!("an attacher that does not read held up the container"))??;
+            ensure!(exit.exit_code == 0, "{exit:?}");
+            let (out, _) = output(&log)?;
+            ensure!(
+                out.len() == 200_000 && out.last().map(String::as_str) == Some("200000"),
+                "log has {} lines",
+                out.len()
+            );
+            drop(a);
+            Ok(())
+        })
+        .await
     })
 }

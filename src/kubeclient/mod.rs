@@ -11,6 +11,7 @@ pub mod bootstrap;
 pub mod certstore;
 pub mod csr;
 pub mod kubeconfig;
+mod metrics;
 pub mod ratelimit;
 pub mod rotation;
 

@@ -208,6 +208,10 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
             max_size: cfg.container_log_max_size,
             max_files: cfg.container_log_max_files,
         },
+        // As in CRI: stdinOnce only means something with stdin.
+        stdin: c.stdin == Some(true),
+        stdin_once: c.stdin == Some(true) && c.stdin_once == Some(true),
+        tty: c.tty == Some(true),
     })
 }
 

@@ -344,12 +344,6 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
         return Some("spec.shareProcessNamespace: may not be combined with hostPID".into());
     }
     for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
-        if c.tty == Some(true) || c.stdin == Some(true) {
-            return Some(format!(
-                "container {:?}: stdin/tty are not supported for static pods",
-                c.name
-            ));
-        }
         if from_api {
             continue;
         }
@@ -467,6 +461,14 @@ mod tests {
         assert!(e.contains("spec.containers[0].image: Required value"), "{e}");
         assert!(e.contains("spec.containers[1].name: Duplicate value"), "{e}");
         assert!(e.contains("spec.containers[1].volumeMounts[0].name: Not found"), "{e}");
+    }
+
+    #[test]
+    fn stdin_and_tty_are_supported() {
+        let p = pod(serde_json::json!({"metadata":{"name":"a"},"spec":{"containers":[
+            {"name":"c","image":"x","stdin":true,"stdinOnce":true,"tty":true}]}}));
+        assert_eq!(unsupported(&p), None);
+        assert!(validate(&p).is_empty(), "{:?}", validate(&p));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!   authenticated and authorized ([`auth`]), serving [`kubelet_router`];
 //! - `/healthz` alone, plain, on `healthzBindAddress:healthzPort` (127.0.0.1:10248; 0 is off);
 //! - kubelet's read-only port, off unless `readOnlyPort` is set: what any local user may see,
-//!   `/healthz` and `/pods`;
+//!   `/healthz`, `/pods` and the metrics ([`metrics`]);
 //! - the CLI's unix socket (owner-only, no authentication): the kubelet endpoints and the
 //!   `/ferrolet/...` extras (pods with manifest errors, logs with a default container);
 //! - the exec socket, [`exec`].
@@ -14,6 +14,7 @@ pub mod clientcert;
 mod conn;
 pub mod exec;
 mod healthz;
+pub mod metrics;
 mod node;
 pub mod node_logs;
 pub mod tls;
@@ -48,6 +49,8 @@ pub struct State {
     pub node_name: String,
     /// The agent's duties, for /healthz.
     pub liveness: Arc<Liveness>,
+    /// Static pods have mirror pods (the agent is in a cluster), for kubelet_mirror_pods.
+    pub mirrors_enabled: bool,
     /// The effective configuration (for /configz).
     pub config: Arc<Config>,
 }
@@ -58,6 +61,7 @@ impl State {
         pods: Arc<PodManager>,
         node_name: String,
         liveness: Arc<Liveness>,
+        mirrors_enabled: bool,
         config: Arc<Config>,
     ) -> Arc<State> {
         Arc::new(State {
@@ -65,6 +69,7 @@ impl State {
             pods,
             node_name,
             liveness,
+            mirrors_enabled,
             config,
         })
     }
@@ -84,7 +89,9 @@ pub async fn serve_all(
     node_ips: Vec<IpAddr>,
 ) -> anyhow::Result<()> {
     {
-        let (app, path) = (local_router(state.clone()), cfg.socket_path());
+        let app =
+            local_router(state.clone()).layer(axum::middleware::from_fn(|r, n| metrics::instrument("local", r, n)));
+        let (app, path) = (app, cfg.socket_path());
         supervise("API socket", Duration::from_secs(1), move || {
             let (app, path) = (app.clone(), path.clone());
             async move {
@@ -118,7 +125,9 @@ pub async fn serve_all(
         };
         let cert = certs::serving_cert(cfg, node_ips, kube).await?;
         let tls = tls::server_config(cert, client_ca, s.tls_min_version)?;
-        let app = kubelet_router(state.clone()).layer(axum::middleware::from_fn_with_state(auth, auth::layer::filter));
+        let app = kubelet_router(state.clone())
+            .layer(axum::middleware::from_fn_with_state(auth, auth::layer::filter))
+            .layer(axum::middleware::from_fn(|r, n| metrics::instrument("readwrite", r, n)));
         info!(
             %addr,
             authentication = %authn_summary(cfg),
@@ -141,7 +150,9 @@ pub async fn serve_all(
             .await
             .with_context(|| format!("readOnlyPort: binding the read-only API on {addr}"))?;
         info!(%addr, "read-only HTTP API listening");
-        tokio::spawn(conn::serve(listener, read_only_router(state)));
+        let app =
+            read_only_router(state).layer(axum::middleware::from_fn(|r, n| metrics::instrument("readonly", r, n)));
+        tokio::spawn(conn::serve(listener, app));
     }
     Ok(())
 }
@@ -181,6 +192,7 @@ pub fn kubelet_router(state: Arc<State>) -> Router {
         .route("/logs/", get(system_logs))
         .route("/logs/{*path}", get(system_logs))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
+        .merge(metrics::routes())
         .with_state(state)
 }
 
@@ -199,13 +211,15 @@ pub fn healthz_router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-/// kubelet's read-only endpoints, unauthenticated: what any local user may see.
+/// kubelet's read-only endpoints, unauthenticated: what any local user may see (kubelet's
+/// default handlers: health, pods, metrics).
 pub fn read_only_router(state: Arc<State>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::all))
         .route("/healthz/{check}", get(healthz::one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .merge(metrics::routes())
         .with_state(state)
 }
 

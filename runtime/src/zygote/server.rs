@@ -5,7 +5,7 @@
 //! outlives the agent.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
@@ -147,6 +147,9 @@ fn answer(reply: &OwnedFd, r: Result<Reply, libcontainer::error::LibcontainerErr
 }
 
 fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
+    if args.tty_process.is_some() {
+        return exec_tty(args, reply, fds);
+    }
     let Ok([stdin, stdout, stderr]) = <[OwnedFd; 3]>::try_from(fds) else {
         write_reply(
             &reply,
@@ -186,11 +189,86 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
         }
     };
     write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() });
+    wait_exec(pid, &reply)
+}
+
+/// Exec on a new terminal. libcontainer takes `terminal` only from a whole process.json, and
+/// hands the pty master (allocated in the container's devpts) to a console socket; the
+/// worker listens on one in libcontainer's directory of the container, then passes the master
+/// on to the agent over the socket it sent (fds: reply, console).
+fn exec_tty(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
+    let failed = |error: String| {
+        write_reply(&reply, &Reply::Failed { error });
+        1
+    };
+    let Ok([console_out]) = <[OwnedFd; 1]>::try_from(fds) else {
+        return failed("a terminal exec needs the socket for the pty master".into());
+    };
+    let dir = args.lc_root.join(&args.id);
+    let me = std::process::id();
+    let process_json = dir.join(format!("ferrolet-exec-{me}.json"));
+    let data = match serde_json::to_vec(&args.tty_process) {
+        Ok(d) => d,
+        Err(e) => return failed(format!("encoding the exec process: {e}")),
+    };
+    if let Err(e) = std::fs::write(&process_json, data) {
+        return failed(format!("writing {}: {e}", process_json.display()));
+    }
+    let console = match crate::tty::ConsoleSocket::bind(&dir, &format!("ferrolet-exec-{me}.sock")) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_file(&process_json);
+            return failed(format!("console socket in {}: {e}", dir.display()));
+        }
+    };
+    let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
+        .with_root_path(&args.lc_root)
+        .map(|b| {
+            b.with_console_socket(Some(console.path()))
+                .as_tenant()
+                .with_process(Some(&process_json))
+                .with_detach(true)
+        })
+        .and_then(|b| b.build());
+    let _ = std::fs::remove_file(&process_json);
+    remove_tenant_links(&dir, console.path());
+    let pid = match built {
+        Ok(pid) => pid,
+        Err(e) => return failed(chain(&e).to_string()),
+    };
+    let sent = console
+        .receive_master(std::time::Duration::from_secs(10))
+        .and_then(|master| crate::tty::send_fd(console_out.as_fd(), master.as_fd()));
+    drop(console);
+    if let Err(e) = sent {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGKILL);
+        let _ = waitpid(pid, None);
+        return failed(format!("passing on the terminal: {e}"));
+    }
+    drop(console_out);
+    write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() });
+    wait_exec(pid, &reply)
+}
+
+/// libcontainer leaves a `tenant-tty-*.sock` symlink to the console socket per exec.
+fn remove_tenant_links(dir: &std::path::Path, target: &std::path::Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        if e.file_name().to_string_lossy().starts_with("tenant-tty-")
+            && std::fs::read_link(e.path()).is_ok_and(|t| t == target)
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Wait for an exec'd process and reply how it ended.
+fn wait_exec(pid: Pid, reply: &OwnedFd) -> i32 {
     loop {
         match waitpid(pid, None) {
             Ok(WaitStatus::Exited(_, code)) => {
                 write_reply(
-                    &reply,
+                    reply,
                     &Reply::Exited {
                         exit_code: code,
                         signal: None,
@@ -200,7 +278,7 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             }
             Ok(WaitStatus::Signaled(_, sig, _)) => {
                 write_reply(
-                    &reply,
+                    reply,
                     &Reply::Exited {
                         exit_code: 128 + sig as i32,
                         signal: Some(sig as i32),
@@ -212,7 +290,7 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => {
                 write_reply(
-                    &reply,
+                    reply,
                     &Reply::Failed {
                         error: format!("waiting for exec process: {e}"),
                     },

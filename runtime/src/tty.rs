@@ -1,0 +1,218 @@
+//! Terminals (docs/runtime.md#terminals-and-attach). A container process that asks for a
+//! terminal gets a pty allocated by libcontainer *inside* the container, from the container's
+//! own devpts instance (`/dev/pts/ptmx` after pivot_root, as runc and crun do), so `tty` shows
+//! `/dev/pts/N` of the container and the host's /dev/pts is never involved. libcontainer sends
+//! the master back over a "console socket" (a unix stream socket it connects to, SCM_RIGHTS);
+//! [`ConsoleSocket`] is the listening end of it, used by the monitor (a container's init) and
+//! by exec workers. [`resize_tty`] sets a terminal's window size on the master.
+
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+
+use crate::error::{Error, Result};
+
+/// Set the window size of the terminal whose master is `master` (`TIOCSWINSZ`); the
+/// foreground process group on it gets `SIGWINCH`.
+pub fn resize_tty(master: BorrowedFd<'_>, width: u16, height: u16) -> Result<()> {
+    let ws = libc::winsize {
+        ws_row: height,
+        ws_col: width,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the pointer.
+    let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    if r != 0 {
+        return Err(ferrolet_fsutil::Error::io(
+            format!("resizing terminal to {width}x{height}"),
+            io::Error::last_os_error(),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The listening end of a console socket, bound in a directory under a unique name.
+pub(crate) struct ConsoleSocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl ConsoleSocket {
+    /// Bind `dir/name`. The directory is reached through `/proc/self/fd`, so a state directory
+    /// deeper than a socket address allows (108 bytes) still works; libcontainer is given the
+    /// real path, which it reaches through a symlink of its own.
+    pub(crate) fn bind(dir: &Path, name: &str) -> io::Result<ConsoleSocket> {
+        let listener = bind_in(dir, name)?;
+        Ok(ConsoleSocket {
+            listener,
+            path: dir.join(name),
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Accept libcontainer's connection and receive the pty master it sends. Called after the
+    /// builder returned: by then the process has set up its terminal, so the connection and
+    /// the fd are queued; `timeout` only guards against a process that died before sending.
+    pub(crate) fn receive_master(&self, timeout: Duration) -> io::Result<OwnedFd> {
+        wait_readable(self.listener.as_fd(), timeout, "console socket connection")?;
+        let (conn, _) = self.listener.accept()?;
+        wait_readable(conn.as_fd(), timeout, "pty master")?;
+        let mut buf = [0u8; 64];
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+        let msg = recvmsg::<()>(conn.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
+            .map_err(io::Error::from)?;
+        let mut got = None;
+        for c in msg.cmsgs().map_err(io::Error::from)? {
+            if let ControlMessageOwned::ScmRights(fds) = c {
+                for fd in fds {
+                    // SAFETY: the kernel installed this fd for us.
+                    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                    if got.is_none() {
+                        got = Some(fd);
+                    }
+                }
+            }
+        }
+        got.ok_or_else(|| io::Error::other("the console socket message carried no pty master"))
+    }
+}
+
+impl Drop for ConsoleSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Bind a unix stream listener at `dir/name` (removing a stale file of that name), through
+/// `/proc/self/fd/N/name` so the directory's depth does not matter, owner-only.
+pub(crate) fn bind_in(dir: &Path, name: &str) -> io::Result<UnixListener> {
+    let d = std::fs::File::open(dir)?;
+    let short = format!("/proc/self/fd/{}/{name}", d.as_raw_fd());
+    let _ = std::fs::remove_file(&short);
+    let listener = UnixListener::bind(&short)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Send `fd` over a connected unix socket (one byte of data with it).
+pub(crate) fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage};
+    let fds = [fd.as_raw_fd()];
+    let iov = [io::IoSlice::new(b"m")];
+    sendmsg::<()>(
+        sock.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(io::Error::from)?;
+    Ok(())
+}
+
+/// Receive one fd sent with [`send_fd`] without waiting: the sender sent it before replying.
+pub(crate) fn recv_fd_now(sock: BorrowedFd<'_>) -> Result<OwnedFd> {
+    let mut buf = [0u8; 8];
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(|e| Error::Zygote(format!("receiving the pty master: {e}")))?;
+    let mut got = None;
+    for c in msg
+        .cmsgs()
+        .map_err(|e| Error::Zygote(format!("receiving the pty master: {e}")))?
+    {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for fd in fds {
+                // SAFETY: the kernel installed this fd for us.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                got.get_or_insert(fd);
+            }
+        }
+    }
+    got.ok_or_else(|| Error::Zygote("the exec worker sent no pty master".into()))
+}
+
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &str) -> io::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ms = PollTimeout::try_from(timeout.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::NONE);
+    loop {
+        let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut p, ms) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no {what} within {timeout:?}"),
+                ))
+            }
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Make `fd` non-blocking (the monitor polls it and must never block on it).
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) {
+    // SAFETY: fcntl on a valid fd.
+    unsafe {
+        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resize_sets_the_window_size_seen_on_the_slave() {
+        let pty = nix::pty::openpty(None, None).expect("openpty");
+        resize_tty(pty.master.as_fd(), 132, 43).expect("resize");
+        let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+        // SAFETY: TIOCGWINSZ writes one winsize.
+        assert_eq!(
+            unsafe { libc::ioctl(pty.slave.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) },
+            0
+        );
+        assert_eq!((ws.ws_col, ws.ws_row), (132, 43));
+    }
+
+    #[test]
+    fn resize_of_a_non_terminal_is_an_error() {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        assert!(resize_tty(f.as_fd(), 80, 24).is_err());
+    }
+
+    #[test]
+    fn console_socket_receives_the_fd_sent_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cs = ConsoleSocket::bind(dir.path(), "console.sock").unwrap();
+        let c = std::os::unix::net::UnixStream::connect(cs.path()).unwrap();
+        let f = std::fs::File::open("/dev/null").unwrap();
+        send_fd(c.as_fd(), f.as_fd()).unwrap();
+        let got = cs.receive_master(Duration::from_secs(1)).unwrap();
+        let st = nix::sys::stat::fstat(got.as_raw_fd()).unwrap();
+        let want = nix::sys::stat::fstat(f.as_raw_fd()).unwrap();
+        assert_eq!((st.st_dev, st.st_ino), (want.st_dev, want.st_ino));
+        let path = cs.path().to_path_buf();
+        drop(cs);
+        assert!(!path.exists());
+    }
+}
