@@ -306,8 +306,15 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
 
-    let state = crate::server::State::new(rt.clone(), pods.clone(), node.name.clone(), liveness, mirrors.is_some());
-    crate::server::serve_all(&cfg, state).await?;
+    let state = crate::server::State::new(
+        rt.clone(),
+        pods.clone(),
+        node.name.clone(),
+        liveness,
+        mirrors.is_some(),
+        cfg.clone(),
+    );
+    crate::server::serve_all(&cfg, state, kube.clone(), node.ips.clone()).await?;
     info!(
         node = %cfg.node_name,
         root = %cfg.root_dir.display(),

@@ -9,25 +9,17 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
 
+use super::serving::{self, TlsVersion};
 use super::{resolve_relative, Config, EvictionHard, NetworkMode, Reserved, Threshold};
 use crate::pod::units::{bytes, parse_duration};
 
 /// KubeletConfiguration fields accepted but not acted on (yet).
 pub const KNOWN_UNSUPPORTED: &[&str] = &[
-    "port",
-    "tlsCertFile",
-    "tlsPrivateKeyFile",
     "tlsCipherSuites",
-    "tlsMinVersion",
-    "serverTLSBootstrap",
-    "authentication",
-    "authorization",
     "registryPullQPS",
     "registryBurst",
     "enableDebuggingHandlers",
     "enableContentionProfiling",
-    "healthzPort",
-    "healthzBindAddress",
     "oomScoreAdj",
     "streamingConnectionIdleTimeout",
     "imageMinimumGCAge",
@@ -159,6 +151,23 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
             "httpCheckFrequency" => cfg.http_check_frequency = duration(f, v)?,
             "address" => cfg.address = ip(f, v)?,
             "readOnlyPort" => cfg.read_only_port = port(f, v)?,
+            "port" => cfg.serving.port = port(f, v)?,
+            "tlsCertFile" => {
+                cfg.serving.tls_cert_file = Some(string(f, v)?)
+                    .filter(|s| !s.is_empty())
+                    .map(|p| resolve_relative(base, &p))
+            }
+            "tlsPrivateKeyFile" => {
+                cfg.serving.tls_private_key_file = Some(string(f, v)?)
+                    .filter(|s| !s.is_empty())
+                    .map(|p| resolve_relative(base, &p))
+            }
+            "tlsMinVersion" => cfg.serving.tls_min_version = TlsVersion::parse(f, &string(f, v)?)?,
+            "serverTLSBootstrap" => cfg.serving.server_tls_bootstrap = boolean(f, v)?,
+            "healthzPort" => cfg.serving.healthz_port = port(f, v)?,
+            "healthzBindAddress" => cfg.serving.healthz_bind_address = ip(f, v)?,
+            "authentication" => serving::apply_authentication(&mut cfg.serving, v, base)?,
+            "authorization" => serving::apply_authorization(&mut cfg.serving, v)?,
             "clusterDomain" => cfg.cluster_domain = string(f, v)?,
             "clusterDNS" => {
                 let list = v

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::Args;
 
+use super::serving::{AuthzMode, ServingConfig, TlsVersion};
 use super::{absolute, parse_header, parse_label, parse_taint, Config, NetworkMode};
 
 /// Flags named as kubelet names them. Unset flags leave the config file's (or the default)
@@ -105,6 +106,42 @@ pub struct RunFlags {
     pub event_burst: Option<u32>,
     #[arg(long = "rotate-certificates", num_args = 0..=1, default_missing_value = "true")]
     pub rotate_certificates: Option<bool>,
+    /// The authenticated HTTPS port of the kubelet API.
+    #[arg(long = "port")]
+    pub port: Option<u16>,
+    #[arg(long = "tls-cert-file")]
+    pub tls_cert_file: Option<PathBuf>,
+    #[arg(long = "tls-private-key-file")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// VersionTLS12 or VersionTLS13.
+    #[arg(long = "tls-min-version")]
+    pub tls_min_version: Option<String>,
+    /// Request the serving certificate from the cluster and rotate it (serverTLSBootstrap).
+    #[arg(long = "rotate-server-certificates", num_args = 0..=1, default_missing_value = "true")]
+    pub rotate_server_certificates: Option<bool>,
+    /// The plain /healthz port (0: off).
+    #[arg(long = "healthz-port")]
+    pub healthz_port: Option<u16>,
+    #[arg(long = "healthz-bind-address")]
+    pub healthz_bind_address: Option<std::net::IpAddr>,
+    /// CA bundle client certificates are verified against.
+    #[arg(long = "client-ca-file")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Check bearer tokens with a TokenReview.
+    #[arg(long = "authentication-token-webhook", num_args = 0..=1, default_missing_value = "true")]
+    pub authentication_token_webhook: Option<bool>,
+    #[arg(long = "authentication-token-webhook-cache-ttl")]
+    pub authentication_token_webhook_cache_ttl: Option<String>,
+    /// Serve requests without credentials as system:anonymous.
+    #[arg(long = "anonymous-auth", num_args = 0..=1, default_missing_value = "true")]
+    pub anonymous_auth: Option<bool>,
+    /// AlwaysAllow or Webhook.
+    #[arg(long = "authorization-mode")]
+    pub authorization_mode: Option<String>,
+    #[arg(long = "authorization-webhook-cache-authorized-ttl")]
+    pub authorization_webhook_cache_authorized_ttl: Option<String>,
+    #[arg(long = "authorization-webhook-cache-unauthorized-ttl")]
+    pub authorization_webhook_cache_unauthorized_ttl: Option<String>,
     /// First crash-loop back-off (kubelet's is 10s).
     #[arg(long = "initial-container-restart-period", hide = true)]
     pub initial_container_restart_period: Option<String>,
@@ -212,6 +249,7 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     if let Some(d) = &f.image_import_dir {
         cfg.image_import_dir = absolute(d)?;
     }
+    apply_serving(&mut cfg.serving, f)?;
     let c = &mut cfg.cluster;
     if let Some(k) = &f.kubeconfig {
         c.kubeconfig = Some(absolute(k)?);
@@ -250,6 +288,68 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if let Some(b) = f.rotate_certificates {
         c.rotate_certificates = b;
+    }
+    Ok(())
+}
+
+/// The kubelet API's flags.
+fn apply_serving(s: &mut ServingConfig, f: &RunFlags) -> Result<()> {
+    use crate::pod::units::parse_duration;
+    let dur = |name: &str, v: &Option<String>| -> Result<Option<Duration>> {
+        v.as_deref()
+            .map(|x| parse_duration(x).map_err(|e| anyhow::anyhow!("--{name}: {e}")))
+            .transpose()
+    };
+    if let Some(p) = f.port {
+        s.port = p;
+    }
+    if let Some(p) = &f.tls_cert_file {
+        s.tls_cert_file = Some(absolute(p)?);
+    }
+    if let Some(p) = &f.tls_private_key_file {
+        s.tls_private_key_file = Some(absolute(p)?);
+    }
+    if let Some(v) = &f.tls_min_version {
+        s.tls_min_version = TlsVersion::parse("--tls-min-version", v)?;
+    }
+    if let Some(b) = f.rotate_server_certificates {
+        s.server_tls_bootstrap = b;
+    }
+    if let Some(p) = f.healthz_port {
+        s.healthz_port = p;
+    }
+    if let Some(a) = f.healthz_bind_address {
+        s.healthz_bind_address = a;
+    }
+    if let Some(p) = &f.client_ca_file {
+        s.client_ca_file = Some(absolute(p)?);
+    }
+    if let Some(b) = f.authentication_token_webhook {
+        s.authn_webhook = Some(b);
+    }
+    if let Some(d) = dur(
+        "authentication-token-webhook-cache-ttl",
+        &f.authentication_token_webhook_cache_ttl,
+    )? {
+        s.authn_webhook_cache_ttl = d;
+    }
+    if let Some(b) = f.anonymous_auth {
+        s.anonymous_auth = b;
+    }
+    if let Some(m) = &f.authorization_mode {
+        s.authz_mode = Some(AuthzMode::parse("--authorization-mode", m)?);
+    }
+    if let Some(d) = dur(
+        "authorization-webhook-cache-authorized-ttl",
+        &f.authorization_webhook_cache_authorized_ttl,
+    )? {
+        s.authz_cache_authorized_ttl = d;
+    }
+    if let Some(d) = dur(
+        "authorization-webhook-cache-unauthorized-ttl",
+        &f.authorization_webhook_cache_unauthorized_ttl,
+    )? {
+        s.authz_cache_unauthorized_ttl = d;
     }
     Ok(())
 }

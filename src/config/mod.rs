@@ -2,8 +2,10 @@
 //! KubeletConfiguration file (`--config`, [`file`]), then flags with kubelet's names
 //! ([`flags`]). Later wins. [`load`] does all three and the checks across fields.
 
+pub mod effective;
 pub mod file;
 mod flags;
+pub mod serving;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use crate::pod::validation::is_dns_subdomain;
 
 pub use flags::RunFlags;
+pub use serving::{AuthzMode, ServingConfig, TlsVersion};
 
 /// Where pod networking comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +179,7 @@ pub struct Config {
     pub container_log_max_size: u64,
     pub container_log_max_files: u32,
     pub enable_server: bool,
+    /// Where the kubelet port and the read-only port listen (kubelet's address, 0.0.0.0).
     pub address: IpAddr,
     /// kubelet's read-only HTTP port (`/healthz`, `/pods`, unauthenticated); 0, the default as
     /// in kubelet, disables it.
@@ -207,6 +211,8 @@ pub struct Config {
     pub verbosity: u8,
     /// Joining a cluster (when `cluster.kubeconfig` is set).
     pub cluster: ClusterConfig,
+    /// The kubelet API: port, TLS, authentication and authorization.
+    pub serving: ServingConfig,
 }
 
 impl Default for Config {
@@ -228,7 +234,8 @@ impl Default for Config {
             container_log_max_size: 10 << 20,
             container_log_max_files: 5,
             enable_server: true,
-            address: IpAddr::from([127, 0, 0, 1]),
+            // kubelet's: the API server reaches the kubelet port at the node's address
+            address: IpAddr::from([0, 0, 0, 0]),
             read_only_port: 0,
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
@@ -253,6 +260,7 @@ impl Default for Config {
             load_demo_image: true,
             verbosity: 2,
             cluster: ClusterConfig::default(),
+            serving: ServingConfig::default(),
         }
     }
 }
@@ -333,6 +341,7 @@ impl Config {
         if !c.kube_api_qps.is_finite() || c.kube_api_qps <= 0.0 || c.kube_api_burst == 0 {
             bail!("kubeAPIQPS and kubeAPIBurst must be positive");
         }
+        self.serving.validate(self.in_cluster())?;
         if let Some(u) = &self.static_pod_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
                 bail!("staticPodURL: {u:?} is not an http(s) URL");

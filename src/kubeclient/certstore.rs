@@ -130,12 +130,21 @@ pub fn validity(cert_pem: &[u8]) -> Result<(SystemTime, SystemTime)> {
 #[derive(Clone, Debug)]
 pub struct CertStore {
     dir: PathBuf,
+    /// The file name prefix: kubelet-client, or kubelet-server for the serving certificate.
+    pair: &'static str,
 }
 
 impl CertStore {
     pub fn new(root_dir: &Path) -> CertStore {
+        CertStore::with_pair(root_dir, PAIR)
+    }
+
+    /// The store of another pair under `<root>/pki` (`kubelet-server` for the serving
+    /// certificate, as kubelet names it).
+    pub fn with_pair(root_dir: &Path, pair: &'static str) -> CertStore {
         CertStore {
             dir: root_dir.join("pki"),
+            pair,
         }
     }
 
@@ -145,14 +154,14 @@ impl CertStore {
 
     /// `kubelet-client-current.pem`: what the written kubeconfig points at.
     pub fn current_path(&self) -> PathBuf {
-        self.dir.join(format!("{PAIR}-current.pem"))
+        self.dir.join(format!("{}-current.pem", self.pair))
     }
 
     /// Where the bootstrap keeps the key of a request still in flight, so that an agent
     /// restarted meanwhile asks again with the same key and finds its earlier request
     /// (kubelet's `kubelet-client.key.tmp`).
     pub fn pending_key_path(&self) -> PathBuf {
-        self.dir.join(format!("{PAIR}.key.tmp"))
+        self.dir.join(format!("{}.key.tmp", self.pair))
     }
 
     /// The current credential; `None` when there is none yet.
@@ -172,18 +181,19 @@ impl CertStore {
     pub fn update(&self, cred: &Credential) -> Result<PathBuf> {
         ferrolet_fsutil::ensure_private_dir(&self.dir)?;
         let stamp = chrono::Utc::now().format("%Y-%m-%d-%H-%M-%S");
-        let mut name = format!("{PAIR}-{stamp}.pem");
+        let pair = self.pair;
+        let mut name = format!("{pair}-{stamp}.pem");
         // two renewals within one second (only a test's shortened threshold does that) must not
         // overwrite the file the current link still names
         if self.dir.join(&name).exists() {
-            name = format!("{PAIR}-{stamp}-{}.pem", ferrolet_fsutil::unique());
+            name = format!("{pair}-{stamp}-{}.pem", ferrolet_fsutil::unique());
         }
         let file = self.dir.join(&name);
         ferrolet_fsutil::write_atomic_mode(&file, &cred.combined(), 0o600)?;
         // kubelet's updateSymlink: a fresh link beside the current one, renamed over it
         let updated = self
             .dir
-            .join(format!(".{PAIR}-updated.pem.{}", ferrolet_fsutil::unique()));
+            .join(format!(".{pair}-updated.pem.{}", ferrolet_fsutil::unique()));
         std::os::unix::fs::symlink(&name, &updated)
             .with_context(|| format!("creating the link {}", updated.display()))?;
         let current = self.current_path();

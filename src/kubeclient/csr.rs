@@ -48,6 +48,32 @@ pub fn node_request(node: &str, key: &rcgen::KeyPair) -> Result<String> {
     csr.pem().context("encoding the certificate request")
 }
 
+/// The signer of kubelet serving certificates.
+pub const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+/// What a serving certificate is for (client-go's certificate manager for kubelet 1.26).
+pub const SERVING_USAGES: [&str; 3] = ["digital signature", "key encipherment", "server auth"];
+
+/// The PEM of a serving certificate request for node `node` naming the node's `dns` names and
+/// `ips` (kubelet's serving certificate template), signed with `key`.
+pub fn node_serving_request(
+    node: &str,
+    key: &rcgen::KeyPair,
+    dns: &[String],
+    ips: &[std::net::IpAddr],
+) -> Result<String> {
+    let mut names: Vec<String> = dns.to_vec();
+    names.extend(ips.iter().map(|i| i.to_string()));
+    let mut params = rcgen::CertificateParams::new(names).context("certificate request names")?;
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, NODES_GROUP);
+    dn.push(rcgen::DnType::CommonName, node_user(node));
+    params.distinguished_name = dn;
+    let csr = params
+        .serialize_request(key)
+        .context("signing the certificate request")?;
+    csr.pem().context("encoding the certificate request")
+}
+
 /// The bootstrap's request name, derived from the key and what is asked for (kubelet's
 /// digestedName), so a restarted agent with the same pending key finds its request again.
 pub fn digested_name(node: &str, key: &rcgen::KeyPair) -> String {
@@ -72,6 +98,16 @@ pub fn digested_name(node: &str, key: &rcgen::KeyPair) -> String {
 /// The CertificateSigningRequest object: named `name`, or with the generated name `csr-...`
 /// (client-go's certificate manager, for renewals) when `None`.
 pub fn request_object(name: Option<&str>, request_pem: &str) -> CertificateSigningRequest {
+    request_object_for(name, request_pem, SIGNER, &USAGES)
+}
+
+/// [`request_object`] for another signer and usages (the serving certificate's).
+pub fn request_object_for(
+    name: Option<&str>,
+    request_pem: &str,
+    signer: &str,
+    usages: &[&str],
+) -> CertificateSigningRequest {
     CertificateSigningRequest {
         metadata: ObjectMeta {
             name: name.map(str::to_string),
@@ -80,8 +116,8 @@ pub fn request_object(name: Option<&str>, request_pem: &str) -> CertificateSigni
         },
         spec: CertificateSigningRequestSpec {
             request: k8s_openapi::ByteString(request_pem.as_bytes().to_vec()),
-            signer_name: SIGNER.to_string(),
-            usages: Some(USAGES.iter().map(|u| u.to_string()).collect()),
+            signer_name: signer.to_string(),
+            usages: Some(usages.iter().map(|u| u.to_string()).collect()),
             ..Default::default()
         },
         status: None,
@@ -137,8 +173,20 @@ pub async fn request_certificate(
     request_pem: &str,
     limit: Duration,
 ) -> Result<Vec<u8>> {
+    request_certificate_for(client, name, request_pem, SIGNER, &USAGES, limit).await
+}
+
+/// [`request_certificate`] for another signer and usages (the serving certificate's).
+pub async fn request_certificate_for(
+    client: kube::Client,
+    name: Option<&str>,
+    request_pem: &str,
+    signer: &str,
+    usages: &[&str],
+    limit: Duration,
+) -> Result<Vec<u8>> {
     let api: Api<CertificateSigningRequest> = Api::all(client);
-    let obj = request_object(name, request_pem);
+    let obj = request_object_for(name, request_pem, signer, usages);
     let created = match api.create(&PostParams::default(), &obj).await {
         Ok(c) => c,
         Err(kube::Error::Api(s)) if s.code == 409 && name.is_some() => {
@@ -147,7 +195,7 @@ pub async fn request_certificate(
                 .get(name)
                 .await
                 .with_context(|| format!("reading the existing CertificateSigningRequest {name}"))?;
-            if existing.spec.request.0 != obj.spec.request.0 || existing.spec.signer_name != SIGNER {
+            if existing.spec.request.0 != obj.spec.request.0 || existing.spec.signer_name != signer {
                 bail!("CertificateSigningRequest {name} exists and asks for something else");
             }
             existing
@@ -156,7 +204,7 @@ pub async fn request_certificate(
     };
     let name = created.metadata.name.clone().unwrap_or_default();
     let uid = created.metadata.uid.clone();
-    info!(csr = %name, signer = SIGNER, "certificate signing request created; waiting for its certificate");
+    info!(csr = %name, signer, "certificate signing request created; waiting for its certificate");
     let wait = wait_for_certificate(&api, &name, uid.as_deref());
     match tokio::time::timeout(limit, wait).await {
         Ok(r) => r.with_context(|| format!("CertificateSigningRequest {name}")),

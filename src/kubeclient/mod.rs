@@ -122,6 +122,12 @@ impl Kube {
         Ok(Kube::new(build_client(config, &limit)?))
     }
 
+    /// A handle on `client` as it is (tests with a mock API server).
+    #[cfg(test)]
+    pub(crate) fn from_client(client: kube::Client) -> Kube {
+        Kube::new(client)
+    }
+
     /// The current client.
     pub fn client(&self) -> kube::Client {
         self.client.borrow().clone()

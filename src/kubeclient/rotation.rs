@@ -38,13 +38,13 @@ pub fn deadline(not_before: SystemTime, not_after: SystemTime, r: f64) -> System
 }
 
 /// A uniform number in [0, 1) from the kernel's randomness.
-fn jitter() -> f64 {
+pub fn jitter() -> f64 {
     let n = u64::from_str_radix(&ferrolet_fsutil::random_hex(8), 16).unwrap_or(0);
     (n >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The shortened wait the test knob asks for, if set.
-fn test_rotate_after() -> Option<Duration> {
+pub fn test_rotate_after() -> Option<Duration> {
     let v = std::env::var(TEST_ROTATE_AFTER_ENV).ok()?;
     match v.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s)),

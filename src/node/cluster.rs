@@ -200,6 +200,7 @@ async fn observe(
         images,
         pressure: tracker.observe(Instant::now(), seen),
         not_ready,
+        kubelet_port: cfg.serving.port.into(),
     })
 }
 

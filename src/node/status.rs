@@ -42,6 +42,8 @@ pub struct Observed {
     pub pressure: Pressure,
     /// Why the node is not ready (the runtime's and the pod network's errors); empty: ready.
     pub not_ready: Vec<String>,
+    /// The kubelet API's port (daemonEndpoints.kubeletEndpoint; kubelet's `port`).
+    pub kubelet_port: i32,
 }
 
 /// The node's addresses with a configured or detected IP and no cloud provider: each IP as
@@ -127,7 +129,7 @@ pub fn set_node_status(node: &mut Node, o: &Observed, now: &Time) -> Vec<&'stati
         ..status.node_info.take().unwrap_or_default()
     });
     status.daemon_endpoints = Some(NodeDaemonEndpoints {
-        kubelet_endpoint: Some(DaemonEndpoint { port: KUBELET_PORT }),
+        kubelet_endpoint: Some(DaemonEndpoint { port: o.kubelet_port }),
     });
     // An empty list is no list: the API server drops it, and it must not look like a change.
     status.images = (!o.images.is_empty()).then(|| o.images.clone());
@@ -267,6 +269,7 @@ mod tests {
             images: Vec::new(),
             pressure: Pressure::default(),
             not_ready: Vec::new(),
+            kubelet_port: KUBELET_PORT,
         }
     }
 

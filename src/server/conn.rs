@@ -36,17 +36,32 @@ where
             drop(io);
             continue;
         };
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(io), service)
-                .with_upgrades();
-            if let Err(e) = conn.await {
-                debug!(error = %e, "HTTP connection ended with an error");
-            }
+            serve_connection(io, app).await;
         });
+    }
+}
+
+/// Serve one connection (HTTP/1.1, upgrades allowed: exec, attach and port-forward take the
+/// connection over) until it closes.
+pub async fn serve_connection<I, S, B>(io: I, service: S)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: tower::Service<hyper::Request<hyper::body::Incoming>, Response = hyper::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        debug!(error = %e, "HTTP connection ended with an error");
     }
 }

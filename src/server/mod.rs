@@ -1,14 +1,25 @@
-//! The agent's servers (kubelet's pkg/kubelet/server). kubelet's read-only port, off unless
-//! `readOnlyPort` is set, serves only what any local user may see: `/healthz` and `/pods` (a v1
-//! PodList as kubelet returns it). The CLI's unix socket (owner-only) also serves
-//! `/containerLogs/{namespace}/{pod}/{container}` and the `/ferrolet/...` extras (pods with
-//! manifest errors, logs with a default container). The exec socket is [`exec`].
+//! The agent's servers (kubelet's pkg/kubelet/server), see docs/server.md:
+//! - the kubelet API on `address:port` (10250): TLS ([`tls`], [`certs`]), every request
+//!   authenticated and authorized ([`auth`]), serving [`kubelet_router`];
+//! - `/healthz` alone, plain, on `healthzBindAddress:healthzPort` (127.0.0.1:10248; 0 is off);
+//! - kubelet's read-only port, off unless `readOnlyPort` is set: what any local user may see,
+//!   `/healthz`, `/pods` and the metrics ([`metrics`]);
+//! - the CLI's unix socket (owner-only, no authentication): the kubelet endpoints and the
+//!   `/ferrolet/...` extras (pods with manifest errors, logs with a default container);
+//! - the exec socket, [`exec`].
 
+pub mod auth;
+pub mod certs;
+pub mod clientcert;
 mod conn;
 pub mod exec;
 mod healthz;
 pub mod metrics;
+mod node;
+pub mod node_logs;
+pub mod tls;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +36,7 @@ use axum::Router;
 use tokio::sync::mpsc;
 
 use crate::config::Config;
+use crate::kubeclient::Kube;
 use crate::kuberuntime::logs::{self, LogOptions};
 use crate::pod::manager::PodManager;
 use crate::tasks::{supervise, Liveness};
@@ -39,6 +51,8 @@ pub struct State {
     pub liveness: Arc<Liveness>,
     /// Static pods have mirror pods (the agent is in a cluster), for kubelet_mirror_pods.
     pub mirrors_enabled: bool,
+    /// The effective configuration (for /configz).
+    pub config: Arc<Config>,
 }
 
 impl State {
@@ -48,6 +62,7 @@ impl State {
         node_name: String,
         liveness: Arc<Liveness>,
         mirrors_enabled: bool,
+        config: Arc<Config>,
     ) -> Arc<State> {
         Arc::new(State {
             rt,
@@ -55,15 +70,24 @@ impl State {
             node_name,
             liveness,
             mirrors_enabled,
+            config,
         })
     }
 }
 
 /// Start every server the configuration asks for: the CLI socket (every endpoint, owner-only)
-/// and the exec socket always; kubelet's read-only endpoints on `address:readOnlyPort` when it
-/// is set (kubelet's default, 0, is off; a port that cannot be bound stops the agent). Each
-/// runs in the background and is restarted if it panics.
-pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
+/// and the exec socket always; the kubelet API on `address:port` unless `enableServer` is off;
+/// healthz on `healthzBindAddress:healthzPort` unless the port is 0; kubelet's read-only
+/// endpoints on `address:readOnlyPort` when it is set. A port that cannot be bound stops the
+/// agent. `kube` is the node's API client (token and access reviews, the serving certificate
+/// bootstrap), `node_ips` the node's addresses (the serving certificate's names). Each runs in
+/// the background; the unix sockets are restarted if they fail.
+pub async fn serve_all(
+    cfg: &Config,
+    state: Arc<State>,
+    kube: Option<Kube>,
+    node_ips: Vec<IpAddr>,
+) -> anyhow::Result<()> {
     {
         let app =
             local_router(state.clone()).layer(axum::middleware::from_fn(|r, n| metrics::instrument("local", r, n)));
@@ -88,17 +112,103 @@ pub async fn serve_all(cfg: &Config, state: Arc<State>) -> anyhow::Result<()> {
             }
         });
     }
-    if cfg.enable_server && cfg.read_only_port != 0 {
-        let addr = std::net::SocketAddr::new(cfg.address, cfg.read_only_port);
+    let s = &cfg.serving;
+    if cfg.enable_server {
+        let addr = SocketAddr::new(cfg.address, s.port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .with_context(|| format!("binding the HTTP API on {addr}"))?;
-        info!(%addr, "HTTP API listening");
+            .with_context(|| format!("port: binding the kubelet API on {addr}"))?;
+        let auth = Arc::new(auth::Auth::from_config(cfg, kube.clone())?);
+        let client_ca = match &s.client_ca_file {
+            Some(p) => Some(Arc::new(clientcert::ClientCaVerifier::from_file(p.clone())?)),
+            None => None,
+        };
+        let cert = certs::serving_cert(cfg, node_ips, kube).await?;
+        let tls = tls::server_config(cert, client_ca, s.tls_min_version)?;
+        let app = kubelet_router(state.clone())
+            .layer(axum::middleware::from_fn_with_state(auth, auth::layer::filter))
+            .layer(axum::middleware::from_fn(|r, n| metrics::instrument("readwrite", r, n)));
+        info!(
+            %addr,
+            authentication = %authn_summary(cfg),
+            authorization = s.authz_mode(cfg.in_cluster()).name(),
+            "kubelet API listening (TLS)"
+        );
+        tokio::spawn(tls::serve(listener, tls, app));
+    }
+    if s.healthz_port != 0 {
+        let addr = SocketAddr::new(s.healthz_bind_address, s.healthz_port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("healthzPort: binding the healthz endpoint on {addr}"))?;
+        info!(%addr, "healthz listening");
+        tokio::spawn(conn::serve(listener, healthz_router(state.clone())));
+    }
+    if cfg.enable_server && cfg.read_only_port != 0 {
+        let addr = SocketAddr::new(cfg.address, cfg.read_only_port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("readOnlyPort: binding the read-only API on {addr}"))?;
+        info!(%addr, "read-only HTTP API listening");
         let app =
             read_only_router(state).layer(axum::middleware::from_fn(|r, n| metrics::instrument("readonly", r, n)));
         tokio::spawn(conn::serve(listener, app));
     }
     Ok(())
+}
+
+/// Which credentials the kubelet port accepts, for the start-up log.
+fn authn_summary(cfg: &Config) -> String {
+    let s = &cfg.serving;
+    let mut parts = Vec::new();
+    if s.client_ca_file.is_some() {
+        parts.push("x509");
+    }
+    if s.token_webhook(cfg.in_cluster()) {
+        parts.push("token-webhook");
+    }
+    if s.anonymous_auth {
+        parts.push("anonymous");
+    }
+    if parts.is_empty() {
+        "none (every request is refused)".into()
+    } else {
+        parts.join(",")
+    }
+}
+
+/// The kubelet API served on `port` behind authentication and authorization. Every route
+/// added here is guarded: the filter is applied to the whole router where it is served.
+pub fn kubelet_router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz::all))
+        .route("/healthz/{check}", get(healthz::one))
+        .route("/pods", get(pods))
+        .route("/pods/", get(pods))
+        .route("/runningpods/", get(node::runningpods))
+        .route("/configz", get(node::configz))
+        .route("/spec/", get(node::spec))
+        .route("/spec", get(node::spec))
+        .route("/logs/", get(system_logs))
+        .route("/logs/{*path}", get(system_logs))
+        .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
+        .merge(metrics::routes())
+        .with_state(state)
+}
+
+/// `/logs/...`: files and listings under /var/log.
+async fn system_logs(uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let rel = path.strip_prefix("/logs/").unwrap_or("");
+    node_logs::serve(std::path::Path::new(node_logs::LOG_DIR), rel, path).await
+}
+
+/// `/healthz` alone, for the plain healthz port.
+pub fn healthz_router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz::all))
+        .route("/healthz/{check}", get(healthz::one))
+        .with_state(state)
 }
 
 /// kubelet's read-only endpoints, unauthenticated: what any local user may see (kubelet's
@@ -113,11 +223,11 @@ pub fn read_only_router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-/// Everything, for the CLI's socket (owner-only): also container logs and the manifest errors.
+/// Everything, for the CLI's socket (owner-only, no authentication): the kubelet endpoints
+/// and the manifest errors.
 pub fn local_router(state: Arc<State>) -> Router {
-    read_only_router(state.clone()).merge(
+    kubelet_router(state.clone()).merge(
         Router::new()
-            .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
             .route("/ferrolet/pods", get(ferrolet_pods))
             .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
             .with_state(state),

@@ -11,6 +11,7 @@ mod node;
 mod objects;
 mod outage;
 mod pods;
+mod server;
 
 use std::sync::OnceLock;
 
@@ -41,7 +42,7 @@ pub fn test(name: &'static str, f: fn()) -> Trial {
 fn main() {
     let args = Arguments::from_args();
     // Tests that stop the API server run after the others, one at a time.
-    let shared: Vec<Trial> = [pods::tests(), bootstrap::tests(), objects::tests()]
+    let shared: Vec<Trial> = [pods::tests(), bootstrap::tests(), objects::tests(), server::tests()]
         .into_iter()
         .flatten()
         .collect();

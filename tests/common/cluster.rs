@@ -28,6 +28,8 @@ pub struct Cluster {
     pub kubeconfig: PathBuf,
     pub bootstrap_kubeconfig: PathBuf,
     pub apiserver: String,
+    /// The cluster CA (PEM): the API server's client certificate for kubelets chains to it.
+    pub ca: PathBuf,
     script: PathBuf,
     nodes: AtomicU32,
 }
@@ -69,6 +71,7 @@ impl Cluster {
             kubeconfig: PathBuf::from(get("KUBECONFIG")),
             bootstrap_kubeconfig: PathBuf::from(get("K8S_BOOTSTRAP_KUBECONFIG")),
             apiserver: get("K8S_APISERVER"),
+            ca: PathBuf::from(get("K8S_CA")),
             dir,
             net,
             script,
@@ -181,8 +184,18 @@ impl Cluster {
         args.extend_from_slice(flags);
         // The nodes share the machine's disk with everything else: the disk pressure they
         // report (and the scheduler heeds) is about their own thresholds, not the machine's.
+        // The kubelet API listens on the node's own address, as a kubelet on a machine of its
+        // own, and trusts the cluster CA: the API server's proxy (logs, exec, port-forward,
+        // stats) presents the apiserver-kubelet-client certificate.
+        let mut serving = format!("address: {ip}\nhealthzBindAddress: {ip}\n");
+        if !super::has_field(config, "authentication") {
+            serving.push_str(&format!(
+                "authentication:\n  x509:\n    clientCAFile: {}\n",
+                self.ca.display()
+            ));
+        }
         let config = format!(
-            "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: \"1%\"\nferrolet:\n  bridgeName: flk{n}\n{config}"
+            "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: \"1%\"\nferrolet:\n  bridgeName: flk{n}\n{serving}{config}"
         );
         Agent::start_in_netns_with(name, &self.net.path, "bridge", &args, &config, env)
     }

@@ -44,6 +44,21 @@ pub struct Agent {
     stderr_closed: bool,
 }
 
+/// Whether the KubeletConfiguration lines `config` set top-level field `name`.
+pub fn has_field(config: &str, name: &str) -> bool {
+    config
+        .lines()
+        .any(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(':')))
+}
+
+/// A TCP port free on 127.0.0.1 right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 /// Make `cmd` enter the network namespace pinned at `ns` before exec.
 pub fn enter_netns(cmd: &mut Command, ns: &Path) {
     use std::os::fd::{AsRawFd, IntoRawFd};
@@ -147,6 +162,29 @@ impl Agent {
         a
     }
 
+    /// The listeners' settings the test did not set: loopback, no read-only port, and free
+    /// ports for the kubelet API and healthz (tests run many agents at once on one machine, or in one
+    /// namespace where each node has an address of its own and keeps kubelet's ports).
+    fn default_ports(&self) -> String {
+        let mut out = String::new();
+        if !has_field(&self.extra_config, "readOnlyPort") {
+            out.push_str("readOnlyPort: 0\n");
+        }
+        let own_address = has_field(&self.extra_config, "address");
+        if !own_address {
+            // kubelet's default is every address; a test agent on the machine's own network
+            // listens on loopback only
+            out.push_str("address: 127.0.0.1\n");
+        }
+        if !has_field(&self.extra_config, "port") && !own_address {
+            out.push_str(&format!("port: {}\n", free_port()));
+        }
+        if !has_field(&self.extra_config, "healthzPort") && !own_address {
+            out.push_str(&format!("healthzPort: {}\n", free_port()));
+        }
+        out
+    }
+
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -160,11 +198,7 @@ impl Agent {
                 format!(
                     "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n{}{}",
                     self.logs.display(),
-                    if self.extra_config.contains("readOnlyPort") {
-                        ""
-                    } else {
-                        "readOnlyPort: 0\n"
-                    },
+                    self.default_ports(),
                     self.extra_config
                 ),
             )

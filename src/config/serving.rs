@@ -1,0 +1,337 @@
+//! The kubelet API's settings (kubelet's port, TLS, authentication and authorization fields):
+//! their defaults, how the KubeletConfiguration file's `authentication` and `authorization`
+//! objects read, and the defaults that depend on the mode. A KubeletConfiguration file turns on
+//! token review and Webhook authorization, which need an API server; a standalone agent (no
+//! kubeconfig) has none to ask, so there they default to off and AlwaysAllow, and an explicit
+//! Webhook setting without a kubeconfig is an error naming the field.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+
+use super::resolve_relative;
+use crate::pod::units::parse_duration;
+
+/// The lowest TLS version served (kubelet's tlsMinVersion).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVersion {
+    Tls12,
+    Tls13,
+}
+
+impl TlsVersion {
+    pub fn parse(field: &str, s: &str) -> Result<TlsVersion> {
+        match s {
+            "" | "VersionTLS12" => Ok(TlsVersion::Tls12),
+            "VersionTLS13" => Ok(TlsVersion::Tls13),
+            "VersionTLS10" | "VersionTLS11" => bail!("{field}: {s} is not served (TLS 1.2 is the lowest version)"),
+            other => bail!("{field}: {other:?} is not VersionTLS12 or VersionTLS13"),
+        }
+    }
+
+    /// kubelet's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsVersion::Tls12 => "VersionTLS12",
+            TlsVersion::Tls13 => "VersionTLS13",
+        }
+    }
+}
+
+/// How requests to the kubelet API are authorized (kubelet's authorization.mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthzMode {
+    AlwaysAllow,
+    /// A SubjectAccessReview to the API server.
+    Webhook,
+}
+
+impl AuthzMode {
+    pub fn parse(field: &str, s: &str) -> Result<AuthzMode> {
+        match s {
+            "AlwaysAllow" => Ok(AuthzMode::AlwaysAllow),
+            "Webhook" => Ok(AuthzMode::Webhook),
+            other => bail!("{field}: {other:?} is not AlwaysAllow or Webhook"),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AuthzMode::AlwaysAllow => "AlwaysAllow",
+            AuthzMode::Webhook => "Webhook",
+        }
+    }
+}
+
+/// The kubelet API server's settings.
+#[derive(Debug, Clone)]
+pub struct ServingConfig {
+    /// The authenticated HTTPS port (kubelet's port).
+    pub port: u16,
+    /// The serving certificate and key (PEM); unset, a self-signed pair under `<root>/pki`, or
+    /// with `server_tls_bootstrap` a certificate the API server signs.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    pub tls_min_version: TlsVersion,
+    /// Request the serving certificate from the cluster and rotate it (kubelet's
+    /// serverTLSBootstrap, --rotate-server-certificates).
+    pub server_tls_bootstrap: bool,
+    /// The plain `/healthz` port; 0 turns it off.
+    pub healthz_port: u16,
+    pub healthz_bind_address: IpAddr,
+    /// CA bundle client certificates are verified against (authentication.x509.clientCAFile);
+    /// unset, client certificates are not asked for.
+    pub client_ca_file: Option<PathBuf>,
+    /// Bearer tokens checked with a TokenReview (authentication.webhook.enabled); `None`: the
+    /// mode's default ([`ServingConfig::token_webhook`]).
+    pub authn_webhook: Option<bool>,
+    pub authn_webhook_cache_ttl: Duration,
+    /// Requests with no credential are served as system:anonymous (authentication.anonymous).
+    pub anonymous_auth: bool,
+    /// `None`: the mode's default ([`ServingConfig::authz_mode`]).
+    pub authz_mode: Option<AuthzMode>,
+    pub authz_cache_authorized_ttl: Duration,
+    pub authz_cache_unauthorized_ttl: Duration,
+}
+
+impl Default for ServingConfig {
+    fn default() -> ServingConfig {
+        ServingConfig {
+            port: 10250,
+            tls_cert_file: None,
+            tls_private_key_file: None,
+            tls_min_version: TlsVersion::Tls12,
+            server_tls_bootstrap: false,
+            healthz_port: 10248,
+            healthz_bind_address: IpAddr::from([127, 0, 0, 1]),
+            client_ca_file: None,
+            authn_webhook: None,
+            authn_webhook_cache_ttl: Duration::from_secs(120),
+            anonymous_auth: false,
+            authz_mode: None,
+            authz_cache_authorized_ttl: Duration::from_secs(300),
+            authz_cache_unauthorized_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ServingConfig {
+    /// Whether bearer tokens are reviewed: as set, else on in a cluster and off standalone.
+    pub fn token_webhook(&self, in_cluster: bool) -> bool {
+        self.authn_webhook.unwrap_or(in_cluster)
+    }
+
+    /// The authorization mode: as set, else Webhook in a cluster and AlwaysAllow standalone.
+    pub fn authz_mode(&self, in_cluster: bool) -> AuthzMode {
+        self.authz_mode.unwrap_or(if in_cluster {
+            AuthzMode::Webhook
+        } else {
+            AuthzMode::AlwaysAllow
+        })
+    }
+
+    /// Checks across fields; `in_cluster`: a kubeconfig is configured.
+    pub fn validate(&self, in_cluster: bool) -> Result<()> {
+        if self.port == 0 {
+            bail!("port: must be between 1 and 65535");
+        }
+        match (&self.tls_cert_file, &self.tls_private_key_file) {
+            (Some(_), None) => bail!("tlsPrivateKeyFile: must be set with tlsCertFile"),
+            (None, Some(_)) => bail!("tlsCertFile: must be set with tlsPrivateKeyFile"),
+            _ => {}
+        }
+        if !in_cluster {
+            if self.authn_webhook == Some(true) {
+                bail!("authentication.webhook.enabled: token review needs an API server (--kubeconfig)");
+            }
+            if self.authz_mode == Some(AuthzMode::Webhook) {
+                bail!("authorization.mode: Webhook needs an API server (--kubeconfig); use AlwaysAllow");
+            }
+            if self.server_tls_bootstrap {
+                bail!("serverTLSBootstrap: requesting a serving certificate needs an API server (--kubeconfig)");
+            }
+        }
+        if self.server_tls_bootstrap && self.tls_cert_file.is_some() {
+            bail!("serverTLSBootstrap: conflicts with tlsCertFile (the certificate comes from the cluster)");
+        }
+        for (f, d) in [
+            ("authentication.webhook.cacheTTL", self.authn_webhook_cache_ttl),
+            (
+                "authorization.webhook.cacheAuthorizedTTL",
+                self.authz_cache_authorized_ttl,
+            ),
+            (
+                "authorization.webhook.cacheUnauthorizedTTL",
+                self.authz_cache_unauthorized_ttl,
+            ),
+        ] {
+            if d > Duration::from_secs(24 * 3600) {
+                bail!("{f}: {}s is longer than a day", d.as_secs());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The file's `authentication` object.
+pub(super) fn apply_authentication(s: &mut ServingConfig, v: &Value, base: &Path) -> Result<()> {
+    for (k, x) in object("authentication", v)? {
+        let f = format!("authentication.{k}");
+        match k.as_str() {
+            "x509" => {
+                for (k2, y) in object(&f, x)? {
+                    match k2.as_str() {
+                        "clientCAFile" => {
+                            let p = string(&format!("{f}.{k2}"), y)?;
+                            s.client_ca_file = (!p.is_empty()).then(|| resolve_relative(base, &p));
+                        }
+                        other => bail!("unknown field {f}.{other}"),
+                    }
+                }
+            }
+            "webhook" => {
+                for (k2, y) in object(&f, x)? {
+                    let f2 = format!("{f}.{k2}");
+                    match k2.as_str() {
+                        "enabled" => s.authn_webhook = Some(boolean(&f2, y)?),
+                        "cacheTTL" => s.authn_webhook_cache_ttl = duration(&f2, y)?,
+                        other => bail!("unknown field {f}.{other}"),
+                    }
+                }
+            }
+            "anonymous" => {
+                for (k2, y) in object(&f, x)? {
+                    match k2.as_str() {
+                        "enabled" => s.anonymous_auth = boolean(&format!("{f}.{k2}"), y)?,
+                        other => bail!("unknown field {f}.{other}"),
+                    }
+                }
+            }
+            other => bail!("unknown field authentication.{other}"),
+        }
+    }
+    Ok(())
+}
+
+/// The file's `authorization` object.
+pub(super) fn apply_authorization(s: &mut ServingConfig, v: &Value) -> Result<()> {
+    for (k, x) in object("authorization", v)? {
+        let f = format!("authorization.{k}");
+        match k.as_str() {
+            "mode" => s.authz_mode = Some(AuthzMode::parse(&f, &string(&f, x)?)?),
+            "webhook" => {
+                for (k2, y) in object(&f, x)? {
+                    let f2 = format!("{f}.{k2}");
+                    match k2.as_str() {
+                        "cacheAuthorizedTTL" => s.authz_cache_authorized_ttl = duration(&f2, y)?,
+                        "cacheUnauthorizedTTL" => s.authz_cache_unauthorized_ttl = duration(&f2, y)?,
+                        other => bail!("unknown field {f}.{other}"),
+                    }
+                }
+            }
+            other => bail!("unknown field authorization.{other}"),
+        }
+    }
+    Ok(())
+}
+
+fn object<'a>(f: &str, v: &'a Value) -> Result<&'a serde_json::Map<String, Value>> {
+    v.as_object().ok_or_else(|| anyhow!("{f}: expected an object, got {v}"))
+}
+
+fn string(f: &str, v: &Value) -> Result<String> {
+    v.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("{f}: expected a string, got {v}"))
+}
+
+fn boolean(f: &str, v: &Value) -> Result<bool> {
+    v.as_bool()
+        .ok_or_else(|| anyhow!("{f}: expected true or false, got {v}"))
+}
+
+fn duration(f: &str, v: &Value) -> Result<Duration> {
+    parse_duration(&string(f, v)?).map_err(|e| anyhow!("{f}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_mode() {
+        let s = ServingConfig::default();
+        assert!(s.token_webhook(true) && !s.token_webhook(false));
+        assert_eq!(s.authz_mode(true), AuthzMode::Webhook);
+        assert_eq!(s.authz_mode(false), AuthzMode::AlwaysAllow);
+        s.validate(false).unwrap();
+        s.validate(true).unwrap();
+    }
+
+    #[test]
+    fn webhook_without_an_api_server_names_the_field() {
+        let s = ServingConfig {
+            authz_mode: Some(AuthzMode::Webhook),
+            ..Default::default()
+        };
+        let e = s.validate(false).unwrap_err().to_string();
+        assert!(e.contains("authorization.mode"), "{e}");
+        s.validate(true).unwrap();
+        let s = ServingConfig {
+            authn_webhook: Some(true),
+            ..Default::default()
+        };
+        let e = s.validate(false).unwrap_err().to_string();
+        assert!(e.contains("authentication.webhook.enabled"), "{e}");
+        let s = ServingConfig {
+            tls_cert_file: Some("/x".into()),
+            ..Default::default()
+        };
+        let e = s.validate(true).unwrap_err().to_string();
+        assert!(e.contains("tlsPrivateKeyFile"), "{e}");
+    }
+
+    #[test]
+    fn nested_objects_read_with_field_names_in_errors() {
+        let mut s = ServingConfig::default();
+        let v: Value = serde_json::json!({
+            "x509": {"clientCAFile": "ca.crt"},
+            "webhook": {"enabled": true, "cacheTTL": "1m"},
+            "anonymous": {"enabled": true},
+        });
+        apply_authentication(&mut s, &v, Path::new("/etc/k")).unwrap();
+        assert_eq!(s.client_ca_file.as_deref(), Some(Path::new("/etc/k/ca.crt")));
+        assert_eq!(s.authn_webhook, Some(true));
+        assert_eq!(s.authn_webhook_cache_ttl, Duration::from_secs(60));
+        assert!(s.anonymous_auth);
+        let v = serde_json::json!({"mode": "Webhook", "webhook": {"cacheAuthorizedTTL": "1s", "cacheUnauthorizedTTL": "2s"}});
+        apply_authorization(&mut s, &v).unwrap();
+        assert_eq!(s.authz_mode, Some(AuthzMode::Webhook));
+        assert_eq!(s.authz_cache_authorized_ttl, Duration::from_secs(1));
+        assert_eq!(s.authz_cache_unauthorized_ttl, Duration::from_secs(2));
+        let e = apply_authorization(&mut s, &serde_json::json!({"mode": "RBAC"}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("authorization.mode"), "{e}");
+        let e = apply_authentication(
+            &mut s,
+            &serde_json::json!({"webhook": {"cacheTTL": "soon"}}),
+            Path::new("/"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("authentication.webhook.cacheTTL"), "{e}");
+        let e = apply_authentication(&mut s, &serde_json::json!({"oidc": {}}), Path::new("/"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("authentication.oidc"), "{e}");
+        assert!(TlsVersion::parse("tlsMinVersion", "VersionTLS11").is_err());
+        assert_eq!(
+            TlsVersion::parse("tlsMinVersion", "VersionTLS13").unwrap(),
+            TlsVersion::Tls13
+        );
+    }
+}

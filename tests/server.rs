@@ -1,0 +1,238 @@
+//! The kubelet API's listeners on a standalone node (docs/server.md): 10250-style TLS with a
+//! self-signed certificate kept under the root dir, client certificates verified against
+//! clientCAFile (an X.509 v1 one, as the control plane's openssl makes them), anonymous
+//! requests refused, and the plain healthz port. Requests are made with curl.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `curl` a URL; returns (status, body).
+fn curl(args: &[&str], url: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA and a v1 client certificate for `cn` in group `o`, as the control plane makes them.
+fn client_pki(dir: &Path, cn: &str, o: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "client.key",
+            "-out",
+            "client.csr",
+            "-subj",
+            &format!("/O={o}/CN={cn}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "client.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "client.crt",
+            "-days",
+            "1",
+        ],
+    );
+    // a certificate from a CA the node does not trust
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "other.key",
+            "-out",
+            "other.crt",
+            "-days",
+            "1",
+            "-subj",
+            &format!("/O={o}/CN={cn}"),
+        ],
+    );
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn tls_port_with_client_certificates_and_the_healthz_port() {
+    let pki = tempfile::tempdir().unwrap();
+    client_pki(pki.path(), "kube-apiserver-kubelet-client", "system:masters");
+    let (port, healthz) = (free_port(), free_port());
+    let config = format!(
+        "port: {port}\nhealthzPort: {healthz}\nauthentication:\n  x509:\n    clientCAFile: {}\n",
+        pki.path().join("ca.crt").display()
+    );
+    let mut a = Agent::start_with_config("server", &[], &config);
+    a.write("web.yaml", &pod_yaml("web", "Always", "echo hello-10250; sleep 3600"));
+    a.wait_phase("web", "Running", Duration::from_secs(30));
+
+    let health = format!("http://127.0.0.1:{healthz}/healthz");
+    wait_until("healthz", Duration::from_secs(20), || {
+        curl(&[], &health) == (200, "ok".into())
+    });
+    // the healthz port serves /healthz only
+    assert_eq!(curl(&[], &format!("http://127.0.0.1:{healthz}/pods")).0, 404);
+
+    let base = format!("https://localhost:{port}");
+    let served = a.root.join("pki/kubelet.crt");
+    assert!(
+        served.exists(),
+        "the self-signed certificate is kept in the root dir's pki/"
+    );
+    let key_mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(a.root.join("pki/kubelet.key")).unwrap().permissions(),
+    );
+    assert_eq!(key_mode & 0o777, 0o600);
+    let ca = served.to_str().unwrap().to_string();
+    let cert = pki.path().join("client.crt");
+    let key = pki.path().join("client.key");
+    let with_cert = [
+        "--cacert",
+        ca.as_str(),
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ];
+    // the served certificate verifies against the stored one, for the name localhost
+    let (code, body) = curl(&with_cert, &format!("{base}/pods"));
+    assert_eq!(code, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list["kind"], "PodList");
+    assert!(list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["metadata"]["name"] == format!("web-{}", a.node)));
+    let (code, body) = curl(&with_cert, &format!("{base}/containerLogs/default/web-{}/main", a.node));
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("hello-10250"), "{body}");
+
+    // TLS 1.2 too: the client's handshake signature is checked with its certificate's key
+    let mut tls12 = with_cert.to_vec();
+    tls12.extend(["--tls-max", "1.2"]);
+    let (code, body) = curl(&tls12, &format!("{base}/healthz"));
+    assert_eq!((code, body.as_str()), (200, "ok"));
+
+    // pods as the runtime sees them: name, namespace, uid; containers with name and image
+    let (code, body) = curl(&with_cert, &format!("{base}/runningpods/"));
+    assert_eq!(code, 200, "{body}");
+    let running: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let web = running["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["metadata"]["name"] == format!("web-{}", a.node))
+        .unwrap_or_else(|| panic!("{running}"));
+    assert_eq!(web["metadata"]["namespace"], "default");
+    assert!(web["metadata"]["uid"].as_str().is_some_and(|u| !u.is_empty()));
+    assert_eq!(web["spec"]["containers"][0]["name"], "main");
+    assert_eq!(web["spec"]["containers"][0]["image"], IMAGE);
+    let (code, body) = curl(&with_cert, &format!("{base}/configz"));
+    assert_eq!(code, 200, "{body}");
+    let configz: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(configz["kubeletconfig"]["port"], port);
+    assert_eq!(configz["kubeletconfig"]["authorization"]["mode"], "AlwaysAllow");
+    let (code, body) = curl(&with_cert, &format!("{base}/spec/"));
+    assert_eq!(code, 200, "{body}");
+    let spec: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(spec["num_cores"].as_u64().unwrap() >= 1, "{spec}");
+    let (code, body) = curl(&with_cert, &format!("{base}/logs/"));
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("<!doctype html>"), "{body}");
+    let mut as_is = with_cert.to_vec();
+    as_is.push("--path-as-is");
+    assert_eq!(curl(&as_is, &format!("{base}/logs/../etc/passwd")).0, 400);
+
+    // no credentials: 401, as kubelet with anonymous auth off
+    let (code, body) = curl(&["--cacert", &ca], &format!("{base}/pods"));
+    assert_eq!((code, body.as_str()), (401, "Unauthorized"));
+    // a certificate from another CA is refused at the handshake
+    let (other_cert, other_key) = (pki.path().join("other.crt"), pki.path().join("other.key"));
+    let other = [
+        "--cacert",
+        ca.as_str(),
+        "--cert",
+        other_cert.to_str().unwrap(),
+        "--key",
+        other_key.to_str().unwrap(),
+    ];
+    assert_eq!(curl(&other, &format!("{base}/pods")).0, 0, "handshake refused");
+
+    // the same certificate after a restart
+    let before = std::fs::read(&served).unwrap();
+    a.restart();
+    wait_until("healthz after the restart", Duration::from_secs(30), || {
+        curl(&[], &health).0 == 200
+    });
+    assert_eq!(std::fs::read(&served).unwrap(), before, "reused across restarts");
+    wait_until("the kubelet port after the restart", Duration::from_secs(20), || {
+        curl(&with_cert, &format!("{base}/healthz")).0 == 200
+    });
+}
