@@ -2,7 +2,8 @@
 //! `readOnlyPort` is set, serves only what any local user may see: `/healthz` and `/pods` (a v1
 //! PodList as kubelet returns it). The CLI's unix socket (owner-only) also serves
 //! `/containerLogs/{namespace}/{pod}/{container}` and the `/ferrolet/...` extras (pods with
-//! manifest errors, logs with a default container). The exec socket is [`exec`].
+//! manifest errors, logs with a default container) and the stats endpoints
+//! ([`crate::stats::routes`]). The exec socket is [`exec`].
 
 mod conn;
 pub mod exec;
@@ -26,6 +27,7 @@ use tokio::sync::mpsc;
 use crate::config::Config;
 use crate::kuberuntime::logs::{self, LogOptions};
 use crate::pod::manager::PodManager;
+use crate::stats::Stats;
 use crate::tasks::{supervise, Liveness};
 
 /// What the servers read: the pod table and the runtime (for logs and exec).
@@ -36,15 +38,24 @@ pub struct State {
     pub node_name: String,
     /// The agent's duties, for /healthz.
     pub liveness: Arc<Liveness>,
+    /// The stats cache (/stats/summary, /metrics/resource, /metrics/cadvisor).
+    pub stats: Arc<Stats>,
 }
 
 impl State {
-    pub fn new(rt: Arc<Runtime>, pods: Arc<PodManager>, node_name: String, liveness: Arc<Liveness>) -> Arc<State> {
+    pub fn new(
+        rt: Arc<Runtime>,
+        pods: Arc<PodManager>,
+        node_name: String,
+        liveness: Arc<Liveness>,
+        stats: Arc<Stats>,
+    ) -> Arc<State> {
         Arc::new(State {
             rt,
             pods,
             node_name,
             liveness,
+            stats,
         })
     }
 }
@@ -104,6 +115,7 @@ pub fn local_router(state: Arc<State>) -> Router {
             .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
             .route("/ferrolet/pods", get(ferrolet_pods))
             .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
+            .merge(crate::stats::routes())
             .with_state(state),
     )
 }
