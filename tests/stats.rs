@@ -223,10 +223,11 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
         "ferrolet:\n  podSubnet: 10.67.0.0/24\n",
     );
     a.write("burn.yaml", &pod_yaml("burn", "Always", "while :; do :; done"));
-    // A 50 MB shell variable: anonymous memory the shell holds (no tmpfs involved).
+    // A 50 MB shell variable: anonymous memory the shell holds (no tmpfs involved). The
+    // variable is used after the sleep so the shell stays (ash execs a script's last command).
     a.write(
         "mem.yaml",
-        &pod_yaml("mem", "Always", "x=$(head -c 50000000 /dev/zero | tr '\\0' a); echo held; sleep 1000"),
+        &pod_yaml("mem", "Always", "x=$(head -c 50000000 /dev/zero | tr '\\0' a); echo held; sleep 1000; echo ${#x}"),
     );
     a.write(
         "vol.yaml",
@@ -250,7 +251,9 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
         }
         assert!(
             Instant::now() < deadline,
-            "stats never showed the pods' work: burn {burn:?} nanocores, mem {mem:?} bytes, vol {vol:?} bytes\n{}",
+            "stats never showed the pods' work: burn {burn:?} nanocores, mem {mem:?} bytes, vol {vol:?} bytes\nmem pod: {:?}\nmem logs: {}\n{}",
+            pod(&s, &a, "mem"),
+            a.logs("mem", ""),
             a.agent_log()
         );
         std::thread::sleep(Duration::from_millis(500));
