@@ -179,7 +179,8 @@ const FILE_BYTES: u64 = 3 << 20;
 fn summary(a: &Agent, query: &str) -> go::Summary {
     let (code, body) = a.get(&format!("/stats/summary{query}")).expect("GET /stats/summary");
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
-    serde_json::from_slice(&body).unwrap_or_else(|e| panic!("decoding the summary: {e}\n{}", String::from_utf8_lossy(&body)))
+    serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("decoding the summary: {e}\n{}", String::from_utf8_lossy(&body)))
 }
 
 fn is_rfc3339(t: &str) -> bool {
@@ -200,12 +201,18 @@ fn scrape(a: &Agent, path: &str) -> prometheus_parse::Scrape {
 
 fn value(s: &prometheus_parse::Sample) -> f64 {
     match s.value {
-        prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => v,
         _ => panic!("not a counter or gauge: {s:?}"),
     }
 }
 
-fn find<'a>(sc: &'a prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> Vec<&'a prometheus_parse::Sample> {
+fn find<'a>(
+    sc: &'a prometheus_parse::Scrape,
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> Vec<&'a prometheus_parse::Sample> {
     sc.samples
         .iter()
         .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
@@ -227,7 +234,11 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
     // variable is used after the sleep so the shell stays (ash execs a script's last command).
     a.write(
         "mem.yaml",
-        &pod_yaml("mem", "Always", "x=$(head -c 50000000 /dev/zero | tr '\\0' a); echo held; sleep 1000; echo ${#x}"),
+        &pod_yaml(
+            "mem",
+            "Always",
+            "x=$(head -c 50000000 /dev/zero | tr '\\0' a); echo held; sleep 1000; echo ${#x}",
+        ),
     );
     a.write(
         "vol.yaml",
@@ -243,10 +254,15 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
     let deadline = Instant::now() + T;
     let s = loop {
         let s = summary(&a, "");
-        let burn = pod(&s, &a, "burn").and_then(|p| p.containers.first()).and_then(|c| c.cpu.as_ref()?.usage_nano_cores);
+        let burn = pod(&s, &a, "burn")
+            .and_then(|p| p.containers.first())
+            .and_then(|c| c.cpu.as_ref()?.usage_nano_cores);
         let mem = pod(&s, &a, "mem").and_then(|p| p.memory.as_ref()?.working_set_bytes);
         let vol = pod(&s, &a, "vol").and_then(|p| p.volume.first()?.used_bytes);
-        if burn.is_some_and(|n| n > 300_000_000) && mem.is_some_and(|m| m > 40 * MB) && vol.is_some_and(|v| v >= FILE_BYTES) {
+        if burn.is_some_and(|n| n > 300_000_000)
+            && mem.is_some_and(|m| m > 40 * MB)
+            && vol.is_some_and(|v| v >= FILE_BYTES)
+        {
             break s;
         }
         assert!(
@@ -265,10 +281,17 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
     assert!(is_rfc3339(&n.start_time));
     let cpu = n.cpu.as_ref().expect("node cpu");
     assert!(is_rfc3339(&cpu.time));
-    assert!(cpu.usage_nano_cores.unwrap() > 300_000_000, "the burning pod is on the node: {cpu:?}");
+    assert!(
+        cpu.usage_nano_cores.unwrap() > 300_000_000,
+        "the burning pod is on the node: {cpu:?}"
+    );
     assert!(cpu.usage_core_nano_seconds.unwrap() > 0);
     let mem = n.memory.as_ref().expect("node memory");
-    let (ws, usage, avail) = (mem.working_set_bytes.unwrap(), mem.usage_bytes.unwrap(), mem.available_bytes.unwrap());
+    let (ws, usage, avail) = (
+        mem.working_set_bytes.unwrap(),
+        mem.usage_bytes.unwrap(),
+        mem.available_bytes.unwrap(),
+    );
     assert!(ws <= usage && ws > 50 * MB, "{mem:?}");
     assert!(mem.rss_bytes.unwrap() > 0 && mem.page_faults.unwrap() > 0, "{mem:?}");
     let capacity = ws + avail;
@@ -276,7 +299,10 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
     let fs = n.fs.as_ref().expect("nodefs");
     assert!(fs.capacity_bytes.unwrap() >= fs.available_bytes.unwrap() && fs.inodes.unwrap() > 0);
     let image_fs = n.runtime.as_ref().and_then(|r| r.image_fs.as_ref()).expect("imageFs");
-    assert!(image_fs.used_bytes.unwrap() > MB, "the busybox image is in the store: {image_fs:?}");
+    assert!(
+        image_fs.used_bytes.unwrap() > MB,
+        "the busybox image is in the store: {image_fs:?}"
+    );
     let rl = n.rlimit.as_ref().expect("rlimit");
     assert!(rl.maxpid.unwrap() > rl.curproc.unwrap() && rl.curproc.unwrap() > 0);
     let names: Vec<&str> = n.system_containers.iter().map(|c| c.name.as_str()).collect();
@@ -291,7 +317,10 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
     assert!(!burn.pod_ref.uid.is_empty() && is_rfc3339(&burn.start_time));
     let c = &burn.containers[0];
     assert_eq!(c.name, "main");
-    assert!(c.cpu.as_ref().unwrap().usage_nano_cores.unwrap() < 1_500_000_000, "one shell loop is at most one core");
+    assert!(
+        c.cpu.as_ref().unwrap().usage_nano_cores.unwrap() < 1_500_000_000,
+        "one shell loop is at most one core"
+    );
     assert!(burn.cpu.as_ref().unwrap().usage_nano_cores.unwrap() > 300_000_000);
     assert!(burn.process_stats.as_ref().unwrap().process_count.unwrap() >= 1);
     let netw = burn.network.as_ref().expect("the pod's network");
@@ -300,23 +329,35 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
     assert!(netw.interfaces.iter().any(|i| i.name == "eth0"));
     assert!(netw.interfaces.iter().all(|i| i.name != "lo"));
     let rootfs = c.rootfs.as_ref().expect("rootfs");
-    assert!(rootfs.capacity_bytes.is_some() && rootfs.inodes_used.is_some(), "{rootfs:?}");
+    assert!(
+        rootfs.capacity_bytes.is_some() && rootfs.inodes_used.is_some(),
+        "{rootfs:?}"
+    );
     let logs = c.logs.as_ref().expect("logs");
     assert!(logs.used_bytes.is_some(), "{logs:?}");
 
     let memp = pod(&s, &a, "mem").unwrap();
     let mc = memp.containers[0].memory.as_ref().unwrap();
-    assert!(mc.working_set_bytes.unwrap() > 40 * MB && mc.rss_bytes.unwrap() > 40 * MB, "{mc:?}");
+    assert!(
+        mc.working_set_bytes.unwrap() > 40 * MB && mc.rss_bytes.unwrap() > 40 * MB,
+        "{mc:?}"
+    );
     assert!(mc.usage_bytes.unwrap() >= mc.working_set_bytes.unwrap());
 
     let vol = pod(&s, &a, "vol").unwrap();
     let v = &vol.volume[0];
     assert_eq!(v.name.as_deref(), Some("scratch"));
     let used = v.used_bytes.unwrap();
-    assert!((FILE_BYTES..FILE_BYTES + MB).contains(&used), "emptyDir usage {used} for a {FILE_BYTES}-byte file");
+    assert!(
+        (FILE_BYTES..FILE_BYTES + MB).contains(&used),
+        "emptyDir usage {used} for a {FILE_BYTES}-byte file"
+    );
     assert!(v.inodes_used.unwrap() >= 2 && v.capacity_bytes.unwrap() > used);
     let eph = vol.ephemeral_storage.as_ref().expect("ephemeral-storage");
-    assert!(eph.used_bytes.unwrap() >= used, "ephemeral storage counts the emptyDir: {eph:?}");
+    assert!(
+        eph.used_bytes.unwrap() >= used,
+        "ephemeral storage counts the emptyDir: {eph:?}"
+    );
 
     // only_cpu_and_memory: nothing but cpu and memory.
     let s2 = summary(&a, "?only_cpu_and_memory=true");
@@ -329,34 +370,69 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
     let now = chrono::Utc::now();
     let burn_name = format!("burn-{}", a.node);
     let mem_name = format!("mem-{}", a.node);
-    let cpu = find(&r, "container_cpu_usage_seconds_total", &[("pod", &burn_name), ("namespace", "default"), ("container", "main")]);
+    let cpu = find(
+        &r,
+        "container_cpu_usage_seconds_total",
+        &[("pod", &burn_name), ("namespace", "default"), ("container", "main")],
+    );
     assert_eq!(cpu.len(), 1);
     assert!(value(cpu[0]) > 0.3, "{cpu:?}");
     let age = now - cpu[0].timestamp;
-    assert!(age < chrono::Duration::seconds(30) && age > chrono::Duration::seconds(-5), "sample timestamp {:?}", cpu[0].timestamp);
-    let ws = find(&r, "container_memory_working_set_bytes", &[("pod", &mem_name), ("container", "main")]);
+    assert!(
+        age < chrono::Duration::seconds(30) && age > chrono::Duration::seconds(-5),
+        "sample timestamp {:?}",
+        cpu[0].timestamp
+    );
+    let ws = find(
+        &r,
+        "container_memory_working_set_bytes",
+        &[("pod", &mem_name), ("container", "main")],
+    );
     assert!(value(ws[0]) > 40e6);
-    assert!(value(find(&r, "pod_memory_working_set_bytes", &[("pod", &mem_name), ("namespace", "default")])[0]) > 40e6);
+    assert!(
+        value(
+            find(
+                &r,
+                "pod_memory_working_set_bytes",
+                &[("pod", &mem_name), ("namespace", "default")]
+            )[0]
+        ) > 40e6
+    );
     assert!(value(find(&r, "pod_cpu_usage_seconds_total", &[("pod", &burn_name)])[0]) > 0.3);
     assert!(value(find(&r, "node_cpu_usage_seconds_total", &[])[0]) > 0.0);
     assert!(value(find(&r, "node_memory_working_set_bytes", &[])[0]) > 50e6);
     let start = find(&r, "container_start_time_seconds", &[("pod", &burn_name)]);
     assert!(value(start[0]) > (now.timestamp() - 600) as f64 && value(start[0]) <= now.timestamp() as f64 + 1.0);
     assert_eq!(value(find(&r, "scrape_error", &[])[0]), 0.0);
-    assert!(r.docs.get("container_cpu_usage_seconds_total").is_some_and(|d| d.starts_with("[ALPHA]")));
+    assert!(r
+        .docs
+        .get("container_cpu_usage_seconds_total")
+        .is_some_and(|d| d.starts_with("[ALPHA]")));
 
     // /metrics/cadvisor with cAdvisor's labels.
     let c = scrape(&a, "/metrics/cadvisor");
-    let ws = find(&c, "container_memory_working_set_bytes", &[("pod", &mem_name), ("container", "main"), ("namespace", "default")]);
+    let ws = find(
+        &c,
+        "container_memory_working_set_bytes",
+        &[("pod", &mem_name), ("container", "main"), ("namespace", "default")],
+    );
     assert_eq!(ws.len(), 1);
     assert!(value(ws[0]) > 40e6);
     for l in ["id", "image", "name"] {
         assert!(ws[0].labels.get(l).is_some_and(|v| !v.is_empty()), "label {l}: {ws:?}");
     }
-    assert!(find(&c, "container_cpu_usage_seconds_total", &[("pod", &burn_name), ("container", "main"), ("cpu", "total")])
-        .first()
-        .is_some_and(|s| value(s) > 0.3));
-    let rx = find(&c, "container_network_receive_bytes_total", &[("pod", &burn_name), ("interface", "eth0")]);
+    assert!(find(
+        &c,
+        "container_cpu_usage_seconds_total",
+        &[("pod", &burn_name), ("container", "main"), ("cpu", "total")]
+    )
+    .first()
+    .is_some_and(|s| value(s) > 0.3));
+    let rx = find(
+        &c,
+        "container_network_receive_bytes_total",
+        &[("pod", &burn_name), ("interface", "eth0")],
+    );
     assert_eq!(rx.len(), 1, "the pod's eth0 once, on the pod's cgroup");
     assert!(!find(&c, "container_processes", &[("pod", &burn_name), ("container", "main")]).is_empty());
     assert!(!find(&c, "machine_memory_bytes", &[]).is_empty());
@@ -365,15 +441,28 @@ fn stats_of_real_pods_in_summary_metrics_and_top() {
     let out = a.cli(&["top", "pods", "--containers", "-n", "default"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    let line = text.lines().find(|l| l.starts_with(&burn_name)).unwrap_or_else(|| panic!("{text}"));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&burn_name))
+        .unwrap_or_else(|| panic!("{text}"));
     let cols: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(cols[1], "main");
     let milli: u64 = cols[2].strip_suffix('m').unwrap().parse().unwrap();
     assert!(milli > 300, "{line}");
     let memline = text.lines().find(|l| l.starts_with(&mem_name)).unwrap();
-    let mi: u64 = memline.split_whitespace().nth(3).unwrap().strip_suffix("Mi").unwrap().parse().unwrap();
+    let mi: u64 = memline
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .strip_suffix("Mi")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(mi >= 40, "{memline}");
     let out = a.cli(&["top", "node"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.lines().nth(1).is_some_and(|l| l.starts_with(&a.node)), "{text}");
+    assert!(
+        out.status.success() && text.lines().nth(1).is_some_and(|l| l.starts_with(&a.node)),
+        "{text}"
+    );
 }

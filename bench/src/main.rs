@@ -450,11 +450,34 @@ fn stats_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<Ve
         rows.push(x);
     };
     let n = opts.stats_pods;
-    row(format!("stats: one /stats/summary scrape, {n} pods, p50 ({} KiB)", r.summary_bytes / 1024), "ms", r.summary_p50_ms);
-    row(format!("stats: one /stats/summary scrape, {n} pods, p99"), "ms", r.summary_p99_ms);
-    row(format!("stats: one /metrics/resource scrape, {n} pods, p50"), "ms", r.resource_p50_ms);
-    row(format!("stats: one /metrics/resource scrape, {n} pods, p99"), "ms", r.resource_p99_ms);
-    row(format!("stats: agent CPU per minute, {n} pods, no scrapes"), "s", r.cpu_idle_s_per_min);
+    row(
+        format!(
+            "stats: one /stats/summary scrape, {n} pods, p50 ({} KiB)",
+            r.summary_bytes / 1024
+        ),
+        "ms",
+        r.summary_p50_ms,
+    );
+    row(
+        format!("stats: one /stats/summary scrape, {n} pods, p99"),
+        "ms",
+        r.summary_p99_ms,
+    );
+    row(
+        format!("stats: one /metrics/resource scrape, {n} pods, p50"),
+        "ms",
+        r.resource_p50_ms,
+    );
+    row(
+        format!("stats: one /metrics/resource scrape, {n} pods, p99"),
+        "ms",
+        r.resource_p99_ms,
+    );
+    row(
+        format!("stats: agent CPU per minute, {n} pods, no scrapes"),
+        "s",
+        r.cpu_idle_s_per_min,
+    );
     row(
         format!("stats: agent CPU per minute, {n} pods, both endpoints scraped every 10 s"),
         "s",

@@ -48,7 +48,15 @@ fn agent_cpu(a: &Agent, secs: u64, mut during: impl FnMut() -> Result<()>) -> Re
     Ok(used * 60.0 / start.elapsed().as_secs_f64())
 }
 
-pub fn run(bin: &Path, dir: &Path, cgroup_root: &str, image: &str, pods: usize, scrapes: usize, cpu_seconds: u64) -> Result<StatsResult> {
+pub fn run(
+    bin: &Path,
+    dir: &Path,
+    cgroup_root: &str,
+    image: &str,
+    pods: usize,
+    scrapes: usize,
+    cpu_seconds: u64,
+) -> Result<StatsResult> {
     let a = Agent::start(bin, dir, cgroup_root, "bridge", &dir.join("agent.log"))?;
     for i in 0..pods {
         let name = format!("stats{i}");

@@ -905,9 +905,15 @@ mod tests {
     fn v2_files_to_stats() {
         let d = tempfile::tempdir().unwrap();
         let w = |f: &str, c: &str| fs::write(d.path().join(f), c).unwrap();
-        w("cpu.stat", "usage_usec 2000\nuser_usec 1500\nsystem_usec 500\nnr_periods 10\nnr_throttled 3\nthrottled_usec 7\n");
+        w(
+            "cpu.stat",
+            "usage_usec 2000\nuser_usec 1500\nsystem_usec 500\nnr_periods 10\nnr_throttled 3\nthrottled_usec 7\n",
+        );
         w("memory.current", "1000\n");
-        w("memory.stat", "anon 300\nfile 600\ninactive_file 400\nfile_mapped 50\npgfault 9\npgmajfault 1\n");
+        w(
+            "memory.stat",
+            "anon 300\nfile 600\ninactive_file 400\nfile_mapped 50\npgfault 9\npgmajfault 1\n",
+        );
         w("memory.max", "max\n");
         w("cpu.max", "50000 100000\n");
         w("pids.current", "4\n");

@@ -39,10 +39,7 @@ pub fn mebibytes(bytes: u64) -> String {
 }
 
 fn usage(c: &ContainerStats) -> Option<(u64, u64)> {
-    Some((
-        c.cpu.as_ref()?.usage_nano_cores?,
-        c.memory.as_ref()?.working_set_bytes?,
-    ))
+    Some((c.cpu.as_ref()?.usage_nano_cores?, c.memory.as_ref()?.working_set_bytes?))
 }
 
 fn table(rows: Vec<Vec<String>>) -> Vec<String> {
@@ -73,9 +70,15 @@ pub fn node_table(s: &Summary, cpu_capacity_milli: u64) -> Result<(Vec<String>, 
         bail!("metrics not available yet");
     };
     let capacity = n.memory.as_ref().and_then(|m| m.available_bytes).map_or(0, |a| a + mem);
-    let pct = |used: u64, cap: u64| if cap == 0 { "<unknown>".to_string() } else { format!("{}%", used * 100 / cap) };
+    let pct = |used: u64, cap: u64| {
+        (used * 100)
+            .checked_div(cap)
+            .map_or_else(|| "<unknown>".to_string(), |p| format!("{p}%"))
+    };
     let rows = vec![
-        ["NAME", "CPU(cores)", "CPU%", "MEMORY(bytes)", "MEMORY%"].map(String::from).to_vec(),
+        ["NAME", "CPU(cores)", "CPU%", "MEMORY(bytes)", "MEMORY%"]
+            .map(String::from)
+            .to_vec(),
         vec![
             n.node_name.clone(),
             millicores(cpu),
@@ -143,8 +146,8 @@ pub fn pods_table(s: &Summary, a: &super::TopPodsArgs) -> Result<(Vec<String>, b
         };
     }
     match a.sort_by.as_deref() {
-        Some("cpu") => rows.sort_by(|x, y| y.cpu.cmp(&x.cpu)),
-        Some("memory") => rows.sort_by(|x, y| y.mem.cmp(&x.mem)),
+        Some("cpu") => rows.sort_by_key(|r| std::cmp::Reverse(r.cpu)),
+        Some("memory") => rows.sort_by_key(|r| std::cmp::Reverse(r.mem)),
         Some(o) => bail!("--sort-by: {o:?} is neither cpu nor memory"),
         None => rows.sort_by(|x, y| (&x.ns, &x.pod, &x.container).cmp(&(&y.ns, &y.pod, &y.container))),
     }
@@ -242,17 +245,26 @@ mod tests {
     #[test]
     fn pods_sum_their_containers() {
         let (l, _) = pods_table(&summary(), &args(false, Some("default"))).unwrap();
-        assert_eq!(l[0].split_whitespace().collect::<Vec<_>>(), ["NAME", "CPU(cores)", "MEMORY(bytes)"]);
+        assert_eq!(
+            l[0].split_whitespace().collect::<Vec<_>>(),
+            ["NAME", "CPU(cores)", "MEMORY(bytes)"]
+        );
         assert_eq!(l[1].split_whitespace().collect::<Vec<_>>(), ["web", "3m", "8Mi"]);
         let (l, _) = pods_table(&summary(), &args(true, None)).unwrap();
         assert_eq!(l[0].split_whitespace().next(), Some("NAMESPACE"));
-        assert_eq!(l[2].split_whitespace().collect::<Vec<_>>(), ["default", "web", "b", "1m", "3Mi"]);
+        assert_eq!(
+            l[2].split_whitespace().collect::<Vec<_>>(),
+            ["default", "web", "b", "1m", "3Mi"]
+        );
     }
 
     #[test]
     fn node_line_with_shares() {
         let (l, _) = node_table(&summary(), 2000).unwrap();
-        assert_eq!(l[1].split_whitespace().collect::<Vec<_>>(), ["n1", "250m", "12%", "1024Mi", "25%"]);
+        assert_eq!(
+            l[1].split_whitespace().collect::<Vec<_>>(),
+            ["n1", "250m", "12%", "1024Mi", "25%"]
+        );
         let mut s = summary();
         s.node.cpu = None;
         assert!(node_table(&s, 2000).is_err());

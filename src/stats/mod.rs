@@ -101,7 +101,9 @@ impl Snapshot {
         self.rendered[view as usize]
             .get_or_init(|| match view {
                 View::Summary => Bytes::from(serde_json::to_vec(&self.summary).unwrap_or_default()),
-                View::CpuAndMemory => Bytes::from(serde_json::to_vec(&self.summary.cpu_and_memory()).unwrap_or_default()),
+                View::CpuAndMemory => {
+                    Bytes::from(serde_json::to_vec(&self.summary.cpu_and_memory()).unwrap_or_default())
+                }
                 View::ResourceMetrics => Bytes::from(prom::resource_metrics(self)),
                 View::Cadvisor => Bytes::from(prom::cadvisor_metrics(self)),
             })

@@ -180,11 +180,31 @@ fn labels(e: &CgroupEntry) -> [(&'static str, &str); 6] {
 pub fn cadvisor_metrics(s: &Snapshot) -> Vec<u8> {
     use MetricType::{COUNTER, GAUGE};
     let f = Family::new;
-    let mut cpu = f("container_cpu_usage_seconds_total", "Cumulative cpu time consumed in seconds.", COUNTER);
-    let mut cpu_user = f("container_cpu_user_seconds_total", "Cumulative user cpu time consumed in seconds.", COUNTER);
-    let mut cpu_sys = f("container_cpu_system_seconds_total", "Cumulative system cpu time consumed in seconds.", COUNTER);
-    let mut periods = f("container_cpu_cfs_periods_total", "Number of elapsed enforcement period intervals.", COUNTER);
-    let mut thr_periods = f("container_cpu_cfs_throttled_periods_total", "Number of throttled period intervals.", COUNTER);
+    let mut cpu = f(
+        "container_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed in seconds.",
+        COUNTER,
+    );
+    let mut cpu_user = f(
+        "container_cpu_user_seconds_total",
+        "Cumulative user cpu time consumed in seconds.",
+        COUNTER,
+    );
+    let mut cpu_sys = f(
+        "container_cpu_system_seconds_total",
+        "Cumulative system cpu time consumed in seconds.",
+        COUNTER,
+    );
+    let mut periods = f(
+        "container_cpu_cfs_periods_total",
+        "Number of elapsed enforcement period intervals.",
+        COUNTER,
+    );
+    let mut thr_periods = f(
+        "container_cpu_cfs_throttled_periods_total",
+        "Number of throttled period intervals.",
+        COUNTER,
+    );
     let mut thr_secs = f(
         "container_cpu_cfs_throttled_seconds_total",
         "Total time duration the container has been throttled.",
@@ -195,11 +215,23 @@ pub fn cadvisor_metrics(s: &Snapshot) -> Vec<u8> {
         "Current memory usage in bytes, including all memory regardless of when it was accessed",
         GAUGE,
     );
-    let mut mem_max = f("container_memory_max_usage_bytes", "Maximum memory usage recorded in bytes", GAUGE);
-    let mut mem_ws = f("container_memory_working_set_bytes", "Current working set in bytes.", GAUGE);
+    let mut mem_max = f(
+        "container_memory_max_usage_bytes",
+        "Maximum memory usage recorded in bytes",
+        GAUGE,
+    );
+    let mut mem_ws = f(
+        "container_memory_working_set_bytes",
+        "Current working set in bytes.",
+        GAUGE,
+    );
     let mut mem_rss = f("container_memory_rss", "Size of RSS in bytes.", GAUGE);
     let mut mem_cache = f("container_memory_cache", "Number of bytes of page cache memory.", GAUGE);
-    let mut mem_mapped = f("container_memory_mapped_file", "Size of memory mapped files in bytes.", GAUGE);
+    let mut mem_mapped = f(
+        "container_memory_mapped_file",
+        "Size of memory mapped files in bytes.",
+        GAUGE,
+    );
     let mut mem_swap = f("container_memory_swap", "Container swap usage in bytes.", GAUGE);
     let mut mem_fail = f(
         "container_memory_failures_total",
@@ -211,8 +243,16 @@ pub fn cadvisor_metrics(s: &Snapshot) -> Vec<u8> {
         "Count of out of memory events observed for the container",
         COUNTER,
     );
-    let mut rx_bytes = f("container_network_receive_bytes_total", "Cumulative count of bytes received", COUNTER);
-    let mut rx_packets = f("container_network_receive_packets_total", "Cumulative count of packets received", COUNTER);
+    let mut rx_bytes = f(
+        "container_network_receive_bytes_total",
+        "Cumulative count of bytes received",
+        COUNTER,
+    );
+    let mut rx_packets = f(
+        "container_network_receive_packets_total",
+        "Cumulative count of packets received",
+        COUNTER,
+    );
     let mut rx_errors = f(
         "container_network_receive_errors_total",
         "Cumulative count of errors encountered while receiving",
@@ -223,7 +263,11 @@ pub fn cadvisor_metrics(s: &Snapshot) -> Vec<u8> {
         "Cumulative count of packets dropped while receiving",
         COUNTER,
     );
-    let mut tx_bytes = f("container_network_transmit_bytes_total", "Cumulative count of bytes transmitted", COUNTER);
+    let mut tx_bytes = f(
+        "container_network_transmit_bytes_total",
+        "Cumulative count of bytes transmitted",
+        COUNTER,
+    );
     let mut tx_packets = f(
         "container_network_transmit_packets_total",
         "Cumulative count of packets transmitted",
@@ -245,20 +289,40 @@ pub fn cadvisor_metrics(s: &Snapshot) -> Vec<u8> {
         GAUGE,
     );
     let mut fs_inodes = f("container_fs_inodes_total", "Number of Inodes", GAUGE);
-    let mut processes = f("container_processes", "Number of processes running inside the container.", GAUGE);
-    let mut threads = f("container_threads", "Number of threads running inside the container", GAUGE);
+    let mut processes = f(
+        "container_processes",
+        "Number of processes running inside the container.",
+        GAUGE,
+    );
+    let mut threads = f(
+        "container_threads",
+        "Number of threads running inside the container",
+        GAUGE,
+    );
     let mut start = f(
         "container_start_time_seconds",
         "Start time of the container since unix epoch in seconds.",
         GAUGE,
     );
-    let mut last_seen = f("container_last_seen", "Last time a container was seen by the exporter", GAUGE);
+    let mut last_seen = f(
+        "container_last_seen",
+        "Last time a container was seen by the exporter",
+        GAUGE,
+    );
     let mut spec_period = f("container_spec_cpu_period", "CPU period of the container.", GAUGE);
     let mut spec_quota = f("container_spec_cpu_quota", "CPU quota of the container.", GAUGE);
     let mut spec_shares = f("container_spec_cpu_shares", "CPU share of the container.", GAUGE);
-    let mut spec_mem = f("container_spec_memory_limit_bytes", "Memory limit for the container.", GAUGE);
+    let mut spec_mem = f(
+        "container_spec_memory_limit_bytes",
+        "Memory limit for the container.",
+        GAUGE,
+    );
     let mut machine_cores = f("machine_cpu_cores", "Number of logical CPU cores.", GAUGE);
-    let mut machine_mem = f("machine_memory_bytes", "Amount of memory installed on the machine.", GAUGE);
+    let mut machine_mem = f(
+        "machine_memory_bytes",
+        "Amount of memory installed on the machine.",
+        GAUGE,
+    );
     let mut scrape = f(
         "container_scrape_error",
         "1 if there was an error while getting container metrics, 0 otherwise",
@@ -323,7 +387,10 @@ pub fn cadvisor_metrics(s: &Snapshot) -> Vec<u8> {
         put(&mut processes, (e.id != "/").then_some(e.processes as f64));
         put(&mut start, Some(e.start_time.unix_seconds_f64()));
         put(&mut last_seen, Some(s.taken.unix_seconds_f64()));
-        for (kind, v) in [("pgfault", st.memory_page_faults), ("pgmajfault", st.memory_major_page_faults)] {
+        for (kind, v) in [
+            ("pgfault", st.memory_page_faults),
+            ("pgmajfault", st.memory_major_page_faults),
+        ] {
             if let Some(v) = v {
                 let mut lf = l.to_vec();
                 lf.extend([("failure_type", kind), ("scope", "container")]);
@@ -360,10 +427,42 @@ pub fn cadvisor_metrics(s: &Snapshot) -> Vec<u8> {
     machine_mem.add(&ml, s.memory_capacity as f64, None);
     scrape.add(&[], 0.0, None);
     encode(vec![
-        cpu, cpu_user, cpu_sys, periods, thr_periods, thr_secs, mem_usage, mem_max, mem_ws, mem_rss, mem_cache,
-        mem_mapped, mem_swap, mem_fail, oom, rx_bytes, rx_packets, rx_errors, rx_dropped, tx_bytes, tx_packets,
-        tx_errors, tx_dropped, fs_usage, fs_inodes, processes, threads, start, last_seen, spec_period, spec_quota,
-        spec_shares, spec_mem, machine_cores, machine_mem, scrape,
+        cpu,
+        cpu_user,
+        cpu_sys,
+        periods,
+        thr_periods,
+        thr_secs,
+        mem_usage,
+        mem_max,
+        mem_ws,
+        mem_rss,
+        mem_cache,
+        mem_mapped,
+        mem_swap,
+        mem_fail,
+        oom,
+        rx_bytes,
+        rx_packets,
+        rx_errors,
+        rx_dropped,
+        tx_bytes,
+        tx_packets,
+        tx_errors,
+        tx_dropped,
+        fs_usage,
+        fs_inodes,
+        processes,
+        threads,
+        start,
+        last_seen,
+        spec_period,
+        spec_quota,
+        spec_shares,
+        spec_mem,
+        machine_cores,
+        machine_mem,
+        scrape,
     ])
 }
 
@@ -417,12 +516,17 @@ mod tests {
     fn resource_metrics_as_kubelet_writes_them() {
         let text = String::from_utf8(resource_metrics(&snap())).unwrap();
         assert!(text.contains("# TYPE node_cpu_usage_seconds_total counter"), "{text}");
-        assert!(text.contains("node_cpu_usage_seconds_total 2.5 1700000000500\n"), "{text}");
+        assert!(
+            text.contains("node_cpu_usage_seconds_total 2.5 1700000000500\n"),
+            "{text}"
+        );
         assert!(text.contains(
             "container_cpu_usage_seconds_total{container=\"app\",namespace=\"default\",pod=\"web\"} 2.5 1700000000500\n"
         ));
         assert!(text.contains("pod_memory_working_set_bytes{namespace=\"default\",pod=\"web\"} 4096 1700000000500\n"));
-        assert!(text.contains("container_start_time_seconds{container=\"app\",namespace=\"default\",pod=\"web\"} 1700000000.5"));
+        assert!(text.contains(
+            "container_start_time_seconds{container=\"app\",namespace=\"default\",pod=\"web\"} 1700000000.5"
+        ));
         assert!(text.contains("scrape_error 0\n"));
         assert!(text.contains("# HELP node_memory_working_set_bytes [ALPHA] Current working set of the node in bytes"));
     }
@@ -430,7 +534,10 @@ mod tests {
     #[test]
     fn cadvisor_has_the_root_and_machine() {
         let text = String::from_utf8(cadvisor_metrics(&snap())).unwrap();
-        assert!(text.contains("container_cpu_usage_seconds_total{container=\"\",cpu=\"total\",id=\"/\""), "{text}");
+        assert!(
+            text.contains("container_cpu_usage_seconds_total{container=\"\",cpu=\"total\",id=\"/\""),
+            "{text}"
+        );
         assert!(text.contains("machine_memory_bytes{"));
         assert!(text.contains("container_scrape_error 0"));
     }

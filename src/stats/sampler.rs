@@ -40,7 +40,7 @@ pub struct Sources {
 /// and whether kubelet counts them in the pod's ephemeral storage (IsLocalEphemeralVolume).
 fn volume_dir(pods_dir: &Path, uid: &str, v: &k8s_openapi::api::core::v1::Volume) -> Option<(PathBuf, bool)> {
     let (plugin, ephemeral) = if let Some(e) = &v.empty_dir {
-        ("kubernetes.io~empty-dir", e.medium.as_deref().unwrap_or("") == "")
+        ("kubernetes.io~empty-dir", e.medium.as_deref().unwrap_or("").is_empty())
     } else if v.config_map.is_some() {
         ("kubernetes.io~configmap", true)
     } else if v.secret.is_some() {
@@ -52,14 +52,13 @@ fn volume_dir(pods_dir: &Path, uid: &str, v: &k8s_openapi::api::core::v1::Volume
     } else {
         return None;
     };
-    Some((
-        pods_dir.join(uid).join("volumes").join(plugin).join(&v.name),
-        ephemeral,
-    ))
+    Some((pods_dir.join(uid).join("volumes").join(plugin).join(&v.name), ephemeral))
 }
 
 fn parse_time(s: &str) -> Option<Time> {
-    DateTime::parse_from_rfc3339(s).ok().map(|t| Time(t.with_timezone(&Utc)))
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| Time(t.with_timezone(&Utc)))
 }
 
 fn nanos(t: Time) -> i64 {
@@ -67,7 +66,13 @@ fn nanos(t: Time) -> i64 {
 }
 
 /// CpuStats from a cumulative counter, with the rate against the last round.
-fn cpu_stats(hist: &mut CpuHistory, live: &mut HashSet<String>, key: &str, usage: Option<u64>, now: Time) -> Option<CpuStats> {
+fn cpu_stats(
+    hist: &mut CpuHistory,
+    live: &mut HashSet<String>,
+    key: &str,
+    usage: Option<u64>,
+    now: Time,
+) -> Option<CpuStats> {
     let usage = usage?;
     live.insert(key.to_string());
     let rate = hist.record(
@@ -133,7 +138,10 @@ fn read_node(now: Time) -> NodeReading {
         let busy = t.user + t.nice + t.system + t.irq.unwrap_or(0) + t.softirq.unwrap_or(0) + t.steal.unwrap_or(0);
         (busy as u128 * 1_000_000_000 / tps as u128) as u64
     });
-    let boot = ks.as_ref().and_then(|k| DateTime::from_timestamp(k.btime as i64, 0)).map(Time);
+    let boot = ks
+        .as_ref()
+        .and_then(|k| DateTime::from_timestamp(k.btime as i64, 0))
+        .map(Time);
     let mi = procfs::Meminfo::current().ok();
     let vm = procfs::vmstat().ok();
     let capacity_bytes = mi.as_ref().map_or(0, |m| m.mem_total);
@@ -274,7 +282,9 @@ pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snaps
         memory: node_reading.memory.clone(),
         network: node_ifaces.as_ref().map(|i| net::network_stats(i, now)),
         fs: Some(fs_stats(nodefs, now)),
-        runtime: Some(RuntimeStats { image_fs: Some(image_fs) }),
+        runtime: Some(RuntimeStats {
+            image_fs: Some(image_fs),
+        }),
         rlimit,
     };
     hist.retain(&live);
@@ -400,7 +410,10 @@ fn sample_pod(
     // The pod's cgroup (or, without one, the sum of its containers).
     let (pod_stats, processes) = match &p.pod_cgroup {
         Some(pc) => (cg.stats(pc), cg.procs_below(pc).len() as u64),
-        None => (pod_sum, entries.iter().rev().take(containers.len()).map(|e| e.processes).sum()),
+        None => (
+            pod_sum,
+            entries.iter().rev().take(containers.len()).map(|e| e.processes).sum(),
+        ),
     };
     let pod_key = p.pod_cgroup.clone().unwrap_or_else(|| format!("pod:{}", p.pod_ref.uid));
     let cpu = cpu_stats(hist, live, &pod_key, pod_stats.cpu_usage_nanos, now);
@@ -510,7 +523,10 @@ mod tests {
         assert!(n.cpu_nanos.unwrap() > 0);
         let m = n.memory.unwrap();
         assert!(m.working_set_bytes.unwrap() <= m.usage_bytes.unwrap());
-        assert_eq!(m.available_bytes.unwrap() + m.working_set_bytes.unwrap(), n.capacity_bytes);
+        assert_eq!(
+            m.available_bytes.unwrap() + m.working_set_bytes.unwrap(),
+            n.capacity_bytes
+        );
         assert!(n.boot.is_some());
     }
 }

@@ -302,7 +302,11 @@ mod tests {
 
     #[test]
     fn times_are_rfc3339_whole_seconds_in_utc() {
-        let t = Time(DateTime::parse_from_rfc3339("2024-05-01T10:20:30.123456789+02:00").unwrap().with_timezone(&Utc));
+        let t = Time(
+            DateTime::parse_from_rfc3339("2024-05-01T10:20:30.123456789+02:00")
+                .unwrap()
+                .with_timezone(&Utc),
+        );
         assert_eq!(serde_json::to_string(&t).unwrap(), "\"2024-05-01T08:20:30Z\"");
         assert_eq!(t.unix_millis() % 1000, 123);
     }
