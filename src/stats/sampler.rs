@@ -383,7 +383,7 @@ fn sample_pod(
         });
         add_eph(&rootfs);
         add_eph(&logs);
-        let processes = cg.procs_below(&c.record.cgroup_path).len() as u64;
+        let processes = cg.process_count(&c.record.cgroup_path) as u64;
         containers.push(ContainerStats {
             name: name.clone(),
             start_time: start,
@@ -409,7 +409,7 @@ fn sample_pod(
 
     // The pod's cgroup (or, without one, the sum of its containers).
     let (pod_stats, processes) = match &p.pod_cgroup {
-        Some(pc) => (cg.stats(pc), cg.procs_below(pc).len() as u64),
+        Some(pc) => (cg.stats(pc), cg.process_count(pc) as u64),
         None => (
             pod_sum,
             entries.iter().rev().take(containers.len()).map(|e| e.processes).sum(),
