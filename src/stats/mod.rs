@@ -64,6 +64,8 @@ pub struct Snapshot {
     /// The directories whose usage the slow walks measure.
     pub fs_targets: Vec<PathBuf>,
     pub taken: Time,
+    /// The containers could not be listed this round (the metrics' scrape_error).
+    pub scrape_error: bool,
     rendered: [OnceLock<Bytes>; 4],
 }
 
@@ -92,6 +94,7 @@ impl Snapshot {
             node_ifaces,
             fs_targets,
             taken,
+            scrape_error: false,
             rendered: Default::default(),
         }
     }
@@ -159,7 +162,7 @@ impl Stats {
     }
 
     /// Start the sampler (every `interval`) and the walks (every `fs_period`, the first right
-    /// after the first sample, which is then taken again so the first rounds carry usage).
+    /// after the first sample; the next sample carries their results).
     pub fn start(self: &Arc<Stats>, interval: Duration, fs_period: Duration) {
         let me = self.clone();
         spawn_loop("stats sampler", interval, move || {

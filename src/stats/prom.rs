@@ -158,7 +158,7 @@ pub fn resource_metrics(s: &Snapshot) -> Vec<u8> {
             }
         }
     }
-    scrape.add(&[], 0.0, None);
+    scrape.add(&[], f64::from(u8::from(s.scrape_error)), None);
     encode(vec![node_cpu, node_mem, c_start, c_cpu, c_mem, p_cpu, p_mem, scrape])
 }
 
@@ -425,7 +425,7 @@ pub fn cadvisor_metrics(s: &Snapshot) -> Vec<u8> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     machine_cores.add(&ml, cores as f64, None);
     machine_mem.add(&ml, s.memory_capacity as f64, None);
-    scrape.add(&[], 0.0, None);
+    scrape.add(&[], f64::from(u8::from(s.scrape_error)), None);
     encode(vec![
         cpu,
         cpu_user,
@@ -528,6 +528,11 @@ mod tests {
             "container_start_time_seconds{container=\"app\",namespace=\"default\",pod=\"web\"} 1700000000.5"
         ));
         assert!(text.contains("scrape_error 0\n"));
+        let mut failed = snap();
+        failed.scrape_error = true;
+        assert!(String::from_utf8(resource_metrics(&failed))
+            .unwrap()
+            .contains("scrape_error 1\n"));
         assert!(text.contains("# HELP node_memory_working_set_bytes [ALPHA] Current working set of the node in bytes"));
     }
 

@@ -222,7 +222,13 @@ pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snaps
 
     // The runtime's running containers, by pod.
     let mut by_pod: HashMap<String, Vec<ContainerInfo>> = HashMap::new();
-    for c in src.rt.list().unwrap_or_default() {
+    let listed = src.rt.list();
+    let list_failed = listed.is_err();
+    if let Err(e) = &listed {
+        // scrape_error says it on every endpoint; the runtime logged the cause.
+        tracing::debug!(error = %e, "stats: listing containers");
+    }
+    for c in listed.unwrap_or_default() {
         if !c.is_running() {
             continue;
         }
@@ -288,14 +294,16 @@ pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snaps
         rlimit,
     };
     hist.retain(&live);
-    Snapshot::new(
+    let mut snap = Snapshot::new(
         Summary { node, pods: pods_out },
         entries,
         node_reading.capacity_bytes,
         node_ifaces.unwrap_or_default(),
         fs_targets,
         now,
-    )
+    );
+    snap.scrape_error = list_failed;
+    snap
 }
 
 struct PodInput<'a> {
