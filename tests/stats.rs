@@ -270,12 +270,12 @@ fn check_pods(a: &Agent, network: bool) {
     // emptyDir comes on its own period).
     let deadline = Instant::now() + T;
     let s = loop {
-        let s = summary(&a, "");
-        let burn = pod(&s, &a, "burn")
+        let s = summary(a, "");
+        let burn = pod(&s, a, "burn")
             .and_then(|p| p.containers.first())
             .and_then(|c| c.cpu.as_ref()?.usage_nano_cores);
-        let mem = pod(&s, &a, "mem").and_then(|p| p.memory.as_ref()?.working_set_bytes);
-        let vol = pod(&s, &a, "vol").and_then(|p| p.volume.first()?.used_bytes);
+        let mem = pod(&s, a, "mem").and_then(|p| p.memory.as_ref()?.working_set_bytes);
+        let vol = pod(&s, a, "vol").and_then(|p| p.volume.first()?.used_bytes);
         if burn.is_some_and(|n| n > 300_000_000)
             && mem.is_some_and(|m| m > 40 * MB)
             && vol.is_some_and(|v| v >= FILE_BYTES)
@@ -285,7 +285,7 @@ fn check_pods(a: &Agent, network: bool) {
         assert!(
             Instant::now() < deadline,
             "stats never showed the pods' work: burn {burn:?} nanocores, mem {mem:?} bytes, vol {vol:?} bytes\nmem pod: {:?}\nmem logs: {}\n{}",
-            pod(&s, &a, "mem"),
+            pod(&s, a, "mem"),
             a.logs("mem", ""),
             a.agent_log()
         );
@@ -329,7 +329,7 @@ fn check_pods(a: &Agent, network: bool) {
     assert!(pods_sys.cpu.as_ref().unwrap().usage_nano_cores.unwrap() > 300_000_000);
 
     // The pods.
-    let burn = pod(&s, &a, "burn").unwrap();
+    let burn = pod(&s, a, "burn").unwrap();
     assert_eq!(burn.pod_ref.namespace, "default");
     assert!(!burn.pod_ref.uid.is_empty() && is_rfc3339(&burn.start_time));
     let c = &burn.containers[0];
@@ -362,7 +362,7 @@ fn check_pods(a: &Agent, network: bool) {
     let logs = c.logs.as_ref().expect("logs");
     assert!(logs.used_bytes.is_some(), "{logs:?}");
 
-    let memp = pod(&s, &a, "mem").unwrap();
+    let memp = pod(&s, a, "mem").unwrap();
     let mc = memp.containers[0].memory.as_ref().unwrap();
     assert!(
         mc.working_set_bytes.unwrap() > 40 * MB && mc.rss_bytes.unwrap() > 40 * MB,
@@ -370,7 +370,7 @@ fn check_pods(a: &Agent, network: bool) {
     );
     assert!(mc.usage_bytes.unwrap() >= mc.working_set_bytes.unwrap());
 
-    let vol = pod(&s, &a, "vol").unwrap();
+    let vol = pod(&s, a, "vol").unwrap();
     let v = &vol.volume[0];
     assert_eq!(v.name.as_deref(), Some("scratch"));
     let used = v.used_bytes.unwrap();
@@ -386,13 +386,13 @@ fn check_pods(a: &Agent, network: bool) {
     );
 
     // only_cpu_and_memory: nothing but cpu and memory.
-    let s2 = summary(&a, "?only_cpu_and_memory=true");
+    let s2 = summary(a, "?only_cpu_and_memory=true");
     assert!(s2.node.fs.is_none() && s2.node.network.is_none() && s2.node.rlimit.is_none());
-    let b2 = pod(&s2, &a, "burn").unwrap();
+    let b2 = pod(&s2, a, "burn").unwrap();
     assert!(b2.network.is_none() && b2.containers[0].rootfs.is_none() && b2.cpu.is_some());
 
     // /metrics/resource as metrics-server reads it.
-    let r = scrape(&a, "/metrics/resource");
+    let r = scrape(a, "/metrics/resource");
     let now = chrono::Utc::now();
     let burn_name = format!("burn-{}", a.node);
     let mem_name = format!("mem-{}", a.node);
@@ -436,7 +436,7 @@ fn check_pods(a: &Agent, network: bool) {
         .is_some_and(|d| d.starts_with("[ALPHA]")));
 
     // /metrics/cadvisor with cAdvisor's labels.
-    let c = scrape(&a, "/metrics/cadvisor");
+    let c = scrape(a, "/metrics/cadvisor");
     let ws = find(
         &c,
         "container_memory_working_set_bytes",

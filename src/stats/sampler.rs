@@ -526,6 +526,37 @@ mod tests {
     }
 
     #[test]
+    fn volume_directories_and_ephemeral_ones() {
+        let v: k8s_openapi::api::core::v1::Volume = serde_json::from_value(serde_json::json!(
+            {"name": "scratch", "emptyDir": {}}
+        ))
+        .unwrap();
+        let (dir, eph) = volume_dir(Path::new("/p"), "u1", &v).unwrap();
+        assert_eq!(dir, Path::new("/p/u1/volumes/kubernetes.io~empty-dir/scratch"));
+        assert!(eph);
+        let v: k8s_openapi::api::core::v1::Volume = serde_json::from_value(serde_json::json!(
+            {"name": "m", "emptyDir": {"medium": "Memory"}}
+        ))
+        .unwrap();
+        assert!(
+            !volume_dir(Path::new("/p"), "u1", &v).unwrap().1,
+            "a tmpfs is not ephemeral storage"
+        );
+        let v: k8s_openapi::api::core::v1::Volume = serde_json::from_value(serde_json::json!(
+            {"name": "h", "hostPath": {"path": "/tmp"}}
+        ))
+        .unwrap();
+        assert!(
+            volume_dir(Path::new("/p"), "u1", &v).is_none(),
+            "hostPath is the node's, not the pod's"
+        );
+        assert_eq!(
+            parse_time("2024-01-02T03:04:05.5Z").map(|t| t.unix_millis()),
+            Some(1_704_164_645_500)
+        );
+    }
+
+    #[test]
     fn node_numbers_from_proc() {
         let n = read_node(Time(Utc::now()));
         assert!(n.cpu_nanos.unwrap() > 0);
