@@ -90,7 +90,8 @@ impl Agent {
         self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
     }
 
-    fn get(&self, path: &str) -> Result<Vec<u8>> {
+    /// GET `path` over the CLI socket; the body.
+    pub fn get(&self, path: &str) -> Result<Vec<u8>> {
         let mut s = UnixStream::connect(self.root.join("ferrolet.sock"))?;
         write!(s, "GET {path} HTTP/1.0\r\nHost: f\r\n\r\n")?;
         let mut buf = Vec::new();

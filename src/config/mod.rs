@@ -168,6 +168,11 @@ pub struct Config {
     pub file_check_frequency: Duration,
     pub http_check_frequency: Duration,
     pub sync_frequency: Duration,
+    /// How often the stats are sampled (cAdvisor's and kubelet's `--housekeeping-interval`).
+    pub housekeeping_interval: Duration,
+    /// How often the disk usage of container layers, logs and volumes is walked (kubelet's
+    /// volumeStatsAggPeriod).
+    pub volume_stats_agg_period: Duration,
     /// Absolute cgroup path under which `kubepods` lives; empty means the cgroup the agent was
     /// started in (safe on shared machines and under systemd with Delegate=yes).
     pub cgroup_root: String,
@@ -226,6 +231,8 @@ impl Default for Config {
             file_check_frequency: Duration::from_secs(20),
             http_check_frequency: Duration::from_secs(20),
             sync_frequency: Duration::from_secs(60),
+            housekeeping_interval: Duration::from_secs(10),
+            volume_stats_agg_period: Duration::from_secs(60),
             cgroup_root: String::new(),
             cgroups_per_qos: true,
             max_pods: 110,
@@ -327,6 +334,12 @@ impl Config {
         }
         if self.file_check_frequency.is_zero() || self.sync_frequency.is_zero() {
             bail!("fileCheckFrequency and syncFrequency must be positive");
+        }
+        if self.housekeeping_interval.is_zero() {
+            bail!("housekeeping-interval: must be positive");
+        }
+        if self.volume_stats_agg_period.is_zero() {
+            bail!("volumeStatsAggPeriod: must be positive");
         }
         let c = &self.cluster;
         if c.bootstrap_kubeconfig.is_some() && c.kubeconfig.is_none() {

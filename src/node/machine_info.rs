@@ -350,11 +350,7 @@ pub fn machine_info() -> MachineInfo {
         .map(|s| parse_cpu_list(&s))
         .filter(|l| !l.is_empty())
         .unwrap_or_else(|| (0..cpuinfo.lines().filter(|l| l.starts_with("processor")).count().max(1)).collect());
-    let memory = super::machine::meminfo()
-        .ok()
-        .and_then(|m| m.get("MemTotal").copied())
-        .unwrap_or(0)
-        .max(0) as u64;
+    let memory = super::machine::meminfo().map(|m| m.mem_total).unwrap_or(0);
     let topology = topology(sys, &online, memory);
     let physical: BTreeSet<(usize, usize)> = topology
         .iter()

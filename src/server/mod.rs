@@ -2,8 +2,9 @@
 //! - the kubelet API on `address:port` (10250): TLS ([`tls`], [`certs`]), every request
 //!   authenticated and authorized ([`auth`]), serving [`kubelet_router`];
 //! - `/healthz` alone, plain, on `healthzBindAddress:healthzPort` (127.0.0.1:10248; 0 is off);
-//! - kubelet's read-only port, off unless `readOnlyPort` is set: what any local user may see,
-//!   `/healthz`, `/pods` and the metrics ([`metrics`]);
+//! - kubelet's read-only port, off unless `readOnlyPort` is set: kubelet's default handlers,
+//!   `/healthz`, `/pods`, `/spec`, the stats ([`crate::stats::routes`]) and the metrics
+//!   ([`metrics`]), none of the debugging ones (logs, exec...);
 //! - the CLI's unix socket (owner-only, no authentication): the kubelet endpoints and the
 //!   `/ferrolet/...` extras (pods with manifest errors, logs with a default container);
 //! - the exec socket, [`exec`].
@@ -39,6 +40,7 @@ use crate::config::Config;
 use crate::kubeclient::Kube;
 use crate::kuberuntime::logs::{self, LogOptions};
 use crate::pod::manager::PodManager;
+use crate::stats::Stats;
 use crate::tasks::{supervise, Liveness};
 
 /// What the servers read: the pod table and the runtime (for logs and exec).
@@ -53,6 +55,8 @@ pub struct State {
     pub mirrors_enabled: bool,
     /// The effective configuration (for /configz).
     pub config: Arc<Config>,
+    /// The stats cache (/stats/summary, /metrics/resource, /metrics/cadvisor).
+    pub stats: Arc<Stats>,
 }
 
 impl State {
@@ -63,6 +67,7 @@ impl State {
         liveness: Arc<Liveness>,
         mirrors_enabled: bool,
         config: Arc<Config>,
+        stats: Arc<Stats>,
     ) -> Arc<State> {
         Arc::new(State {
             rt,
@@ -71,6 +76,7 @@ impl State {
             liveness,
             mirrors_enabled,
             config,
+            stats,
         })
     }
 }
@@ -193,6 +199,7 @@ pub fn kubelet_router(state: Arc<State>) -> Router {
         .route("/logs/{*path}", get(system_logs))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
         .merge(metrics::routes())
+        .merge(crate::stats::routes())
         .with_state(state)
 }
 
@@ -211,15 +218,18 @@ pub fn healthz_router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-/// kubelet's read-only endpoints, unauthenticated: what any local user may see (kubelet's
-/// default handlers: health, pods, metrics).
+/// kubelet's read-only endpoints, unauthenticated (kubelet's default handlers: health, pods,
+/// spec, stats, metrics; no logs, exec or configuration).
 pub fn read_only_router(state: Arc<State>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::all))
         .route("/healthz/{check}", get(healthz::one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/spec/", get(node::spec))
+        .route("/spec", get(node::spec))
         .merge(metrics::routes())
+        .merge(crate::stats::routes())
         .with_state(state)
 }
 
