@@ -2,59 +2,47 @@
 //! has): CPU seconds, resident and virtual memory, open and maximum fds, start time, read
 //! from /proc/self when scraped.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus::{Counter, Gauge, IntGauge, Registry};
 
-use super::FloatGauge;
-
-#[derive(Default)]
 pub(super) struct ProcessMetrics {
-    cpu_seconds: Counter<f64, AtomicU64>,
+    cpu_seconds: Counter,
     /// The CPU seconds already counted (the counter only goes up by deltas).
     cpu_seen: Mutex<f64>,
-    resident: Gauge,
-    virtual_: Gauge,
-    open_fds: Gauge,
-    max_fds: Gauge,
-    start_time: FloatGauge,
+    resident: IntGauge,
+    virtual_: IntGauge,
+    open_fds: IntGauge,
+    max_fds: IntGauge,
+    start_time: Gauge,
 }
 
 impl ProcessMetrics {
-    pub(super) fn register(&self, r: &mut Registry) {
-        r.register(
-            "process_cpu_seconds",
-            "Total user and system CPU time spent in seconds.",
-            self.cpu_seconds.clone(),
-        );
-        r.register(
-            "process_resident_memory_bytes",
-            "Resident memory size in bytes.",
-            self.resident.clone(),
-        );
-        r.register(
-            "process_virtual_memory_bytes",
-            "Virtual memory size in bytes.",
-            self.virtual_.clone(),
-        );
-        r.register(
-            "process_open_fds",
-            "Number of open file descriptors.",
-            self.open_fds.clone(),
-        );
-        r.register(
-            "process_max_fds",
-            "Maximum number of open file descriptors.",
-            self.max_fds.clone(),
-        );
-        r.register(
-            "process_start_time_seconds",
-            "Start time of the process since unix epoch in seconds.",
-            self.start_time.clone(),
-        );
+    pub(super) fn new() -> ProcessMetrics {
+        let int = |name: &str, help: &str| super::valid(IntGauge::new(name, help));
+        ProcessMetrics {
+            cpu_seconds: super::valid(Counter::new(
+                "process_cpu_seconds_total",
+                "Total user and system CPU time spent in seconds.",
+            )),
+            cpu_seen: Mutex::new(0.0),
+            resident: int("process_resident_memory_bytes", "Resident memory size in bytes."),
+            virtual_: int("process_virtual_memory_bytes", "Virtual memory size in bytes."),
+            open_fds: int("process_open_fds", "Number of open file descriptors."),
+            max_fds: int("process_max_fds", "Maximum number of open file descriptors."),
+            start_time: super::valid(Gauge::new(
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.",
+            )),
+        }
+    }
+
+    pub(super) fn register(&self, r: &Registry) {
+        super::valid(r.register(Box::new(self.cpu_seconds.clone())));
+        for g in [&self.resident, &self.virtual_, &self.open_fds, &self.max_fds] {
+            super::valid(r.register(Box::new(g.clone())));
+        }
+        super::valid(r.register(Box::new(self.start_time.clone())));
     }
 
     /// Read /proc/self; what cannot be read keeps its last value.
