@@ -5,7 +5,8 @@
 //! ([`podconfig`]) -> the agent's main loop ([`agent`]) -> one worker per pod ([`worker`]) ->
 //! pod setup ([`podsetup`]: cgroup, sandbox, network, volumes) and containers through the
 //! Kubernetes/runtime boundary ([`kuberuntime`]), watched by probes ([`prober`]) and hooks
-//! ([`lifecycle`]) -> status ([`status`]) -> the HTTP API ([`server`]) and the CLI ([`cli`]).
+//! ([`lifecycle`]) -> status ([`status`]); node, pod and container stats ([`stats`]) -> the HTTP API ([`server`])
+//! and the CLI ([`cli`]).
 //! docs/agent.md maps each module to its kubelet counterpart. The runtime crate creates the
 //! containers; it needs its zygote forked before any thread exists, so `main` does that before
 //! starting tokio (docs/runtime.md#the-zygote).
@@ -19,6 +20,7 @@ pub mod images;
 pub mod kubeclient;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod metrics;
 pub mod mirror;
 pub mod node;
 pub mod objects;
@@ -28,6 +30,7 @@ pub mod podsetup;
 pub mod probe;
 pub mod prober;
 pub mod server;
+pub mod stats;
 pub mod status;
 pub mod tasks;
 pub mod worker;

@@ -75,6 +75,7 @@ fn real_main() -> Result<i32> {
         Command::Pods(a) => tokio_rt(false)?.block_on(cli::pods::run(&a)),
         Command::Logs(a) => tokio_rt(false)?.block_on(cli::logs::run(&a)),
         Command::Exec(a) => cli::exec::run(&a),
+        Command::Top(a) => tokio_rt(false)?.block_on(cli::top::run(&a)),
         Command::Images(c) => cli::images::run(&c),
     }
 }

@@ -457,3 +457,94 @@ fn http_redirects_local_followed_foreign_not() {
         tail(&log, 20)
     );
 }
+
+/// The value of the sample `name{labels...}` (labels given as `k="v"` pairs, all required) in a
+/// Prometheus/OpenMetrics text exposition.
+fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+        (n == name && labels.iter().all(|kv| rest.contains(kv))).then(|| value.parse().ok())?
+    })
+}
+
+#[test]
+fn kubelet_metrics_count_pods_runtime_operations_and_probes() {
+    let a = Agent::start("kmetrics", &[]);
+    a.write(
+        "probed.yaml",
+        &pod(
+            "probed",
+            r#"    command: [sh, -c, "echo ok > /tmp/ready; sleep 600"]
+    readinessProbe:
+      exec: {command: [cat, /tmp/ready]}
+      periodSeconds: 1
+"#,
+        ),
+    );
+    a.wait_for("probed", "ready", T, ready);
+    let get = |path: &str| {
+        let (code, body) = a.get(path).unwrap();
+        assert_eq!(code, 200, "{path}");
+        String::from_utf8(body).unwrap()
+    };
+    let m = get("/metrics");
+    assert_eq!(sample(&m, "kubelet_running_pods", &[]), Some(1.0), "{m}");
+    assert_eq!(
+        sample(&m, "kubelet_running_containers", &[r#"container_state="running""#]),
+        Some(1.0)
+    );
+    assert_eq!(sample(&m, "kubelet_desired_pods", &[r#"static="true""#]), Some(1.0));
+    assert_eq!(sample(&m, "kubelet_pod_start_duration_seconds_count", &[]), Some(1.0));
+    assert!(
+        sample(
+            &m,
+            "kubelet_pod_worker_duration_seconds_count",
+            &[r#"operation_type="create""#]
+        ) >= Some(1.0)
+    );
+    for op in ["run_podsandbox", "create_container", "start_container", "exec_sync"] {
+        let label = format!("operation_type=\"{op}\"");
+        assert!(
+            sample(&m, "kubelet_runtime_operations_total", &[&label]) >= Some(1.0),
+            "{op} not counted:\n{m}"
+        );
+    }
+    assert_eq!(sample(&m, "kubelet_started_pods_total", &[]), Some(1.0));
+    assert_eq!(
+        sample(
+            &m,
+            "kubelet_started_containers_total",
+            &[r#"container_type="container""#]
+        ),
+        Some(1.0)
+    );
+    assert!(sample(&m, "process_resident_memory_bytes", &[]) > Some(1e6));
+
+    let p = get("/metrics/probes");
+    let uid = a.pod("probed").unwrap().metadata.uid.unwrap();
+    let labels = [
+        r#"probe_type="Readiness""#,
+        r#"result="successful""#,
+        r#"container="c""#,
+        r#"pod="probed-"#,
+        r#"namespace="default""#,
+    ];
+    assert!(sample(&p, "prober_probe_total", &labels) >= Some(1.0), "{p}");
+    assert!(p.contains(&format!("pod_uid=\"{uid}\"")));
+    assert!(sample(&p, "prober_probe_duration_seconds_count", &labels[..1]) >= Some(1.0));
+    // The pod goes: its probe series go with it.
+    a.remove("probed.yaml");
+    a.wait_gone("probed", T);
+    let p = get("/metrics/probes");
+    assert!(!p.contains(&uid), "{p}");
+    // Every request above is counted, by the route's first segment.
+    let m = get("/metrics");
+    assert!(
+        sample(
+            &m,
+            "kubelet_http_requests_total",
+            &[r#"path="metrics""#, r#"server_type="local""#]
+        ) >= Some(2.0)
+    );
+}

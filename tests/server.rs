@@ -174,6 +174,42 @@ fn tls_port_with_client_certificates_and_the_healthz_port() {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("hello-10250"), "{body}");
 
+    // TLS 1.2 too: the client's handshake signature is checked with its certificate's key
+    let mut tls12 = with_cert.to_vec();
+    tls12.extend(["--tls-max", "1.2"]);
+    let (code, body) = curl(&tls12, &format!("{base}/healthz"));
+    assert_eq!((code, body.as_str()), (200, "ok"));
+
+    // pods as the runtime sees them: name, namespace, uid; containers with name and image
+    let (code, body) = curl(&with_cert, &format!("{base}/runningpods/"));
+    assert_eq!(code, 200, "{body}");
+    let running: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let web = running["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["metadata"]["name"] == format!("web-{}", a.node))
+        .unwrap_or_else(|| panic!("{running}"));
+    assert_eq!(web["metadata"]["namespace"], "default");
+    assert!(web["metadata"]["uid"].as_str().is_some_and(|u| !u.is_empty()));
+    assert_eq!(web["spec"]["containers"][0]["name"], "main");
+    assert_eq!(web["spec"]["containers"][0]["image"], IMAGE);
+    let (code, body) = curl(&with_cert, &format!("{base}/configz"));
+    assert_eq!(code, 200, "{body}");
+    let configz: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(configz["kubeletconfig"]["port"], port);
+    assert_eq!(configz["kubeletconfig"]["authorization"]["mode"], "AlwaysAllow");
+    let (code, body) = curl(&with_cert, &format!("{base}/spec/"));
+    assert_eq!(code, 200, "{body}");
+    let spec: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(spec["num_cores"].as_u64().unwrap() >= 1, "{spec}");
+    let (code, body) = curl(&with_cert, &format!("{base}/logs/"));
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("<!doctype html>"), "{body}");
+    let mut as_is = with_cert.to_vec();
+    as_is.push("--path-as-is");
+    assert_eq!(curl(&as_is, &format!("{base}/logs/../etc/passwd")).0, 400);
+
     // no credentials: 401, as kubelet with anonymous auth off
     let (code, body) = curl(&["--cacert", &ca], &format!("{base}/pods"));
     assert_eq!((code, body.as_str()), (401, "Unauthorized"));

@@ -44,8 +44,12 @@ impl Agent {
         std::fs::write(
             &config,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nreadOnlyPort: 0\nmaxPods: 500\npodLogsDir: {}\nfileCheckFrequency: 20s\n",
-                dir.join("logs").display()
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nreadOnlyPort: 0\nmaxPods: 500\npodLogsDir: {}\nfileCheckFrequency: 20s\n\
+                 address: 127.0.0.1\nport: {}\nhealthzPort: 0\n",
+                dir.join("logs").display(),
+                // The bench runs in the host's namespace: the kubelet port stays on loopback,
+                // on a port nothing else holds.
+                std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()
             ),
         )?;
         let logf = std::fs::File::create(log)?;
@@ -90,7 +94,8 @@ impl Agent {
         self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
     }
 
-    fn get(&self, path: &str) -> Result<Vec<u8>> {
+    /// GET `path` over the CLI socket; the body.
+    pub fn get(&self, path: &str) -> Result<Vec<u8>> {
         let mut s = UnixStream::connect(self.root.join("ferrolet.sock"))?;
         write!(s, "GET {path} HTTP/1.0\r\nHost: f\r\n\r\n")?;
         let mut buf = Vec::new();

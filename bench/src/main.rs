@@ -9,6 +9,7 @@ mod agent;
 mod cluster;
 mod peers;
 mod procstat;
+mod stats;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -45,6 +46,15 @@ struct Opts {
     /// Only the cluster-mode figures.
     #[arg(long)]
     only_cluster: bool,
+    /// Only the stats figures (scrape cost and the agent's CPU with pods running).
+    #[arg(long)]
+    only_stats: bool,
+    /// Pods running for the stats figures.
+    #[arg(long, default_value_t = 50)]
+    stats_pods: usize,
+    /// Scrapes of each endpoint for the stats figures.
+    #[arg(long, default_value_t = 200)]
+    stats_scrapes: usize,
     /// Pods created through the API server one after another (cluster mode).
     #[arg(long, default_value_t = 20)]
     cluster_pods: usize,
@@ -176,6 +186,11 @@ fn run(
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
         return cluster_rows(opts, &bin, dir, cg);
+    }
+    if opts.only_stats {
+        let bin = std::fs::canonicalize(&opts.ferrolet)
+            .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
+        return stats_rows(opts, &bin, dir, cg);
     }
     let mut rows = Vec::new();
     let oci_tar = opts.images.join("busybox.oci.tar");
@@ -408,7 +423,66 @@ fn run(
     rows.extend(lat_net);
     rows.extend([burst_up, burst_down, mem_idle, mem_10, mem_100, mem_per_pod, cpu]);
 
+    rows.extend(stats_rows(opts, &bin, dir, cg)?);
     rows.extend(cluster_rows(opts, &bin, dir, cg)?);
+    Ok(rows)
+}
+
+/// The stats endpoints with `stats_pods` pods: numbers only (no peer serves kubelet's stats).
+fn stats_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<Vec<Row>> {
+    eprintln!(
+        "== stats: {} pods, {} scrapes of each endpoint, agent CPU over {}s idle and scraped every 10s",
+        opts.stats_pods, opts.stats_scrapes, opts.cpu_seconds
+    );
+    let r = stats::run(
+        bin,
+        &dir.join("ferrolet-stats"),
+        &format!("{}/stats", cg.path()),
+        "docker.io/library/busybox:1.35",
+        opts.stats_pods,
+        opts.stats_scrapes,
+        opts.cpu_seconds,
+    )?;
+    let mut rows = Vec::new();
+    let mut row = |metric: String, unit: &'static str, v: f64| {
+        let mut x = Row::new(metric, unit, "none");
+        x.ferrolet = Some(v);
+        rows.push(x);
+    };
+    let n = opts.stats_pods;
+    row(
+        format!(
+            "stats: one /stats/summary scrape, {n} pods, p50 ({} KiB)",
+            r.summary_bytes / 1024
+        ),
+        "ms",
+        r.summary_p50_ms,
+    );
+    row(
+        format!("stats: one /stats/summary scrape, {n} pods, p99"),
+        "ms",
+        r.summary_p99_ms,
+    );
+    row(
+        format!("stats: one /metrics/resource scrape, {n} pods, p50"),
+        "ms",
+        r.resource_p50_ms,
+    );
+    row(
+        format!("stats: one /metrics/resource scrape, {n} pods, p99"),
+        "ms",
+        r.resource_p99_ms,
+    );
+    row(
+        format!("stats: agent CPU per minute, {n} pods, no scrapes"),
+        "s",
+        r.cpu_idle_s_per_min,
+    );
+    row(
+        format!("stats: agent CPU per minute, {n} pods, both endpoints scraped every 10 s"),
+        "s",
+        r.cpu_scraped_s_per_min,
+    );
     Ok(rows)
 }
 
@@ -642,7 +716,15 @@ fn notes(opts: &Opts) -> String {
 - Runtime floor: create+start+wait+delete of `/bin/true` in a busybox container: ferrolet's runtime crate in-process versus `crun run` / `runc run` on the OCI spec ferrolet generated for the same container (same namespaces, mounts, capabilities, masked paths and RuntimeDefault seccomp profile; rootfs unpacked read-only instead of an overlay; no device rules, which these runtimes would need a devices cgroup for here), {3} runs, p50. On a hybrid node crun runs in a private mount namespace with the cgroup2 mount hidden (it refuses hybrid layouts), so it uses the same v1 controllers as the others.\n\
 - podman 4.3 runs with runc (crun refuses this machine's hybrid cgroups), the cgroupfs manager, inside a private mount and cgroup namespace rooted below the benchmark's cgroup (its /run, /var/lib and CNI config in the benchmark's directory), with explicit nofile/nproc ulimits (its defaults need CAP_SYS_RESOURCE). Its no-network runs use `--network none`.\n\
 - Cluster mode: a v1.26 control plane (etcd, kube-apiserver, controller-manager, scheduler from ../shared/k8s) in the benchmark's namespace and one ferrolet node with a node credential and the built-in bridge; pods (busybox `sleep`, nodeName set, a ServiceAccount token volume as the API server adds it) created with the admin credential, timed from just before the create request to the moment a watch of the pods shows phase Running: {4} one after another, then {5} at once. Memory: the agent, zygote and monitors 10 s after joining, no pods.\n\
+- Stats: {6} pods (bridge network) on one agent sampling at its default 10 s housekeeping interval; one scrape is a GET over the CLI socket from request to last byte, p50/p99 over {7} scrapes of each endpoint; agent CPU is the agent process's user+system time (/proc/PID/stat) over {2}s with no scrapes, then over {2}s with /stats/summary and /metrics/resource scraped every 10 s, scaled to one minute.\n\
 - Everything ran inside a private network namespace; ratios are ferrolet ÷ the named peer (below 1 means ferrolet is faster or smaller).\n",
-        opts.pods, opts.burst, opts.cpu_seconds, opts.runs, opts.cluster_pods, opts.cluster_burst
+        opts.pods,
+        opts.burst,
+        opts.cpu_seconds,
+        opts.runs,
+        opts.cluster_pods,
+        opts.cluster_burst,
+        opts.stats_pods,
+        opts.stats_scrapes
     )
 }

@@ -57,18 +57,38 @@ pub struct CgroupLimits {
     pub pids_limit: Option<i64>,
 }
 
-/// Usage read from a cgroup; `None` where the node does not account it.
+/// Usage read from a cgroup; `None` where the node does not account it. Counters are
+/// cumulative since the cgroup was created; see docs/cgroups.md#stats for the file each comes
+/// from on v1 and v2.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CgroupStats {
     pub cpu_usage_nanos: Option<u64>,
+    pub cpu_user_nanos: Option<u64>,
+    pub cpu_system_nanos: Option<u64>,
+    /// CFS enforcement periods elapsed, those throttled, and the time throttled.
+    pub cpu_periods: Option<u64>,
+    pub cpu_throttled_periods: Option<u64>,
+    pub cpu_throttled_nanos: Option<u64>,
     pub memory_usage_bytes: Option<u64>,
+    /// The highest usage recorded (v1 `max_usage_in_bytes`, v2 `memory.peak` where the kernel
+    /// has it).
+    pub memory_max_usage_bytes: Option<u64>,
     pub memory_working_set_bytes: Option<u64>,
     pub memory_rss_bytes: Option<u64>,
+    pub memory_cache_bytes: Option<u64>,
+    pub memory_mapped_file_bytes: Option<u64>,
+    pub memory_swap_bytes: Option<u64>,
     pub memory_page_faults: Option<u64>,
     pub memory_major_page_faults: Option<u64>,
+    /// Tasks (threads included) in the cgroup and below.
     pub pids: Option<u64>,
     pub oom_kills: Option<u64>,
+    /// The limits in force: `None` for no limit.
+    pub memory_limit_bytes: Option<u64>,
+    pub cpu_shares: Option<u64>,
+    pub cpu_quota_us: Option<u64>,
+    pub cpu_period_us: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -349,6 +369,17 @@ impl Cgroups {
         pids.into_iter().collect()
     }
 
+    /// How many processes are in `cgroup` and below, counted in one hierarchy (pids, else
+    /// memory): cheaper than [`procs_below`](Cgroups::procs_below) for stats.
+    pub fn process_count(&self, cgroup: &str) -> usize {
+        let Some(d) = self.dir_for("pids", cgroup).or_else(|| self.dir_for("memory", cgroup)) else {
+            return 0;
+        };
+        let mut pids = std::collections::BTreeSet::new();
+        collect_pids(&d, &mut pids, 0);
+        pids.len()
+    }
+
     /// Send `signal` to every process in `cgroup` and below. Each pid is signalled through a
     /// pidfd opened before its membership is checked, so a pid reused by a process outside
     /// the cgroup is never signalled. Returns how many were signalled.
@@ -394,53 +425,119 @@ impl Cgroups {
     pub fn oom_kills(&self, cgroup: &str) -> Option<u64> {
         let d = self.dir_for("memory", cgroup)?;
         match &self.mode {
-            CgroupMode::V2 { .. } => kv_file(&d.join("memory.events")).get("oom_kill").copied(),
-            CgroupMode::V1 { .. } => kv_file(&d.join("memory.oom_control")).get("oom_kill").copied(),
+            CgroupMode::V2 { .. } => read_kv(&d.join("memory.events")).get("oom_kill").copied(),
+            CgroupMode::V1 { .. } => read_kv(&d.join("memory.oom_control")).get("oom_kill").copied(),
         }
     }
 
     /// Usage numbers for a cgroup; whatever the node does not have is left out.
     pub fn stats(&self, cgroup: &str) -> CgroupStats {
-        let mut s = CgroupStats::default();
         match &self.mode {
-            CgroupMode::V2 { mount } => {
-                let d = mount.join(cgroup.trim_start_matches('/'));
-                s.cpu_usage_nanos = kv_file(&d.join("cpu.stat")).get("usage_usec").map(|u| u * 1000);
-                s.memory_usage_bytes = read_u64(&d.join("memory.current"));
-                let ms = kv_file(&d.join("memory.stat"));
-                s.memory_working_set_bytes = s
-                    .memory_usage_bytes
-                    .map(|u| u.saturating_sub(ms.get("inactive_file").copied().unwrap_or(0)));
-                s.memory_rss_bytes = ms.get("anon").copied();
-                s.memory_page_faults = ms.get("pgfault").copied();
-                s.memory_major_page_faults = ms.get("pgmajfault").copied();
-                s.pids = read_u64(&d.join("pids.current"));
-                s.oom_kills = kv_file(&d.join("memory.events")).get("oom_kill").copied();
-            }
-            CgroupMode::V1 { .. } => {
-                if let Some(d) = self.dir_for("cpuacct", cgroup) {
-                    s.cpu_usage_nanos = read_u64(&d.join("cpuacct.usage"));
-                }
-                if let Some(d) = self.dir_for("memory", cgroup) {
-                    s.memory_usage_bytes = read_u64(&d.join("memory.usage_in_bytes"));
-                    let ms = kv_file(&d.join("memory.stat"));
-                    let inactive = ms
-                        .get("total_inactive_file")
-                        .or_else(|| ms.get("inactive_file"))
-                        .copied()
-                        .unwrap_or(0);
-                    s.memory_working_set_bytes = s.memory_usage_bytes.map(|u| u.saturating_sub(inactive));
-                    s.memory_rss_bytes = ms.get("total_rss").or_else(|| ms.get("rss")).copied();
-                    s.memory_page_faults = ms.get("total_pgfault").or_else(|| ms.get("pgfault")).copied();
-                    s.memory_major_page_faults = ms.get("total_pgmajfault").or_else(|| ms.get("pgmajfault")).copied();
-                    s.oom_kills = kv_file(&d.join("memory.oom_control")).get("oom_kill").copied();
-                }
-                if let Some(d) = self.dir_for("pids", cgroup) {
-                    s.pids = read_u64(&d.join("pids.current"));
-                }
-            }
+            CgroupMode::V2 { mount } => stats_v2(&mount.join(cgroup.trim_start_matches('/'))),
+            CgroupMode::V1 { .. } => stats_v1(
+                self.dir_for("cpu", cgroup).as_deref(),
+                self.dir_for("cpuacct", cgroup).as_deref(),
+                self.dir_for("memory", cgroup).as_deref(),
+                self.dir_for("pids", cgroup).as_deref(),
+            ),
         }
-        s
+    }
+}
+
+/// v1 reports "no limit" as a huge page-aligned number; anything at or above this is none.
+const V1_NO_LIMIT: u64 = 1 << 62;
+
+fn stats_v2(d: &Path) -> CgroupStats {
+    let cpu = read_kv(&d.join("cpu.stat"));
+    let ms = read_kv(&d.join("memory.stat"));
+    let usec = |k: &str| cpu.get(k).map(|u| u.saturating_mul(1000));
+    let usage = read_u64(&d.join("memory.current"));
+    let (quota, period) = match read_trim(&d.join("cpu.max")).split_once(' ') {
+        Some((q, p)) => (q.parse().ok(), p.parse().ok()),
+        None => (None, None),
+    };
+    CgroupStats {
+        cpu_usage_nanos: usec("usage_usec"),
+        cpu_user_nanos: usec("user_usec"),
+        cpu_system_nanos: usec("system_usec"),
+        cpu_periods: cpu.get("nr_periods").copied(),
+        cpu_throttled_periods: cpu.get("nr_throttled").copied(),
+        cpu_throttled_nanos: usec("throttled_usec"),
+        memory_usage_bytes: usage,
+        memory_max_usage_bytes: read_u64(&d.join("memory.peak")),
+        memory_working_set_bytes: usage.map(|u| working_set(u, ms.get("inactive_file").copied())),
+        memory_rss_bytes: ms.get("anon").copied(),
+        memory_cache_bytes: ms.get("file").copied(),
+        memory_mapped_file_bytes: ms.get("file_mapped").copied(),
+        memory_swap_bytes: read_u64(&d.join("memory.swap.current")),
+        memory_page_faults: ms.get("pgfault").copied(),
+        memory_major_page_faults: ms.get("pgmajfault").copied(),
+        pids: read_u64(&d.join("pids.current")),
+        oom_kills: read_kv(&d.join("memory.events")).get("oom_kill").copied(),
+        // "max" does not parse: no limit.
+        memory_limit_bytes: read_u64(&d.join("memory.max")),
+        cpu_shares: read_u64(&d.join("cpu.weight")).map(weight_to_shares),
+        cpu_quota_us: quota,
+        cpu_period_us: period,
+    }
+}
+
+fn stats_v1(cpu: Option<&Path>, cpuacct: Option<&Path>, memory: Option<&Path>, pids: Option<&Path>) -> CgroupStats {
+    let mut s = CgroupStats::default();
+    if let Some(d) = cpuacct {
+        s.cpu_usage_nanos = read_u64(&d.join("cpuacct.usage"));
+        // cpuacct.stat counts in USER_HZ ticks.
+        let ticks = read_kv(&d.join("cpuacct.stat"));
+        let ns_per_tick = 1_000_000_000 / clock_ticks_per_second();
+        s.cpu_user_nanos = ticks.get("user").map(|t| t.saturating_mul(ns_per_tick));
+        s.cpu_system_nanos = ticks.get("system").map(|t| t.saturating_mul(ns_per_tick));
+    }
+    if let Some(d) = cpu {
+        let st = read_kv(&d.join("cpu.stat"));
+        s.cpu_periods = st.get("nr_periods").copied();
+        s.cpu_throttled_periods = st.get("nr_throttled").copied();
+        s.cpu_throttled_nanos = st.get("throttled_time").copied();
+        s.cpu_shares = read_u64(&d.join("cpu.shares"));
+        // -1 (no quota) does not parse as u64.
+        s.cpu_quota_us = read_u64(&d.join("cpu.cfs_quota_us"));
+        s.cpu_period_us = read_u64(&d.join("cpu.cfs_period_us"));
+    }
+    if let Some(d) = memory {
+        let ms = read_kv(&d.join("memory.stat"));
+        // Hierarchical totals (total_*) where the kernel has them.
+        let get = |k: &str| ms.get(&format!("total_{k}")).or_else(|| ms.get(k)).copied();
+        let usage = read_u64(&d.join("memory.usage_in_bytes"));
+        s.memory_usage_bytes = usage;
+        s.memory_max_usage_bytes = read_u64(&d.join("memory.max_usage_in_bytes"));
+        s.memory_working_set_bytes = usage.map(|u| working_set(u, get("inactive_file")));
+        s.memory_rss_bytes = get("rss");
+        s.memory_cache_bytes = get("cache");
+        s.memory_mapped_file_bytes = get("mapped_file");
+        s.memory_swap_bytes = get("swap");
+        s.memory_page_faults = get("pgfault");
+        s.memory_major_page_faults = get("pgmajfault");
+        s.oom_kills = read_kv(&d.join("memory.oom_control")).get("oom_kill").copied();
+        s.memory_limit_bytes = read_u64(&d.join("memory.limit_in_bytes")).filter(|l| *l < V1_NO_LIMIT);
+    }
+    if let Some(d) = pids {
+        s.pids = read_u64(&d.join("pids.current"));
+    }
+    s
+}
+
+/// cAdvisor's working set: usage less inactive file pages (never below zero).
+pub fn working_set(usage: u64, inactive_file: Option<u64>) -> u64 {
+    usage.saturating_sub(inactive_file.unwrap_or(0))
+}
+
+/// USER_HZ, the unit of cpuacct.stat and /proc/stat.
+pub fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
     }
 }
 
@@ -558,6 +655,15 @@ impl Cgroups {
             }
         }
     }
+}
+
+/// cgroup v2 cpu.weight back to v1 cpu.shares (the inverse of [`shares_to_weight`], as cAdvisor
+/// reports spec.cpu.shares on v2).
+pub fn weight_to_shares(weight: u64) -> u64 {
+    if weight == 0 {
+        return 0;
+    }
+    2 + ((weight.clamp(1, 10_000) - 1) * 262_142) / 9999
 }
 
 /// cgroup v1 cpu.shares to v2 cpu.weight, the conversion runc and kubelet use.
@@ -729,22 +835,26 @@ fn read_trim(p: &Path) -> String {
     fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
-fn read_u64(p: &Path) -> Option<u64> {
+/// A file holding one number (`memory.current`, `pids.current`...); `None` when it is missing
+/// or holds something else (`max`).
+pub fn read_u64(p: &Path) -> Option<u64> {
     fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
-/// "key value" lines (memory.stat, cpu.stat, memory.events, memory.oom_control).
-fn kv_file(p: &Path) -> BTreeMap<String, u64> {
-    fs::read_to_string(p)
-        .map(|s| {
-            s.lines()
-                .filter_map(|l| {
-                    let (k, v) = l.split_once(' ')?;
-                    Some((k.to_string(), v.trim().parse().ok()?))
-                })
-                .collect()
+/// A file of "key value" lines (memory.stat, cpu.stat, memory.events, memory.oom_control,
+/// cpuacct.stat); missing file: empty.
+pub fn read_kv(p: &Path) -> BTreeMap<String, u64> {
+    fs::read_to_string(p).map(|s| parse_kv(&s)).unwrap_or_default()
+}
+
+/// "key value" lines; lines whose value is not a number are left out.
+pub fn parse_kv(s: &str) -> BTreeMap<String, u64> {
+    s.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 fn is_cgroup2(p: &Path) -> bool {
@@ -787,9 +897,78 @@ mod tests {
     fn kv_parsing() {
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("m"), "anon 10\ninactive_file 5\nbad\n").unwrap();
-        let m = kv_file(&d.path().join("m"));
+        let m = read_kv(&d.path().join("m"));
         assert_eq!(m.get("anon"), Some(&10));
         assert_eq!(m.len(), 2);
+        assert!(read_kv(&d.path().join("missing")).is_empty());
+        assert_eq!(parse_kv("a 1\nb x\n").len(), 1);
+    }
+
+    #[test]
+    fn weight_round_trips_to_shares() {
+        for shares in [2, 1024, 262_144] {
+            let back = weight_to_shares(shares_to_weight(shares));
+            assert!(back.abs_diff(shares) <= 27, "{shares} -> {back}");
+        }
+    }
+
+    #[test]
+    fn v2_files_to_stats() {
+        let d = tempfile::tempdir().unwrap();
+        let w = |f: &str, c: &str| fs::write(d.path().join(f), c).unwrap();
+        w(
+            "cpu.stat",
+            "usage_usec 2000\nuser_usec 1500\nsystem_usec 500\nnr_periods 10\nnr_throttled 3\nthrottled_usec 7\n",
+        );
+        w("memory.current", "1000\n");
+        w(
+            "memory.stat",
+            "anon 300\nfile 600\ninactive_file 400\nfile_mapped 50\npgfault 9\npgmajfault 1\n",
+        );
+        w("memory.max", "max\n");
+        w("cpu.max", "50000 100000\n");
+        w("pids.current", "4\n");
+        let s = stats_v2(d.path());
+        assert_eq!(s.cpu_usage_nanos, Some(2_000_000));
+        assert_eq!(s.cpu_user_nanos, Some(1_500_000));
+        assert_eq!(s.cpu_throttled_periods, Some(3));
+        assert_eq!(s.cpu_throttled_nanos, Some(7000));
+        assert_eq!(s.memory_working_set_bytes, Some(600));
+        assert_eq!(s.memory_rss_bytes, Some(300));
+        assert_eq!(s.memory_cache_bytes, Some(600));
+        assert_eq!(s.memory_mapped_file_bytes, Some(50));
+        assert_eq!(s.memory_limit_bytes, None);
+        assert_eq!((s.cpu_quota_us, s.cpu_period_us), (Some(50_000), Some(100_000)));
+        assert_eq!(s.pids, Some(4));
+        assert_eq!(s.memory_swap_bytes, None);
+    }
+
+    #[test]
+    fn v1_files_to_stats() {
+        let d = tempfile::tempdir().unwrap();
+        let w = |f: &str, c: &str| fs::write(d.path().join(f), c).unwrap();
+        w("cpuacct.usage", "5000\n");
+        w("cpuacct.stat", "user 2\nsystem 1\n");
+        w("cpu.stat", "nr_periods 4\nnr_throttled 2\nthrottled_time 99\n");
+        w("cpu.cfs_quota_us", "-1\n");
+        w("cpu.shares", "1024\n");
+        w("memory.usage_in_bytes", "1000\n");
+        w("memory.limit_in_bytes", "9223372036854771712\n");
+        w("memory.stat", "rss 1\ncache 2\ntotal_rss 300\ntotal_cache 600\ntotal_inactive_file 400\ntotal_mapped_file 5\ntotal_swap 0\ntotal_pgfault 8\n");
+        let p = Some(d.path());
+        let s = stats_v1(p, p, p, p);
+        assert_eq!(s.cpu_usage_nanos, Some(5000));
+        let tick = 1_000_000_000 / clock_ticks_per_second();
+        assert_eq!(s.cpu_user_nanos, Some(2 * tick));
+        assert_eq!(s.cpu_throttled_nanos, Some(99));
+        assert_eq!(s.cpu_quota_us, None);
+        assert_eq!(s.cpu_shares, Some(1024));
+        assert_eq!(s.memory_working_set_bytes, Some(600));
+        assert_eq!(s.memory_rss_bytes, Some(300));
+        assert_eq!(s.memory_cache_bytes, Some(600));
+        assert_eq!(s.memory_swap_bytes, Some(0));
+        assert_eq!(s.memory_limit_bytes, None);
+        assert_eq!(s.memory_page_faults, Some(8));
     }
 
     #[test]

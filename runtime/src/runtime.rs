@@ -25,6 +25,9 @@ use ferrolet_fsutil::{
     chain, ensure_dir, ensure_private_dir, random_hex, read_json, remove_tree, write_atomic, write_json_atomic,
 };
 
+/// The overlay upper directory's name in a container's state directory.
+const UPPER_DIR: &str = "upper";
+
 pub struct Runtime {
     root: PathBuf,
     lc_root: PathBuf,
@@ -129,6 +132,12 @@ impl Runtime {
 
     fn dir(&self, id: &str) -> PathBuf {
         container::state_dir(&self.root, id)
+    }
+
+    /// The container's writable layer (the overlay's upper directory): what its rootfs uses on
+    /// disk beyond the image.
+    pub fn upper_dir(&self, id: &str) -> PathBuf {
+        self.dir(id).join(UPPER_DIR)
     }
 
     /// Create a container (its process waits for [`start`](Self::start)).
@@ -778,7 +787,7 @@ fn prepare(
                 .map(|l| l.diff_id.hex().to_string())
                 .collect(),
             empty: dir.join("empty"),
-            upper: dir.join("upper"),
+            upper: dir.join(UPPER_DIR),
             work: dir.join("work"),
             target: dir.join("rootfs"),
         },

@@ -306,7 +306,31 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
 
-    let state = crate::server::State::new(rt.clone(), pods.clone(), node.name.clone(), liveness, cfg.clone());
+    // Stats: sampled once per housekeeping interval, walked once per volumeStatsAggPeriod.
+    let stats = {
+        let agent_cgroup = rt.cgroups().own_path().context("finding the agent's own cgroup")?;
+        crate::stats::Stats::new(crate::stats::sampler::Sources {
+            rt: rt.clone(),
+            pods: pods.clone(),
+            cgroups: managers.setup.cgroups().clone(),
+            node_name: node.name.clone(),
+            root_dir: cfg.root_dir.clone(),
+            pods_dir: cfg.pods_dir(),
+            pod_logs_dir: cfg.pod_logs_dir.clone(),
+            agent_cgroup,
+            agent_start: crate::stats::summary::Time(chrono::Utc::now()),
+        })
+    };
+    stats.start(cfg.housekeeping_interval, cfg.volume_stats_agg_period);
+    let state = crate::server::State::new(
+        rt.clone(),
+        pods.clone(),
+        node.name.clone(),
+        liveness,
+        mirrors.is_some(),
+        cfg.clone(),
+        stats,
+    );
     crate::server::serve_all(&cfg, state, kube.clone(), node.ips.clone()).await?;
     info!(
         node = %cfg.node_name,

@@ -1,5 +1,5 @@
 //! The command line: `ferrolet run` takes kubelet's flags (defined with the configuration they
-//! set, [`crate::config::RunFlags`]); `pods`, `logs` and `exec` talk to a running agent over its
+//! set, [`crate::config::RunFlags`]); `pods`, `logs`, `exec` and `top` talk to a running agent over its
 //! unix socket; `images` works on the image store directly; `reset` stops and removes
 //! everything an agent left on the node.
 
@@ -9,6 +9,7 @@ pub mod images;
 pub mod logs;
 pub mod pods;
 pub mod reset;
+pub mod top;
 
 use std::path::PathBuf;
 
@@ -35,6 +36,8 @@ pub enum Command {
     Logs(LogsArgs),
     /// Run a command in a container.
     Exec(ExecArgs),
+    /// Show cpu and memory of pods or the node (like `kubectl top`).
+    Top(TopArgs),
     /// Manage the node's images.
     #[command(subcommand)]
     Images(ImagesCommand),
@@ -93,6 +96,39 @@ pub struct ExecArgs {
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub root: RootArg,
+    #[command(subcommand)]
+    pub command: TopCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TopCommand {
+    /// Cpu (millicores) and memory (working set) of pods, or of their containers.
+    #[command(alias = "pod", alias = "po")]
+    Pods(TopPodsArgs),
+    /// Cpu and memory of the node, with their share of its capacity.
+    #[command(alias = "nodes", alias = "no")]
+    Node,
+}
+
+#[derive(Args, Debug)]
+pub struct TopPodsArgs {
+    /// Only this pod.
+    pub name: Option<String>,
+    /// Only this namespace (all by default).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// One line per container.
+    #[arg(long)]
+    pub containers: bool,
+    /// Sort by cpu or memory, highest first.
+    #[arg(long = "sort-by")]
+    pub sort_by: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -25,7 +25,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "imageMaximumGCAge",
     "imageGCHighThresholdPercent",
     "imageGCLowThresholdPercent",
-    "volumeStatsAggPeriod",
     "kubeletCgroups",
     "systemCgroups",
     "cgroupDriver",
@@ -146,6 +145,7 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
             }
             "podLogsDir" => cfg.pod_logs_dir = resolve_relative(base, &string(f, v)?),
             "syncFrequency" => cfg.sync_frequency = duration(f, v)?,
+            "volumeStatsAggPeriod" => cfg.volume_stats_agg_period = duration(f, v)?,
             "fileCheckFrequency" => cfg.file_check_frequency = duration(f, v)?,
             "httpCheckFrequency" => cfg.http_check_frequency = duration(f, v)?,
             "address" => cfg.address = ip(f, v)?,

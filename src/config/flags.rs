@@ -40,6 +40,13 @@ pub struct RunFlags {
     pub http_check_frequency: Option<String>,
     #[arg(long = "sync-frequency")]
     pub sync_frequency: Option<String>,
+    /// Interval between stats samples (cAdvisor's housekeeping), e.g. 10s.
+    #[arg(long = "housekeeping-interval")]
+    pub housekeeping_interval: Option<String>,
+    /// Interval between disk usage walks of container layers, logs and volumes (kubelet's
+    /// volumeStatsAggPeriod), e.g. 1m.
+    #[arg(long = "volume-stats-agg-period")]
+    pub volume_stats_agg_period: Option<String>,
     #[arg(long = "cgroup-root")]
     pub cgroup_root: Option<String>,
     #[arg(long = "cgroups-per-qos", num_args = 0..=1, default_missing_value = "true")]
@@ -186,6 +193,12 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if let Some(d) = dur("sync-frequency", &f.sync_frequency)? {
         cfg.sync_frequency = d;
+    }
+    if let Some(d) = dur("housekeeping-interval", &f.housekeeping_interval)? {
+        cfg.housekeeping_interval = d;
+    }
+    if let Some(d) = dur("volume-stats-agg-period", &f.volume_stats_agg_period)? {
+        cfg.volume_stats_agg_period = d;
     }
     if let Some(d) = dur("runtime-request-timeout", &f.runtime_request_timeout)? {
         cfg.runtime_request_timeout = d;

@@ -2,6 +2,7 @@
 //! KubeletConfiguration file (`--config`, [`file`]), then flags with kubelet's names
 //! ([`flags`]). Later wins. [`load`] does all three and the checks across fields.
 
+pub mod effective;
 pub mod file;
 mod flags;
 pub mod serving;
@@ -167,6 +168,11 @@ pub struct Config {
     pub file_check_frequency: Duration,
     pub http_check_frequency: Duration,
     pub sync_frequency: Duration,
+    /// How often the stats are sampled (cAdvisor's and kubelet's `--housekeeping-interval`).
+    pub housekeeping_interval: Duration,
+    /// How often the disk usage of container layers, logs and volumes is walked (kubelet's
+    /// volumeStatsAggPeriod).
+    pub volume_stats_agg_period: Duration,
     /// Absolute cgroup path under which `kubepods` lives; empty means the cgroup the agent was
     /// started in (safe on shared machines and under systemd with Delegate=yes).
     pub cgroup_root: String,
@@ -178,6 +184,7 @@ pub struct Config {
     pub container_log_max_size: u64,
     pub container_log_max_files: u32,
     pub enable_server: bool,
+    /// Where the kubelet port and the read-only port listen (kubelet's address, 0.0.0.0).
     pub address: IpAddr,
     /// kubelet's read-only HTTP port (`/healthz`, `/pods`, unauthenticated); 0, the default as
     /// in kubelet, disables it.
@@ -227,6 +234,8 @@ impl Default for Config {
             file_check_frequency: Duration::from_secs(20),
             http_check_frequency: Duration::from_secs(20),
             sync_frequency: Duration::from_secs(60),
+            housekeeping_interval: Duration::from_secs(10),
+            volume_stats_agg_period: Duration::from_secs(60),
             cgroup_root: String::new(),
             cgroups_per_qos: true,
             max_pods: 110,
@@ -235,7 +244,8 @@ impl Default for Config {
             container_log_max_size: 10 << 20,
             container_log_max_files: 5,
             enable_server: true,
-            address: IpAddr::from([127, 0, 0, 1]),
+            // kubelet's: the API server reaches the kubelet port at the node's address
+            address: IpAddr::from([0, 0, 0, 0]),
             read_only_port: 0,
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
@@ -328,6 +338,12 @@ impl Config {
         }
         if self.file_check_frequency.is_zero() || self.sync_frequency.is_zero() {
             bail!("fileCheckFrequency and syncFrequency must be positive");
+        }
+        if self.housekeeping_interval.is_zero() {
+            bail!("housekeeping-interval: must be positive");
+        }
+        if self.volume_stats_agg_period.is_zero() {
+            bail!("volumeStatsAggPeriod: must be positive");
         }
         let c = &self.cluster;
         if c.bootstrap_kubeconfig.is_some() && c.kubeconfig.is_none() {

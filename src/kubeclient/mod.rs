@@ -11,6 +11,7 @@ pub mod bootstrap;
 pub mod certstore;
 pub mod csr;
 pub mod kubeconfig;
+mod metrics;
 pub mod ratelimit;
 pub mod rotation;
 
@@ -119,6 +120,12 @@ impl Kube {
         let defaults = crate::config::ClusterConfig::default();
         let limit = RateLimitLayer::new(defaults.kube_api_qps, defaults.kube_api_burst);
         Ok(Kube::new(build_client(config, &limit)?))
+    }
+
+    /// A handle on `client` as it is (tests with a mock API server).
+    #[cfg(test)]
+    pub(crate) fn from_client(client: kube::Client) -> Kube {
+        Kube::new(client)
     }
 
     /// The current client.

@@ -44,7 +44,7 @@ pub fn jitter() -> f64 {
 }
 
 /// The shortened wait the test knob asks for, if set.
-fn test_rotate_after() -> Option<Duration> {
+pub fn test_rotate_after() -> Option<Duration> {
     let v = std::env::var(TEST_ROTATE_AFTER_ENV).ok()?;
     match v.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s)),

@@ -56,6 +56,7 @@ pub fn client(config: kube::Config, limit: &super::ratelimit::RateLimitLayer) ->
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().context("the kubeconfig's credentials")?)
         .layer(config.extra_headers_layer().context("the kubeconfig's headers")?)
+        .layer(super::metrics::RequestMetricsLayer)
         .map_err(tower::BoxError::from)
         .service(http_client);
     Ok(kube::Client::new(service, config.default_namespace))

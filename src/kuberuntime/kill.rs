@@ -58,7 +58,8 @@ pub async fn stop_container(rt: Arc<Runtime>, id: String, stop_signal: Option<St
         .and_then(|s| nix::sys::signal::Signal::from_str(s).ok())
         .map(|s| s as i32)
         .unwrap_or(libc::SIGTERM);
-    if let Err(e) = rt.stop(&id, sig, grace).await {
+    let stopped = crate::metrics::global().time_runtime("stop_container", rt.stop(&id, sig, grace));
+    if let Err(e) = stopped.await {
         if !e.is_not_found() {
             warn!(container = %id, error = %ferrolet_fsutil::chain(&e), "stopping container");
         }

@@ -28,7 +28,8 @@ pub async fn create_container(rt: &Runtime, images: &ImageManager, input: BuildI
     let cfg = crate::tasks::blocking(move || container::build(&input))
         .await
         .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
-    match tokio::time::timeout(timeout, rt.create(&cfg)).await {
+    let created = crate::metrics::global().time_runtime("create_container", rt.create(&cfg));
+    match tokio::time::timeout(timeout, created).await {
         Ok(Ok(info)) => Ok(info.id().to_string()),
         Ok(Err(ferrolet_runtime::Error::InvalidConfig { field, reason })) => {
             Err(Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{field}: {reason}")).retry_in(RETRY))
@@ -46,9 +47,10 @@ pub async fn create_container(rt: &Runtime, images: &ImageManager, input: BuildI
 
 /// Let a created container run. A container that fails to start is deleted.
 pub async fn start_created(rt: &Runtime, id: &str) -> Result<(), Waiting> {
-    if let Err(e) = rt.start(id).await {
+    let m = crate::metrics::global();
+    if let Err(e) = m.time_runtime("start_container", rt.start(id)).await {
         let message = ferrolet_fsutil::chain(&e).to_string();
-        if let Err(e) = rt.delete(id).await {
+        if let Err(e) = m.time_runtime("remove_container", rt.delete(id)).await {
             warn!(container = %id, error = %ferrolet_fsutil::chain(&e), "removing a container that failed to start");
         }
         return Err(Waiting::new(reasons::RUN_CONTAINER_ERROR, message).retry_in(RETRY));

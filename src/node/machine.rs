@@ -17,7 +17,7 @@ pub fn capacity(root_dir: &Path, max_pods: u32) -> Resources {
         .map(|n| n.get() as i64)
         .unwrap_or(1)
         * 1000;
-    let memory = meminfo().ok().and_then(|m| m.get("MemTotal").copied()).unwrap_or(0);
+    let memory = meminfo().map(|m| m.mem_total as i64).unwrap_or(0);
     let ephemeral_storage = filesystem(root_dir).map(|f| f.capacity).unwrap_or(0);
     Resources {
         cpu_milli,
@@ -28,22 +28,10 @@ pub fn capacity(root_dir: &Path, max_pods: u32) -> Resources {
     }
 }
 
-/// `/proc/meminfo` in bytes, by field name.
-pub fn meminfo() -> Result<BTreeMap<String, i64>> {
-    let s = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
-    Ok(parse_meminfo(&s))
-}
-
-fn parse_meminfo(s: &str) -> BTreeMap<String, i64> {
-    s.lines()
-        .filter_map(|l| {
-            let (k, rest) = l.split_once(':')?;
-            let mut it = rest.split_whitespace();
-            let n: i64 = it.next()?.parse().ok()?;
-            let mult = if it.next() == Some("kB") { 1024 } else { 1 };
-            Some((k.trim().to_string(), n.saturating_mul(mult)))
-        })
-        .collect()
+/// `/proc/meminfo`, in bytes.
+pub fn meminfo() -> Result<procfs::Meminfo> {
+    use procfs::Current;
+    procfs::Meminfo::current().context("reading /proc/meminfo")
 }
 
 /// Huge pages configured per page size (kubelet reports every supported size, 0 included).
@@ -105,9 +93,9 @@ pub struct Signals {
 /// Measure the signals now; `root_dir` is on the node's filesystem (nodefs).
 pub fn signals(root_dir: &Path) -> Result<Signals> {
     let m = meminfo()?;
-    let total = *m.get("MemTotal").context("/proc/meminfo has no MemTotal")?;
-    let free = m.get("MemFree").copied().unwrap_or(0);
-    let inactive_file = m.get("Inactive(file)").copied().unwrap_or(0);
+    let total = m.mem_total as i64;
+    let free = m.mem_free as i64;
+    let inactive_file = m.inactive_file.unwrap_or(0) as i64;
     let fs = filesystem(root_dir)?;
     let (pid_capacity, tasks) = pids()?;
     Ok(Signals {
@@ -122,7 +110,7 @@ pub fn signals(root_dir: &Path) -> Result<Signals> {
 
 /// kubelet's rlimit stats: the pid limit (the smaller of kernel.pid_max and kernel.threads-max)
 /// and the number of tasks (threads included) that exist, from /proc/loadavg.
-fn pids() -> Result<(i64, i64)> {
+pub fn pids() -> Result<(i64, i64)> {
     let read = |p: &str| -> Result<i64> {
         std::fs::read_to_string(p)
             .with_context(|| format!("reading {p}"))?
@@ -204,14 +192,6 @@ pub fn go_arch() -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn meminfo_in_bytes() {
-        let m = parse_meminfo("MemTotal:       16374928 kB\nMemFree: 100 kB\nHugePages_Total:       0\n");
-        assert_eq!(m["MemTotal"], 16374928 * 1024);
-        assert_eq!(m["MemFree"], 102400);
-        assert_eq!(m["HugePages_Total"], 0);
-    }
 
     #[test]
     fn os_release_pretty_name() {

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod conditions;
 pub mod lease;
 pub mod machine;
+pub mod machine_info;
 pub mod pod_cidr;
 pub mod register;
 pub mod status;

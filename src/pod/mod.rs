@@ -44,6 +44,13 @@ pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
+/// When the agent first saw the pod (its `kubernetes.io/config.seen` annotation).
+pub fn seen_at(pod: &Pod) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::parse_from_rfc3339(annotation(pod, CONFIG_SEEN)?)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
+}
+
 /// A pod's `spec.restartPolicy` (validation admits only these three; defaulting sets Always).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RestartPolicy {

@@ -123,14 +123,15 @@ impl PodCgroups {
             return Ok(path);
         }
         let limits = Self::limits_for(p, pids_limit);
+        let t = std::time::Instant::now();
         if self.cgroups.exists(&path) {
-            self.cgroups
-                .update(&path, &limits)
-                .with_context(|| format!("updating pod cgroup {path}"))?;
+            let r = self.cgroups.update(&path, &limits);
+            crate::metrics::global().cgroup_operation("update", t.elapsed());
+            r.with_context(|| format!("updating pod cgroup {path}"))?;
         } else {
-            self.cgroups
-                .create(&path, &limits)
-                .with_context(|| format!("creating pod cgroup {path}"))?;
+            let r = self.cgroups.create(&path, &limits);
+            crate::metrics::global().cgroup_operation("create", t.elapsed());
+            r.with_context(|| format!("creating pod cgroup {path}"))?;
         }
         Ok(path)
     }
@@ -140,9 +141,10 @@ impl PodCgroups {
             return Ok(());
         }
         let path = self.pod_path(p);
-        self.cgroups
-            .remove(&path)
-            .with_context(|| format!("removing pod cgroup {path}"))
+        let t = std::time::Instant::now();
+        let r = self.cgroups.remove(&path);
+        crate::metrics::global().cgroup_operation("destroy", t.elapsed());
+        r.with_context(|| format!("removing pod cgroup {path}"))
     }
 
     /// Pod cgroups that exist on the node (`pod<uid>` under each QoS level), for cleaning up

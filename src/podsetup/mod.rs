@@ -103,10 +103,14 @@ impl PodSetup {
         };
         if own.net || own.ipc || own.uts {
             let hostname = dns::hostname(p);
-            self.rt
-                .pin_namespaces(&dir, Some(&hostname), own.net, own.ipc, own.uts)
-                .await
-                .context("creating pod namespaces")?;
+            let pinned = crate::metrics::global()
+                .time_runtime(
+                    "run_podsandbox",
+                    self.rt.pin_namespaces(&dir, Some(&hostname), own.net, own.ipc, own.uts),
+                )
+                .await;
+            crate::metrics::global().pod_sandbox_started(pinned.is_ok());
+            pinned.context("creating pod namespaces")?;
         }
         let mut sb = {
             let (p, pod_dir) = (p.clone(), pod_dir.to_path_buf());

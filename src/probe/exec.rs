@@ -15,7 +15,8 @@ pub async fn probe(rt: &Runtime, id: &str, cmd: &[String], timeout: Duration) ->
         args: cmd.to_vec(),
         ..Default::default()
     };
-    match rt.exec_capture(id, &spec, Some(timeout), MAX_OUTPUT).await {
+    let run = rt.exec_capture(id, &spec, Some(timeout), MAX_OUTPUT);
+    match crate::metrics::global().time_runtime("exec_sync", run).await {
         Err(e) => Outcome::Failure(ferrolet_fsutil::chain(&e).to_string()),
         Ok(o) if o.timed_out => Outcome::Failure(format!(
             "command timed out: {:?} timed out after {}",

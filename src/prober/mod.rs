@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use ferrolet_runtime::Runtime;
-use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 
 use crate::probe::netns::PodTarget;
 use worker::ProbeWorker;
@@ -80,7 +80,7 @@ pub struct Probes {
 impl Probes {
     /// Start probe tasks for `running` containers that have none; stop those of containers no
     /// longer running.
-    pub fn sync<F>(&mut self, rt: &Arc<Runtime>, pod_name: &str, target: &PodTarget, running: &[Target], send: F)
+    pub fn sync<F>(&mut self, rt: &Arc<Runtime>, pod: &Pod, target: &PodTarget, running: &[Target], send: F)
     where
         F: Fn(ProbeEvent) + Clone + Send + Sync + 'static,
     {
@@ -115,7 +115,7 @@ impl Probes {
                     kind: k,
                     probe,
                     container: r.clone(),
-                    pod: pod_name.to_string(),
+                    pod: worker::PodId::of(pod),
                     target: target.clone(),
                     gate: gate.subscribe(),
                 };

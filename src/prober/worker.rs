@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use chrono::Utc;
 use ferrolet_runtime::Runtime;
-use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use tracing::{info, warn};
 
 use super::{Kind, ProbeEvent, Target};
+use crate::metrics::ProbeResult;
 use crate::pod::expansion::expand_all;
 use crate::pod::reasons;
+use crate::pod::{self};
 use crate::probe::netns::PodTarget;
 use crate::probe::{self, Outcome};
 
@@ -21,14 +23,77 @@ pub(super) struct ProbeWorker {
     pub(super) kind: Kind,
     pub(super) probe: Probe,
     pub(super) container: Target,
-    pub(super) pod: String,
+    pub(super) pod: PodId,
     pub(super) target: PodTarget,
     /// True once the startup probe succeeded (or there is none).
     pub(super) gate: tokio::sync::watch::Receiver<bool>,
 }
 
+/// The pod a probe belongs to, for logs and the prober's metrics.
+#[derive(Debug, Clone)]
+pub(super) struct PodId {
+    /// namespace/name, for logs.
+    full_name: String,
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+impl PodId {
+    pub(super) fn of(p: &Pod) -> PodId {
+        PodId {
+            full_name: pod::full_name(p),
+            namespace: pod::namespace(p).to_string(),
+            name: pod::name(p).to_string(),
+            uid: pod::uid(p).to_string(),
+        }
+    }
+}
+
+/// One probe's metric series (prober_probe_total, prober_probe_duration_seconds), removed when
+/// the worker ends, also when its task is aborted, as kubelet's prober removes them.
+struct Series {
+    kind: Kind,
+    container: String,
+    pod: PodId,
+}
+
+impl Series {
+    fn record(&self, outcome: &Outcome, took: Duration) {
+        let result = if outcome.ok() { "successful" } else { "failed" };
+        crate::metrics::global().probe(
+            ProbeResult {
+                probe_type: self.kind.name().into(),
+                result: result.into(),
+                container: self.container.clone(),
+                pod: self.pod.name.clone(),
+                namespace: self.pod.namespace.clone(),
+                pod_uid: self.pod.uid.clone(),
+            },
+            took,
+        );
+    }
+}
+
+impl Drop for Series {
+    fn drop(&mut self) {
+        crate::metrics::global().forget_probe(
+            self.kind.name(),
+            &self.container,
+            &self.pod.name,
+            &self.pod.namespace,
+            &self.pod.uid,
+        );
+    }
+}
+
 impl ProbeWorker {
     pub(super) async fn run<F: Fn(ProbeEvent)>(mut self, send: F) {
+        let series = Series {
+            kind: self.kind,
+            container: self.container.name.clone(),
+            pod: self.pod.clone(),
+        };
         let p = &self.probe;
         let period = Duration::from_secs(p.period_seconds.unwrap_or(10).max(1) as u64);
         let timeout = Duration::from_secs(p.timeout_seconds.unwrap_or(1).max(1) as u64);
@@ -58,14 +123,16 @@ impl ProbeWorker {
                 tokio::time::sleep(wait.to_std().unwrap_or(Duration::ZERO)).await;
                 continue;
             }
+            let began = std::time::Instant::now();
             let outcome = self.attempt(timeout).await;
+            series.record(&outcome, began.elapsed());
             let ok = outcome.ok();
             match &outcome {
                 Outcome::Failure(msg) => {
-                    warn!(pod = %self.pod, container = %self.container.name, reason = reasons::EVENT_UNHEALTHY, "{} probe failed: {}", self.kind.name(), msg.trim_end());
+                    warn!(pod = %self.pod.full_name, container = %self.container.name, reason = reasons::EVENT_UNHEALTHY, "{} probe failed: {}", self.kind.name(), msg.trim_end());
                 }
                 Outcome::Success(w) if !w.is_empty() => {
-                    info!(pod = %self.pod, container = %self.container.name, reason = reasons::EVENT_PROBE_WARNING, "{} probe warning: {w}", self.kind.name());
+                    info!(pod = %self.pod.full_name, container = %self.container.name, reason = reasons::EVENT_PROBE_WARNING, "{} probe warning: {w}", self.kind.name());
                 }
                 _ => {}
             }

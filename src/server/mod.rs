@@ -2,8 +2,9 @@
 //! - the kubelet API on `address:port` (10250): TLS ([`tls`], [`certs`]), every request
 //!   authenticated and authorized ([`auth`]), serving [`kubelet_router`];
 //! - `/healthz` alone, plain, on `healthzBindAddress:healthzPort` (127.0.0.1:10248; 0 is off);
-//! - kubelet's read-only port, off unless `readOnlyPort` is set: what any local user may see,
-//!   `/healthz` and `/pods`;
+//! - kubelet's read-only port, off unless `readOnlyPort` is set: kubelet's default handlers,
+//!   `/healthz`, `/pods`, `/spec`, the stats ([`crate::stats::routes`]) and the metrics
+//!   ([`metrics`]), none of the debugging ones (logs, exec...);
 //! - the CLI's unix socket (owner-only, no authentication): the kubelet endpoints and the
 //!   `/ferrolet/...` extras (pods with manifest errors, logs with a default container);
 //! - the exec socket, [`exec`].
@@ -14,6 +15,9 @@ pub mod clientcert;
 mod conn;
 pub mod exec;
 mod healthz;
+pub mod metrics;
+mod node;
+pub mod node_logs;
 pub mod streaming;
 pub mod tls;
 
@@ -37,6 +41,7 @@ use crate::config::Config;
 use crate::kubeclient::Kube;
 use crate::kuberuntime::logs::{self, LogOptions};
 use crate::pod::manager::PodManager;
+use crate::stats::Stats;
 use crate::tasks::{supervise, Liveness};
 
 /// What the servers read: the pod table and the runtime (for logs and exec).
@@ -47,8 +52,12 @@ pub struct State {
     pub node_name: String,
     /// The agent's duties, for /healthz.
     pub liveness: Arc<Liveness>,
+    /// Static pods have mirror pods (the agent is in a cluster), for kubelet_mirror_pods.
+    pub mirrors_enabled: bool,
     /// The effective configuration (for /configz).
     pub config: Arc<Config>,
+    /// The stats cache (/stats/summary, /metrics/resource, /metrics/cadvisor).
+    pub stats: Arc<Stats>,
 }
 
 impl State {
@@ -57,14 +66,18 @@ impl State {
         pods: Arc<PodManager>,
         node_name: String,
         liveness: Arc<Liveness>,
+        mirrors_enabled: bool,
         config: Arc<Config>,
+        stats: Arc<Stats>,
     ) -> Arc<State> {
         Arc::new(State {
             rt,
             pods,
             node_name,
             liveness,
+            mirrors_enabled,
             config,
+            stats,
         })
     }
 }
@@ -83,7 +96,9 @@ pub async fn serve_all(
     node_ips: Vec<IpAddr>,
 ) -> anyhow::Result<()> {
     {
-        let (app, path) = (local_router(state.clone()), cfg.socket_path());
+        let app =
+            local_router(state.clone()).layer(axum::middleware::from_fn(|r, n| metrics::instrument("local", r, n)));
+        let (app, path) = (app, cfg.socket_path());
         supervise("API socket", Duration::from_secs(1), move || {
             let (app, path) = (app.clone(), path.clone());
             async move {
@@ -117,7 +132,9 @@ pub async fn serve_all(
         };
         let cert = certs::serving_cert(cfg, node_ips, kube).await?;
         let tls = tls::server_config(cert, client_ca, s.tls_min_version)?;
-        let app = kubelet_router(state.clone()).layer(axum::middleware::from_fn_with_state(auth, auth::layer::filter));
+        let app = kubelet_router(state.clone())
+            .layer(axum::middleware::from_fn_with_state(auth, auth::layer::filter))
+            .layer(axum::middleware::from_fn(|r, n| metrics::instrument("readwrite", r, n)));
         info!(
             %addr,
             authentication = %authn_summary(cfg),
@@ -140,7 +157,9 @@ pub async fn serve_all(
             .await
             .with_context(|| format!("readOnlyPort: binding the read-only API on {addr}"))?;
         info!(%addr, "read-only HTTP API listening");
-        tokio::spawn(conn::serve(listener, read_only_router(state)));
+        let app =
+            read_only_router(state).layer(axum::middleware::from_fn(|r, n| metrics::instrument("readonly", r, n)));
+        tokio::spawn(conn::serve(listener, app));
     }
     Ok(())
 }
@@ -173,9 +192,24 @@ pub fn kubelet_router(state: Arc<State>) -> Router {
         .route("/healthz/{check}", get(healthz::one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/runningpods/", get(node::runningpods))
+        .route("/configz", get(node::configz))
+        .route("/spec/", get(node::spec))
+        .route("/spec", get(node::spec))
+        .route("/logs/", get(system_logs))
+        .route("/logs/{*path}", get(system_logs))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
+        .merge(metrics::routes())
+        .merge(crate::stats::routes())
         .merge(streaming::routes())
         .with_state(state)
+}
+
+/// `/logs/...`: files and listings under /var/log.
+async fn system_logs(uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let rel = path.strip_prefix("/logs/").unwrap_or("");
+    node_logs::serve(std::path::Path::new(node_logs::LOG_DIR), rel, path).await
 }
 
 /// `/healthz` alone, for the plain healthz port.
@@ -186,13 +220,18 @@ pub fn healthz_router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-/// kubelet's read-only endpoints, unauthenticated: what any local user may see.
+/// kubelet's read-only endpoints, unauthenticated (kubelet's default handlers: health, pods,
+/// spec, stats, metrics; no logs, exec or configuration).
 pub fn read_only_router(state: Arc<State>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::all))
         .route("/healthz/{check}", get(healthz::one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/spec/", get(node::spec))
+        .route("/spec", get(node::spec))
+        .merge(metrics::routes())
+        .merge(crate::stats::routes())
         .with_state(state)
 }
 

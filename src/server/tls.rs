@@ -147,3 +147,53 @@ pub async fn serve(listener: TcpListener, config: Arc<rustls::ServerConfig>, app
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Handshake a TLS 1.2-only client that trusts `cred` with a server of minimum `min`.
+    async fn handshake_tls12(cred: &crate::kubeclient::certstore::Credential, min: TlsVersion) -> bool {
+        let cert = Arc::new(ServingCert::default());
+        cert.set(&cred.cert_pem, &cred.key_pem).unwrap();
+        let server = TlsAcceptor::from(server_config(cert, None, min).unwrap());
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&cred.cert_pem) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let (s, c) = tokio::join!(server.accept(a), connector.connect(name, b));
+        s.is_ok() && c.is_ok()
+    }
+
+    #[tokio::test]
+    async fn the_minimum_version_is_enforced_and_the_certificate_swaps_live() {
+        let root = tempfile::tempdir().unwrap();
+        let cred = crate::server::certs::self_signed(root.path(), "node-a", &[]).unwrap();
+        assert!(handshake_tls12(&cred, TlsVersion::Tls12).await);
+        assert!(!handshake_tls12(&cred, TlsVersion::Tls13).await);
+
+        // an empty resolver refuses handshakes; a set one serves the newest pair
+        let cert = ServingCert::default();
+        assert!(!cert.is_set());
+        cert.set(&cred.cert_pem, &cred.key_pem).unwrap();
+        assert!(cert.is_set());
+        let other = tempfile::tempdir().unwrap();
+        let cred2 = crate::server::certs::self_signed(other.path(), "node-a", &[]).unwrap();
+        assert!(
+            cert.set(&cred.cert_pem, &cred2.key_pem).is_err(),
+            "a key of another certificate"
+        );
+        cert.set(&cred2.cert_pem, &cred2.key_pem).unwrap();
+        let served = cert.0.read().unwrap().clone().unwrap();
+        let want = CertificateDer::pem_slice_iter(&cred2.cert_pem).next().unwrap().unwrap();
+        assert_eq!(served.cert[0], want);
+    }
+}

@@ -26,6 +26,7 @@ use crate::podsetup::sandbox::Sandbox;
 use crate::podsetup::volumes::VolumeHost;
 use crate::probe::netns::PodTarget;
 use crate::prober::{self, ProbeEvent, Probes};
+use crate::status::phase::Phase;
 use crate::status::{self, PersistedStatus, StatusManager};
 use crate::tasks::{panic_message, POD_WORKER};
 
@@ -103,6 +104,9 @@ pub(super) struct PodWorker {
     pub probes: Probes,
     /// Delays between attempts to remove a terminated pod that did not fully go.
     pub teardown_retry: RetryDelay,
+    /// What the next round is, for kubelet_pod_worker_duration_seconds: create (the first),
+    /// update (the pod changed) or sync (a resync, a probe, a container's exit).
+    pub round: &'static str,
 }
 
 /// Doubling delays from 1 s up to a minute.
@@ -168,7 +172,11 @@ impl PodWorker {
             lifecycle,
             probes: Probes::default(),
             teardown_retry: RetryDelay::default(),
+            round: "create",
         };
+        if let Some(seen) = pod::seen_at(&w.pod) {
+            crate::metrics::global().pod_worker_started((Utc::now() - seen).to_std().unwrap_or_default());
+        }
         tokio::spawn(w.run());
         tx
     }
@@ -185,6 +193,7 @@ impl PodWorker {
             self.m.liveness.busy(&duty, self.round_limit());
             match self.lifecycle {
                 Lifecycle::Syncing => {
+                    let started = std::time::Instant::now();
                     let wake = match std::panic::AssertUnwindSafe(self.sync_pod()).catch_unwind().await {
                         Ok(wake) => wake,
                         Err(p) => {
@@ -192,12 +201,15 @@ impl PodWorker {
                             Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default())
                         }
                     };
+                    crate::metrics::global().pod_worker_round(self.round, started.elapsed());
+                    self.round = "sync";
                     self.m.liveness.done(&duty);
                     if !self.wait_for_work(wake).await {
                         return;
                     }
                 }
                 Lifecycle::Terminating => {
+                    let started = std::time::Instant::now();
                     if let Err(p) = std::panic::AssertUnwindSafe(self.sync_terminating_pod())
                         .catch_unwind()
                         .await
@@ -207,6 +219,7 @@ impl PodWorker {
                     // Its last status: every container stopped.
                     let views = self.views();
                     self.publish_status(&views).await;
+                    crate::metrics::global().pod_worker_round("kill", started.elapsed());
                     self.lifecycle = Lifecycle::Terminated;
                 }
                 Lifecycle::Terminated => {
@@ -292,6 +305,9 @@ impl PodWorker {
         match m {
             Msg::Update(p) => {
                 self.pod = p;
+                if self.round == "sync" {
+                    self.round = "update";
+                }
                 self.m.pods.upsert(&self.uid, self.pod.clone(), None);
             }
             Msg::Terminate => {
@@ -412,10 +428,9 @@ impl PodWorker {
         let targets = self.probe_targets(views);
         let tx = self.tx.clone();
         let target = self.target();
-        self.probes
-            .sync(&self.m.rt, &pod::full_name(&self.pod), &target, &targets, move |ev| {
-                let _ = tx.send(Msg::Probe(ev));
-            });
+        self.probes.sync(&self.m.rt, &self.pod, &target, &targets, move |ev| {
+            let _ = tx.send(Msg::Probe(ev));
+        });
         targets
     }
 
@@ -507,6 +522,16 @@ impl PodWorker {
             let phase_before = self.report.last.as_ref().and_then(|s| s.phase.clone());
             if phase_before != st.phase {
                 info!(pod = %pod::full_name(&self.pod), phase = st.phase.as_deref().unwrap_or(""), "pod phase");
+                // The first time the pod runs (kubelet observes it in SyncPod): a pod adopted
+                // after a restart, already Running before, is not counted again.
+                let running = Some(Phase::Running.as_str());
+                if st.phase.as_deref() == running
+                    && phase_before.as_deref().is_none_or(|p| p == Phase::Pending.as_str())
+                {
+                    if let Some(seen) = pod::seen_at(&self.pod) {
+                        crate::metrics::global().pod_started((Utc::now() - seen).to_std().unwrap_or_default());
+                    }
+                }
             }
         }
         let rec = PersistedStatus {

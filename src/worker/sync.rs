@@ -201,7 +201,13 @@ impl PodWorker {
                 self.publish_status(&v).await;
                 published = std::time::Instant::now();
             }
-            match self.start_one(s).await {
+            let started = self.start_one(s).await;
+            let container_type = match s.kind {
+                ContainerKind::App => "container",
+                _ => "init_container",
+            };
+            crate::metrics::global().container_started(container_type, started.as_ref().err().map(|w| w.reason));
+            match started {
                 Ok(()) => {
                     self.report.waiting.remove(&s.name);
                 }
@@ -298,7 +304,10 @@ impl PodWorker {
                 if v.is_running() {
                     continue;
                 }
-                match self.m.rt.delete(&v.id).await {
+                match crate::metrics::global()
+                    .time_runtime("remove_container", self.m.rt.delete(&v.id))
+                    .await
+                {
                     Ok(()) => {
                         removed = true;
                         self.containers.known.remove(&v.id);

@@ -79,7 +79,10 @@ impl PodWorker {
         self.probes.stop_all();
         let mut clean = true;
         for id in self.containers.known.clone() {
-            match self.m.rt.delete(&id).await {
+            match crate::metrics::global()
+                .time_runtime("remove_container", self.m.rt.delete(&id))
+                .await
+            {
                 Ok(()) => {
                     self.containers.known.remove(&id);
                 }

@@ -98,6 +98,17 @@ spec:
         let r = event_reasons("graceful");
         r.iter().any(|x| x == "Created") && r.iter().any(|x| x == "Started")
     });
+    // The node's metrics count the API pod and its calls to the API server (client-go's names).
+    let (code, body) = node.get("/metrics").unwrap();
+    let m = String::from_utf8_lossy(&body);
+    assert_eq!(code, 200);
+    assert!(m.contains("kubelet_desired_pods{static=\"false\"} 1"), "{m}");
+    assert!(
+        m.lines().any(|l| l.starts_with("rest_client_requests_total{")
+            && l.contains("code=\"201\"")
+            && l.contains("method=\"POST\"")),
+        "{m}"
+    );
 
     // Deleted with a 4 s grace period: preStop runs, TERM is ignored, the kill comes at the end
     // of the grace period, then the node deletes the object.

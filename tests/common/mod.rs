@@ -162,8 +162,8 @@ impl Agent {
         a
     }
 
-    /// The listeners' ports the test did not set: no read-only port, and free ports for the
-    /// kubelet API and healthz (tests run many agents at once on one machine, or in one
+    /// The listeners' settings the test did not set: loopback, no read-only port, and free
+    /// ports for the kubelet API and healthz (tests run many agents at once on one machine, or in one
     /// namespace where each node has an address of its own and keeps kubelet's ports).
     fn default_ports(&self) -> String {
         let mut out = String::new();
@@ -171,6 +171,11 @@ impl Agent {
             out.push_str("readOnlyPort: 0\n");
         }
         let own_address = has_field(&self.extra_config, "address");
+        if !own_address {
+            // kubelet's default is every address; a test agent on the machine's own network
+            // listens on loopback only
+            out.push_str("address: 127.0.0.1\n");
+        }
         if !has_field(&self.extra_config, "port") && !own_address {
             out.push_str(&format!("port: {}\n", free_port()));
         }

@@ -51,17 +51,19 @@ cd "$repo"
 images/build-busybox.sh >/dev/null
 cargo build --quiet
 mapfile -t tests < <(cargo test --no-run --message-format=json --workspace 2>/dev/null |
-  grep '"executable":"' | grep -E '"name":"(containers|static_pods)"' |
+  grep '"executable":"' | grep -E '"name":"(containers|static_pods|stats)"' |
   sed -E 's/.*"name":"([a-z_]+)".*"executable":"([^"]+)".*/\1 \2/')
-[ ${#tests[@]} -eq 2 ] || { echo "vm: test binaries not found: ${tests[*]}" >&2; exit 1; }
+[ ${#tests[@]} -eq 3 ] || { echo "vm: test binaries not found: ${tests[*]}" >&2; exit 1; }
 containers=$(printf '%s\n' "${tests[@]}" | awk '$1=="containers"{print $2}')
 static_pods=$(printf '%s\n' "${tests[@]}" | awk '$1=="static_pods"{print $2}')
+stats=$(printf '%s\n' "${tests[@]}" | awk '$1=="stats"{print $2}')
 
 # The guest suite: all the runtime's container tests, and the agent tests that exercise
-# cgroups, adoption and the pod lifecycle.
+# cgroups, adoption and the pod lifecycle, and the stats read from cgroup v2.
 cat >"$results/plan" <<PLAN
 runtime-containers $containers --test-threads 1
 agent-static-pods $static_pods --test-threads 1 add_update_remove_manifests init_containers_run_in_order_then_app pod_cgroup_tree_limits_and_oom_killed agent_kill9_and_restart_keeps_containers default_cgroup_root restart_policies_exit_0_and_1 reset_removes_what_the_agent_made reset_finds_containers_without_their_records
+agent-stats $stats --test-threads 1 stats_of_real_pods_without_a_network
 PLAN
 
 # 3. The initramfs: busybox, the modules with their dependencies first, the shared libraries
@@ -91,7 +93,7 @@ for m in virtio_pci 9pnet_virtio 9p overlay veth bridge br_netfilter nf_tables n
   add_mod "$m"
 done
 printf '%s\n' "${order[@]}" >"$root/modules/order"
-for bin in "$containers" "$static_pods" "$repo/target/debug/ferrolet"; do
+for bin in "$containers" "$static_pods" "$stats" "$repo/target/debug/ferrolet"; do
   ldd "$bin" | awk '/=> \//{print $3} /^\t\/lib64/{print $1}' | while read -r lib; do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"

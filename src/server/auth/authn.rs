@@ -192,6 +192,42 @@ mod tests {
         assert_eq!(bearer_token(&HeaderMap::new()), None);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn tokens_are_reviewed_and_both_answers_cached() {
+        use std::sync::atomic::Ordering;
+        let (kube, calls) = crate::server::auth::mock::kube(|mut r| {
+            r["status"] = if r["spec"]["token"] == "good" {
+                serde_json::json!({"authenticated": true, "user": {"username": "system:serviceaccount:d:s", "uid": "u1", "groups": ["system:serviceaccounts"]}})
+            } else {
+                serde_json::json!({"authenticated": false, "error": "invalid"})
+            };
+            r
+        });
+        let authn = Authenticator::new(Some(TokenReviewer::new(kube, Duration::from_secs(120))), true);
+        let none = PeerCertificates(None);
+        let u = authn.authenticate(&none, &headers("Bearer good")).await.unwrap();
+        assert_eq!(u.name, "system:serviceaccount:d:s");
+        assert_eq!(u.uid, "u1");
+        assert_eq!(
+            u.groups,
+            vec!["system:serviceaccounts".to_string(), AUTHENTICATED.to_string()]
+        );
+        // a bad token is refused even though anonymous requests are allowed
+        assert!(matches!(
+            authn.authenticate(&none, &headers("Bearer bad")).await,
+            Err(AuthnError::Failed(_))
+        ));
+        authn.authenticate(&none, &headers("Bearer good")).await.unwrap();
+        let _ = authn.authenticate(&none, &headers("Bearer bad")).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "yes and no are cached");
+        tokio::time::advance(Duration::from_secs(121)).await;
+        authn.authenticate(&none, &headers("Bearer good")).await.unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "until cacheTTL");
+        // no token at all: anonymous
+        let u = authn.authenticate(&none, &HeaderMap::new()).await.unwrap();
+        assert_eq!(u.name, ANONYMOUS);
+    }
+
     #[tokio::test]
     async fn certificates_then_anonymous_when_allowed() {
         let (cert, _) = crate::kubeclient::certstore::tests::self_signed("alice", 1_000_000_000, 4_000_000_000);

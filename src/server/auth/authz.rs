@@ -178,6 +178,7 @@ pub fn error_message(attrs: &Attributes) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn sub(method: Method, path: &str) -> (&'static str, &'static str) {
         let a = attributes(User::named("u".into(), vec![]), &method, path, "n1");
@@ -207,6 +208,44 @@ mod tests {
         assert_eq!(sub(Method::PATCH, "/x"), ("patch", "proxy"));
         assert_eq!(sub(Method::DELETE, "/x"), ("delete", "proxy"));
         assert_eq!(sub(Method::HEAD, "/pods"), ("", "proxy"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn decisions_are_cached_for_their_ttl() {
+        use std::sync::atomic::Ordering;
+        let (kube, calls) = super::super::mock::kube(|mut r| {
+            let allowed = r["spec"]["user"] == "alice";
+            r["status"] = serde_json::json!({"allowed": allowed, "reason": "test"});
+            r
+        });
+        let reviewer = AccessReviewer::new(kube, Duration::from_secs(300), Duration::from_secs(30));
+        let alice = attributes(User::named("alice".into(), vec![]), &Method::GET, "/pods", "n1");
+        let bob = attributes(User::named("bob".into(), vec![]), &Method::GET, "/pods", "n1");
+        assert!(reviewer.review(&alice).await.unwrap().allowed);
+        assert!(!reviewer.review(&bob).await.unwrap().allowed);
+        assert!(reviewer.review(&alice).await.unwrap().allowed);
+        assert!(!reviewer.review(&bob).await.unwrap().allowed);
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "both answers cached");
+        // another subresource is another question
+        let stats = attributes(
+            User::named("alice".into(), vec![]),
+            &Method::GET,
+            "/stats/summary",
+            "n1",
+        );
+        reviewer.review(&stats).await.unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        reviewer.review(&alice).await.unwrap();
+        reviewer.review(&bob).await.unwrap();
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            4,
+            "the denial expired after 30s, the grant did not"
+        );
+        tokio::time::advance(Duration::from_secs(270)).await;
+        reviewer.review(&alice).await.unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 5, "the grant expired after 5m");
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub async fn filter(State(auth): State<Arc<Auth>>, mut req: Request, next: Next)
         Ok(d) if d.allowed => {}
         Ok(d) => {
             let msg = authz::forbidden_message(&attrs);
-            info!(reason = %d.reason, "{msg}");
+            debug!(reason = %d.reason, "{msg}");
             return plain(StatusCode::FORBIDDEN, msg);
         }
         Err(e) => {

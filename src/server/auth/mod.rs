@@ -66,3 +66,33 @@ impl Auth {
         })
     }
 }
+
+/// A mock API server for the reviews: answers each POSTed review with `answer(review)`.
+#[cfg(test)]
+pub(crate) mod mock {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use http_body_util::BodyExt;
+
+    use crate::kubeclient::Kube;
+
+    /// A `Kube` whose API server answers with `answer`, and the count of requests it got.
+    pub fn kube(answer: fn(serde_json::Value) -> serde_json::Value) -> (Kube, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let service = tower::service_fn(move |req: axum::http::Request<kube::client::Body>| {
+            let calls = counted.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let body = req.into_body().collect().await?.to_bytes();
+                let review: serde_json::Value = serde_json::from_slice(&body)?;
+                let out = answer(review).to_string();
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(axum::http::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from(out),
+                )))
+            }
+        });
+        (Kube::from_client(kube::Client::new(service, "default")), calls)
+    }
+}

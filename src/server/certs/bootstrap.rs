@@ -7,6 +7,8 @@
 //! next handshake on, and renewed at the same jittered 70-90% of its lifetime as the client
 //! certificate. Until the first one is issued handshakes fail, as kubelet's do.
 //!
+//! Tests shorten the wait with the client rotation's knob (`FERROLET_TEST_ROTATE_CERT_AFTER`).
+//!
 //! kube-controller-manager does not approve these requests by itself: a cluster operator (or
 //! an approver controller) must, as with kubelet.
 
@@ -72,9 +74,13 @@ pub async fn start(cfg: &Config, ips: Vec<IpAddr>, kube: Kube, cert: Arc<Serving
 
 impl Manager {
     async fn run(self, mut current: Option<Credential>) {
+        let shortened = rotation::test_rotate_after();
         loop {
             if let Some(c) = &current {
-                let at = rotation::deadline(c.not_before, c.not_after, rotation::jitter());
+                let at = match shortened {
+                    Some(after) => SystemTime::now() + after,
+                    None => rotation::deadline(c.not_before, c.not_after, rotation::jitter()),
+                };
                 info!(
                     expires = %chrono::DateTime::<chrono::Utc>::from(c.not_after).to_rfc3339(),
                     rotation = %chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339(),

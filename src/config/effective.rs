@@ -1,0 +1,156 @@
+//! The effective configuration as a KubeletConfiguration (kubelet.config.k8s.io/v1beta1 JSON
+//! field names), for `/configz`: every setting ferrolet acts on, with the value in force after
+//! defaults, the file and the flags, and the mode-dependent defaults resolved. Durations are
+//! written as Go writes them (`2m0s`), quantities as strings.
+
+use serde_json::{json, Map, Value};
+
+use super::{Config, Reserved, Threshold};
+use crate::pod::units::format_duration;
+
+fn reserved(r: &Reserved) -> Value {
+    let mut m = Map::new();
+    if r.cpu_milli != 0 {
+        m.insert("cpu".into(), format!("{}m", r.cpu_milli).into());
+    }
+    if r.memory != 0 {
+        m.insert("memory".into(), r.memory.to_string().into());
+    }
+    if r.ephemeral_storage != 0 {
+        m.insert("ephemeral-storage".into(), r.ephemeral_storage.to_string().into());
+    }
+    Value::Object(m)
+}
+
+fn threshold(t: Threshold) -> String {
+    match t {
+        Threshold::Quantity(q) => q.to_string(),
+        Threshold::Percent(p) => format!("{p}%"),
+    }
+}
+
+fn path(p: &std::path::Path) -> Value {
+    p.display().to_string().into()
+}
+
+/// `cfg` as KubeletConfiguration JSON.
+pub fn kubelet_configuration(cfg: &Config) -> Value {
+    let s = &cfg.serving;
+    let c = &cfg.cluster;
+    let in_cluster = cfg.in_cluster();
+    let mut eviction = Map::new();
+    for (signal, t) in [
+        ("memory.available", cfg.eviction_hard.memory_available),
+        ("nodefs.available", cfg.eviction_hard.nodefs_available),
+        ("pid.available", cfg.eviction_hard.pid_available),
+    ] {
+        if let Some(t) = t {
+            eviction.insert(signal.into(), threshold(t).into());
+        }
+    }
+    let mut v = json!({
+        "enableServer": cfg.enable_server,
+        "staticPodPath": cfg.static_pod_path.as_deref().map(path),
+        "staticPodURL": cfg.static_pod_url,
+        "syncFrequency": format_duration(cfg.sync_frequency),
+        "fileCheckFrequency": format_duration(cfg.file_check_frequency),
+        "httpCheckFrequency": format_duration(cfg.http_check_frequency),
+        "address": cfg.address.to_string(),
+        "port": s.port,
+        "readOnlyPort": cfg.read_only_port,
+        "tlsCertFile": s.tls_cert_file.as_deref().map(path),
+        "tlsPrivateKeyFile": s.tls_private_key_file.as_deref().map(path),
+        "tlsMinVersion": s.tls_min_version.name(),
+        "rotateCertificates": c.rotate_certificates,
+        "serverTLSBootstrap": s.server_tls_bootstrap,
+        "authentication": {
+            "x509": {"clientCAFile": s.client_ca_file.as_deref().map(path)},
+            "webhook": {
+                "enabled": s.token_webhook(in_cluster),
+                "cacheTTL": format_duration(s.authn_webhook_cache_ttl),
+            },
+            "anonymous": {"enabled": s.anonymous_auth},
+        },
+        "authorization": {
+            "mode": s.authz_mode(in_cluster).name(),
+            "webhook": {
+                "cacheAuthorizedTTL": format_duration(s.authz_cache_authorized_ttl),
+                "cacheUnauthorizedTTL": format_duration(s.authz_cache_unauthorized_ttl),
+            },
+        },
+        "healthzPort": s.healthz_port,
+        "healthzBindAddress": s.healthz_bind_address.to_string(),
+    });
+    let node = json!({
+        "clusterDomain": cfg.cluster_domain,
+        "clusterDNS": cfg.cluster_dns.iter().map(|i| i.to_string()).collect::<Vec<_>>(),
+        "cgroupRoot": cfg.cgroup_root,
+        "cgroupsPerQOS": cfg.cgroups_per_qos,
+        "cgroupDriver": "cgroupfs",
+        "maxPods": cfg.max_pods,
+        "podCIDR": cfg.pod_cidr,
+        "podPidsLimit": cfg.pod_pids_limit,
+        "resolvConf": path(&cfg.resolv_conf),
+        "runtimeRequestTimeout": format_duration(cfg.runtime_request_timeout),
+        "podLogsDir": path(&cfg.pod_logs_dir),
+        "containerLogMaxSize": cfg.container_log_max_size.to_string(),
+        "containerLogMaxFiles": cfg.container_log_max_files,
+        "seccompDefault": cfg.seccomp_default,
+        "systemReserved": reserved(&cfg.system_reserved),
+        "kubeReserved": reserved(&cfg.kube_reserved),
+        "evictionHard": eviction,
+        "registerNode": c.register_node,
+        "registerWithTaints": c.register_with_taints,
+        "nodeStatusUpdateFrequency": format_duration(c.node_status_update_frequency),
+        "nodeStatusReportFrequency": format_duration(c.node_status_report_frequency),
+        "nodeLeaseDurationSeconds": c.node_lease_duration_seconds,
+        "kubeAPIQPS": c.kube_api_qps,
+        "kubeAPIBurst": c.kube_api_burst,
+        "eventRecordQPS": c.event_record_qps,
+        "eventBurst": c.event_burst,
+        "crashLoopBackOff": {"maxContainerRestartPeriod": format_duration(cfg.max_container_restart_period)},
+    });
+    if let (Value::Object(m), Value::Object(n)) = (&mut v, node) {
+        m.extend(n);
+    }
+    // kubelet's JSON leaves unset optional fields out
+    if let Value::Object(m) = &mut v {
+        m.retain(|_, x| !x.is_null());
+        if let Some(Value::Object(a)) = m.get_mut("authentication") {
+            if let Some(Value::Object(x)) = a.get_mut("x509") {
+                x.retain(|_, y| !y.is_null());
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_use_kubelet_names_and_resolved_defaults() {
+        let cfg = Config::default();
+        let v = kubelet_configuration(&cfg);
+        assert_eq!(v["port"], 10250);
+        assert_eq!(v["healthzPort"], 10248);
+        assert_eq!(
+            v["authentication"]["webhook"]["enabled"], false,
+            "standalone: no token review"
+        );
+        assert_eq!(v["authentication"]["webhook"]["cacheTTL"], "2m0s");
+        assert_eq!(v["authorization"]["mode"], "AlwaysAllow");
+        assert_eq!(v["authorization"]["webhook"]["cacheAuthorizedTTL"], "5m0s");
+        assert_eq!(v["authorization"]["webhook"]["cacheUnauthorizedTTL"], "30s");
+        assert_eq!(v["evictionHard"]["nodefs.available"], "10%");
+        assert_eq!(v["tlsMinVersion"], "VersionTLS12");
+        assert!(v.get("tlsCertFile").is_none());
+        assert_eq!(v["authentication"]["x509"], json!({}));
+        let mut cluster = Config::default();
+        cluster.cluster.kubeconfig = Some("/etc/kubelet.conf".into());
+        let v = kubelet_configuration(&cluster);
+        assert_eq!(v["authentication"]["webhook"]["enabled"], true);
+        assert_eq!(v["authorization"]["mode"], "Webhook");
+    }
+}
