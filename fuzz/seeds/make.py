@@ -129,3 +129,69 @@ put("crilog_records", "lines", b"".join([
 # crilog_writer: chunk, repeat, size, files bytes, then the container's output.
 put("crilog_writer", "lines", bytes([3, 0, 1, 1]) + b"one\ntwo\n\nthree without newline")
 put("crilog_writer", "long", bytes([200, 30, 40, 2]) + b"x" * 700 + b"\n" + b"y" * 100)
+
+# spdy_frames: what kubectl sends on an exec and a port-forward connection, header blocks
+# compressed with the SPDY/3 dictionary in one zlib stream (as src/server/streaming/spdy.rs).
+import struct, zlib
+SPDY_WORDS = ["options", "head", "post", "put", "delete", "trace", "accept", "accept-charset",
+              "accept-encoding", "accept-language", "accept-ranges", "age", "allow", "authorization",
+              "cache-control", "connection", "content-base", "content-encoding", "content-language",
+              "content-length", "content-location", "content-md5", "content-range", "content-type",
+              "date", "etag", "expect", "expires", "from", "host", "if-match", "if-modified-since",
+              "if-none-match", "if-range", "if-unmodified-since", "last-modified", "location",
+              "max-forwards", "pragma", "proxy-authenticate", "proxy-authorization", "range", "referer",
+              "retry-after", "server", "te", "trailer", "transfer-encoding", "upgrade", "user-agent",
+              "vary", "via", "warning", "www-authenticate", "method", "get", "status", "200 OK",
+              "version", "HTTP/1.1", "url", "public", "set-cookie", "keep-alive", "origin"]
+SPDY_TAIL = ("100101201202205206300302303304305306307402405406407408409410411412413414415416417"
+             "502504505203 Non-Authoritative Information204 No Content301 Moved Permanently"
+             "400 Bad Request401 Unauthorized403 Forbidden404 Not Found500 Internal Server Error"
+             "501 Not Implemented503 Service Unavailable"
+             "Jan Feb Mar Apr May Jun Jul Aug Sept Oct Nov Dec 00:00:00 "
+             "Mon, Tue, Wed, Thu, Fri, Sat, Sun, GMT"
+             "chunked,text/html,image/png,image/jpg,image/gif,application/xml,"
+             "application/xhtml+xml,text/plain,text/javascript,publicprivatemax-age="
+             "gzip,deflate,sdchcharset=utf-8charset=iso-8859-1,utf-,*,enq=0.")
+SPDY_DICT = b"".join(struct.pack(">I", len(w)) + w.encode() for w in SPDY_WORDS) + SPDY_TAIL.encode()
+assert len(SPDY_DICT) == 1423
+
+
+def spdy_session(frames):
+    z = zlib.compressobj(zdict=SPDY_DICT)
+    out = b""
+    for kind, flags, payload in frames:
+        if kind == "data":
+            sid, data = payload
+            out += struct.pack(">I", sid) + bytes([flags]) + struct.pack(">I", len(data))[1:] + data
+            continue
+        if isinstance(payload, tuple):
+            prefix, headers = payload
+            block = struct.pack(">I", len(headers))
+            for n, v in headers:
+                block += struct.pack(">I", len(n)) + n + struct.pack(">I", len(v)) + v
+            payload = prefix + z.compress(block) + z.flush(zlib.Z_SYNC_FLUSH)
+        out += struct.pack(">HHB", 0x8003, kind, flags) + struct.pack(">I", len(payload))[1:] + payload
+    return out
+
+
+def syn(sid, headers):
+    return (1, 0, (struct.pack(">II", sid, 0) + b"\0\0", headers))
+
+
+put("spdy_frames", "exec", spdy_session([
+    syn(1, [(b"streamtype", b"error")]),
+    syn(3, [(b"streamtype", b"stdin")]),
+    syn(5, [(b"streamtype", b"stdout")]),
+    (4, 0, struct.pack(">I", 1) + struct.pack(">II", 7, 65536)),
+    (6, 0, struct.pack(">I", 1)),
+    ("data", 1, (3, b"hi\n")),
+    (9, 0, struct.pack(">II", 5, 65536)),
+    (8, 0, (struct.pack(">I", 5), [(b"a", b"b\0c")])),
+    (7, 0, struct.pack(">II", 5, 0)),
+]))
+put("spdy_frames", "portforward", spdy_session([
+    syn(1, [(b"streamtype", b"error"), (b"port", b"8080"), (b"requestid", b"0")]),
+    syn(3, [(b"streamtype", b"data"), (b"port", b"8080"), (b"requestid", b"0")]),
+    ("data", 0, (3, b"GET / HTTP/1.1\r\n\r\n")),
+    (3, 0, struct.pack(">II", 3, 5)),
+]))

@@ -195,6 +195,9 @@ pub struct Config {
     pub pod_cidr: Option<String>,
     pub node_ip: Option<IpAddr>,
     pub runtime_request_timeout: Duration,
+    /// exec, attach and port-forward connections with no traffic this long are closed
+    /// (streamingConnectionIdleTimeout; kubelet's default 4h, 0 never).
+    pub streaming_connection_idle_timeout: Duration,
     pub max_container_restart_period: Duration,
     /// First crash-loop back-off (kubelet's is fixed at 10s; ferrolet lets tests shorten it).
     pub initial_container_restart_period: Duration,
@@ -250,6 +253,7 @@ impl Default for Config {
             pod_cidr: None,
             node_ip: None,
             runtime_request_timeout: Duration::from_secs(120),
+            streaming_connection_idle_timeout: Duration::from_secs(4 * 3600),
             max_container_restart_period: Duration::from_secs(300),
             initial_container_restart_period: Duration::from_secs(10),
             seccomp_default: true,

@@ -18,6 +18,7 @@ mod healthz;
 pub mod metrics;
 mod node;
 pub mod node_logs;
+pub mod streaming;
 pub mod tls;
 
 use std::net::{IpAddr, SocketAddr};
@@ -200,6 +201,7 @@ pub fn kubelet_router(state: Arc<State>) -> Router {
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
         .merge(metrics::routes())
         .merge(crate::stats::routes())
+        .merge(streaming::routes())
         .with_state(state)
 }
 

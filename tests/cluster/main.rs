@@ -12,6 +12,7 @@ mod objects;
 mod outage;
 mod pods;
 mod server;
+mod streaming;
 
 use std::sync::OnceLock;
 
@@ -42,10 +43,16 @@ pub fn test(name: &'static str, f: fn()) -> Trial {
 fn main() {
     let args = Arguments::from_args();
     // Tests that stop the API server run after the others, one at a time.
-    let shared: Vec<Trial> = [pods::tests(), bootstrap::tests(), objects::tests(), server::tests()]
-        .into_iter()
-        .flatten()
-        .collect();
+    let shared: Vec<Trial> = [
+        pods::tests(),
+        bootstrap::tests(),
+        objects::tests(),
+        server::tests(),
+        streaming::tests(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let disruptive: Vec<Trial> = [outage::tests(), node::tests()].into_iter().flatten().collect();
     if args.list {
         libtest_mimic::run(&args, shared.into_iter().chain(disruptive).collect()).exit();
