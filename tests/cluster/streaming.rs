@@ -159,12 +159,19 @@ fn exec_stdin_output_and_exit_code() {
         );
         assert_eq!(out.stdout.len(), 3_000_000, "{transport}");
 
-        // A terminal: kubectl needs one of its own, so it runs under script(1).
+        // A terminal: kubectl needs one of its own, so it runs under script(1), whose terminal
+        // is given a size (its own stdin is no terminal to take one from); kubectl sends it
+        // as a resize, which the container's terminal takes (kubectl sends it as the session
+        // starts, so the command waits a moment for it, as a shell waits for its user).
         let c = cluster();
         let out = c
             .net
             .command("script")
-            .args(["-qec", "kubectl exec -it execed -- tty", "/dev/null"])
+            .args([
+                "-qec",
+                "stty cols 123 rows 45; kubectl exec -it execed -- sh -c 'tty; sleep 1; stty size'",
+                "/dev/null",
+            ])
             .env("KUBECONFIG", &c.kubeconfig)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -173,6 +180,28 @@ fn exec_stdin_output_and_exit_code() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{transport}: {text}");
         assert!(text.contains("/dev/pts/"), "{transport}: {text}");
+        assert!(text.contains("45 123"), "{transport}: the terminal size: {text:?}");
+        // More output than a terminal buffers flows while the command runs.
+        let out = c
+            .net
+            .command("script")
+            .args([
+                "-qec",
+                "kubectl exec -t execed -- sh -c 'head -c 200000 /dev/zero | tr \"\\0\" x; echo; echo done'",
+                "/dev/null",
+            ])
+            .env("KUBECONFIG", &c.kubeconfig)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{transport}: {}", out.status);
+        assert!(
+            text.matches('x').count() == 200_000 && text.contains("done"),
+            "{transport}: {} bytes of a terminal's output",
+            text.len()
+        );
 
         // The transport was the one meant, not a fallback.
         let log = node.agent_log();

@@ -213,20 +213,24 @@ async fn run_tty(rt: &Runtime, id: &str, spec: &ExecSpec, session: Session) -> a
     let gone = session.client_gone();
     let (proc_, master) = rt.exec_tty(id, spec).await?;
     let pid = proc_.pid();
-    let output = pump_pty(master, session);
+    // The terminal is pumped (input, output, resizes) while the process runs: a process
+    // writing more than the terminal buffers would otherwise wait for the exit that waits
+    // for it, and a resize would only arrive at the end.
+    let mut output = tokio::spawn(pump_pty(master, session));
     let wait = proc_.wait();
-    tokio::pin!(gone, wait, output);
+    tokio::pin!(gone, wait);
     let code = tokio::select! {
         code = &mut wait => code?,
         _ = &mut gone => {
             kill(pid);
+            output.abort();
             return Ok(128 + libc::SIGKILL);
         }
     };
     // What the process wrote before it exited is still in the terminal.
     tokio::select! {
         _ = &mut output => {}
-        _ = &mut gone => {}
+        _ = &mut gone => output.abort(),
     }
     Ok(code)
 }
