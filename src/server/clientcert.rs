@@ -119,14 +119,12 @@ fn allows_client_auth(cert: &X509Certificate<'_>) -> bool {
     }
 }
 
-/// Whether `cert` may sign certificates: a v1 certificate (no extensions to say) or one whose
-/// basic constraints say CA.
+/// Whether an intermediate `cert` may sign certificates: only when its basic constraints say
+/// CA, as Go's verifier requires. A v1 certificate has no extensions to say so: trusted as a
+/// root from clientCAFile, never as an intermediate, or any holder of a v1 client certificate
+/// from the CA (the control plane's are v1) could sign itself a certificate for any user.
 fn may_sign(cert: &X509Certificate<'_>) -> bool {
-    match cert.basic_constraints() {
-        Ok(Some(bc)) => bc.value.ca,
-        Ok(None) => cert.version() == X509Version::V1,
-        Err(_) => false,
-    }
+    matches!(cert.basic_constraints(), Ok(Some(bc)) if bc.value.ca)
 }
 
 /// Verify `leaf` (with the client's `intermediates`, DER) against the CAs at unix time `now`.
@@ -329,6 +327,50 @@ mod tests {
                 "1",
             ],
         );
+    }
+
+    #[test]
+    fn a_v1_client_certificate_cannot_sign_for_another_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        v1_chain(d);
+        // The holder of c.crt (a v1 leaf from the CA) signs a certificate for someone else.
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "m.key",
+                "-out",
+                "m.csr",
+                "-subj",
+                "/O=system:masters/CN=mallory",
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "m.csr",
+                "-CA",
+                "c.crt",
+                "-CAkey",
+                "c.key",
+                "-CAcreateserial",
+                "-out",
+                "m.crt",
+                "-days",
+                "1",
+            ],
+        );
+        let (ca, c, m) = (der(d, "ca.crt"), der(d, "c.crt"), der(d, "m.crt"));
+        assert!(verify_chain(std::slice::from_ref(&ca), &c, &[], now()).is_ok());
+        assert!(verify_chain(&[ca], &m, &[&c], now()).is_err());
     }
 
     fn now() -> i64 {
