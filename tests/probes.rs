@@ -538,13 +538,16 @@ fn kubelet_metrics_count_pods_runtime_operations_and_probes() {
     a.wait_gone("probed", T);
     let p = get("/metrics/probes");
     assert!(!p.contains(&uid), "{p}");
-    // Every request above is counted, by the route's first segment.
+    // Every request above is counted, by its route (the metrics endpoints apart); a made-up
+    // path is "other", never a label value of its own.
+    let _ = a.get("/made-up-path-4f2a");
     let m = get("/metrics");
-    assert!(
-        sample(
-            &m,
-            "kubelet_http_requests_total",
-            &[r#"path="metrics""#, r#"server_type="local""#]
-        ) >= Some(2.0)
-    );
+    let requests = |path: &str| {
+        let label = format!("path=\"{path}\"");
+        sample(&m, "kubelet_http_requests_total", &[&label, r#"server_type="local""#])
+    };
+    assert!(requests("metrics") >= Some(1.0), "{m}");
+    assert!(requests("metrics/probes") >= Some(2.0), "{m}");
+    assert_eq!(requests("other"), Some(1.0), "{m}");
+    assert!(!m.contains("made-up-path"), "{m}");
 }

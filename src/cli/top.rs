@@ -26,7 +26,7 @@ pub async fn run(args: &TopArgs) -> Result<i32> {
 }
 
 fn cpu_capacity_milli() -> u64 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u64) * 1000
+    crate::node::machine::logical_cpus() * 1000
 }
 
 /// kubectl's formats: cpu in millicores ("250m"), memory in mebibytes ("64Mi").

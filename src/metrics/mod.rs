@@ -289,7 +289,8 @@ impl KubeletMetrics {
 
     /// `/metrics`: set the state gauges from `counts` and the process, then encode.
     pub fn encode(&self, node: &str, counts: &PodCounts) -> String {
-        self.node_name.reset();
+        // The node's name never changes while the agent runs: set, never reset (a reset
+        // would let a concurrent scrape miss the series).
         self.node_name.with_label_values(&[node]).set(1);
         self.running_pods.set(counts.running_pods);
         for (state, n) in [

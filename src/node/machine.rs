@@ -10,13 +10,19 @@ use anyhow::{Context, Result};
 
 use super::allocatable::{hugepage_resource, Resources};
 
+/// The machine's online logical cpus, as cAdvisor counts them: not the agent's own share
+/// (`available_parallelism` follows the caller's affinity and cgroup quota, and the agent
+/// runs in a cgroup of its own).
+pub fn logical_cpus() -> u64 {
+    // SAFETY: sysconf reads a value; no memory is passed.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    u64::try_from(n).ok().filter(|n| *n > 0).unwrap_or(1)
+}
+
 /// The machine's capacity: logical cpus, MemTotal, the root dir's filesystem size, huge pages
 /// of every size the kernel offers, and `max_pods`.
 pub fn capacity(root_dir: &Path, max_pods: u32) -> Resources {
-    let cpu_milli = std::thread::available_parallelism()
-        .map(|n| n.get() as i64)
-        .unwrap_or(1)
-        * 1000;
+    let cpu_milli = logical_cpus() as i64 * 1000;
     let memory = meminfo().map(|m| m.mem_total as i64).unwrap_or(0);
     let ephemeral_storage = filesystem(root_dir).map(|f| f.capacity).unwrap_or(0);
     Resources {

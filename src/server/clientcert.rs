@@ -235,11 +235,12 @@ impl ClientCertVerifier for ClientCaVerifier {
     }
 }
 
-/// The user a verified client certificate names: its common name, and its organizations as
-/// groups (kubelet's x509 CommonNameUserConversion).
+/// The user a verified client certificate names: its common name (the last one when there are
+/// several, as Go's pkix reads a subject), and its organizations as groups (kubelet's x509
+/// CommonNameUserConversion).
 pub fn user_of(cert: &[u8]) -> Option<(String, Vec<String>)> {
     let (_, c) = X509Certificate::from_der(cert).ok()?;
-    let name = c.subject().iter_common_name().next()?.as_str().ok()?.to_string();
+    let name = c.subject().iter_common_name().last()?.as_str().ok()?.to_string();
     if name.is_empty() {
         return None;
     }

@@ -85,16 +85,57 @@ fn container_states(cs: &ContainerStatus) -> (bool, i64) {
 
 /// Record each request (kubelet's server metrics): the path label is the route's first segment
 /// ("pods", "stats", "exec"...), as kubelet labels it, so pod names never become label values.
+/// The roots of the routes served, the only values the path label takes (kubelet's metric
+/// buckets): anything else is "other", so requests for made-up paths cannot grow the registry.
+const PATH_BUCKETS: [&str; 14] = [
+    "healthz",
+    "pods",
+    "runningpods",
+    "configz",
+    "spec",
+    "logs",
+    "containerLogs",
+    "stats",
+    "metrics",
+    "exec",
+    "attach",
+    "portForward",
+    "run",
+    "ferrolet",
+];
+
+/// The path label of a request: its route's root, `metrics/<x>` for the metrics endpoints.
+fn path_bucket(path: &str) -> &'static str {
+    let mut parts = path.trim_start_matches('/').split('/');
+    let root = parts.next().unwrap_or("");
+    if root == "metrics" {
+        return match parts.next() {
+            Some("cadvisor") => "metrics/cadvisor",
+            Some("probes") => "metrics/probes",
+            Some("resource") => "metrics/resource",
+            _ => "metrics",
+        };
+    }
+    PATH_BUCKETS.iter().find(|b| **b == root).copied().unwrap_or("other")
+}
+
+/// The method label: the standard methods, else "other" (kubelet's method buckets).
+fn method_bucket(m: &axum::http::Method) -> &'static str {
+    const KNOWN: [&str; 9] = [
+        "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE",
+    ];
+    KNOWN.iter().find(|k| **k == m.as_str()).copied().unwrap_or("other")
+}
+
 pub async fn instrument(server_type: &'static str, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    let first = path_bucket(req.uri().path());
     let long_running = matches!(first, "exec" | "attach" | "portForward" | "run")
         || req
             .uri()
             .query()
             .is_some_and(|q| q.split('&').any(|kv| kv == "follow=true" || kv == "follow=1"));
     let _timer = metrics::global().http_request(HttpRequest {
-        method: req.method().as_str().to_string(),
+        method: method_bucket(req.method()).to_string(),
         path: first.to_string(),
         server_type: server_type.to_string(),
         long_running: long_running.to_string(),
@@ -141,6 +182,20 @@ mod tests {
             last_state: previous.then(terminated),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn request_labels_take_only_known_values() {
+        assert_eq!(path_bucket("/pods"), "pods");
+        assert_eq!(path_bucket("/exec/ns/pod/c"), "exec");
+        assert_eq!(path_bucket("/metrics"), "metrics");
+        assert_eq!(path_bucket("/metrics/resource"), "metrics/resource");
+        assert_eq!(path_bucket("/metrics/nonsense"), "metrics");
+        assert_eq!(path_bucket("/x8f2a9"), "other");
+        assert_eq!(path_bucket("/"), "other");
+        let odd = axum::http::Method::from_bytes(b"FOO").unwrap();
+        assert_eq!(method_bucket(&odd), "other");
+        assert_eq!(method_bucket(&axum::http::Method::GET), "GET");
     }
 
     #[test]

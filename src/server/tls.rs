@@ -97,6 +97,11 @@ pub fn server_config(
     };
     let mut config = builder.with_cert_resolver(cert);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // No session resumption: a resumed session skips the client certificate's verification,
+    // so a certificate that expired (or whose CA left clientCAFile) would keep working on
+    // tickets. kubelet, too, checks the certificate on every connection.
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     Ok(Arc::new(config))
 }
 

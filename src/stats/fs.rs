@@ -26,7 +26,9 @@ pub fn fs_info(path: &Path) -> Option<FsInfo> {
     Some(FsInfo {
         capacity: (s.blocks() as u64).saturating_mul(frag),
         available: (s.blocks_available() as u64).saturating_mul(frag),
-        usage: ((s.blocks() - s.blocks_free()) as u64).saturating_mul(frag),
+        usage: (s.blocks() as u64)
+            .saturating_sub(s.blocks_free() as u64)
+            .saturating_mul(frag),
         inodes: s.files() as u64,
         inodes_free: s.files_free() as u64,
     })

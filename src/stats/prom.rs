@@ -422,7 +422,7 @@ pub fn cadvisor_metrics(s: &Snapshot) -> Vec<u8> {
         ("machine_id", ident.machine_id.as_str()),
         ("system_uuid", ident.system_uuid.as_str()),
     ];
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::node::machine::logical_cpus();
     machine_cores.add(&ml, cores as f64, None);
     machine_mem.add(&ml, s.memory_capacity as f64, None);
     scrape.add(&[], f64::from(u8::from(s.scrape_error)), None);

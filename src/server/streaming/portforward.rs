@@ -155,10 +155,21 @@ pub async fn serve(mut req: Request<Body>, target: PodPorts, timeouts: Timeouts)
 }
 
 /// kubelet's V4Options for WebSocket: `port` repeated, each 1-65535.
+/// The most ports one WebSocket port-forward carries (channel numbers are one byte).
+pub const MAX_WEBSOCKET_PORTS: usize = 100;
+
 pub fn ports_from_query(q: &[(String, String)]) -> Result<Vec<u16>, String> {
     let raw = query_all(q, "port");
     if raw.is_empty() {
         return Err("query parameter \"port\" is required".into());
+    }
+    // Two channels a port, numbered in one byte (and one digit character in the base64
+    // framing's first byte): more ports would collide.
+    if raw.len() > MAX_WEBSOCKET_PORTS {
+        return Err(format!(
+            "port: at most {MAX_WEBSOCKET_PORTS} ports can be forwarded on one connection, {} asked",
+            raw.len()
+        ));
     }
     raw.iter()
         .map(|s| match s.parse::<u16>() {
