@@ -165,6 +165,12 @@ fn agent_crash_leaves_no_double_allocation() {
     a.remove("gone.yaml");
     a.restart_with_env(Vec::new());
     a.wait_gone("gone", T);
+    // The pod never reaches the restarted agent's pod table, so "gone" holds at once; its
+    // address goes with the orphan cleanup that follows.
+    let deadline = std::time::Instant::now() + T;
+    while allocations(&ipam) != vec![keep.clone()] && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(allocations(&ipam), vec![keep.clone()]);
     assert_eq!(
         pod_ip(&running_with_ip(&a, "keep")),
