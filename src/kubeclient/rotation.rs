@@ -55,6 +55,28 @@ pub fn test_rotate_after() -> Option<Duration> {
     }
 }
 
+/// When to rotate a certificate valid from `not_before` to `not_after`: client-go's jittered
+/// 70–90 % of its life, or sooner under the test knob. Both the client and the serving
+/// certificate's managers use it.
+pub fn rotation_time(not_before: SystemTime, not_after: SystemTime) -> SystemTime {
+    match test_rotate_after() {
+        Some(after) => SystemTime::now() + after,
+        None => deadline(not_before, not_after, jitter()),
+    }
+}
+
+/// Sleep until the wall-clock time `at`, rechecked at least hourly (a suspended machine's
+/// monotonic clock lags); `stop` is asked after each nap and ends the wait early when true.
+pub async fn sleep_until_wall(at: SystemTime, stop: impl Fn() -> bool) {
+    loop {
+        let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+        if left.is_zero() || stop() {
+            return;
+        }
+        tokio::time::sleep(left.min(Duration::from_secs(3600))).await;
+    }
+}
+
 /// What the rotation loop works with.
 pub(super) struct Rotation {
     /// The channel every `Kube` reads its client from; gone when they all are.
@@ -76,28 +98,17 @@ impl Rotation {
     }
 
     async fn run(mut self) {
-        let shortened = test_rotate_after();
         loop {
-            let at = match shortened {
-                Some(after) => SystemTime::now() + after,
-                None => deadline(self.current.not_before, self.current.not_after, jitter()),
-            };
+            let at = rotation_time(self.current.not_before, self.current.not_after);
             info!(
                 expires = %chrono::DateTime::<chrono::Utc>::from(self.current.not_after).to_rfc3339(),
                 rotation = %chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339(),
                 "waiting to rotate the client certificate"
             );
-            // wall-clock deadline, rechecked at least hourly (a suspended machine's monotonic
-            // clock lags)
-            loop {
-                let left = at.duration_since(SystemTime::now()).unwrap_or_default();
-                if left.is_zero() {
-                    break;
-                }
-                tokio::time::sleep(left.min(Duration::from_secs(3600))).await;
-                if self.tx.strong_count() == 0 {
-                    return;
-                }
+            // Nobody holds the handle any more: nothing to rotate for.
+            sleep_until_wall(at, || self.tx.strong_count() == 0).await;
+            if self.tx.strong_count() == 0 {
+                return;
             }
             let mut backoff = BACKOFF_INITIAL;
             let mut last_error: Option<String> = None;

@@ -74,26 +74,15 @@ pub async fn start(cfg: &Config, ips: Vec<IpAddr>, kube: Kube, cert: Arc<Serving
 
 impl Manager {
     async fn run(self, mut current: Option<Credential>) {
-        let shortened = rotation::test_rotate_after();
         loop {
             if let Some(c) = &current {
-                let at = match shortened {
-                    Some(after) => SystemTime::now() + after,
-                    None => rotation::deadline(c.not_before, c.not_after, rotation::jitter()),
-                };
+                let at = rotation::rotation_time(c.not_before, c.not_after);
                 info!(
                     expires = %chrono::DateTime::<chrono::Utc>::from(c.not_after).to_rfc3339(),
                     rotation = %chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339(),
                     "waiting to rotate the serving certificate"
                 );
-                // wall-clock deadline, rechecked at least hourly
-                loop {
-                    let left = at.duration_since(SystemTime::now()).unwrap_or_default();
-                    if left.is_zero() {
-                        break;
-                    }
-                    tokio::time::sleep(left.min(Duration::from_secs(3600))).await;
-                }
+                rotation::sleep_until_wall(at, || false).await;
             }
             let mut backoff = BACKOFF_INITIAL;
             let mut last_error: Option<String> = None;
