@@ -164,37 +164,24 @@ fn exec_stdin_output_and_exit_code() {
         // as a resize, which the container's terminal takes (kubectl sends it as the session
         // starts, so the command waits a moment for it, as a shell waits for its user).
         let c = cluster();
-        let out = c
-            .net
-            .command("script")
-            .args([
-                "-qec",
-                "stty cols 123 rows 45; kubectl exec -it execed -- sh -c 'tty; sleep 1; stty size'",
-                "/dev/null",
-            ])
-            .env("KUBECONFIG", &c.kubeconfig)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let in_terminal = |shell: &str| {
+            c.net
+                .command("script")
+                .args(["-qec", shell, "/dev/null"])
+                .env("KUBECONFIG", &c.kubeconfig)
+                .envs(env.iter().copied())
+                .stdin(Stdio::null())
+                .output()
+                .unwrap()
+        };
+        let out = in_terminal("stty cols 123 rows 45; kubectl exec -it execed -- sh -c 'tty; sleep 1; stty size'");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{transport}: {text}");
         assert!(text.contains("/dev/pts/"), "{transport}: {text}");
         assert!(text.contains("45 123"), "{transport}: the terminal size: {text:?}");
         // More output than a terminal buffers flows while the command runs.
-        let out = c
-            .net
-            .command("script")
-            .args([
-                "-qec",
-                "kubectl exec -t execed -- sh -c 'head -c 200000 /dev/zero | tr \"\\0\" x; echo; echo done'",
-                "/dev/null",
-            ])
-            .env("KUBECONFIG", &c.kubeconfig)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let out =
+            in_terminal("kubectl exec -t execed -- sh -c 'head -c 200000 /dev/zero | tr \"\\0\" x; echo; echo done'");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{transport}: {}", out.status);
         assert!(
