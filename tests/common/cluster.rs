@@ -263,6 +263,38 @@ impl Cluster {
         self.wait("the API server to answer again", Duration::from_secs(60), || {
             self.kubectl(&["get", "--raw", "/readyz"]).status.success()
         });
+        self.wait_for_controllers();
+    }
+
+    /// After an outage the controller-manager's informers come back on their own back-off (its
+    /// watches may first be refused while the restarted API server loads its RBAC rules): wait
+    /// until it allocates a pod CIDR to a canary Node, so the next test meets the whole control
+    /// plane and not a half-recovered one. On time-out, say so with its log's tail.
+    fn wait_for_controllers(&self) {
+        let canary = format!("canary-{}", std::process::id());
+        let node =
+            format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {canary}\n  labels:\n    ferrolet-test: canary\n");
+        self.kubectl_stdin(&["apply", "-f", "-"], &node);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let allocated = loop {
+            let cidr = self
+                .get_json(&["node", &canary])
+                .and_then(|n| n["spec"]["podCIDR"].as_str().map(str::to_string));
+            if cidr.is_some() || Instant::now() > deadline {
+                break cidr.is_some();
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let _ = self.kubectl(&["delete", "node", &canary, "--wait=false"]);
+        if !allocated {
+            let log = std::fs::read_to_string(self.dir.join("logs/kube-controller-manager.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "the controller-manager allocated no pod CIDR within 120 s of the API server's return; its log ends:\n{}",
+                tail.join("\n")
+            );
+        }
     }
 }
 
