@@ -34,6 +34,7 @@ fn test(name: &'static str, f: fn()) -> Trial {
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
+        test("harness_proxy_cuts_logs_and_goes_down", harness_proxy_cuts_logs_and_goes_down),
         test("cli_pull_by_tag_and_by_digest", cli_pull_by_tag_and_by_digest),
         test("cli_index_picks_the_platform", cli_index_picks_the_platform),
         test(
@@ -153,6 +154,58 @@ fn manifest_gets(reg_requests: &[String], repo: &str) -> usize {
         .iter()
         .filter(|r| r.contains(&format!("/v2/{repo}/manifests/")))
         .count()
+}
+
+/// A raw HTTP/1.1 GET (Connection: close) with extra header lines; the whole answer as read
+/// until the peer closed, and whether reading ended cleanly.
+fn raw_get(host: &str, path: &str, extra: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(host)?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// The proxy the resume and mirror tests rely on, checked with a plain client: it logs request
+/// heads, cuts one response after N bytes, passes a Range request through, and refuses
+/// connections while down.
+fn harness_proxy_cuts_logs_and_goes_down() {
+    let r = Registry::plain("harness");
+    r.push(&archive("two.oci.tar"), "1", "demo/two:1", false, None);
+    let two = OciArchive::open(&archive("two.oci.tar"));
+    let (_, layers) = two.image(&two.top());
+    let size = std::fs::metadata(r.blob_file(&layers[0])).unwrap().len();
+    let proxy = Proxy::start(r.port);
+    let path = format!("/v2/demo/two/blobs/{}", layers[0]);
+    proxy.cut_once(&layers[0], 100_000);
+    let got = raw_get(&proxy.host(), &path, "").unwrap_or_default();
+    assert_eq!(got.len(), 100_000, "cut after 100000 bytes");
+    assert_eq!(proxy.cuts_done(), 1);
+    let whole = raw_get(&proxy.host(), &path, "Range: bytes=5000-\r\n").unwrap();
+    let head_end = whole.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&whole[..head_end]);
+    assert!(head.starts_with("HTTP/1.1 206"), "{head}");
+    assert_eq!((whole.len() - head_end - 4) as u64, size - 5000);
+    let logged = proxy.requests();
+    assert_eq!(logged.len(), 2, "{logged:#?}");
+    assert!(logged[1].contains("Range: bytes=5000-"), "{logged:#?}");
+    proxy.set_down(true);
+    assert!(std::net::TcpStream::connect(proxy.host()).is_err(), "refused while down");
+    proxy.set_down(false);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(proxy.host()).is_err() {
+        assert!(Instant::now() < deadline, "the proxy came back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The token flow as distribution verifies it: skopeo pushes through it.
+    let t = Registry::start("harness-token", false, Auth::Token);
+    t.push(&archive("two.oci.tar"), "1", "demo/two:1", false, None);
+    let reqs = t.tokens.as_ref().unwrap().requests();
+    assert!(
+        reqs.iter().any(|q| q.status == 200 && q.scopes.iter().any(|s| s == "repository:demo/two:pull,push")),
+        "{reqs:#?}"
+    );
 }
 
 // ---- CLI tests
