@@ -823,7 +823,10 @@ fn pod_image_gc_keeps_images_in_use() {
     // The image filesystem is over 1 %: GC frees down to 0 % what no container uses.
     let cfg = a.dir.join("kubelet.yaml");
     let mut yaml = std::fs::read_to_string(&cfg).unwrap();
-    yaml.push_str("imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\nimageMinimumGCAge: 0s\n");
+    // (ferrolet.imageGCPeriod: kubelet's fixed 5 minutes made short)
+    yaml.push_str(
+        "imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\nimageMinimumGCAge: 0s\nferrolet:\n  imageGCPeriod: 2s\n",
+    );
     std::fs::write(&cfg, yaml).unwrap();
     a.restart();
     let deadline = Instant::now() + T;
