@@ -233,14 +233,17 @@ pub fn error_message(body: &[u8]) -> String {
     }
 }
 
-/// Tokens shared by all pulls: (host, service, scope, credential) -> token until it expires.
+/// (host, service, scope, credential fingerprint).
+type TokenKey = (String, String, String, String);
+
+/// Tokens shared by all pulls: token and until when it is good, by [`TokenKey`].
 #[derive(Default)]
 pub struct TokenCache {
-    tokens: Mutex<HashMap<(String, String, String, String), (String, Instant)>>,
+    tokens: Mutex<HashMap<TokenKey, (String, Instant)>>,
 }
 
 impl TokenCache {
-    fn get(&self, key: &(String, String, String, String)) -> Option<String> {
+    fn get(&self, key: &TokenKey) -> Option<String> {
         let mut m = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         match m.get(key) {
             Some((t, until)) if *until > Instant::now() => Some(t.clone()),
@@ -252,7 +255,7 @@ impl TokenCache {
         }
     }
 
-    fn put(&self, key: (String, String, String, String), token: String, lifetime: Duration) {
+    fn put(&self, key: TokenKey, token: String, lifetime: Duration) {
         self.tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
