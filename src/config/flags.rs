@@ -152,6 +152,43 @@ pub struct RunFlags {
     /// First crash-loop back-off (kubelet's is 10s).
     #[arg(long = "initial-container-restart-period", hide = true)]
     pub initial_container_restart_period: Option<String>,
+    /// Registry mirrors, rewrites, TLS and auth (k3s registries.yaml); default
+    /// <root-dir>/registries.yaml.
+    #[arg(long = "registry-config")]
+    pub registry_config: Option<PathBuf>,
+    /// Pull one image at a time (kubelet's serializeImagePulls, default true).
+    #[arg(long = "serialize-image-pulls", num_args = 0..=1, default_missing_value = "true")]
+    pub serialize_image_pulls: Option<bool>,
+    /// Pulls at once when not serialized (kubelet's maxParallelImagePulls).
+    #[arg(long = "max-parallel-image-pulls")]
+    pub max_parallel_image_pulls: Option<i64>,
+    /// Image pulls a second, 0 for no limit (kubelet's registryPullQPS, default 5).
+    #[arg(long = "registry-qps")]
+    pub registry_qps: Option<i64>,
+    /// Burst of image pulls (kubelet's registryBurst, default 10).
+    #[arg(long = "registry-burst")]
+    pub registry_burst: Option<i64>,
+    /// Image GC starts at this percent of the image filesystem used (default 85).
+    #[arg(long = "image-gc-high-threshold")]
+    pub image_gc_high_threshold: Option<i32>,
+    /// Image GC frees down to this percent (default 80).
+    #[arg(long = "image-gc-low-threshold")]
+    pub image_gc_low_threshold: Option<i32>,
+    /// Images younger than this are not collected (default 2m).
+    #[arg(long = "minimum-image-gc-age")]
+    pub minimum_image_gc_age: Option<String>,
+    /// A download making no progress this long fails (default 1m, 0 none).
+    #[arg(long = "image-pull-progress-timeout")]
+    pub image_pull_progress_timeout: Option<String>,
+    /// Images in the Node's status, -1 for all (default 50).
+    #[arg(long = "node-status-max-images")]
+    pub node_status_max_images: Option<i32>,
+    /// CredentialProviderConfig of exec credential plugins.
+    #[arg(long = "image-credential-provider-config")]
+    pub image_credential_provider_config: Option<PathBuf>,
+    /// Where the credential plugins' binaries are.
+    #[arg(long = "image-credential-provider-bin-dir")]
+    pub image_credential_provider_bin_dir: Option<PathBuf>,
 }
 
 /// Apply `ferrolet run` flags (kubelet's names) over the file and defaults.
@@ -263,6 +300,7 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
         cfg.image_import_dir = absolute(d)?;
     }
     apply_serving(&mut cfg.serving, f)?;
+    apply_images(&mut cfg.images, f)?;
     let c = &mut cfg.cluster;
     if let Some(k) = &f.kubeconfig {
         c.kubeconfig = Some(absolute(k)?);
@@ -301,6 +339,56 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if let Some(b) = f.rotate_certificates {
         c.rotate_certificates = b;
+    }
+    Ok(())
+}
+
+/// The image flags.
+fn apply_images(i: &mut super::ImageConfig, f: &RunFlags) -> Result<()> {
+    use crate::pod::units::parse_duration;
+    let dur = |name: &str, v: &Option<String>| -> Result<Option<Duration>> {
+        v.as_deref()
+            .map(|x| parse_duration(x).map_err(|e| anyhow::anyhow!("--{name}: {e}")))
+            .transpose()
+    };
+    if let Some(p) = &f.registry_config {
+        i.registry_config_file = Some(absolute(p)?);
+    }
+    if let Some(b) = f.serialize_image_pulls {
+        i.serialize_image_pulls = b;
+    }
+    if let Some(n) = f.max_parallel_image_pulls {
+        i.max_parallel_image_pulls =
+            Some(u32::try_from(n).map_err(|_| anyhow::anyhow!("maxParallelImagePulls {n} must be a positive number"))?);
+    }
+    if let Some(n) = f.registry_qps {
+        i.registry_pull_qps = u32::try_from(n)
+            .map_err(|_| anyhow::anyhow!("registryPullQPS (--registry-qps) {n} must not be a negative number"))?;
+    }
+    if let Some(n) = f.registry_burst {
+        i.registry_burst = u32::try_from(n)
+            .map_err(|_| anyhow::anyhow!("registryBurst (--registry-burst) {n} must not be a negative number"))?;
+    }
+    if let Some(n) = f.image_gc_high_threshold {
+        i.image_gc_high_threshold_percent = n;
+    }
+    if let Some(n) = f.image_gc_low_threshold {
+        i.image_gc_low_threshold_percent = n;
+    }
+    if let Some(d) = dur("minimum-image-gc-age", &f.minimum_image_gc_age)? {
+        i.image_minimum_gc_age = d;
+    }
+    if let Some(d) = dur("image-pull-progress-timeout", &f.image_pull_progress_timeout)? {
+        i.image_pull_progress_timeout = d;
+    }
+    if let Some(n) = f.node_status_max_images {
+        i.node_status_max_images = n;
+    }
+    if let Some(p) = &f.image_credential_provider_config {
+        i.credential_provider_config = Some(absolute(p)?);
+    }
+    if let Some(p) = &f.image_credential_provider_bin_dir {
+        i.credential_provider_bin_dir = Some(absolute(p)?);
     }
     Ok(())
 }

@@ -23,14 +23,17 @@ pub const RETRY: Duration = Duration::from_secs(5);
 
 /// Image, config, create: the id of a created (not yet started) container.
 pub async fn create_container(rt: &Runtime, images: &ImageManager, input: BuildInput) -> Result<String, Waiting> {
-    images.ensure_image_exists(pod::uid(&input.pod), &input.container)?;
+    let image_id = images.ensure_image_exists(&input.pod, &input.container).await?;
     let timeout = input.cfg.runtime_request_timeout;
     let cfg = crate::tasks::blocking(move || container::build(&input))
         .await
         .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
     let created = crate::metrics::global().time_runtime("create_container", rt.create(&cfg));
     match tokio::time::timeout(timeout, created).await {
-        Ok(Ok(info)) => Ok(info.id().to_string()),
+        Ok(Ok(info)) => {
+            images.mark_used(&image_id).await;
+            Ok(info.id().to_string())
+        }
         Ok(Err(ferrolet_runtime::Error::InvalidConfig { field, reason })) => {
             Err(Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{field}: {reason}")).retry_in(RETRY))
         }

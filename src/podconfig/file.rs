@@ -290,6 +290,50 @@ impl Watch {
     }
 }
 
+/// The Secrets placed in the static pod path (documents of `kind: Secret` in its manifests,
+/// YAML or JSON): what static pods' imagePullSecrets name. Files that cannot be read or parsed
+/// are skipped (the file source reports them).
+pub fn static_secrets(path: &Path) -> Vec<k8s_openapi::api::core::v1::Secret> {
+    let files: Vec<PathBuf> = match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(path)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .map(|e| e.path())
+                .collect();
+            v.sort();
+            v
+        }
+        Ok(_) => vec![path.to_path_buf()],
+        Err(_) => Vec::new(),
+    };
+    let mut out = Vec::new();
+    for f in files {
+        let Ok(data) = read_manifest(&f) else { continue };
+        let docs: Vec<serde_json::Value> = if data.trim_start().starts_with('{') {
+            serde_json::Deserializer::from_str(&data)
+                .into_iter::<serde_json::Value>()
+                .filter_map(Result::ok)
+                .collect()
+        } else {
+            serde_saphyr::from_multiple(&data).unwrap_or_default()
+        };
+        for d in docs {
+            if d.get("kind").and_then(|k| k.as_str()) != Some("Secret") {
+                continue;
+            }
+            match serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(d) {
+                Ok(s) => out.push(s),
+                Err(e) => warn!(manifest = %f.display(), "a Secret in the static pod path is not valid: {e}"),
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

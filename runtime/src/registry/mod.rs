@@ -4,14 +4,23 @@
 //! store with their digest and size verified, resumed downloads, one fetch per blob at a time.
 //! Knows nothing of Kubernetes: credentials come in as [`Credentials`].
 //!
-//! CONTRACT (issue 14): the agent (`src/images/`) and the tests code against the types and
-//! signatures below; the registry client behind them is being built in this module.
+//! The design note is docs/images.md ("Pulling from registries").
+
+mod auth;
+mod client;
+pub mod config;
+mod platform;
+mod pull;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::digest::Digest;
 use crate::image::ImageRecord;
+
+pub use auth::{parse_www_authenticate, Challenge};
+pub use config::{Endpoint, HostConfig, Mirror, RegistryConfig, Rewrite, Scheme, TlsConfig};
+pub use pull::Puller;
 
 /// One credential to try against a registry host, as a docker config.json entry or a
 /// credential provider gives it.
@@ -49,7 +58,10 @@ pub struct Platform {
 #[derive(Debug, Clone)]
 pub enum Progress {
     /// The manifest is known: the layers to have, with their compressed sizes, bottom first.
-    Resolved { manifest: Digest, layers: Vec<(Digest, u64)> },
+    Resolved {
+        manifest: Digest,
+        layers: Vec<(Digest, u64)>,
+    },
     /// Bytes of a layer (or the config) now on disk, of `total`.
     Downloading { digest: Digest, done: u64, total: u64 },
     /// A layer was already in the store (or fetched by a concurrent pull): nothing to download.
@@ -87,8 +99,13 @@ pub struct PullOutcome {
 /// Why a pull failed. `Display` is what kubelet shows after "Failed to pull image ...: ".
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
+    /// A bad reference (kubelet's InvalidImageName), or a store error.
     #[error(transparent)]
     Invalid(#[from] crate::Error),
+    /// The pull failed: the registry's answer, the network, a tampered blob, ...
     #[error("{0}")]
     Other(String),
+    /// Bad registry configuration (`registries.yaml`, a platform): names the file and field.
+    #[error("{0}")]
+    Config(String),
 }

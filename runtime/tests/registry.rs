@@ -1,0 +1,357 @@
+//! The registry client against Debian's real `docker-registry` (CNCF distribution) on
+//! 127.0.0.1, with the busybox image `images/build-busybox.sh` builds pushed by skopeo.
+//! Skips (loudly) when docker-registry, skopeo or the image archive is missing.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferrolet_runtime::digest::Digest;
+use ferrolet_runtime::image::ImageStore;
+use ferrolet_runtime::registry::{Credentials, Platform, Progress, ProgressFn, Puller, PullerOptions, RegistryConfig};
+
+const REGISTRY: &str = "/usr/bin/docker-registry";
+
+fn archive() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("FERROLET_BUSYBOX_OCI").map(PathBuf::from),
+        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/out/busybox.oci.tar")),
+    ];
+    candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+fn prerequisites() -> Option<PathBuf> {
+    if !Path::new(REGISTRY).exists() || Command::new("skopeo").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: {REGISTRY} or skopeo is not installed (scripts/setup.sh installs them)");
+        return None;
+    }
+    let a = archive();
+    if a.is_none() {
+        eprintln!("SKIPPED: images/out/busybox.oci.tar is missing (images/build-busybox.sh builds it)");
+    }
+    a
+}
+
+/// A docker-registry on 127.0.0.1, stopped and removed when dropped.
+struct Registry {
+    child: Child,
+    dir: tempfile::TempDir,
+    port: u16,
+    creds: Option<(String, String)>,
+    ca: Option<PathBuf>,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Registry {
+    /// Start one; with `auth`, htpasswd basic auth for that user; with `tls`, a test CA's
+    /// certificate for 127.0.0.1.
+    fn start(auth: Option<(&str, &str)>, tls: bool) -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut cfg = format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.path().join("data").display()
+        );
+        let mut ca = None;
+        if tls {
+            let ca_key = rcgen::KeyPair::generate().unwrap();
+            let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            ca_params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "ferrolet test CA");
+            let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+            let key = rcgen::KeyPair::generate().unwrap();
+            let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+            let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+            let cert = params.signed_by(&key, &issuer).unwrap();
+            std::fs::write(dir.path().join("ca.pem"), ca_cert.pem()).unwrap();
+            std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
+            std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
+            cfg.push_str(&format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                dir.path().join("cert.pem").display(),
+                dir.path().join("key.pem").display()
+            ));
+            ca = Some(dir.path().join("ca.pem"));
+        }
+        if let Some((u, p)) = auth {
+            let hash = bcrypt::hash(p, 4).unwrap();
+            std::fs::write(dir.path().join("htpasswd"), format!("{u}:{hash}\n")).unwrap();
+            cfg.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: ferrolet-test\n    path: {}\n",
+                dir.path().join("htpasswd").display()
+            ));
+        }
+        std::fs::write(dir.path().join("config.yml"), cfg).unwrap();
+        let child = Command::new(REGISTRY)
+            .arg("serve")
+            .arg(dir.path().join("config.yml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let reg = Registry {
+            child,
+            dir,
+            port,
+            creds: auth.map(|(u, p)| (u.to_string(), p.to_string())),
+            ca,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "docker-registry did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        reg
+    }
+
+    fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn push(&self, archive: &Path, name: &str) {
+        let mut cmd = Command::new("skopeo");
+        cmd.args(["copy", "--quiet", "--dest-tls-verify=false"]);
+        if let Some((u, p)) = &self.creds {
+            cmd.arg(format!("--dest-creds={u}:{p}"));
+        }
+        let out = cmd
+            .arg(format!("oci-archive:{}:1.35", archive.display()))
+            .arg(format!("docker://{}/{name}", self.host()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The registry's own file of a blob (filesystem storage driver).
+    fn blob_file(&self, d: &Digest) -> PathBuf {
+        self.dir
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&d.hex()[..2])
+            .join(d.hex())
+            .join("data")
+    }
+}
+
+fn puller(store: &Arc<ImageStore>, registries: RegistryConfig) -> Puller {
+    Puller::new(
+        store.clone(),
+        registries,
+        PullerOptions {
+            max_concurrent_downloads: 3,
+            progress_timeout: Duration::from_secs(30),
+            platform: Platform::parse("linux/amd64").unwrap(),
+        },
+    )
+}
+
+fn new_store() -> (tempfile::TempDir, Arc<ImageStore>) {
+    let t = tempfile::tempdir().unwrap();
+    let s = Arc::new(ImageStore::open(t.path().join("images")).unwrap());
+    (t, s)
+}
+
+fn recorder() -> (ProgressFn, Arc<Mutex<Vec<Progress>>>) {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let e2 = events.clone();
+    (Arc::new(move |p| e2.lock().unwrap().push(p)), events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_by_tag_and_digest_resume_and_share() {
+    let Some(archive) = prerequisites() else { return };
+    let reg = Registry::start(None, false);
+    reg.push(&archive, "library/busybox:1.35");
+    let reference = format!("{}/library/busybox:1.35", reg.host());
+
+    // By tag, over plain http (a loopback registry: https is tried first).
+    let (_t, store) = new_store();
+    let p = puller(&store, RegistryConfig::default());
+    let (progress, events) = recorder();
+    let out = p.pull(&reference, &[], Some(progress)).await.unwrap();
+    assert!(out.downloaded > 0);
+    assert_eq!(out.record.refs, vec![reference.clone()]);
+    let img = store.resolve(&reference).unwrap();
+    assert!(img.layer_dirs[0].join("bin/busybox").exists());
+    assert!(store.blob_path(&out.record.manifest).is_file());
+    let events = events.lock().unwrap().clone();
+    assert!(matches!(events[0], Progress::Resolved { .. }), "{events:?}");
+    assert!(events.iter().any(|e| matches!(e, Progress::Downloaded { .. })));
+    assert!(matches!(events.last(), Some(Progress::Done { .. })), "{events:?}");
+    // The manifest digest is the registry's.
+    let manifest = out.record.manifest.clone();
+    let layer = out.record.layers[0].clone();
+
+    // Again: nothing is fetched.
+    let again = p.pull(&reference, &[], None).await.unwrap();
+    assert_eq!(again.downloaded, 0);
+    assert_eq!(again.record.id, out.record.id);
+
+    // By digest, into a fresh store.
+    let (_t2, store2) = new_store();
+    let p2 = puller(&store2, RegistryConfig::default());
+    let by_digest = format!("{}/library/busybox@{manifest}", reg.host());
+    let out2 = p2.pull(&by_digest, &[], None).await.unwrap();
+    assert_eq!(out2.record.id, out.record.id);
+    assert_eq!(out2.record.manifest, manifest);
+    assert!(store2.find(&by_digest).is_ok());
+
+    // Resume: half the layer is already in a partial file; only the rest is fetched.
+    let (_t3, store3) = new_store();
+    let data = std::fs::read(reg.blob_file(&layer.digest)).unwrap();
+    let half = data.len() / 2;
+    std::fs::write(store3.partial_dir().join(layer.digest.hex()), &data[..half]).unwrap();
+    let p3 = puller(&store3, RegistryConfig::default());
+    let (progress, events) = recorder();
+    let out3 = p3.pull(&reference, &[], Some(progress)).await.unwrap();
+    let config_size = std::fs::metadata(store3.blob_path(&out3.record.id)).unwrap().len();
+    assert_eq!(out3.downloaded, (data.len() - half) as u64 + config_size);
+    let first = events.lock().unwrap().iter().find_map(|e| match e {
+        Progress::Downloading { digest, done, .. } if digest == &layer.digest => Some(*done),
+        _ => None,
+    });
+    assert_eq!(first, Some(half as u64));
+    assert!(!store3.partial_dir().join(layer.digest.hex()).exists());
+
+    // A partial file that is garbage fails the digest check, is deleted, and the pull
+    // names the blob.
+    let (_t4, store4) = new_store();
+    std::fs::write(store4.partial_dir().join(layer.digest.hex()), vec![b'x'; half]).unwrap();
+    let p4 = puller(&store4, RegistryConfig::default());
+    let err = p4.pull(&reference, &[], None).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&layer.digest.to_string()) && err.contains("tampered"),
+        "{err}"
+    );
+    assert!(!store4.partial_dir().join(layer.digest.hex()).exists());
+    // ... so the next pull starts over and succeeds.
+    p4.pull(&reference, &[], None).await.unwrap();
+
+    // Two pulls of the same reference at once are one pull.
+    let (_t5, store5) = new_store();
+    let p5 = Arc::new(puller(&store5, RegistryConfig::default()));
+    let (a, b) = tokio::join!(p5.pull(&reference, &[], None), p5.pull(&reference, &[], None));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.record.id, b.record.id);
+    assert_eq!(a.downloaded.min(b.downloaded), 0);
+    assert_eq!(a.downloaded.max(b.downloaded), out.downloaded);
+
+    // A missing tag: the registry's message.
+    let err = p
+        .pull(&format!("{}/library/busybox:nope", reg.host()), &[], None)
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("not found") && msg.contains("manifest unknown"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_blob_is_refused() {
+    let Some(archive) = prerequisites() else { return };
+    let reg = Registry::start(None, false);
+    reg.push(&archive, "library/busybox:1.35");
+    let reference = format!("{}/library/busybox:1.35", reg.host());
+    let (_t, store) = new_store();
+    let p = puller(&store, RegistryConfig::default());
+    // Find the layer via a first pull into another store.
+    let (_t0, store0) = new_store();
+    let layer = puller(&store0, RegistryConfig::default())
+        .pull(&reference, &[], None)
+        .await
+        .unwrap()
+        .record
+        .layers[0]
+        .digest
+        .clone();
+    let f = reg.blob_file(&layer);
+    let mut data = std::fs::read(&f).unwrap();
+    let n = data.len();
+    data[n / 2] ^= 0xff;
+    std::fs::write(&f, &data).unwrap();
+    let err = p.pull(&reference, &[], None).await.unwrap_err().to_string();
+    assert!(err.contains(&layer.to_string()) && err.contains("tampered"), "{err}");
+    assert!(!store.blob_path(&layer).exists());
+    assert!(!store.partial_dir().join(layer.hex()).exists());
+    assert!(store.find(&reference).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_basic_auth_and_mirrors() {
+    let Some(archive) = prerequisites() else { return };
+    let reg = Registry::start(Some(("ferrolet", "s3cret")), true);
+    reg.push(&archive, "library/busybox:1.35");
+    let reference = format!("{}/library/busybox:1.35", reg.host());
+    let ca = reg.ca.clone().unwrap();
+    let yaml = format!(
+        "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
+        reg.host(),
+        ca.display()
+    );
+    let cfg = RegistryConfig::parse(&yaml, "registries.yaml").unwrap();
+    let (_t, store) = new_store();
+    let p = puller(&store, cfg);
+
+    // Anonymous and a wrong password: the registry's refusal.
+    let err = p.pull(&reference, &[], None).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            "pulling from host {} failed with status code 401 Unauthorized: unauthorized: authentication required",
+            reg.host()
+        )),
+        "{err}"
+    );
+    let wrong = Credentials::Basic {
+        username: "ferrolet".into(),
+        password: "wrong".into(),
+    };
+    let right = Credentials::Basic {
+        username: "ferrolet".into(),
+        password: "s3cret".into(),
+    };
+    let err = p
+        .pull(&reference, std::slice::from_ref(&wrong), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("401 Unauthorized"), "{err}");
+    // The next credential is tried.
+    let out = p.pull(&reference, &[wrong, right.clone()], None).await.unwrap();
+    assert!(out.downloaded > 0);
+
+    // Without the CA the certificate is refused.
+    let (_t2, store2) = new_store();
+    let err = puller(&store2, RegistryConfig::default())
+        .pull(&reference, std::slice::from_ref(&right), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+
+    // A mirror for docker.io: a dead endpoint first, then the TLS registry with the
+    // credentials from registries.yaml; `busybox:1.35` comes from it.
+    let dead = free_port();
+    let yaml = format!(
+        "mirrors:\n  docker.io:\n    endpoint:\n      - \"http://127.0.0.1:{dead}\"\n      - \"https://{host}\"\nconfigs:\n  \"{host}\":\n    auth: {{username: ferrolet, password: s3cret}}\n    tls: {{ca_file: {ca}}}\n",
+        host = reg.host(),
+        ca = ca.display()
+    );
+    let cfg = RegistryConfig::parse(&yaml, "registries.yaml").unwrap();
+    let (_t3, store3) = new_store();
+    let out = puller(&store3, cfg).pull("busybox:1.35", &[], None).await.unwrap();
+    assert_eq!(out.record.refs, vec!["docker.io/library/busybox:1.35".to_string()]);
+    assert!(store3.resolve("busybox:1.35").is_ok());
+}
