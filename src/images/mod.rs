@@ -287,3 +287,45 @@ impl ImageManager {
         found
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn the_examples_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        // The example's certificate files, made here.
+        let certs = tempfile::tempdir().unwrap();
+        let ck = rcgen::generate_simple_self_signed(vec!["registry.site.example".into()]).unwrap();
+        for (f, pem) in [
+            ("site-ca.pem", ck.cert.pem()),
+            ("node.pem", ck.cert.pem()),
+            ("node-key.pem", ck.signing_key.serialize_pem()),
+        ] {
+            std::fs::write(certs.path().join(f), pem).unwrap();
+        }
+        let text = std::fs::read_to_string(dir.join("registries.yaml"))
+            .unwrap()
+            .replace("/etc/ferrolet/certs", &certs.path().display().to_string());
+        let yaml = certs.path().join("registries.yaml");
+        std::fs::write(&yaml, text).unwrap();
+        ferrolet_runtime::registry::RegistryConfig::load(&yaml)
+            .unwrap_or_else(|e| panic!("examples/registries.yaml: {e}"));
+        let m = dir.join("manifests/private-image.yaml");
+        let data = std::fs::read_to_string(&m).unwrap();
+        let (pods, err) = crate::podconfig::source::pods_from_manifest(
+            &data,
+            &crate::pod::manifest::Source::File(m.display().to_string()),
+            "n",
+        );
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(pods.len(), 1);
+        let secrets = crate::podconfig::file::static_secrets(&m);
+        assert_eq!(secrets.len(), 1);
+        let cfg = super::DockerConfig::from_secret(&secrets[0]).unwrap();
+        let mut k = super::Keyring::default();
+        k.add(&cfg);
+        assert_eq!(k.lookup("registry.site.example/team/app").len(), 1);
+    }
+}

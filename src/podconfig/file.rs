@@ -393,4 +393,42 @@ mod tests {
         let e = read_manifest(&big).unwrap_err();
         assert!(e.contains("larger than"), "{e}");
     }
+
+    #[test]
+    fn secrets_beside_the_manifests_serve_static_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: regcred}\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{\"auths\":{}}'\n";
+        std::fs::write(
+            dir.path().join("p.yaml"),
+            format!("{}---\n{secret}", POD.replace("NAME", "p")),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("s.json"),
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"other","namespace":"kube-system"},"data":{".dockercfg":"e30="}}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join(".hidden.yaml"), secret.replace("regcred", "hidden")).unwrap();
+        let mut found: Vec<(String, String)> = static_secrets(dir.path())
+            .into_iter()
+            .map(|s| {
+                (
+                    s.metadata.namespace.unwrap_or_default(),
+                    s.metadata.name.unwrap_or_default(),
+                )
+            })
+            .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                ("".to_string(), "regcred".to_string()),
+                ("kube-system".into(), "other".into())
+            ]
+        );
+        // The Secret is not a pod and not an error of the manifest.
+        let snap = FileSource::new(dir.path().to_path_buf(), "n".into()).scan();
+        assert_eq!(names(&snap), ["p-n"]);
+        assert!(snap.errors.is_empty(), "{:?}", snap.errors);
+    }
 }
