@@ -64,6 +64,10 @@ fn main() {
             pod_auth_errors_back_off_and_pull_secrets,
         ),
         test("pod_image_gc_keeps_images_in_use", pod_image_gc_keeps_images_in_use),
+        test(
+            "pod_stalled_download_times_out_then_resumes",
+            pod_stalled_download_times_out_then_resumes,
+        ),
     ];
     if args.list {
         libtest_mimic::run(&args, tests).exit();
@@ -408,6 +412,10 @@ fn cli_token_auth() {
     );
     let d2 = root();
     pull_ok(d2.path(), &reference, &["--docker-config", cfg.to_str().unwrap()]);
+    // ... and the node's, <root-dir>/config.json, with no flag.
+    let d3 = root();
+    std::fs::copy(&cfg, d3.path().join("config.json")).unwrap();
+    pull_ok(d3.path(), &reference, &[]);
 }
 
 fn cli_basic_auth_over_tls_with_the_test_ca() {
@@ -785,36 +793,60 @@ fn dockerconfigjson_secret(name: &str, host: &str, user: &str, password: &str) -
 
 fn pod_auth_errors_back_off_and_pull_secrets() {
     let r = Registry::start("podauth", true, Auth::Basic);
-    r.push(&archive("two.oci.tar"), "1", "demo/two:1", false, None);
+    for repo in ["demo/two:1", "demo/v1:1", "demo/reload:1"] {
+        r.push(&archive("two.oci.tar"), "1", repo, false, None);
+    }
     let image = format!("{}/demo/two:1", r.host());
     let cfgdir = root();
-    let config = registries_config(
-        cfgdir.path(),
-        &format!(
-            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-            r.host(),
-            r.ca_file.as_ref().unwrap().display()
-        ),
+    let tls = format!(
+        "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
+        r.host(),
+        r.ca_file.as_ref().unwrap().display()
     );
+    let config = registries_config(cfgdir.path(), &tls);
     let a = Agent::start_with_config("regauth", &[], &config);
+    let host = r.host();
     a.write(
         "regcred.yaml",
-        &dockerconfigjson_secret("regcred", &r.host(), USER, PASSWORD),
+        &dockerconfigjson_secret("regcred", &host, USER, PASSWORD),
     );
     a.write(
         "badcred.yaml",
-        &dockerconfigjson_secret("badcred", &r.host(), USER, "wrong"),
+        &dockerconfigjson_secret("badcred", &host, USER, "wrong"),
     );
+    // kubelet's keyring: scheme and a leading /v1/ dropped (the whole host), a path scopes
+    a.write(
+        "v1cred.yaml",
+        &dockerconfigjson_secret("v1cred", &format!("https://{host}/v1/"), USER, PASSWORD),
+    );
+    a.write(
+        "othercred.yaml",
+        &dockerconfigjson_secret("othercred", &format!("{host}/other"), USER, PASSWORD),
+    );
+    let with = |secret: &str| format!("  imagePullSecrets: [{{name: {secret}}}]\n");
     a.write("noauth.yaml", &pod("noauth", &image, "IfNotPresent", "sleep 3600", ""));
     a.write(
         "badsecret.yaml",
+        &pod("badsecret", &image, "Always", "sleep 3600", &with("badcred")),
+    );
+    a.write(
+        "otherpath.yaml",
+        &pod("otherpath", &image, "Always", "sleep 3600", &with("othercred")),
+    );
+    a.write(
+        "v1key.yaml",
         &pod(
-            "badsecret",
-            &image,
+            "v1key",
+            &format!("{host}/demo/v1:1"),
             "Always",
             "sleep 3600",
-            "  imagePullSecrets: [{name: badcred}]\n",
+            &with("v1cred"),
         ),
+    );
+    let reload_image = format!("{host}/demo/reload:1");
+    a.write(
+        "reload.yaml",
+        &pod("reload", &reload_image, "IfNotPresent", "sleep 3600", ""),
     );
     // No credentials: ErrImagePull with the registry's words, then ImagePullBackOff.
     let p = a.wait_for("noauth", "ErrImagePull", T, |p| {
@@ -827,14 +859,20 @@ fn pod_auth_errors_back_off_and_pull_secrets() {
     });
     let msg = waiting_message(&p, "c").unwrap();
     assert!(msg.contains("Back-off pulling image") && msg.contains(&image), "{msg}");
-    // A wrong password in the pod's secret.
-    let p = a.wait_for("badsecret", "ErrImagePull or back-off", T, |p| {
-        matches!(
-            waiting_reason(p, "c").as_deref(),
-            Some("ErrImagePull") | Some("ImagePullBackOff")
-        )
-    });
-    let _ = p;
+    // A wrong password in the pod's secret: the registry's words again.
+    let pulled_with = |name: &str| {
+        let p = a.wait_for(name, "ErrImagePull", T, |p| {
+            waiting_reason(p, "c").as_deref() == Some("ErrImagePull")
+        });
+        waiting_message(&p, "c").unwrap()
+    };
+    let msg = pulled_with("badsecret");
+    assert!(msg.contains("authentication required"), "{msg}");
+    // A secret for another path of the registry does not apply.
+    let msg = pulled_with("otherpath");
+    assert!(msg.contains("authentication required"), "{msg}");
+    // A docker-style https://host/v1/ key covers the host.
+    a.wait_phase("v1key", "Running", T);
     let log = a.agent_log();
     assert!(
         log.contains("Failed to pull image"),
@@ -849,13 +887,72 @@ fn pod_auth_errors_back_off_and_pull_secrets() {
             &image,
             "Always",
             "cat /etc/two-release; sleep 3600",
-            "  imagePullSecrets: [{name: regcred}]\n",
+            &with("regcred"),
         ),
     );
     a.wait_phase("withsecret", "Running", T);
     assert!(a.logs("withsecret", "").contains("two 1"));
-    // noauth (IfNotPresent) now finds the image on the node when its back-off ends.
+    // registries.yaml changes: credentials for the host; the next attempt uses them.
+    assert_ne!(phase_of(a.pod("reload").as_ref()), Some("Running"));
+    let path = cfgdir.path().join("registries.yaml");
+    let tmp = cfgdir.path().join(".registries.yaml.tmp");
+    std::fs::write(
+        &tmp,
+        format!("{tls}    auth:\n      username: {USER}\n      password: {PASSWORD}\n"),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    a.wait_phase("reload", "Running", Duration::from_secs(90));
+    // noauth (IfNotPresent) finds the image on the node when its back-off ends.
     a.wait_phase("noauth", "Running", Duration::from_secs(90));
+}
+
+/// `imagePullProgressTimeout`: a layer download that stalls fails the pull (ErrImagePull); the
+/// next attempt resumes it with a Range request.
+fn pod_stalled_download_times_out_then_resumes() {
+    let r = Registry::plain("stall");
+    r.push(&archive("two.oci.tar"), "1", "demo/two:1", false, None);
+    let two = OciArchive::open(&archive("two.oci.tar"));
+    let (_, layers) = two.image(&two.top());
+    let proxy = Proxy::start(r.port);
+    let a = Agent::start_with_config("regstall", &[], "ferrolet:\n  imagePullProgressTimeout: 2s\n");
+    // Without the demo image the busybox layer (1 MB) must come from the registry.
+    let o = ferrolet(&["images", "prune", "--root-dir", a.root.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let big = Digest::parse(&layers[0]).unwrap();
+    assert!(!store(&a.root).blob_path(&big).exists());
+    proxy.stall_once(&format!("/blobs/{}", layers[0]), 300_000);
+    let image = format!("{}/demo/two:1", proxy.host());
+    let t0 = Instant::now();
+    a.write(
+        "stall.yaml",
+        &pod("stall", &image, "IfNotPresent", "cat /etc/two-release; sleep 3600", ""),
+    );
+    let p = a.wait_for("stall", "ErrImagePull after the stall", T, |p| {
+        waiting_reason(p, "c").as_deref() == Some("ErrImagePull")
+    });
+    let failed_after = t0.elapsed();
+    let msg = waiting_message(&p, "c").unwrap();
+    assert!(msg.contains(&image), "{msg}");
+    assert!(
+        failed_after >= Duration::from_secs(2),
+        "failed after {failed_after:?}: {msg}"
+    );
+    assert_eq!(proxy.cuts_done(), 1);
+    a.wait_phase("stall", "Running", Duration::from_secs(90));
+    assert!(a.logs("stall", "").contains("two 1"));
+    let gets: Vec<String> = proxy
+        .requests()
+        .into_iter()
+        .filter(|h| h.starts_with("GET ") && h.contains(&format!("/blobs/{}", layers[0])))
+        .collect();
+    let resumed = gets[1..].iter().any(|h| {
+        h.lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("range:"))
+            .and_then(|l| l.split_once("bytes=")?.1.split('-').next()?.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 0 && n <= 300_000)
+    });
+    assert!(resumed, "the next attempt resumes with a Range request: {gets:#?}");
 }
 
 fn pod_image_gc_keeps_images_in_use() {
@@ -864,12 +961,27 @@ fn pod_image_gc_keeps_images_in_use() {
     r.push(&archive("multi.oci.tar"), "1", "demo/multi:1", true, None);
     let two = OciArchive::open(&archive("two.oci.tar"));
     let (two_config, two_layers) = two.image(&two.top());
+    let m = OciArchive::open(&archive("multi.oci.tar"));
+    let native = m
+        .platforms(&m.top())
+        .into_iter()
+        .find(|(p, _)| p.split('/').nth(1) == Some(host_arch()))
+        .unwrap()
+        .1;
+    let (_, multi_layers) = m.image(&native);
+    let marker = multi_layers.iter().find(|l| !two_layers.contains(l)).unwrap().clone();
     let image = format!("{}/demo/two:1", r.host());
     let multi = format!("{}/demo/multi:1", r.host());
     let mut a = Agent::start("reggc", &[]);
+    // two: a running container; the demo busybox: an exited container not yet removed.
     a.write("inuse.yaml", &pod("inuse", &image, "IfNotPresent", "sleep 3600", ""));
+    a.write(
+        "done.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: done}\nspec:\n  restartPolicy: Never\n  containers:\n  - {name: c, image: docker.io/library/busybox:1.35, command: [\"true\"]}\n",
+    );
     let p = a.wait_phase("inuse", "Running", T);
     let cid = container_status(&p, "c").container_id.clone().unwrap();
+    a.wait_phase("done", "Succeeded", T);
     // multi: pulled for a pod that is then deleted, so no container uses it any more
     a.write("gone.yaml", &pod("gone", &multi, "IfNotPresent", "sleep 3600", ""));
     a.wait_phase("gone", "Running", T);
@@ -877,7 +989,7 @@ fn pod_image_gc_keeps_images_in_use() {
     a.wait_gone("gone", T);
     let st = store(&a.root);
     assert!(st.find(&multi).is_ok());
-    assert!(st.find("docker.io/library/busybox:1.35").is_ok(), "the demo image");
+    assert!(st.blob_path(&Digest::parse(&marker).unwrap()).exists());
     // The image filesystem is over 1 %: GC frees down to 0 % what no container uses.
     let cfg = a.dir.join("kubelet.yaml");
     let mut yaml = std::fs::read_to_string(&cfg).unwrap();
@@ -888,21 +1000,29 @@ fn pod_image_gc_keeps_images_in_use() {
     std::fs::write(&cfg, yaml).unwrap();
     a.restart();
     let deadline = Instant::now() + T;
-    while st.find(&multi).is_ok() || st.find("docker.io/library/busybox:1.35").is_ok() {
+    while st.find(&multi).is_ok() {
         assert!(
             Instant::now() < deadline,
-            "image GC did not remove the unused images: {:#?}\n{}",
+            "image GC did not remove the unused image: {:#?}\n{}",
             st.list().unwrap().iter().map(|i| i.refs.clone()).collect::<Vec<_>>(),
             tail(&a.agent_log(), 30)
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let kept = st.find(&image).expect("the image in use is kept");
+    let kept = st.find(&image).expect("the image of the running container is kept");
     assert_eq!(kept.id.to_string(), two_config);
+    assert!(
+        st.find("docker.io/library/busybox:1.35").is_ok(),
+        "the image of the exited container is kept"
+    );
+    assert!(
+        !st.blob_path(&Digest::parse(&marker).unwrap()).exists(),
+        "the removed image's own layer went"
+    );
     for l in &two_layers {
         assert!(
             st.blob_path(&Digest::parse(l).unwrap()).exists(),
-            "layer {l} of the kept image (shared with busybox)"
+            "layer {l} of the kept image (the busybox one shared with the removed image)"
         );
     }
     let p = a.wait_phase("inuse", "Running", T);

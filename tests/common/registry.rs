@@ -605,7 +605,8 @@ fn answer(
     axum::Json(body).into_response()
 }
 
-/// A TCP proxy on 127.0.0.1 in front of a plain-HTTP registry.
+/// A TCP proxy on 127.0.0.1 in front of a plain-HTTP registry: logs request heads, cuts or
+/// stalls one response after N bytes, refuses connections while down.
 pub struct Proxy {
     pub port: u16,
     inner: Arc<ProxyInner>,
@@ -618,8 +619,9 @@ struct ProxyInner {
     stop: AtomicBool,
     /// Request heads seen, in order.
     log: Mutex<Vec<String>>,
-    /// Cut the response to the next request whose request line contains `.0`, after `.1` bytes.
-    cut: Mutex<Option<(String, u64)>>,
+    /// Cut (or stall, `.2`) the response to the next request whose request line contains `.0`,
+    /// after `.1` bytes.
+    cut: Mutex<Option<(String, u64, bool)>>,
     cuts: AtomicUsize,
     /// Response bytes passed to clients.
     bytes: AtomicU64,
@@ -661,7 +663,13 @@ impl Proxy {
     /// Cut the connection carrying the response to the next request whose request line
     /// contains `path_part`, after `after` bytes of that response (head included).
     pub fn cut_once(&self, path_part: &str, after: u64) {
-        *self.inner.cut.lock().unwrap() = Some((path_part.to_string(), after));
+        *self.inner.cut.lock().unwrap() = Some((path_part.to_string(), after, false));
+    }
+
+    /// Like [`Proxy::cut_once`], but the connection stays open and silent after `after` bytes
+    /// (a stalled download) until the client closes it.
+    pub fn stall_once(&self, path_part: &str, after: u64) {
+        *self.inner.cut.lock().unwrap() = Some((path_part.to_string(), after, true));
     }
 
     pub fn cuts_done(&self) -> usize {
@@ -714,19 +722,22 @@ fn accept_loop(listener: TcpListener, port: u16, inner: Arc<ProxyInner>) {
     }
 }
 
-/// Per connection: the response byte budget left before the cut (None = no cut armed).
-type CutState = Arc<Mutex<Option<u64>>>;
+/// Per connection: the response byte budget left before the cut (None = no cut armed), and
+/// whether to stall instead of cutting.
+type CutState = Arc<Mutex<Option<(u64, bool)>>>;
 
 fn serve_conn(client: TcpStream, inner: Arc<ProxyInner>) {
     let Ok(server) = TcpStream::connect(inner.target) else {
         return;
     };
     let cut: CutState = Arc::default();
-    let (c2, s2, cut2, inner2) = (
+    let closed = Arc::new(AtomicBool::new(false));
+    let (c2, s2, cut2, inner2, closed2) = (
         client.try_clone().unwrap(),
         server.try_clone().unwrap(),
         cut.clone(),
         inner.clone(),
+        closed.clone(),
     );
     // server -> client, cut when the armed budget runs out
     let down = std::thread::spawn(move || {
@@ -738,11 +749,11 @@ fn serve_conn(client: TcpStream, inner: Arc<ProxyInner>) {
                 Ok(n) => n,
             };
             let mut send = n;
-            let mut cut_now = false;
-            if let Some(left) = cut2.lock().unwrap().as_mut() {
+            let mut cut_now = None;
+            if let Some((left, stall)) = cut2.lock().unwrap().as_mut() {
                 if (n as u64) >= *left {
                     send = *left as usize;
-                    cut_now = true;
+                    cut_now = Some(*stall);
                 } else {
                     *left -= n as u64;
                 }
@@ -751,8 +762,18 @@ fn serve_conn(client: TcpStream, inner: Arc<ProxyInner>) {
                 break;
             }
             inner2.bytes.fetch_add(send as u64, Ordering::Relaxed);
-            if cut_now {
+            if let Some(stall) = cut_now {
                 inner2.cuts.fetch_add(1, Ordering::SeqCst);
+                if stall {
+                    // silent until the client gives up (its side closed) or the proxy stops
+                    let deadline = Instant::now() + Duration::from_secs(120);
+                    while !closed2.load(Ordering::SeqCst)
+                        && !inner2.stop.load(Ordering::SeqCst)
+                        && Instant::now() < deadline
+                    {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
                 break;
             }
         }
@@ -774,9 +795,9 @@ fn serve_conn(client: TcpStream, inner: Arc<ProxyInner>) {
             pending.drain(..end + 4);
             let line = head.lines().next().unwrap_or("").to_string();
             let mut armed = inner.cut.lock().unwrap();
-            if armed.as_ref().is_some_and(|(part, _)| line.contains(part.as_str())) {
-                let (_, after) = armed.take().unwrap();
-                *cut.lock().unwrap() = Some(after);
+            if armed.as_ref().is_some_and(|(part, _, _)| line.contains(part.as_str())) {
+                let (_, after, stall) = armed.take().unwrap();
+                *cut.lock().unwrap() = Some((after, stall));
             }
             drop(armed);
             inner.log.lock().unwrap().push(head);
@@ -785,6 +806,7 @@ fn serve_conn(client: TcpStream, inner: Arc<ProxyInner>) {
             break;
         }
     }
+    closed.store(true, Ordering::SeqCst);
     let _ = to.shutdown(Shutdown::Write);
     let _ = down.join();
 }
