@@ -64,6 +64,7 @@ fn main() {
             pod_auth_errors_back_off_and_pull_secrets,
         ),
         test("pod_image_gc_keeps_images_in_use", pod_image_gc_keeps_images_in_use),
+        test("pod_registry_pull_qps", pod_registry_pull_qps),
         test(
             "pod_stalled_download_times_out_then_resumes",
             pod_stalled_download_times_out_then_resumes,
@@ -235,7 +236,15 @@ fn cli_pull_by_tag_and_by_digest() {
 
     let dir = root();
     let reference = format!("{}/demo/two:1", r.host());
-    let out = pull_ok(dir.path(), &reference, &[]);
+    let o = pull(dir.path(), &reference, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Not a terminal: one plain line per step on stderr, per layer.
+    let steps = String::from_utf8_lossy(&o.stderr);
+    for l in &layers {
+        let short = &l["sha256:".len().."sha256:".len() + 12];
+        assert!(steps.contains(&format!("{short}: downloaded")), "{}", text(&o));
+    }
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(out.contains(&config), "the CLI prints the image id {config}:\n{out}");
     let rec = store(dir.path())
         .find(&reference)
@@ -905,6 +914,44 @@ fn pod_auth_errors_back_off_and_pull_secrets() {
     a.wait_phase("reload", "Running", Duration::from_secs(90));
     // noauth (IfNotPresent) finds the image on the node when its back-off ends.
     a.wait_phase("noauth", "Running", Duration::from_secs(90));
+}
+
+/// registryPullQPS / registryBurst: as kubelet's throttled image service, a pull over the rate
+/// fails at once ("pull QPS exceeded") and goes to back-off; all run in the end.
+fn pod_registry_pull_qps() {
+    let r = Registry::plain("qps");
+    for repo in ["demo/q1:1", "demo/q2:1", "demo/q3:1"] {
+        r.push(&archive("two.oci.tar"), "1", repo, false, None);
+    }
+    let a = Agent::start_with_config(
+        "regqps",
+        &[],
+        "registryPullQPS: 1\nregistryBurst: 1\nserializeImagePulls: false\n",
+    );
+    let names = ["q1", "q2", "q3"];
+    for n in names {
+        let image = format!("{}/demo/{n}:1", r.host());
+        a.write(&format!("{n}.yaml"), &pod(n, &image, "IfNotPresent", "sleep 3600", ""));
+    }
+    let deadline = Instant::now() + T;
+    let mut seen = None;
+    while seen.is_none() {
+        assert!(Instant::now() < deadline, "no pull refused over the QPS");
+        for p in a.pods() {
+            if let Some(m) = waiting_message(&p, "c").filter(|m| m.contains("QPS exceeded")) {
+                seen = Some((waiting_reason(&p, "c"), m));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (reason, msg) = seen.unwrap();
+    assert!(
+        matches!(reason.as_deref(), Some("ErrImagePull") | Some("ImagePullBackOff")),
+        "{reason:?}: {msg}"
+    );
+    for n in names {
+        a.wait_phase(n, "Running", Duration::from_secs(90));
+    }
 }
 
 /// `imagePullProgressTimeout`: a layer download that stalls fails the pull (ErrImagePull); the
