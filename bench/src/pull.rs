@@ -133,8 +133,8 @@ pub fn run_all(bin: &Path, images: &Path, dir: &Path, cgroup_root: &str, runs: u
         let _ = std::fs::remove_dir_all(&out);
     }
 
-    // 2. A static pod whose image must be pulled (the demo image removed first, so both layers
-    // come from the registry), beside the same pod with the image on the node.
+    // 2. A static pod whose image must be pulled (an empty store, so both layers come from the
+    // registry), beside the same pod with the image on the node.
     let a = Agent::start(
         bin,
         &dir.join("ferrolet-pull"),
@@ -142,14 +142,23 @@ pub fn run_all(bin: &Path, images: &Path, dir: &Path, cgroup_root: &str, runs: u
         "none",
         &dir.join("agent-pull.log"),
     )?;
-    let rm = |r: &str| {
-        Command::new(bin)
-            .args(["images", "rm", "--root-dir"])
-            .arg(&a.root)
-            .arg(r)
-            .output()
+    // `images prune` removes every image no container uses: the demo image first (so both
+    // layers come from the registry), then the pulled image after each round.
+    let store = ferrolet_runtime::image::ImageStore::open(a.root.join("images")).map_err(anyhow::Error::from)?;
+    let prune = || -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            run(Command::new(bin).args(["images", "prune", "--root-dir"]).arg(&a.root))?;
+            if store.list().map_err(anyhow::Error::from)?.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("images still in the store after prune");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     };
-    let _ = rm("docker.io/library/busybox:1.35");
+    prune()?;
     let (mut cold, mut warm) = (Vec::new(), Vec::new());
     for i in 0..runs {
         for (kind, v) in [("cold", &mut cold), ("warm", &mut warm)] {
@@ -166,17 +175,7 @@ pub fn run_all(bin: &Path, images: &Path, dir: &Path, cgroup_root: &str, runs: u
             }
         }
         // the next cold start finds no image (no container uses it any more)
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let o = rm(&reference)?;
-            if o.status.success() {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("could not remove {reference}: {}", String::from_utf8_lossy(&o.stderr));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        prune()?;
     }
     a.finish();
     Ok(PullResults {
