@@ -433,18 +433,44 @@ impl TokenServer {
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
                         }
                     }
-                    let req = String::from_utf8_lossy(&buf).to_string();
+                    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    let req = String::from_utf8_lossy(&buf[..head_end]).to_string();
+                    let length: usize = req
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().to_string())
+                        })
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + length {
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let post = req.starts_with("POST ");
                     let target = req.split_whitespace().nth(1).unwrap_or("").to_string();
-                    let query = target.split_once('?').map(|(_, q)| q).unwrap_or("");
-                    let params: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+                    // GET: the query; POST (an OAuth2 refresh token): the form body.
+                    let form = if post {
+                        buf[head_end..head_end + length].to_vec()
+                    } else {
+                        target.split_once('?').map(|(_, q)| q).unwrap_or("").as_bytes().to_vec()
+                    };
+                    let params: Vec<(String, String)> = form_urlencoded::parse(&form).into_owned().collect();
                     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                     let expected = format!(
                         "Basic {}",
                         base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
                     );
-                    let authorized = req
-                        .lines()
-                        .any(|l| l.to_ascii_lowercase().starts_with("authorization:") && l[14..].trim() == expected);
+                    let authorized = if post {
+                        get("grant_type").as_deref() == Some("refresh_token")
+                            && get("refresh_token").as_deref() == Some(REFRESH_TOKEN)
+                    } else {
+                        req.lines()
+                            .any(|l| l.to_ascii_lowercase().starts_with("authorization:") && l[14..].trim() == expected)
+                    };
                     let (status, body) = if !authorized {
                         (
                             "401 Unauthorized",
@@ -479,8 +505,12 @@ impl TokenServer {
                         *issued.lock().unwrap() += 1;
                         (
                             "200 OK",
-                            serde_json::json!({"token": format!("{input}.{}", b64url(sig.as_ref())), "expires_in": 300})
-                                .to_string(),
+                            if post {
+                                serde_json::json!({"access_token": format!("{input}.{}", b64url(sig.as_ref())), "expires_in": 300})
+                            } else {
+                                serde_json::json!({"token": format!("{input}.{}", b64url(sig.as_ref())), "expires_in": 300})
+                            }
+                            .to_string(),
                         )
                     };
                     let resp = format!(
@@ -501,6 +531,9 @@ impl TokenServer {
         }
     }
 }
+
+/// The identity token (OAuth2 refresh token) the test token server accepts.
+const REFRESH_TOKEN: &str = "ferrolet-refresh-token";
 
 fn rand_id() -> u64 {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
