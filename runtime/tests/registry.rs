@@ -622,3 +622,121 @@ async fn a_silent_mirror_times_out() {
     let err = p.pull(&format!("{dead}/x:1"), &[], None).await.unwrap_err().to_string();
     assert!(err.contains("no answer within 1s"), "{err}");
 }
+
+/// A TCP proxy in front of a registry that cuts the first connection which has carried more
+/// than `cut_after` bytes of answer, and notes the Range requests it relays.
+struct CuttingProxy {
+    port: u16,
+    ranges: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for CuttingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl CuttingProxy {
+    async fn start(upstream: u16, cut_after: usize) -> CuttingProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ranges = Arc::new(Mutex::new(Vec::new()));
+        let cut_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r2 = ranges.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    continue;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let ranges = r2.clone();
+                let cut_done = cut_done.clone();
+                let up = tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        let text = String::from_utf8_lossy(&buf[..n]).to_string();
+                        for l in text.lines() {
+                            if l.to_ascii_lowercase().starts_with("range:") {
+                                ranges.lock().unwrap().push(l[6..].trim().to_string());
+                            }
+                        }
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    let mut relayed = 0usize;
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        relayed += n;
+                        if relayed > cut_after && !cut_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                            break;
+                        }
+                    }
+                    up.abort();
+                    let _ = cw.shutdown().await;
+                });
+            }
+        });
+        CuttingProxy { port, ranges, task }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_cut_mid_layer_is_resumed() {
+    let Some(archive) = prerequisites() else { return };
+    let reg = Registry::start(None, false);
+    reg.push(&archive, "library/busybox:1.35");
+    let proxy = CuttingProxy::start(reg.port, 256 * 1024).await;
+    let reference = format!("127.0.0.1:{}/library/busybox:1.35", proxy.port);
+    let (_t, store) = new_store();
+    let (progress, events) = recorder();
+    let out = puller(&store, RegistryConfig::default())
+        .pull(&reference, &[], Some(progress))
+        .await
+        .unwrap();
+    let layer = &out.record.layers[0];
+    assert!(layer.size > 256 * 1024, "the layer is too small to cut");
+    let ranges = proxy.ranges.lock().unwrap().clone();
+    assert_eq!(ranges.len(), 1, "{ranges:?}");
+    let offset: u64 = ranges[0]
+        .strip_prefix("bytes=")
+        .and_then(|r| r.strip_suffix('-'))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(offset > 0 && offset < layer.size, "{offset}");
+    // The resumed download started where the first stopped.
+    let resumed_from = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            Progress::Downloading { digest, done, .. } if digest == &layer.digest => Some(*done),
+            _ => None,
+        })
+        .filter(|d| *d == offset)
+        .count();
+    assert!(resumed_from >= 1);
+    assert!(store.resolve(&reference).unwrap().layer_dirs[0]
+        .join("bin/busybox")
+        .exists());
+}
