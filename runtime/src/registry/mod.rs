@@ -87,6 +87,18 @@ pub struct PullerOptions {
     pub platform: Platform,
 }
 
+impl Default for PullerOptions {
+    /// containerd's defaults: 3 downloads at once, a 1 minute progress timeout, this node's
+    /// platform.
+    fn default() -> Self {
+        PullerOptions {
+            max_concurrent_downloads: 3,
+            progress_timeout: Duration::from_secs(60),
+            platform: Platform::host(),
+        }
+    }
+}
+
 /// What a pull did.
 #[derive(Debug, Clone)]
 pub struct PullOutcome {
