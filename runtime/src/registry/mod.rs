@@ -82,7 +82,8 @@ pub struct PullerOptions {
     /// Blobs downloaded at once, across all pulls.
     pub max_concurrent_downloads: usize,
     /// A download that makes no progress for this long fails (containerd's
-    /// image_pull_progress_timeout).
+    /// image_pull_progress_timeout); so does a request with no answer for this long. Zero: no
+    /// limit.
     pub progress_timeout: Duration,
     pub platform: Platform,
 }
