@@ -58,6 +58,11 @@ impl Registry {
     /// Start one; with `auth`, htpasswd basic auth for that user; with `tls`, a test CA's
     /// certificate for 127.0.0.1.
     fn start(auth: Option<(&str, &str)>, tls: bool) -> Registry {
+        Registry::start_with(auth, tls, None)
+    }
+
+    /// With `token`, the registry's token auth against that token server instead of htpasswd.
+    fn start_with(auth: Option<(&str, &str)>, tls: bool, token: Option<&TokenServer>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let mut cfg = format!(
@@ -87,7 +92,13 @@ impl Registry {
             ));
             ca = Some(dir.path().join("ca.pem"));
         }
-        if let Some((u, p)) = auth {
+        if let Some(t) = token {
+            cfg.push_str(&format!(
+                "auth:\n  token:\n    realm: http://127.0.0.1:{}/token\n    service: ferrolet-test\n    issuer: ferrolet-test-issuer\n    rootcertbundle: {}\n",
+                t.port,
+                t.bundle.display()
+            ));
+        } else if let Some((u, p)) = auth {
             let hash = bcrypt::hash(p, 4).unwrap();
             std::fs::write(dir.path().join("htpasswd"), format!("{u}:{hash}\n")).unwrap();
             cfg.push_str(&format!(
@@ -354,4 +365,378 @@ async fn tls_basic_auth_and_mirrors() {
     let out = puller(&store3, cfg).pull("busybox:1.35", &[], None).await.unwrap();
     assert_eq!(out.record.refs, vec!["docker.io/library/busybox:1.35".to_string()]);
     assert!(store3.resolve("busybox:1.35").is_ok());
+}
+
+/// A token server for docker-registry's token auth (distribution's token spec): checks
+/// basic credentials and grants the scope asked for in an ES256 JWT whose x5c certificate is
+/// the registry's `rootcertbundle`.
+struct TokenServer {
+    port: u16,
+    bundle: PathBuf,
+    _dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+    issued: Arc<Mutex<usize>>,
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn b64url(data: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(data)
+}
+
+impl TokenServer {
+    async fn start(user: &'static str, password: &'static str) -> TokenServer {
+        use base64::Engine as _;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["ferrolet-token".to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "ferrolet token signer");
+        let cert = params.self_signed(&key).unwrap();
+        let bundle = dir.path().join("token-ca.pem");
+        std::fs::write(&bundle, cert.pem()).unwrap();
+        let x5c = base64::engine::general_purpose::STANDARD.encode(cert.der());
+        let rng = ring::rand::SystemRandom::new();
+        let signer = Arc::new(
+            ring::signature::EcdsaKeyPair::from_pkcs8(
+                &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+                &key.serialize_der(),
+                &rng,
+            )
+            .unwrap(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let issued = Arc::new(Mutex::new(0usize));
+        let issued2 = issued.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let signer = signer.clone();
+                let x5c = x5c.clone();
+                let issued = issued2.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    let req = String::from_utf8_lossy(&buf[..head_end]).to_string();
+                    let length: usize = req
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().to_string())
+                        })
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + length {
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let post = req.starts_with("POST ");
+                    let target = req.split_whitespace().nth(1).unwrap_or("").to_string();
+                    // GET: the query; POST (an OAuth2 refresh token): the form body.
+                    let form = if post {
+                        buf[head_end..head_end + length].to_vec()
+                    } else {
+                        target.split_once('?').map(|(_, q)| q).unwrap_or("").as_bytes().to_vec()
+                    };
+                    let params: Vec<(String, String)> = form_urlencoded::parse(&form).into_owned().collect();
+                    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+                    let expected = format!(
+                        "Basic {}",
+                        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+                    );
+                    let authorized = if post {
+                        get("grant_type").as_deref() == Some("refresh_token")
+                            && get("refresh_token").as_deref() == Some(REFRESH_TOKEN)
+                    } else {
+                        req.lines()
+                            .any(|l| l.to_ascii_lowercase().starts_with("authorization:") && l[14..].trim() == expected)
+                    };
+                    let (status, body) = if !authorized {
+                        (
+                            "401 Unauthorized",
+                            r#"{"errors":[{"code":"UNAUTHORIZED","message":"invalid username or password"}]}"#
+                                .to_string(),
+                        )
+                    } else {
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap()
+                            .as_secs();
+                        let access: Vec<serde_json::Value> = get("scope")
+                            .into_iter()
+                            .filter_map(|s| {
+                                let mut it = s.splitn(3, ':');
+                                let (t, n, a) = (it.next()?, it.next()?, it.next()?);
+                                Some(serde_json::json!({"type": t, "name": n, "actions": a.split(',').collect::<Vec<_>>()}))
+                            })
+                            .collect();
+                        let header = serde_json::json!({"typ": "JWT", "alg": "ES256", "x5c": [x5c]});
+                        let claims = serde_json::json!({
+                            "iss": "ferrolet-test-issuer", "sub": user, "aud": get("service").unwrap_or_default(),
+                            "exp": now + 300, "nbf": now - 10, "iat": now, "jti": format!("{now}-{}", rand_id()),
+                            "access": access,
+                        });
+                        let input = format!(
+                            "{}.{}",
+                            b64url(header.to_string().as_bytes()),
+                            b64url(claims.to_string().as_bytes())
+                        );
+                        let sig = signer.sign(&ring::rand::SystemRandom::new(), input.as_bytes()).unwrap();
+                        *issued.lock().unwrap() += 1;
+                        (
+                            "200 OK",
+                            if post {
+                                serde_json::json!({"access_token": format!("{input}.{}", b64url(sig.as_ref())), "expires_in": 300})
+                            } else {
+                                serde_json::json!({"token": format!("{input}.{}", b64url(sig.as_ref())), "expires_in": 300})
+                            }
+                            .to_string(),
+                        )
+                    };
+                    let resp = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = conn.write_all(resp.as_bytes()).await;
+                    let _ = conn.shutdown().await;
+                });
+            }
+        });
+        TokenServer {
+            port,
+            bundle,
+            _dir: dir,
+            task,
+            issued,
+        }
+    }
+}
+
+/// The identity token (OAuth2 refresh token) the test token server accepts.
+const REFRESH_TOKEN: &str = "ferrolet-refresh-token";
+
+fn rand_id() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_token_flow() {
+    let Some(archive) = prerequisites() else { return };
+    let tokens = TokenServer::start("ferrolet", "s3cret").await;
+    let reg = Registry::start_with(Some(("ferrolet", "s3cret")), false, Some(&tokens));
+    let host = reg.host();
+    let archive2 = archive.clone();
+    let reg_push = tokio::task::spawn_blocking(move || {
+        reg.push(&archive2, "library/busybox:1.35");
+        reg
+    });
+    let reg = reg_push.await.unwrap();
+    let reference = format!("{host}/library/busybox:1.35");
+    let (_t, store) = new_store();
+    let p = puller(&store, RegistryConfig::default());
+
+    // Anonymously the token server refuses: its message is the error.
+    let err = p.pull(&reference, &[], None).await.unwrap_err().to_string();
+    assert!(
+        err.contains("401 Unauthorized") && err.contains("invalid username or password"),
+        "{err}"
+    );
+    // A wrong password, then the right one: the token for the right one is used and cached.
+    let before = *tokens.issued.lock().unwrap();
+    let creds = [
+        Credentials::Basic {
+            username: "ferrolet".into(),
+            password: "nope".into(),
+        },
+        Credentials::Basic {
+            username: "ferrolet".into(),
+            password: "s3cret".into(),
+        },
+    ];
+    let out = p.pull(&reference, &creds, None).await.unwrap();
+    assert!(out.downloaded > 0);
+    assert_eq!(
+        *tokens.issued.lock().unwrap() - before,
+        1,
+        "one token for the whole pull"
+    );
+    drop(reg);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_mirror_times_out() {
+    let Some(archive) = prerequisites() else { return };
+    let reg = Registry::start(None, false);
+    reg.push(&archive, "library/busybox:1.35");
+    // Connections to it are accepted by the kernel and never answered.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let yaml = format!(
+        "mirrors:\n  docker.io:\n    endpoint: [\"http://{}\", \"http://{}\"]\n",
+        silent.local_addr().unwrap(),
+        reg.host()
+    );
+    let (_t, store) = new_store();
+    let p = Puller::new(
+        store.clone(),
+        RegistryConfig::parse(&yaml, "registries.yaml").unwrap(),
+        PullerOptions {
+            max_concurrent_downloads: 1,
+            progress_timeout: Duration::from_secs(1),
+            platform: Platform::parse("linux/amd64").unwrap(),
+        },
+    );
+    let started = Instant::now();
+    p.pull("busybox:1.35", &[], None).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    // Only the silent one: the error says it timed out.
+    let yaml = format!(
+        "mirrors:\n  \"127.0.0.1:{}\":\n    endpoint: [\"http://{}\"]\n",
+        free_port(),
+        silent.local_addr().unwrap()
+    );
+    p.set_registries(RegistryConfig::parse(&yaml, "registries.yaml").unwrap());
+    let dead = yaml.split('"').nth(1).unwrap().to_string();
+    let err = p.pull(&format!("{dead}/x:1"), &[], None).await.unwrap_err().to_string();
+    assert!(err.contains("no answer within 1s"), "{err}");
+}
+
+/// A TCP proxy in front of a registry that cuts the first connection which has carried more
+/// than `cut_after` bytes of answer, and notes the Range requests it relays.
+struct CuttingProxy {
+    port: u16,
+    ranges: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for CuttingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl CuttingProxy {
+    async fn start(upstream: u16, cut_after: usize) -> CuttingProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ranges = Arc::new(Mutex::new(Vec::new()));
+        let cut_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r2 = ranges.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    continue;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let ranges = r2.clone();
+                let cut_done = cut_done.clone();
+                let up = tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        let text = String::from_utf8_lossy(&buf[..n]).to_string();
+                        for l in text.lines() {
+                            if l.to_ascii_lowercase().starts_with("range:") {
+                                ranges.lock().unwrap().push(l[6..].trim().to_string());
+                            }
+                        }
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    let mut relayed = 0usize;
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        relayed += n;
+                        if relayed > cut_after && !cut_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                            break;
+                        }
+                    }
+                    up.abort();
+                    let _ = cw.shutdown().await;
+                });
+            }
+        });
+        CuttingProxy { port, ranges, task }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_cut_mid_layer_is_resumed() {
+    let Some(archive) = prerequisites() else { return };
+    let reg = Registry::start(None, false);
+    reg.push(&archive, "library/busybox:1.35");
+    let proxy = CuttingProxy::start(reg.port, 256 * 1024).await;
+    let reference = format!("127.0.0.1:{}/library/busybox:1.35", proxy.port);
+    let (_t, store) = new_store();
+    let (progress, events) = recorder();
+    let out = puller(&store, RegistryConfig::default())
+        .pull(&reference, &[], Some(progress))
+        .await
+        .unwrap();
+    let layer = &out.record.layers[0];
+    assert!(layer.size > 256 * 1024, "the layer is too small to cut");
+    let ranges = proxy.ranges.lock().unwrap().clone();
+    assert_eq!(ranges.len(), 1, "{ranges:?}");
+    let offset: u64 = ranges[0]
+        .strip_prefix("bytes=")
+        .and_then(|r| r.strip_suffix('-'))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(offset > 0 && offset < layer.size, "{offset}");
+    // The resumed download started where the first stopped.
+    let resumed_from = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            Progress::Downloading { digest, done, .. } if digest == &layer.digest => Some(*done),
+            _ => None,
+        })
+        .filter(|d| *d == offset)
+        .count();
+    assert!(resumed_from >= 1);
+    assert!(store.resolve(&reference).unwrap().layer_dirs[0]
+        .join("bin/busybox")
+        .exists());
 }
