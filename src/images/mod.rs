@@ -291,6 +291,112 @@ impl ImageManager {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use ferrolet_runtime::registry::PullError;
+
+    fn pod(image: &str, policy: &str) -> (Pod, Container) {
+        let c = Container {
+            name: "c".into(),
+            image: Some(image.into()),
+            image_pull_policy: Some(policy.into()),
+            ..Default::default()
+        };
+        let mut p = Pod::default();
+        p.metadata.name = Some("p".into());
+        p.metadata.namespace = Some("default".into());
+        p.metadata.uid = Some("uid-1".into());
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: vec![c.clone()],
+            ..Default::default()
+        });
+        (p, c)
+    }
+
+    /// A store with the demo image, and a manager whose registry is unreachable (it counts
+    /// the pulls asked of it).
+    fn manager(pulls: Arc<AtomicUsize>) -> (tempfile::TempDir, ImageManager) {
+        let root = tempfile::tempdir().unwrap();
+        let store = Arc::new(ImageStore::open(root.path().join("images")).unwrap());
+        local::load_demo(&store);
+        let pull: PullFn = Arc::new(move |image, _creds, _p| {
+            pulls.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                Err(PullError::Other(format!(
+                    "failed to pull and unpack image \"{image}\": registry down"
+                )))
+            })
+        });
+        let m = ImageManager::new(
+            store,
+            pull,
+            PullLimits {
+                serialize: true,
+                max_parallel: None,
+                qps: 0.0,
+                burst: 0,
+            },
+            CredentialSources {
+                node_config_paths: Vec::new(),
+                providers: Providers::default(),
+                static_pod_path: None,
+                objects: None,
+            },
+            Recorder::standalone("n"),
+        );
+        (root, m)
+    }
+
+    #[tokio::test]
+    async fn policies_back_off_and_messages() {
+        let pulls = Arc::new(AtomicUsize::new(0));
+        let (_root, m) = manager(pulls.clone());
+        // A local image with IfNotPresent never asks the registry.
+        let (p, c) = pod(local::DEMO_REF, "IfNotPresent");
+        assert!(m.ensure_image_exists(&p, &c).await.is_ok());
+        let (p, c) = pod("busybox:1.35", "Never");
+        assert!(m.ensure_image_exists(&p, &c).await.is_ok(), "present under Never runs");
+        assert_eq!(pulls.load(Ordering::SeqCst), 0);
+        // Absent under Never.
+        let (p, c) = pod("reg.local/none:1", "Never");
+        let w = m.ensure_image_exists(&p, &c).await.unwrap_err();
+        assert_eq!(w.reason, reasons::ERR_IMAGE_NEVER_PULL);
+        assert_eq!(
+            w.message,
+            "Container image \"reg.local/none:1\" is not present with pull policy of Never"
+        );
+        // Always asks the registry even for an image the store has; unreachable, it fails as
+        // kubelet's does, then backs off.
+        let (p, c) = pod(local::DEMO_REF, "Always");
+        let w = m.ensure_image_exists(&p, &c).await.unwrap_err();
+        assert_eq!(w.reason, reasons::ERR_IMAGE_PULL);
+        assert!(w.message.contains("registry down"), "{}", w.message);
+        let retry = w.retry_at.unwrap() - Utc::now();
+        assert!(
+            retry <= chrono::Duration::seconds(10) && retry > chrono::Duration::seconds(8),
+            "{retry}"
+        );
+        let w = m.ensure_image_exists(&p, &c).await.unwrap_err();
+        assert_eq!(w.reason, reasons::IMAGE_PULL_BACK_OFF);
+        assert_eq!(
+            w.message,
+            format!(
+                "Back-off pulling image \"{}\": failed to pull and unpack image \"{}\": registry down",
+                local::DEMO_REF,
+                local::DEMO_REF
+            )
+        );
+        assert_eq!(pulls.load(Ordering::SeqCst), 1, "no pull during the back-off");
+        // Another pod's back-off is its own.
+        let (mut p2, c2) = pod(local::DEMO_REF, "Always");
+        p2.metadata.uid = Some("uid-2".into());
+        assert_eq!(
+            m.ensure_image_exists(&p2, &c2).await.unwrap_err().reason,
+            reasons::ERR_IMAGE_PULL
+        );
+        assert_eq!(pulls.load(Ordering::SeqCst), 2);
+    }
 
     #[test]
     fn the_examples_load() {

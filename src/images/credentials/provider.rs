@@ -464,7 +464,8 @@ mod tests {
 
         assert!(providers.provide("other.io/x").await.is_empty(), "not matched: not run");
         assert_eq!(runs(), 0);
-        let got = vec![providers.plugins[0].provide("a.example.io/team/app").await.unwrap()];
+        let got = providers.provide("a.example.io/team/app").await;
+        assert_eq!(got.len(), 1);
         let mut k = super::super::Keyring::default();
         k.add(&got[0]);
         assert!(
