@@ -5,6 +5,7 @@
 //! - [`puller`]: serialized or parallel pulls, the registry QPS;
 //! - [`credentials`]: imagePullSecrets, the node's docker config and credential plugins;
 //! - [`gc`]: image garbage collection under disk thresholds;
+//! - [`registry_watch`]: the registries.yaml re-read when it changes;
 //! - [`local`]: images that reach a node without a registry (the demo image, the import
 //!   directory).
 //!
@@ -17,6 +18,7 @@ pub mod gc;
 pub mod local;
 pub mod policy;
 pub mod puller;
+pub mod registry_watch;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
