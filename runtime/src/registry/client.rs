@@ -159,6 +159,8 @@ pub enum HttpError {
     },
     /// No answer: connection refused, TLS, timeout.
     Network { host: String, message: String },
+    /// The TLS handshake met something that is not TLS: a plain http server.
+    NotTls { host: String, message: String },
 }
 
 impl std::fmt::Display for HttpError {
@@ -171,7 +173,9 @@ impl std::fmt::Display for HttpError {
                 }
                 Ok(())
             }
-            HttpError::Network { host, message } => write!(f, "pulling from host {host} failed: {message}"),
+            HttpError::Network { host, message } | HttpError::NotTls { host, message } => {
+                write!(f, "pulling from host {host} failed: {message}")
+            }
         }
     }
 }
@@ -180,7 +184,7 @@ impl HttpError {
     pub fn status(&self) -> Option<StatusCode> {
         match self {
             HttpError::Status { status, .. } => Some(*status),
-            HttpError::Network { .. } => None,
+            HttpError::Network { .. } | HttpError::NotTls { .. } => None,
         }
     }
 }
@@ -229,14 +233,17 @@ pub fn error_message(body: &[u8]) -> String {
     }
 }
 
-/// Tokens shared by all pulls: (host, service, scope, credential) -> token until it expires.
+/// (host, service, scope, credential fingerprint).
+type TokenKey = (String, String, String, String);
+
+/// Tokens shared by all pulls: token and until when it is good, by [`TokenKey`].
 #[derive(Default)]
 pub struct TokenCache {
-    tokens: Mutex<HashMap<(String, String, String, String), (String, Instant)>>,
+    tokens: Mutex<HashMap<TokenKey, (String, Instant)>>,
 }
 
 impl TokenCache {
-    fn get(&self, key: &(String, String, String, String)) -> Option<String> {
+    fn get(&self, key: &TokenKey) -> Option<String> {
         let mut m = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         match m.get(key) {
             Some((t, until)) if *until > Instant::now() => Some(t.clone()),
@@ -248,7 +255,7 @@ impl TokenCache {
         }
     }
 
-    fn put(&self, key: (String, String, String, String), token: String, lifetime: Duration) {
+    fn put(&self, key: TokenKey, token: String, lifetime: Duration) {
         self.tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -364,13 +371,14 @@ impl Session {
                     host: self.host(),
                     message: format!("bad request URL {url}: {e}"),
                 })?;
-            let resp = self
-                .timed(self.client.request(req))
-                .await?
-                .map_err(|e| HttpError::Network {
-                    host: self.host(),
-                    message: error_chain(&e),
-                })?;
+            let resp = self.timed(self.client.request(req)).await?.map_err(|e| {
+                let (host, message) = (self.host(), error_chain(&e));
+                if speaks_no_tls(&e) {
+                    HttpError::NotTls { host, message }
+                } else {
+                    HttpError::Network { host, message }
+                }
+            })?;
             if resp.status().is_redirection() && resp.status() != StatusCode::NOT_MODIFIED {
                 if let Some(loc) = resp.headers().get(header::LOCATION).and_then(|l| l.to_str().ok()) {
                     url = join_url(&url, loc);
@@ -405,7 +413,9 @@ impl Session {
     ) -> Result<Response<Incoming>, HttpError> {
         let eff = self.effective_url(url);
         let res = self.send_once(method, &eff, headers, authorization, body.clone()).await;
-        if let Err(HttpError::Network { .. }) = &res {
+        // Only a server that answered the handshake with something else than TLS (a plain
+        // http registry) is retried over http; certificate errors stand.
+        if let Err(HttpError::NotTls { .. }) = &res {
             if self.endpoint.http_fallback && eff.starts_with("https://") && self.endpoint.scheme == Scheme::Https {
                 let plain = format!("http://{}", &eff["https://".len()..]);
                 if let Ok(r) = self.send_once(method, &plain, headers, authorization, body).await {
@@ -637,6 +647,23 @@ pub async fn read_limited(
         }
     }
     Ok(out)
+}
+
+/// Whether the TLS handshake failed because the peer does not speak TLS (rustls finds an
+/// invalid message, as when a plain http server answers).
+fn speaks_no_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(r) = c.downcast_ref::<rustls::Error>() {
+            return matches!(r, rustls::Error::InvalidMessage(_));
+        }
+        // io::Error hides what it wraps from source(): look inside.
+        cur = match c.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => c.source(),
+        };
+    }
+    false
 }
 
 /// An error with its causes, `a: b: c`.

@@ -82,9 +82,22 @@ pub struct PullerOptions {
     /// Blobs downloaded at once, across all pulls.
     pub max_concurrent_downloads: usize,
     /// A download that makes no progress for this long fails (containerd's
-    /// image_pull_progress_timeout).
+    /// image_pull_progress_timeout); so does a request with no answer for this long. Zero: no
+    /// limit.
     pub progress_timeout: Duration,
     pub platform: Platform,
+}
+
+impl Default for PullerOptions {
+    /// containerd's defaults: 3 downloads at once, a 1 minute progress timeout, this node's
+    /// platform.
+    fn default() -> Self {
+        PullerOptions {
+            max_concurrent_downloads: 3,
+            progress_timeout: Duration::from_secs(60),
+            platform: Platform::host(),
+        }
+    }
 }
 
 /// What a pull did.

@@ -794,7 +794,7 @@ impl Inner {
                 offset = 0;
                 hasher = sha2::Sha256::new();
             }
-            let mut file = tokio::fs::OpenOptions::new()
+            let file = tokio::fs::OpenOptions::new()
                 .create(true)
                 .write(true)
                 .truncate(!resumed)
@@ -802,6 +802,8 @@ impl Inner {
                 .open(&partial)
                 .await
                 .map_err(|e| io_fail("opening", e))?;
+            // Chunks arrive in kilobytes: write in megabytes.
+            let mut file = tokio::io::BufWriter::with_capacity(1 << 20, file);
             if offset > 0 {
                 tracing::info!(blob = %d, offset, total = size, "resuming a partial download");
             }
@@ -854,7 +856,7 @@ impl Inner {
                 }
             };
             file.flush().await.map_err(|e| io_fail("writing", e))?;
-            file.sync_all().await.map_err(|e| io_fail("syncing", e))?;
+            file.get_ref().sync_all().await.map_err(|e| io_fail("syncing", e))?;
             drop(file);
             match broke {
                 None if done == size => return self.finish(&partial, d, size, hasher, &host).await.map(|_| fetched),
