@@ -49,6 +49,7 @@ pub const EVENT_FAILED: &str = "Failed";
 pub const EVENT_BACK_OFF: &str = "BackOff";
 pub const EVENT_ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
 pub const EVENT_FAILED_PULL_SECRET: &str = "FailedToRetrieveImagePullSecret";
+pub const EVENT_INSPECT_FAILED: &str = "InspectFailed";
 
 /// How soon a container whose image may never be pulled is looked at again (an archive may be
 /// imported meanwhile).
@@ -105,6 +106,19 @@ impl ImageManager {
     pub async fn ensure_image_exists(&self, p: &Pod, c: &Container) -> Result<Digest, Waiting> {
         let image = c.image.clone().unwrap_or_default();
         let start = Instant::now();
+        if let Err(e) = ferrolet_runtime::image::Reference::parse(&image) {
+            let msg = policy::invalid_name(&image, &e.to_string());
+            self.event(p, c, Kind::Warning, EVENT_INSPECT_FAILED, &msg);
+            self.event(
+                p,
+                c,
+                Kind::Warning,
+                EVENT_FAILED,
+                &policy::error_event(reasons::INVALID_IMAGE_NAME),
+            );
+            // Only a change of the pod can fix it.
+            return Err(Waiting::new(reasons::INVALID_IMAGE_NAME, msg));
+        }
         let present = {
             let (store, image) = (self.store.clone(), image.clone());
             crate::tasks::blocking(move || Ok(store.find(&image).ok()))
@@ -360,6 +374,17 @@ mod tests {
         let (p, c) = pod("busybox:1.35", "Never");
         assert!(m.ensure_image_exists(&p, &c).await.is_ok(), "present under Never runs");
         assert_eq!(pulls.load(Ordering::SeqCst), 0);
+        // Not a reference at all.
+        let (p, c) = pod("Reg.Local/UPPER:1", "IfNotPresent");
+        let w = m.ensure_image_exists(&p, &c).await.unwrap_err();
+        assert_eq!(w.reason, reasons::INVALID_IMAGE_NAME);
+        assert!(
+            w.message
+                .starts_with("Failed to apply default image tag \"Reg.Local/UPPER:1\": couldn't parse image name"),
+            "{}",
+            w.message
+        );
+        assert!(w.retry_at.is_none());
         // Absent under Never.
         let (p, c) = pod("reg.local/none:1", "Never");
         let w = m.ensure_image_exists(&p, &c).await.unwrap_err();
