@@ -189,13 +189,15 @@ impl ImageManager {
                 self.event(p, c, Kind::Warning, EVENT_FAILED, &policy::failed(&image, &err));
                 let wait = {
                     let mut b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+                    b.gc(Utc::now());
                     b.next(&key, Utc::now());
                     b.current(&key).unwrap_or(Duration::from_secs(10))
                 };
                 {
+                    // Locked in the order the success path locks them: back-off, then errors.
+                    let b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
                     let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
                     // Keys of pods gone are dropped with their back-off entries.
-                    let b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
                     last.retain(|k, _| b.current(k).is_some());
                     last.insert(key, err.clone());
                 }
