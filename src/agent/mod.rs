@@ -402,31 +402,26 @@ fn start_puller(cfg: &Config, rt: &Runtime) -> Result<Arc<ferrolet_runtime::regi
 /// Re-read the registries.yaml when it changes (checked every fileCheckFrequency); a file
 /// that does not load keeps the configuration in force, and says why once per change.
 fn watch_registries(cfg: &Config, puller: Arc<ferrolet_runtime::registry::Puller>) {
-    let path = cfg.registry_config_file();
-    let stamp = |p: &Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| (m.len(), m.modified().ok(), std::fs::read(p).ok()))
-    };
-    let last = Arc::new(Mutex::new(stamp(&path)));
+    let watch = Arc::new(Mutex::new(crate::images::registry_watch::RegistryWatch::new(
+        cfg.registry_config_file(),
+    )));
     let every = cfg.file_check_frequency;
     spawn_loop("registry config", every, move || {
-        let (path, last, puller) = (path.clone(), last.clone(), puller.clone());
+        let (watch, puller) = (watch.clone(), puller.clone());
         async move {
             tokio::time::sleep(every).await;
             let _ = blocking(move || {
-                let now = stamp(&path);
-                let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
-                if now == *last {
-                    return Ok(());
-                }
-                *last = now;
-                match ferrolet_runtime::registry::RegistryConfig::load(&path) {
-                    Ok(r) => {
+                let mut w = watch.lock().unwrap_or_else(|e| e.into_inner());
+                match w.check() {
+                    None => {}
+                    Some(Ok(r)) => {
                         puller.set_registries(r);
-                        info!(file = %path.display(), "registry config reloaded");
+                        info!(file = %w.path().display(), "registry config reloaded");
                     }
-                    Err(e) => error!(file = %path.display(), "registry config not reloaded, the previous one stays in force: {e}"),
+                    Some(Err(e)) => error!(
+                        file = %w.path().display(),
+                        "registry config not reloaded, the previous one stays in force: {e}"
+                    ),
                 }
                 Ok(())
             })

@@ -2,6 +2,8 @@
 //! configuration file and the defaults. An unset flag leaves the value alone; a bad value is an
 //! error naming the flag.
 
+#[cfg(test)]
+use std::path::Path;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -160,19 +162,19 @@ pub struct RunFlags {
     #[arg(long = "serialize-image-pulls", num_args = 0..=1, default_missing_value = "true")]
     pub serialize_image_pulls: Option<bool>,
     /// Pulls at once when not serialized (kubelet's maxParallelImagePulls).
-    #[arg(long = "max-parallel-image-pulls")]
+    #[arg(long = "max-parallel-image-pulls", allow_negative_numbers = true)]
     pub max_parallel_image_pulls: Option<i64>,
     /// Image pulls a second, 0 for no limit (kubelet's registryPullQPS, default 5).
-    #[arg(long = "registry-qps")]
+    #[arg(long = "registry-qps", allow_negative_numbers = true)]
     pub registry_qps: Option<i64>,
     /// Burst of image pulls (kubelet's registryBurst, default 10).
-    #[arg(long = "registry-burst")]
+    #[arg(long = "registry-burst", allow_negative_numbers = true)]
     pub registry_burst: Option<i64>,
     /// Image GC starts at this percent of the image filesystem used (default 85).
-    #[arg(long = "image-gc-high-threshold")]
+    #[arg(long = "image-gc-high-threshold", allow_negative_numbers = true)]
     pub image_gc_high_threshold: Option<i32>,
     /// Image GC frees down to this percent (default 80).
-    #[arg(long = "image-gc-low-threshold")]
+    #[arg(long = "image-gc-low-threshold", allow_negative_numbers = true)]
     pub image_gc_low_threshold: Option<i32>,
     /// Images younger than this are not collected (default 2m).
     #[arg(long = "minimum-image-gc-age")]
@@ -181,7 +183,7 @@ pub struct RunFlags {
     #[arg(long = "image-pull-progress-timeout")]
     pub image_pull_progress_timeout: Option<String>,
     /// Images in the Node's status, -1 for all (default 50).
-    #[arg(long = "node-status-max-images")]
+    #[arg(long = "node-status-max-images", allow_negative_numbers = true)]
     pub node_status_max_images: Option<i32>,
     /// CredentialProviderConfig of exec credential plugins.
     #[arg(long = "image-credential-provider-config")]
@@ -453,4 +455,73 @@ fn apply_serving(s: &mut ServingConfig, f: &RunFlags) -> Result<()> {
         s.authz_cache_unauthorized_ttl = d;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        flags: RunFlags,
+    }
+
+    fn load(args: &[&str]) -> Result<Config> {
+        let cmd = Cmd::try_parse_from(std::iter::once("run").chain(args.iter().copied()))?;
+        let mut cfg = Config::default();
+        apply(&mut cfg, &cmd.flags)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn image_flags() {
+        let c = load(&[
+            "--registry-config=/etc/reg.yaml",
+            "--serialize-image-pulls=false",
+            "--max-parallel-image-pulls=4",
+            "--registry-qps=0",
+            "--registry-burst=3",
+            "--image-gc-high-threshold=95",
+            "--image-gc-low-threshold=90",
+            "--minimum-image-gc-age=30s",
+            "--image-pull-progress-timeout=0",
+            "--node-status-max-images",
+            "-1",
+            "--image-credential-provider-config=/etc/cp.yaml",
+            "--image-credential-provider-bin-dir=/usr/libexec/cp",
+        ])
+        .unwrap();
+        let i = &c.images;
+        assert_eq!(c.registry_config_file(), Path::new("/etc/reg.yaml"));
+        assert!(!i.serialize_image_pulls);
+        assert_eq!(i.max_parallel_image_pulls, Some(4));
+        assert_eq!((i.registry_pull_qps, i.registry_burst), (0, 3));
+        assert_eq!(
+            (i.image_gc_high_threshold_percent, i.image_gc_low_threshold_percent),
+            (95, 90)
+        );
+        assert_eq!(i.image_minimum_gc_age, Duration::from_secs(30));
+        assert!(i.image_pull_progress_timeout.is_zero());
+        assert_eq!(i.node_status_max_images, -1);
+        assert_eq!(
+            i.credential_provider_bin_dir.as_deref(),
+            Some(Path::new("/usr/libexec/cp"))
+        );
+        let d = load(&["--root-dir=/srv/f"]).unwrap();
+        assert_eq!(
+            d.registry_config_file(),
+            Path::new("/srv/f/registries.yaml"),
+            "default under the root dir"
+        );
+        let e = load(&["--registry-burst", "-2"]).unwrap_err().to_string();
+        assert!(
+            e.contains("registryBurst (--registry-burst) -2 must not be a negative number"),
+            "{e}"
+        );
+        let e = load(&["--minimum-image-gc-age=soon"]).unwrap_err().to_string();
+        assert!(e.contains("--minimum-image-gc-age"), "{e}");
+    }
 }

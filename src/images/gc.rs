@@ -100,6 +100,9 @@ pub fn bytes_to_free(capacity: u64, available: u64, high: i32, low: i32) -> Opti
     Some((target.saturating_sub(available as u128)) as u64)
 }
 
+/// Containers and the image each uses.
+type Users = Vec<(String, Digest)>;
+
 /// What one collection did.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Report {
@@ -144,8 +147,8 @@ impl ImageGc {
 
     /// The images containers use; `None` when a container's image is not known (its record
     /// was rebuilt): then no image may go.
-    fn in_use(&self) -> Option<(Vec<(String, Digest)>, HashSet<Digest>)> {
-        let users: Vec<(String, Digest)> = ferrolet_runtime::container::list_records(&self.root_dir)
+    fn in_use(&self) -> Option<(Users, HashSet<Digest>)> {
+        let users: Users = ferrolet_runtime::container::list_records(&self.root_dir)
             .into_iter()
             .map(|r| (r.id, r.image_ref))
             .collect();
@@ -328,5 +331,66 @@ mod tests {
         assert_eq!(bytes_to_free(1000, 50, 85, 80), Some(150));
         assert_eq!(bytes_to_free(0, 0, 85, 80), None);
         assert_eq!(bytes_to_free(100, 99, 1, 0), Some(1));
+    }
+
+    /// The built-in demo image in a real store under a temp root (no containers there).
+    fn store_with_demo() -> (tempfile::TempDir, Arc<ImageStore>) {
+        let root = tempfile::tempdir().unwrap();
+        let store = Arc::new(ImageStore::open(root.path().join("images")).unwrap());
+        crate::images::local::load_demo(&store);
+        assert_eq!(
+            store.list().unwrap().len(),
+            1,
+            "the demo image is built into the binary"
+        );
+        (root, store)
+    }
+
+    #[test]
+    fn over_the_threshold_frees_what_is_old_enough() {
+        let (root, store) = store_with_demo();
+        let policy = GcPolicy {
+            // Any usage is over 0%: everything eligible goes, and it can never be enough.
+            high_threshold_percent: 0,
+            low_threshold_percent: 0,
+            min_age: Duration::from_secs(3600),
+            max_age: Duration::ZERO,
+        };
+        let events = Recorder::standalone("n");
+        let gc = ImageGc::new(store.clone(), root.path().to_path_buf(), policy, events.clone());
+        let now = Utc::now();
+        let e = gc.collect(now).unwrap_err();
+        assert!(e.contains("but only found 0 bytes eligible to free"), "{e}");
+        assert_eq!(store.list().unwrap().len(), 1, "younger than imageMinimumGCAge: kept");
+        let e = gc.collect(now + chrono::Duration::hours(2)).unwrap_err();
+        assert!(
+            e.starts_with("Failed to garbage collect required amount of images"),
+            "{e}"
+        );
+        assert!(store.list().unwrap().is_empty(), "old enough and unused: removed");
+        let layers = std::fs::read_dir(store.dir().join("layers")).unwrap().count();
+        assert_eq!(layers, 0, "its layers went with it");
+    }
+
+    #[test]
+    fn maximum_age_removes_unused_images_whatever_the_disk() {
+        let (root, store) = store_with_demo();
+        let policy = GcPolicy {
+            high_threshold_percent: 100,
+            low_threshold_percent: 99,
+            min_age: Duration::ZERO,
+            max_age: Duration::from_secs(600),
+        };
+        let gc = ImageGc::new(
+            store.clone(),
+            root.path().to_path_buf(),
+            policy,
+            Recorder::standalone("n"),
+        );
+        let now = Utc::now();
+        assert_eq!(gc.collect(now).unwrap().removed.len(), 0, "just detected");
+        let r = gc.collect(now + chrono::Duration::minutes(11)).unwrap();
+        assert_eq!(r.removed.len(), 1);
+        assert!(store.list().unwrap().is_empty());
     }
 }

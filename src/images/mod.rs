@@ -5,6 +5,7 @@
 //! - [`puller`]: serialized or parallel pulls, the registry QPS;
 //! - [`credentials`]: imagePullSecrets, the node's docker config and credential plugins;
 //! - [`gc`]: image garbage collection under disk thresholds;
+//! - [`registry_watch`]: the registries.yaml re-read when it changes;
 //! - [`local`]: images that reach a node without a registry (the demo image, the import
 //!   directory).
 //!
@@ -17,6 +18,7 @@ pub mod gc;
 pub mod local;
 pub mod policy;
 pub mod puller;
+pub mod registry_watch;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -47,6 +49,7 @@ pub const EVENT_FAILED: &str = "Failed";
 pub const EVENT_BACK_OFF: &str = "BackOff";
 pub const EVENT_ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
 pub const EVENT_FAILED_PULL_SECRET: &str = "FailedToRetrieveImagePullSecret";
+pub const EVENT_INSPECT_FAILED: &str = "InspectFailed";
 
 /// How soon a container whose image may never be pulled is looked at again (an archive may be
 /// imported meanwhile).
@@ -103,6 +106,19 @@ impl ImageManager {
     pub async fn ensure_image_exists(&self, p: &Pod, c: &Container) -> Result<Digest, Waiting> {
         let image = c.image.clone().unwrap_or_default();
         let start = Instant::now();
+        if let Err(e) = ferrolet_runtime::image::Reference::parse(&image) {
+            let msg = policy::invalid_name(&image, &e.to_string());
+            self.event(p, c, Kind::Warning, EVENT_INSPECT_FAILED, &msg);
+            self.event(
+                p,
+                c,
+                Kind::Warning,
+                EVENT_FAILED,
+                &policy::error_event(reasons::INVALID_IMAGE_NAME),
+            );
+            // Only a change of the pod can fix it.
+            return Err(Waiting::new(reasons::INVALID_IMAGE_NAME, msg));
+        }
         let present = {
             let (store, image) = (self.store.clone(), image.clone());
             crate::tasks::blocking(move || Ok(store.find(&image).ok()))
@@ -173,13 +189,15 @@ impl ImageManager {
                 self.event(p, c, Kind::Warning, EVENT_FAILED, &policy::failed(&image, &err));
                 let wait = {
                     let mut b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+                    b.gc(Utc::now());
                     b.next(&key, Utc::now());
                     b.current(&key).unwrap_or(Duration::from_secs(10))
                 };
                 {
+                    // Locked in the order the success path locks them: back-off, then errors.
+                    let b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
                     let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
                     // Keys of pods gone are dropped with their back-off entries.
-                    let b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
                     last.retain(|k, _| b.current(k).is_some());
                     last.insert(key, err.clone());
                 }
@@ -291,6 +309,123 @@ impl ImageManager {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use ferrolet_runtime::registry::PullError;
+
+    fn pod(image: &str, policy: &str) -> (Pod, Container) {
+        let c = Container {
+            name: "c".into(),
+            image: Some(image.into()),
+            image_pull_policy: Some(policy.into()),
+            ..Default::default()
+        };
+        let mut p = Pod::default();
+        p.metadata.name = Some("p".into());
+        p.metadata.namespace = Some("default".into());
+        p.metadata.uid = Some("uid-1".into());
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: vec![c.clone()],
+            ..Default::default()
+        });
+        (p, c)
+    }
+
+    /// A store with the demo image, and a manager whose registry is unreachable (it counts
+    /// the pulls asked of it).
+    fn manager(pulls: Arc<AtomicUsize>) -> (tempfile::TempDir, ImageManager) {
+        let root = tempfile::tempdir().unwrap();
+        let store = Arc::new(ImageStore::open(root.path().join("images")).unwrap());
+        local::load_demo(&store);
+        let pull: PullFn = Arc::new(move |image, _creds, _p| {
+            pulls.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                Err(PullError::Other(format!(
+                    "failed to pull and unpack image \"{image}\": registry down"
+                )))
+            })
+        });
+        let m = ImageManager::new(
+            store,
+            pull,
+            PullLimits {
+                serialize: true,
+                max_parallel: None,
+                qps: 0.0,
+                burst: 0,
+            },
+            CredentialSources {
+                node_config_paths: Vec::new(),
+                providers: Providers::default(),
+                static_pod_path: None,
+                objects: None,
+            },
+            Recorder::standalone("n"),
+        );
+        (root, m)
+    }
+
+    #[tokio::test]
+    async fn policies_back_off_and_messages() {
+        let pulls = Arc::new(AtomicUsize::new(0));
+        let (_root, m) = manager(pulls.clone());
+        // A local image with IfNotPresent never asks the registry.
+        let (p, c) = pod(local::DEMO_REF, "IfNotPresent");
+        assert!(m.ensure_image_exists(&p, &c).await.is_ok());
+        let (p, c) = pod("busybox:1.35", "Never");
+        assert!(m.ensure_image_exists(&p, &c).await.is_ok(), "present under Never runs");
+        assert_eq!(pulls.load(Ordering::SeqCst), 0);
+        // Not a reference at all.
+        let (p, c) = pod("Reg.Local/UPPER:1", "IfNotPresent");
+        let w = m.ensure_image_exists(&p, &c).await.unwrap_err();
+        assert_eq!(w.reason, reasons::INVALID_IMAGE_NAME);
+        assert!(
+            w.message
+                .starts_with("Failed to apply default image tag \"Reg.Local/UPPER:1\": couldn't parse image name"),
+            "{}",
+            w.message
+        );
+        assert!(w.retry_at.is_none());
+        // Absent under Never.
+        let (p, c) = pod("reg.local/none:1", "Never");
+        let w = m.ensure_image_exists(&p, &c).await.unwrap_err();
+        assert_eq!(w.reason, reasons::ERR_IMAGE_NEVER_PULL);
+        assert_eq!(
+            w.message,
+            "Container image \"reg.local/none:1\" is not present with pull policy of Never"
+        );
+        // Always asks the registry even for an image the store has; unreachable, it fails as
+        // kubelet's does, then backs off.
+        let (p, c) = pod(local::DEMO_REF, "Always");
+        let w = m.ensure_image_exists(&p, &c).await.unwrap_err();
+        assert_eq!(w.reason, reasons::ERR_IMAGE_PULL);
+        assert!(w.message.contains("registry down"), "{}", w.message);
+        let retry = w.retry_at.unwrap() - Utc::now();
+        assert!(
+            retry <= chrono::Duration::seconds(10) && retry > chrono::Duration::seconds(8),
+            "{retry}"
+        );
+        let w = m.ensure_image_exists(&p, &c).await.unwrap_err();
+        assert_eq!(w.reason, reasons::IMAGE_PULL_BACK_OFF);
+        assert_eq!(
+            w.message,
+            format!(
+                "Back-off pulling image \"{}\": failed to pull and unpack image \"{}\": registry down",
+                local::DEMO_REF,
+                local::DEMO_REF
+            )
+        );
+        assert_eq!(pulls.load(Ordering::SeqCst), 1, "no pull during the back-off");
+        // Another pod's back-off is its own.
+        let (mut p2, c2) = pod(local::DEMO_REF, "Always");
+        p2.metadata.uid = Some("uid-2".into());
+        assert_eq!(
+            m.ensure_image_exists(&p2, &c2).await.unwrap_err().reason,
+            reasons::ERR_IMAGE_PULL
+        );
+        assert_eq!(pulls.load(Ordering::SeqCst), 2);
+    }
 
     #[test]
     fn the_examples_load() {

@@ -47,6 +47,11 @@ pub fn never_pull(image: &str) -> String {
     format!("Container image \"{image}\" is not present with pull policy of Never")
 }
 
+/// kubelet's InvalidImageName message.
+pub fn invalid_name(image: &str, err: &str) -> String {
+    format!("Failed to apply default image tag \"{image}\": couldn't parse image name \"{image}\": {err}")
+}
+
 pub fn pulling(image: &str) -> String {
     format!("Pulling image \"{image}\"")
 }

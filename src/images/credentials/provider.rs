@@ -248,6 +248,9 @@ pub struct Plugin {
     timeout: Duration,
     /// Cache key -> (expiry, credentials).
     cache: Mutex<HashMap<String, (Instant, DockerConfig)>>,
+    /// One run at a time: pulls asking at once wait for the first answer and find it in the
+    /// cache (kubelet runs a plugin once per image at a time, with singleflight).
+    running: tokio::sync::Mutex<()>,
 }
 
 impl Plugin {
@@ -265,6 +268,7 @@ impl Plugin {
             bin,
             timeout,
             cache: Mutex::new(HashMap::new()),
+            running: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -284,6 +288,10 @@ impl Plugin {
 
     /// The plugin's credentials for `image`, from the cache or by running it.
     pub async fn provide(&self, image: &str) -> Result<DockerConfig, String> {
+        if let Some(d) = self.cached(image) {
+            return Ok(d);
+        }
+        let _running = self.running.lock().await;
         if let Some(d) = self.cached(image) {
             return Ok(d);
         }
@@ -464,7 +472,8 @@ mod tests {
 
         assert!(providers.provide("other.io/x").await.is_empty(), "not matched: not run");
         assert_eq!(runs(), 0);
-        let got = vec![providers.plugins[0].provide("a.example.io/team/app").await.unwrap()];
+        let got = providers.provide("a.example.io/team/app").await;
+        assert_eq!(got.len(), 1);
         let mut k = super::super::Keyring::default();
         k.add(&got[0]);
         assert!(
@@ -476,11 +485,14 @@ mod tests {
             first.contains(r#""image":"a.example.io/team/app""#) && first.contains("CredentialProviderRequest"),
             "{first}"
         );
-        // Cached by registry: another repository of the same registry does not run it again.
+        // Cached by registry: another repository of the same registry does not run it again,
+        // nor do two asking at once for a third registry.
         providers.provide("a.example.io/other").await;
         assert_eq!(runs(), 1);
+        let (x, y) = tokio::join!(providers.provide("z.example.io/a"), providers.provide("z.example.io/b"));
+        assert_eq!((x.len(), y.len(), runs()), (1, 1, 2));
         providers.provide("b.example.io/other").await;
-        assert_eq!(runs(), 2, "another registry runs it");
+        assert_eq!(runs(), 3, "another registry runs it");
 
         // A plugin that hangs is cut off at the timeout.
         std::fs::write(&path, "#!/bin/sh\nexec sleep 30\n").unwrap();
