@@ -592,6 +592,31 @@ fn cli_mirror_first_then_upstream_and_rewrite() {
         "recorded under the name asked for, not the rewritten one"
     );
     assert_eq!(manifest_gets(&up.requests(), "demo/only"), 0);
+    // Docker Hub names through a mirror for docker.io (library/ added), and "*" for any
+    // registry: neither upstream is asked (example.invalid does not even resolve).
+    mirror.push(&archive("two.oci.tar"), "1", "library/two:1", false, None);
+    let hub = write_file(
+        cfgdir.path(),
+        "hub.yaml",
+        &format!(
+            "mirrors:\n  docker.io:\n    endpoint:\n      - \"http://{}\"\n  \"*\":\n    endpoint:\n      - \"http://{}\"\n",
+            proxy.host(),
+            proxy.host()
+        ),
+    );
+    let d = root();
+    pull_ok(d.path(), "two:1", &["--registry-config", hub.to_str().unwrap()]);
+    assert!(store(d.path()).find("docker.io/library/two:1").is_ok());
+    assert!(proxy
+        .requests()
+        .iter()
+        .any(|h| h.contains("/v2/library/two/manifests/1")));
+    pull_ok(
+        d.path(),
+        "example.invalid/demo/two:1",
+        &["--registry-config", hub.to_str().unwrap()],
+    );
+    assert!(store(d.path()).find("example.invalid/demo/two:1").is_ok());
     // A bad registries.yaml: the error names the file and the field.
     let bad = write_file(
         cfgdir.path(),
