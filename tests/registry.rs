@@ -66,6 +66,10 @@ fn main() {
         test("pod_image_gc_keeps_images_in_use", pod_image_gc_keeps_images_in_use),
         test("pod_registry_pull_qps", pod_registry_pull_qps),
         test(
+            "pod_token_auth_from_a_credential_provider_plugin",
+            pod_token_auth_from_a_credential_provider_plugin,
+        ),
+        test(
             "pod_stalled_download_times_out_then_resumes",
             pod_stalled_download_times_out_then_resumes,
         ),
@@ -939,6 +943,64 @@ fn pod_auth_errors_back_off_and_pull_secrets() {
     a.wait_phase("reload", "Running", Duration::from_secs(90));
     // noauth (IfNotPresent) finds the image on the node when its back-off ends.
     a.wait_phase("noauth", "Running", Duration::from_secs(90));
+}
+
+/// kubelet's exec credential provider (credentialprovider.kubelet.k8s.io/v1) giving the
+/// credentials for a token-auth registry: the plugin hears the image, the token server the
+/// account.
+fn pod_token_auth_from_a_credential_provider_plugin() {
+    use std::os::unix::fs::PermissionsExt;
+    let r = Registry::start("plugin", false, Auth::Token);
+    r.push(&archive("two.oci.tar"), "1", "demo/two:1", false, None);
+    let host = r.host();
+    let dir = root();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let request = dir.path().join("request.json");
+    let plugin = bin.join("test-provider");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\ncat > {}\nprintf '%s' '{{\"kind\":\"CredentialProviderResponse\",\"apiVersion\":\"credentialprovider.kubelet.k8s.io/v1\",\"cacheKeyType\":\"Registry\",\"cacheDuration\":\"60s\",\"auth\":{{\"{host}\":{{\"username\":\"{USER}\",\"password\":\"{PASSWORD}\"}}}}}}'\n",
+            request.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = write_file(
+        dir.path(),
+        "providers.yaml",
+        &format!(
+            "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders:\n- name: test-provider\n  matchImages: [\"{host}\"]\n  defaultCacheDuration: 1m\n  apiVersion: credentialprovider.kubelet.k8s.io/v1\n"
+        ),
+    );
+    let a = Agent::start(
+        "regplugin",
+        &[
+            "--image-credential-provider-config",
+            cfg.to_str().unwrap(),
+            "--image-credential-provider-bin-dir",
+            bin.to_str().unwrap(),
+        ],
+    );
+    let image = format!("{host}/demo/two:1");
+    a.write(
+        "plugin.yaml",
+        &pod("plugin", &image, "Always", "cat /etc/two-release; sleep 3600", ""),
+    );
+    a.wait_phase("plugin", "Running", T);
+    let req = std::fs::read_to_string(&request).expect("the plugin was run");
+    let v: serde_json::Value = serde_json::from_str(&req).expect("a JSON request");
+    assert_eq!(v["kind"], "CredentialProviderRequest", "{req}");
+    // kubelet looks credentials up by the repository (parsers.ParseImageName's repoToPull)
+    assert_eq!(v["image"], format!("{host}/demo/two").as_str(), "{req}");
+    let tokens = r.tokens.as_ref().unwrap().requests();
+    assert!(
+        tokens.iter().any(|t| t.status == 200
+            && t.account.as_deref() == Some(USER)
+            && t.scopes.iter().any(|s| s == "repository:demo/two:pull")),
+        "{tokens:#?}"
+    );
 }
 
 /// registryPullQPS / registryBurst: as kubelet's throttled image service, a pull over the rate
