@@ -13,8 +13,9 @@ fi
 # Debian packages: libseccomp for the seccomp profiles, busybox-static for the demo image,
 # CNI plugins and nftables for pod networking, iproute2 for the network tests' namespaces,
 # etcd for the cluster tests' control plane (installed here, outside the tests' namespaces,
-# where the package mirror is reachable).
-packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iptables iproute2 etcd-server ${FERROLET_EXTRA_PACKAGES:-})
+# where the package mirror is reachable), docker-registry (CNCF distribution) and skopeo for the
+# registry pull tests and the pull benchmark.
+packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iptables iproute2 etcd-server docker-registry skopeo ${FERROLET_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -28,6 +29,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [[ " ${missing[*]} " == *" etcd-server "* ]]; then
     systemctl disable --now etcd >/dev/null 2>&1 || true
   fi
+  # Debian starts a system registry on :5000; the tests run their own on free ports.
+  if [[ " ${missing[*]} " == *" docker-registry "* ]]; then
+    systemctl disable --now docker-registry >/dev/null 2>&1 || true
+  fi
 fi
 
 if ! command -v cargo >/dev/null; then
@@ -36,3 +41,6 @@ fi
 command -v cargo >/dev/null || { echo "setup: cargo (the Rust toolchain) is required; install it with rustup" >&2; exit 1; }
 
 images/build-busybox.sh >/dev/null
+# The registry tests' images (a two-layer image, an amd64 + arm64 index); fetches Debian's arm64
+# busybox-static .deb once (private apt state, the machine's architectures untouched).
+images/build-registry.sh >/dev/null

@@ -54,6 +54,17 @@ impl Backoff {
         }
     }
 
+    /// kubelet's IsInBackOffSinceUpdate (the image pull back-off): `Some(until, back-off)` while
+    /// less than the current back-off has passed since the last [`next`](Self::next).
+    pub fn in_backoff_since_update(&self, key: &str, now: DateTime<Utc>) -> Option<(DateTime<Utc>, Duration)> {
+        let e = self.entries.get(key)?;
+        if self.expired(now, e.last_update) {
+            return None;
+        }
+        let until = e.last_update + chrono::Duration::from_std(e.backoff).ok()?;
+        (now < until).then_some((until, e.backoff))
+    }
+
     /// Record a restart of a container that finished at `finished`.
     pub fn next(&mut self, key: &str, finished: DateTime<Utc>) {
         let now = Utc::now();
@@ -113,6 +124,29 @@ mod tests {
         b.next("c", t0);
         b.next("c", t0);
         assert_eq!(b.current("c"), Some(Duration::from_secs(40)), "capped");
+    }
+
+    #[test]
+    fn image_pull_back_off_counts_from_the_last_failure() {
+        let mut b = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
+        let t0 = Utc::now();
+        assert!(
+            b.in_backoff_since_update("p_img", t0).is_none(),
+            "the first pull is not held back"
+        );
+        b.next("p_img", t0);
+        let (until, d) = b.in_backoff_since_update("p_img", Utc::now()).unwrap();
+        assert_eq!(d, Duration::from_secs(10));
+        assert!(b.in_backoff_since_update("p_img", until).is_none());
+        b.next("p_img", until);
+        assert_eq!(
+            b.in_backoff_since_update("p_img", Utc::now()).unwrap().1,
+            Duration::from_secs(20)
+        );
+        for _ in 0..10 {
+            b.next("p_img", Utc::now());
+        }
+        assert_eq!(b.current("p_img"), Some(Duration::from_secs(300)), "capped at 300 s");
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod agent;
 mod cluster;
 mod peers;
 mod procstat;
+mod pull;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +50,15 @@ struct Opts {
     /// Only the stats figures (scrape cost and the agent's CPU with pods running).
     #[arg(long)]
     only_stats: bool,
+    /// Only the image pull figures (a local docker-registry; ferrolet beside skopeo).
+    #[arg(long)]
+    only_pull: bool,
+    /// Skip the image pull figures.
+    #[arg(long)]
+    skip_pull: bool,
+    /// Pulls (and cold pod starts) measured for the pull figures.
+    #[arg(long, default_value_t = 10)]
+    pull_runs: usize,
     /// Pods running for the stats figures.
     #[arg(long, default_value_t = 50)]
     stats_pods: usize,
@@ -79,6 +89,7 @@ struct Row {
     podman: Option<f64>,
     crun: Option<f64>,
     runc: Option<f64>,
+    skopeo: Option<f64>,
     /// Which peer the ratio compares with.
     against: &'static str,
     unit: &'static str,
@@ -92,6 +103,7 @@ impl Row {
             podman: None,
             crun: None,
             runc: None,
+            skopeo: None,
             against,
             unit,
         }
@@ -101,6 +113,7 @@ impl Row {
             "podman" => self.podman,
             "crun" => self.crun,
             "runc" => self.runc,
+            "skopeo" => self.skopeo,
             _ => None,
         };
         match (self.ferrolet, peer) {
@@ -191,6 +204,11 @@ fn run(
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
         return stats_rows(opts, &bin, dir, cg);
+    }
+    if opts.only_pull {
+        let bin = std::fs::canonicalize(&opts.ferrolet)
+            .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
+        return pull_rows(opts, &bin, dir, cg);
     }
     let mut rows = Vec::new();
     let oci_tar = opts.images.join("busybox.oci.tar");
@@ -423,9 +441,47 @@ fn run(
     rows.extend(lat_net);
     rows.extend([burst_up, burst_down, mem_idle, mem_10, mem_100, mem_per_pod, cpu]);
 
+    if !opts.skip_pull {
+        rows.extend(pull_rows(opts, &bin, dir, cg)?);
+    }
     rows.extend(stats_rows(opts, &bin, dir, cg)?);
     rows.extend(cluster_rows(opts, &bin, dir, cg)?);
     Ok(rows)
+}
+
+/// Image pulls from a local docker-registry, beside `skopeo copy` to a directory, and the cold
+/// start of a pod whose image must be pulled.
+fn pull_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<Vec<Row>> {
+    eprintln!(
+        "== pulls: the two-layer image from a local docker-registry, {} runs each",
+        opts.pull_runs
+    );
+    let r = pull::run_all(
+        bin,
+        &opts.images,
+        &dir.join("pull"),
+        &format!("{}/pull", cg.path()),
+        opts.pull_runs,
+    )?;
+    let mut whole = Row::new(
+        format!(
+            "pull: two-layer image ({} KiB) from a local registry into an empty store, p50",
+            r.image_bytes / 1024
+        ),
+        "ms",
+        "skopeo",
+    );
+    whole.ferrolet = Some(r.ferrolet_ms);
+    whole.skopeo = Some(r.skopeo_ms);
+    let mut cold = Row::new(
+        format!("pod start, image pulled first (cold), p50 of {}", r.runs),
+        "ms",
+        "none",
+    );
+    cold.ferrolet = Some(r.cold_start_ms);
+    let mut warm = Row::new("pod start, same image already on the node, p50", "ms", "none");
+    warm.ferrolet = Some(r.warm_start_ms);
+    Ok(vec![whole, cold, warm])
 }
 
 /// The stats endpoints with `stats_pods` pods: numbers only (no peer serves kubelet's stats).
@@ -610,15 +666,17 @@ fn cpu_per_minute(pids: &[i32], secs: u64) -> f64 {
 }
 
 fn render(rows: &[Row]) -> String {
-    let mut s = String::from("| metric | ferrolet | podman | crun | runc | ratio |\n|---|---|---|---|---|---|\n");
+    let mut s =
+        String::from("| metric | ferrolet | podman | crun | runc | skopeo | ratio |\n|---|---|---|---|---|---|---|\n");
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
             r.metric,
             fmt(r.ferrolet, r.unit),
             fmt(r.podman, r.unit),
             fmt(r.crun, r.unit),
             fmt(r.runc, r.unit),
+            fmt(r.skopeo, r.unit),
             r.ratio()
         ));
     }
@@ -717,6 +775,8 @@ fn notes(opts: &Opts) -> String {
 - podman 4.3 runs with runc (crun refuses this machine's hybrid cgroups), the cgroupfs manager, inside a private mount and cgroup namespace rooted below the benchmark's cgroup (its /run, /var/lib and CNI config in the benchmark's directory), with explicit nofile/nproc ulimits (its defaults need CAP_SYS_RESOURCE). Its no-network runs use `--network none`.\n\
 - Cluster mode: a v1.26 control plane (etcd, kube-apiserver, controller-manager, scheduler from ../shared/k8s) in the benchmark's namespace and one ferrolet node with a node credential and the built-in bridge; pods (busybox `sleep`, nodeName set, a ServiceAccount token volume as the API server adds it) created with the admin credential, timed from just before the create request to the moment a watch of the pods shows phase Running: {4} one after another, then {5} at once. Memory: the agent, zygote and monitors 10 s after joining, no pods.\n\
 - Stats: {6} pods (bridge network) on one agent sampling at its default 10 s housekeeping interval; one scrape is a GET over the CLI socket from request to last byte, p50/p99 over {7} scrapes of each endpoint; agent CPU is the agent process's user+system time (/proc/PID/stat) over {2}s with no scrapes, then over {2}s with /stats/summary and /metrics/resource scraped every 10 s, scaled to one minute.\n\
+- Pulls: Debian's docker-registry 2.8 on the benchmark namespace's loopback (plain HTTP, filesystem storage) serving the two-layer image of images/build-registry.sh. `ferrolet images pull` into an empty root dir (resolve, fetch both layers and the config with digests verified, unpack into the store) beside `skopeo copy docker://... dir:` into an empty directory (fetch and verify only, no unpacking), alternated, after one warm-up pair; whole processes timed, p50 of {8} each.\n\
+- Pod start with a pull: a static pod whose image is not on the node (every unused image pruned first, the demo image included, so both layers come from the registry), from the manifest landing to its first command, beside the same pod right after with the image present (IfNotPresent); the store is pruned empty between rounds. No peer: podman would need its own registries.conf for an insecure local registry.\n\
 - Everything ran inside a private network namespace; ratios are ferrolet ÷ the named peer (below 1 means ferrolet is faster or smaller).\n",
         opts.pods,
         opts.burst,
@@ -725,6 +785,7 @@ fn notes(opts: &Opts) -> String {
         opts.cluster_pods,
         opts.cluster_burst,
         opts.stats_pods,
-        opts.stats_scrapes
+        opts.stats_scrapes,
+        opts.pull_runs
     )
 }

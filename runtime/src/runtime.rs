@@ -31,7 +31,7 @@ const UPPER_DIR: &str = "upper";
 pub struct Runtime {
     root: PathBuf,
     lc_root: PathBuf,
-    images: ImageStore,
+    images: std::sync::Arc<ImageStore>,
     zygote: ZygoteClient,
     cgroups: Cgroups,
 }
@@ -106,7 +106,7 @@ impl Runtime {
         ensure_private_dir(&root.join("containers"))?;
         let rt = Runtime {
             lc_root: root.join("libcontainer"),
-            images: ImageStore::open(root.join("images"))?,
+            images: std::sync::Arc::new(ImageStore::open(root.join("images"))?),
             zygote: ZygoteClient::new(zygote),
             cgroups: Cgroups::detect()?,
             root,
@@ -120,6 +120,12 @@ impl Runtime {
 
     pub fn images(&self) -> &ImageStore {
         &self.images
+    }
+
+    /// The same store as [`images`](Self::images), shared: a registry
+    /// [`Puller`](crate::registry::Puller) writes into it.
+    pub fn image_store(&self) -> std::sync::Arc<ImageStore> {
+        self.images.clone()
     }
 
     pub fn cgroups(&self) -> &Cgroups {

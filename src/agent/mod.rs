@@ -219,6 +219,13 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         Some(k) => setup.with_objects(crate::objects::ObjectManager::new(k.clone(), &cfg.node_name)),
         None => setup,
     };
+    let objects = setup.objects().cloned();
+    // Pulls from registries, and the registries.yaml re-read when it changes.
+    let puller = {
+        let (cfg, rt) = (cfg.clone(), rt.clone());
+        blocking(move || start_puller(&cfg, &rt)).await?
+    };
+    watch_registries(&cfg, puller.clone());
     let pods = Arc::new(PodManager::default());
     let liveness = Arc::new(Liveness::default());
     let managers = Arc::new(Managers {
@@ -228,7 +235,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         pods: pods.clone(),
         status: StatusManager::new(pods.clone(), kube.clone().map(ApiStatusWriter::start), mirrors.clone()),
         setup,
-        images: ImageManager::new(rt.clone(), cfg.image_import_dir.clone()),
+        images: image_manager(&cfg, &rt, &puller, objects, events.clone())?,
         liveness: liveness.clone(),
         events: events.clone(),
         mirrors: mirrors.clone(),
@@ -296,6 +303,32 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
     {
+        let gc = Arc::new(crate::images::gc::ImageGc::new(
+            rt.image_store(),
+            cfg.root_dir.clone(),
+            crate::images::gc::GcPolicy {
+                high_threshold_percent: cfg.images.image_gc_high_threshold_percent,
+                low_threshold_percent: cfg.images.image_gc_low_threshold_percent,
+                min_age: cfg.images.image_minimum_gc_age,
+                max_age: cfg.images.image_maximum_gc_age,
+            },
+            events.clone(),
+        ));
+        let every = cfg.images.image_gc_period;
+        spawn_loop("image gc", every, move || {
+            let gc = gc.clone();
+            async move {
+                tokio::time::sleep(every).await;
+                let _ = blocking(move || {
+                    gc.run_round();
+                    Ok(())
+                })
+                .await;
+                true
+            }
+        });
+    }
+    {
         let (ev_tx, every) = (ev_tx.clone(), cfg.sync_frequency);
         spawn_loop("housekeeping", every, move || {
             let ev_tx = ev_tx.clone();
@@ -349,6 +382,98 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     let _ = std::fs::remove_file(cfg.socket_path());
     let _ = std::fs::remove_file(cfg.exec_socket_path());
     Ok(())
+}
+
+/// The registry client over the image store, with the registries.yaml in force (a bad file
+/// stops the start: the agent would pull from the wrong places).
+fn start_puller(cfg: &Config, rt: &Runtime) -> Result<Arc<ferrolet_runtime::registry::Puller>> {
+    use ferrolet_runtime::registry::{Platform, Puller, PullerOptions, RegistryConfig};
+    let path = cfg.registry_config_file();
+    let registries = RegistryConfig::load(&path).map_err(|e| anyhow!("registry config: {e}"))?;
+    let opts = PullerOptions {
+        max_concurrent_downloads: cfg.images.max_concurrent_downloads as usize,
+        progress_timeout: cfg.images.image_pull_progress_timeout,
+        platform: Platform::host(),
+    };
+    info!(registry_config = %path.display(), exists = path.exists(), "image puller");
+    Ok(Arc::new(Puller::new(rt.image_store(), registries, opts)))
+}
+
+/// Re-read the registries.yaml when it changes (checked every fileCheckFrequency); a file
+/// that does not load keeps the configuration in force, and says why once per change.
+fn watch_registries(cfg: &Config, puller: Arc<ferrolet_runtime::registry::Puller>) {
+    let watch = Arc::new(Mutex::new(crate::images::registry_watch::RegistryWatch::new(
+        cfg.registry_config_file(),
+    )));
+    let every = cfg.file_check_frequency;
+    spawn_loop("registry config", every, move || {
+        let (watch, puller) = (watch.clone(), puller.clone());
+        async move {
+            tokio::time::sleep(every).await;
+            let _ = blocking(move || {
+                let mut w = watch.lock().unwrap_or_else(|e| e.into_inner());
+                match w.check() {
+                    None => {}
+                    Some(Ok(r)) => {
+                        puller.set_registries(r);
+                        info!(file = %w.path().display(), "registry config reloaded");
+                    }
+                    Some(Err(e)) => error!(
+                        file = %w.path().display(),
+                        "registry config not reloaded, the previous one stays in force: {e}"
+                    ),
+                }
+                Ok(())
+            })
+            .await;
+            true
+        }
+    });
+}
+
+/// The image manager: pulls through `puller` under the configured limits, with the node's
+/// credentials (docker config.json, credential plugins) and the pods' pull secrets.
+fn image_manager(
+    cfg: &Config,
+    rt: &Runtime,
+    puller: &Arc<ferrolet_runtime::registry::Puller>,
+    objects: Option<Arc<crate::objects::ObjectManager>>,
+    events: Recorder,
+) -> Result<ImageManager> {
+    use crate::images::credentials::provider::{Providers, PLUGIN_TIMEOUT};
+    let providers = match (
+        &cfg.images.credential_provider_config,
+        &cfg.images.credential_provider_bin_dir,
+    ) {
+        (Some(c), Some(bin)) => {
+            Providers::load(c, bin, PLUGIN_TIMEOUT).map_err(|e| anyhow!("image-credential-provider-config: {e}"))?
+        }
+        _ => Providers::default(),
+    };
+    let pull: crate::images::puller::PullFn = {
+        let puller = puller.clone();
+        Arc::new(move |image, creds, progress| {
+            let puller = puller.clone();
+            Box::pin(async move { puller.pull(&image, &creds, progress).await })
+        })
+    };
+    Ok(ImageManager::new(
+        rt.image_store(),
+        pull,
+        crate::images::puller::PullLimits {
+            serialize: cfg.images.serialize_image_pulls,
+            max_parallel: cfg.images.max_parallel_image_pulls,
+            qps: cfg.images.registry_pull_qps as f64,
+            burst: cfg.images.registry_burst,
+        },
+        crate::images::CredentialSources {
+            node_config_paths: cfg.docker_config_paths(),
+            providers,
+            static_pod_path: cfg.static_pod_path.clone(),
+            objects,
+        },
+        events,
+    ))
 }
 
 /// The pod subnet in a cluster: the Node's podCIDR (kubelet's rule). A node that already has a

@@ -152,4 +152,33 @@ pub enum ImagesCommand {
         #[arg(required = true)]
         refs: Vec<String>,
     },
+    /// Pull an image from its registry (or the mirrors registries.yaml names) into the store.
+    Pull(PullArgs),
+    /// Remove every image no container uses.
+    Prune {
+        #[command(flatten)]
+        root: RootArg,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    #[command(flatten)]
+    pub root: RootArg,
+    /// The image: `busybox`, `reg.local:5000/team/app:1`, `repo@sha256:...`.
+    pub reference: String,
+    /// Registry mirrors, rewrites, TLS and auth (k3s registries.yaml); default
+    /// <root-dir>/registries.yaml.
+    #[arg(long = "registry-config")]
+    pub registry_config: Option<PathBuf>,
+    /// USER:PASSWORD to log in with (tried before the docker config's).
+    #[arg(long)]
+    pub creds: Option<String>,
+    /// OS/ARCH[/VARIANT] to choose from a multi-platform image (default: this machine's).
+    #[arg(long)]
+    pub platform: Option<String>,
+    /// A docker config.json to take credentials from (default: the node's, as the agent
+    /// searches: <root-dir>/config.json, /var/lib/kubelet/config.json, ~/.docker/config.json).
+    #[arg(long = "docker-config")]
+    pub docker_config: Option<PathBuf>,
 }

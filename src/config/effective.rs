@@ -38,6 +38,7 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
     let s = &cfg.serving;
     let c = &cfg.cluster;
     let in_cluster = cfg.in_cluster();
+    let i = &cfg.images;
     let mut eviction = Map::new();
     for (signal, t) in [
         ("memory.available", cfg.eviction_hard.memory_available),
@@ -110,12 +111,36 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
         "eventBurst": c.event_burst,
         "crashLoopBackOff": {"maxContainerRestartPeriod": format_duration(cfg.max_container_restart_period)},
     });
-    if let (Value::Object(m), Value::Object(n)) = (&mut v, node) {
-        m.extend(n);
+    let images = json!({
+        "serializeImagePulls": i.serialize_image_pulls,
+        "maxParallelImagePulls": i.max_parallel_image_pulls,
+        "registryPullQPS": i.registry_pull_qps,
+        "registryBurst": i.registry_burst,
+        "imageGCHighThresholdPercent": i.image_gc_high_threshold_percent,
+        "imageGCLowThresholdPercent": i.image_gc_low_threshold_percent,
+        "imageMinimumGCAge": format_duration(i.image_minimum_gc_age),
+        "imageMaximumGCAge": format_duration(i.image_maximum_gc_age),
+        "nodeStatusMaxImages": i.node_status_max_images,
+        "ferrolet": {
+            "registryConfigFile": path(&cfg.registry_config_file()),
+            "imagePullProgressTimeout": format_duration(i.image_pull_progress_timeout),
+            "imageGCPeriod": format_duration(i.image_gc_period),
+            "maxConcurrentDownloads": i.max_concurrent_downloads,
+            "imageCredentialProviderConfig": i.credential_provider_config.as_deref().map(path),
+            "imageCredentialProviderBinDir": i.credential_provider_bin_dir.as_deref().map(path),
+        },
+    });
+    for part in [node, images] {
+        if let (Value::Object(m), Value::Object(n)) = (&mut v, part) {
+            m.extend(n);
+        }
     }
     // kubelet's JSON leaves unset optional fields out
     if let Value::Object(m) = &mut v {
         m.retain(|_, x| !x.is_null());
+        if let Some(Value::Object(f)) = m.get_mut("ferrolet") {
+            f.retain(|_, y| !y.is_null());
+        }
         if let Some(Value::Object(a)) = m.get_mut("authentication") {
             if let Some(Value::Object(x)) = a.get_mut("x509") {
                 x.retain(|_, y| !y.is_null());
@@ -145,6 +170,16 @@ mod tests {
         assert_eq!(v["authorization"]["webhook"]["cacheUnauthorizedTTL"], "30s");
         assert_eq!(v["evictionHard"]["nodefs.available"], "10%");
         assert_eq!(v["tlsMinVersion"], "VersionTLS12");
+        assert_eq!(v["serializeImagePulls"], true);
+        assert_eq!(v["registryPullQPS"], 5);
+        assert_eq!(v["registryBurst"], 10);
+        assert_eq!(v["imageGCHighThresholdPercent"], 85);
+        assert_eq!(v["imageGCLowThresholdPercent"], 80);
+        assert_eq!(v["imageMinimumGCAge"], "2m0s");
+        assert_eq!(v["nodeStatusMaxImages"], 50);
+        assert!(v.get("maxParallelImagePulls").is_none());
+        assert_eq!(v["ferrolet"]["registryConfigFile"], "/var/lib/ferrolet/registries.yaml");
+        assert_eq!(v["ferrolet"]["imagePullProgressTimeout"], "1m0s");
         assert!(v.get("tlsCertFile").is_none());
         assert_eq!(v["authentication"]["x509"], json!({}));
         let mut cluster = Config::default();

@@ -16,15 +16,9 @@ use crate::pod::units::{bytes, parse_duration};
 /// KubeletConfiguration fields accepted but not acted on (yet).
 pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "tlsCipherSuites",
-    "registryPullQPS",
-    "registryBurst",
     "enableDebuggingHandlers",
     "enableContentionProfiling",
     "oomScoreAdj",
-    "imageMinimumGCAge",
-    "imageMaximumGCAge",
-    "imageGCHighThresholdPercent",
-    "imageGCLowThresholdPercent",
     "kubeletCgroups",
     "systemCgroups",
     "cgroupDriver",
@@ -40,11 +34,8 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "runOnce",
     "cpuCFSQuota",
     "cpuCFSQuotaPeriod",
-    "nodeStatusMaxImages",
     "maxOpenFiles",
     "contentType",
-    "serializeImagePulls",
-    "maxParallelImagePulls",
     "evictionSoft",
     "evictionSoftGracePeriod",
     "evictionPressureTransitionPeriod",
@@ -241,6 +232,38 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
                     }
                 }
             }
+            "serializeImagePulls" => cfg.images.serialize_image_pulls = boolean(f, v)?,
+            "maxParallelImagePulls" => {
+                cfg.images.max_parallel_image_pulls = match v {
+                    Value::Null => None,
+                    _ => Some(
+                        integer(f, v)?
+                            .try_into()
+                            .map_err(|_| anyhow!("{f}: must be a positive number"))?,
+                    ),
+                }
+            }
+            "registryPullQPS" => {
+                cfg.images.registry_pull_qps = integer(f, v)?
+                    .try_into()
+                    .map_err(|_| anyhow!("registryPullQPS (--registry-qps) {v} must not be a negative number"))?
+            }
+            "registryBurst" => {
+                cfg.images.registry_burst = integer(f, v)?
+                    .try_into()
+                    .map_err(|_| anyhow!("registryBurst (--registry-burst) {v} must not be a negative number"))?
+            }
+            "imageGCHighThresholdPercent" => cfg.images.image_gc_high_threshold_percent = percent(f, v)?,
+            "imageGCLowThresholdPercent" => cfg.images.image_gc_low_threshold_percent = percent(f, v)?,
+            "imageMinimumGCAge" => cfg.images.image_minimum_gc_age = duration(f, v)?,
+            "imageMaximumGCAge" => cfg.images.image_maximum_gc_age = duration(f, v)?,
+            "nodeStatusMaxImages" => {
+                cfg.images.node_status_max_images =
+                    integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
+            }
+            // ferrolet's own, accepted at the top level as the contract of issue 14 names them
+            // (and under `ferrolet:`).
+            "registryConfigFile" | "imagePullProgressTimeout" => apply_image_extension(cfg, f, f, v, base)?,
             "ferrolet" => apply_extensions(cfg, v, base)?,
             other if KNOWN_UNSUPPORTED.contains(&other) => warnings.push(format!(
                 "{other} is a kubelet setting ferrolet does not implement; ignored"
@@ -363,10 +386,38 @@ fn apply_extensions(cfg: &mut Config, v: &Value, base: &Path) -> Result<()> {
             "loadDemoImage" => cfg.load_demo_image = boolean(&f, x)?,
             "initialContainerRestartPeriod" => cfg.initial_container_restart_period = duration(&f, x)?,
             "nodeIP" => cfg.node_ip = Some(ip(&f, x)?),
+            "registryConfigFile"
+            | "imagePullProgressTimeout"
+            | "imageGCPeriod"
+            | "maxConcurrentDownloads"
+            | "imageCredentialProviderConfig"
+            | "imageCredentialProviderBinDir" => apply_image_extension(cfg, k, &f, x, base)?,
             other => bail!("unknown field ferrolet.{other}"),
         }
     }
     Ok(())
+}
+
+/// ferrolet's image settings (`key`), named `f` in errors.
+fn apply_image_extension(cfg: &mut Config, key: &str, f: &str, x: &Value, base: &Path) -> Result<()> {
+    let i = &mut cfg.images;
+    match key {
+        "registryConfigFile" => i.registry_config_file = Some(resolve_relative(base, &string(f, x)?)),
+        "imagePullProgressTimeout" => i.image_pull_progress_timeout = duration(f, x)?,
+        "imageGCPeriod" => i.image_gc_period = duration(f, x)?,
+        "maxConcurrentDownloads" => {
+            i.max_concurrent_downloads = integer(f, x)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
+        }
+        "imageCredentialProviderConfig" => i.credential_provider_config = Some(resolve_relative(base, &string(f, x)?)),
+        "imageCredentialProviderBinDir" => i.credential_provider_bin_dir = Some(resolve_relative(base, &string(f, x)?)),
+        other => bail!("unknown field {other}"),
+    }
+    Ok(())
+}
+
+fn percent(f: &str, v: &Value) -> Result<i32> {
+    let n = integer(f, v)?;
+    i32::try_from(n).map_err(|_| anyhow!("{f}: {n} must be between 0 and 100, inclusive"))
 }
 
 fn string(f: &str, v: &Value) -> Result<String> {
@@ -508,6 +559,48 @@ mod tests {
         apply_file(&mut c, &dir.join("kubelet-config-cluster.yaml")).unwrap();
         assert_eq!(c.cluster.register_with_taints[0].effect, "NoSchedule");
         assert_eq!(c.cluster.node_lease_duration_seconds, 40);
+    }
+
+    #[test]
+    fn image_settings_and_their_validation() {
+        let (c, w) = apply(&format!(
+            "{HEAD}serializeImagePulls: false\nmaxParallelImagePulls: 3\nregistryPullQPS: 0\nregistryBurst: 4\nimageGCHighThresholdPercent: 90\nimageGCLowThresholdPercent: 70\nimageMinimumGCAge: 1m\nnodeStatusMaxImages: -1\nregistryConfigFile: reg.yaml\nferrolet:\n  imagePullProgressTimeout: 30s\n  imageGCPeriod: 2s\n"
+        ))
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let i = &c.images;
+        assert!(!i.serialize_image_pulls);
+        assert_eq!(i.max_parallel_image_pulls, Some(3));
+        assert_eq!((i.registry_pull_qps, i.registry_burst), (0, 4));
+        assert_eq!(
+            (i.image_gc_high_threshold_percent, i.image_gc_low_threshold_percent),
+            (90, 70)
+        );
+        assert_eq!(i.image_minimum_gc_age.as_secs(), 60);
+        assert_eq!(i.node_status_max_images, -1);
+        assert!(i.registry_config_file.as_ref().unwrap().ends_with("reg.yaml"));
+        assert_eq!(i.image_pull_progress_timeout.as_secs(), 30);
+        assert_eq!(i.image_gc_period.as_secs(), 2);
+        c.validate().unwrap();
+        for (yaml, want) in [
+            ("imageGCHighThresholdPercent: 70\nimageGCLowThresholdPercent: 80\n", "imageGCLowThresholdPercent (--image-gc-low-threshold) 80 must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) 70"),
+            ("imageGCHighThresholdPercent: 101\n", "imageGCHighThresholdPercent (--image-gc-high-threshold) 101 must be between 0 and 100"),
+            ("maxParallelImagePulls: 2\n", "maxParallelImagePulls (2) must be unset (or 1) when serializeImagePulls is true"),
+            ("nodeStatusMaxImages: -2\n", "nodeStatusMaxImages"),
+        ] {
+            let (c, _) = apply(&format!("{HEAD}{yaml}")).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        let e = apply(&format!("{HEAD}registryPullQPS: -1\n")).unwrap_err().to_string();
+        assert!(
+            e.contains("registryPullQPS (--registry-qps) -1 must not be a negative number"),
+            "{e}"
+        );
+        let e = apply(&format!("{HEAD}imageMinimumGCAge: soon\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("imageMinimumGCAge"), "{e}");
     }
 
     #[test]

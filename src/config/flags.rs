@@ -2,6 +2,8 @@
 //! configuration file and the defaults. An unset flag leaves the value alone; a bad value is an
 //! error naming the flag.
 
+#[cfg(test)]
+use std::path::Path;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -152,6 +154,43 @@ pub struct RunFlags {
     /// First crash-loop back-off (kubelet's is 10s).
     #[arg(long = "initial-container-restart-period", hide = true)]
     pub initial_container_restart_period: Option<String>,
+    /// Registry mirrors, rewrites, TLS and auth (k3s registries.yaml); default
+    /// <root-dir>/registries.yaml.
+    #[arg(long = "registry-config")]
+    pub registry_config: Option<PathBuf>,
+    /// Pull one image at a time (kubelet's serializeImagePulls, default true).
+    #[arg(long = "serialize-image-pulls", num_args = 0..=1, default_missing_value = "true")]
+    pub serialize_image_pulls: Option<bool>,
+    /// Pulls at once when not serialized (kubelet's maxParallelImagePulls).
+    #[arg(long = "max-parallel-image-pulls", allow_negative_numbers = true)]
+    pub max_parallel_image_pulls: Option<i64>,
+    /// Image pulls a second, 0 for no limit (kubelet's registryPullQPS, default 5).
+    #[arg(long = "registry-qps", allow_negative_numbers = true)]
+    pub registry_qps: Option<i64>,
+    /// Burst of image pulls (kubelet's registryBurst, default 10).
+    #[arg(long = "registry-burst", allow_negative_numbers = true)]
+    pub registry_burst: Option<i64>,
+    /// Image GC starts at this percent of the image filesystem used (default 85).
+    #[arg(long = "image-gc-high-threshold", allow_negative_numbers = true)]
+    pub image_gc_high_threshold: Option<i32>,
+    /// Image GC frees down to this percent (default 80).
+    #[arg(long = "image-gc-low-threshold", allow_negative_numbers = true)]
+    pub image_gc_low_threshold: Option<i32>,
+    /// Images younger than this are not collected (default 2m).
+    #[arg(long = "minimum-image-gc-age")]
+    pub minimum_image_gc_age: Option<String>,
+    /// A download making no progress this long fails (default 1m, 0 none).
+    #[arg(long = "image-pull-progress-timeout")]
+    pub image_pull_progress_timeout: Option<String>,
+    /// Images in the Node's status, -1 for all (default 50).
+    #[arg(long = "node-status-max-images", allow_negative_numbers = true)]
+    pub node_status_max_images: Option<i32>,
+    /// CredentialProviderConfig of exec credential plugins.
+    #[arg(long = "image-credential-provider-config")]
+    pub image_credential_provider_config: Option<PathBuf>,
+    /// Where the credential plugins' binaries are.
+    #[arg(long = "image-credential-provider-bin-dir")]
+    pub image_credential_provider_bin_dir: Option<PathBuf>,
 }
 
 /// Apply `ferrolet run` flags (kubelet's names) over the file and defaults.
@@ -263,6 +302,7 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
         cfg.image_import_dir = absolute(d)?;
     }
     apply_serving(&mut cfg.serving, f)?;
+    apply_images(&mut cfg.images, f)?;
     let c = &mut cfg.cluster;
     if let Some(k) = &f.kubeconfig {
         c.kubeconfig = Some(absolute(k)?);
@@ -301,6 +341,56 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if let Some(b) = f.rotate_certificates {
         c.rotate_certificates = b;
+    }
+    Ok(())
+}
+
+/// The image flags.
+fn apply_images(i: &mut super::ImageConfig, f: &RunFlags) -> Result<()> {
+    use crate::pod::units::parse_duration;
+    let dur = |name: &str, v: &Option<String>| -> Result<Option<Duration>> {
+        v.as_deref()
+            .map(|x| parse_duration(x).map_err(|e| anyhow::anyhow!("--{name}: {e}")))
+            .transpose()
+    };
+    if let Some(p) = &f.registry_config {
+        i.registry_config_file = Some(absolute(p)?);
+    }
+    if let Some(b) = f.serialize_image_pulls {
+        i.serialize_image_pulls = b;
+    }
+    if let Some(n) = f.max_parallel_image_pulls {
+        i.max_parallel_image_pulls =
+            Some(u32::try_from(n).map_err(|_| anyhow::anyhow!("maxParallelImagePulls {n} must be a positive number"))?);
+    }
+    if let Some(n) = f.registry_qps {
+        i.registry_pull_qps = u32::try_from(n)
+            .map_err(|_| anyhow::anyhow!("registryPullQPS (--registry-qps) {n} must not be a negative number"))?;
+    }
+    if let Some(n) = f.registry_burst {
+        i.registry_burst = u32::try_from(n)
+            .map_err(|_| anyhow::anyhow!("registryBurst (--registry-burst) {n} must not be a negative number"))?;
+    }
+    if let Some(n) = f.image_gc_high_threshold {
+        i.image_gc_high_threshold_percent = n;
+    }
+    if let Some(n) = f.image_gc_low_threshold {
+        i.image_gc_low_threshold_percent = n;
+    }
+    if let Some(d) = dur("minimum-image-gc-age", &f.minimum_image_gc_age)? {
+        i.image_minimum_gc_age = d;
+    }
+    if let Some(d) = dur("image-pull-progress-timeout", &f.image_pull_progress_timeout)? {
+        i.image_pull_progress_timeout = d;
+    }
+    if let Some(n) = f.node_status_max_images {
+        i.node_status_max_images = n;
+    }
+    if let Some(p) = &f.image_credential_provider_config {
+        i.credential_provider_config = Some(absolute(p)?);
+    }
+    if let Some(p) = &f.image_credential_provider_bin_dir {
+        i.credential_provider_bin_dir = Some(absolute(p)?);
     }
     Ok(())
 }
@@ -365,4 +455,73 @@ fn apply_serving(s: &mut ServingConfig, f: &RunFlags) -> Result<()> {
         s.authz_cache_unauthorized_ttl = d;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        flags: RunFlags,
+    }
+
+    fn load(args: &[&str]) -> Result<Config> {
+        let cmd = Cmd::try_parse_from(std::iter::once("run").chain(args.iter().copied()))?;
+        let mut cfg = Config::default();
+        apply(&mut cfg, &cmd.flags)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn image_flags() {
+        let c = load(&[
+            "--registry-config=/etc/reg.yaml",
+            "--serialize-image-pulls=false",
+            "--max-parallel-image-pulls=4",
+            "--registry-qps=0",
+            "--registry-burst=3",
+            "--image-gc-high-threshold=95",
+            "--image-gc-low-threshold=90",
+            "--minimum-image-gc-age=30s",
+            "--image-pull-progress-timeout=0",
+            "--node-status-max-images",
+            "-1",
+            "--image-credential-provider-config=/etc/cp.yaml",
+            "--image-credential-provider-bin-dir=/usr/libexec/cp",
+        ])
+        .unwrap();
+        let i = &c.images;
+        assert_eq!(c.registry_config_file(), Path::new("/etc/reg.yaml"));
+        assert!(!i.serialize_image_pulls);
+        assert_eq!(i.max_parallel_image_pulls, Some(4));
+        assert_eq!((i.registry_pull_qps, i.registry_burst), (0, 3));
+        assert_eq!(
+            (i.image_gc_high_threshold_percent, i.image_gc_low_threshold_percent),
+            (95, 90)
+        );
+        assert_eq!(i.image_minimum_gc_age, Duration::from_secs(30));
+        assert!(i.image_pull_progress_timeout.is_zero());
+        assert_eq!(i.node_status_max_images, -1);
+        assert_eq!(
+            i.credential_provider_bin_dir.as_deref(),
+            Some(Path::new("/usr/libexec/cp"))
+        );
+        let d = load(&["--root-dir=/srv/f"]).unwrap();
+        assert_eq!(
+            d.registry_config_file(),
+            Path::new("/srv/f/registries.yaml"),
+            "default under the root dir"
+        );
+        let e = load(&["--registry-burst", "-2"]).unwrap_err().to_string();
+        assert!(
+            e.contains("registryBurst (--registry-burst) -2 must not be a negative number"),
+            "{e}"
+        );
+        let e = load(&["--minimum-image-gc-age=soon"]).unwrap_err().to_string();
+        assert!(e.contains("--minimum-image-gc-age"), "{e}");
+    }
 }

@@ -158,6 +158,111 @@ impl Default for EvictionHard {
     }
 }
 
+/// Pulling and collecting images: kubelet's image settings and ferrolet's registry settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageConfig {
+    /// Mirrors, rewrites, TLS and auth per registry in k3s's registries.yaml format
+    /// (ferrolet's registryConfigFile / --registry-config); `None`: `<rootDir>/registries.yaml`.
+    /// Re-read when it changes.
+    pub registry_config_file: Option<PathBuf>,
+    /// One pull at a time (kubelet's serializeImagePulls).
+    pub serialize_image_pulls: bool,
+    /// Pulls at once when not serialized (kubelet's maxParallelImagePulls; `None`: no limit).
+    pub max_parallel_image_pulls: Option<u32>,
+    /// Pulls a second (kubelet's registryPullQPS; 0: no limit) and their burst (registryBurst).
+    pub registry_pull_qps: u32,
+    pub registry_burst: u32,
+    /// Image GC thresholds, percent of the image filesystem (imageGCHighThresholdPercent,
+    /// imageGCLowThresholdPercent; 100 for the high threshold turns GC off).
+    pub image_gc_high_threshold_percent: i32,
+    pub image_gc_low_threshold_percent: i32,
+    /// Images younger than this (since first seen) are never collected (imageMinimumGCAge).
+    pub image_minimum_gc_age: Duration,
+    /// Images unused this long are collected whatever the disk (imageMaximumGCAge; 0: off).
+    pub image_maximum_gc_age: Duration,
+    /// How often image GC runs (kubelet's fixed 5m; ferrolet.imageGCPeriod).
+    pub image_gc_period: Duration,
+    /// A download with no progress this long fails (ferrolet's imagePullProgressTimeout, as
+    /// containerd's image_pull_progress_timeout; 0: none).
+    pub image_pull_progress_timeout: Duration,
+    /// Blobs downloaded at once across all pulls (containerd's max_concurrent_downloads).
+    pub max_concurrent_downloads: u32,
+    /// Images listed in the Node's status (nodeStatusMaxImages; -1: all).
+    pub node_status_max_images: i32,
+    /// kubelet's --image-credential-provider-config and --image-credential-provider-bin-dir.
+    pub credential_provider_config: Option<PathBuf>,
+    pub credential_provider_bin_dir: Option<PathBuf>,
+}
+
+impl Default for ImageConfig {
+    fn default() -> ImageConfig {
+        ImageConfig {
+            registry_config_file: None,
+            serialize_image_pulls: true,
+            max_parallel_image_pulls: None,
+            registry_pull_qps: 5,
+            registry_burst: 10,
+            image_gc_high_threshold_percent: 85,
+            image_gc_low_threshold_percent: 80,
+            image_minimum_gc_age: Duration::from_secs(120),
+            image_maximum_gc_age: Duration::ZERO,
+            image_gc_period: Duration::from_secs(300),
+            image_pull_progress_timeout: Duration::from_secs(60),
+            max_concurrent_downloads: 3,
+            node_status_max_images: 50,
+            credential_provider_config: None,
+            credential_provider_bin_dir: None,
+        }
+    }
+}
+
+impl ImageConfig {
+    /// kubelet's validation of the image settings (its messages, with the flag names).
+    pub fn validate(&self) -> Result<()> {
+        let (hi, lo) = (
+            self.image_gc_high_threshold_percent,
+            self.image_gc_low_threshold_percent,
+        );
+        if !(0..=100).contains(&hi) {
+            bail!("imageGCHighThresholdPercent (--image-gc-high-threshold) {hi} must be between 0 and 100, inclusive");
+        }
+        if !(0..=100).contains(&lo) {
+            bail!("imageGCLowThresholdPercent (--image-gc-low-threshold) {lo} must be between 0 and 100, inclusive");
+        }
+        if lo >= hi {
+            bail!("imageGCLowThresholdPercent (--image-gc-low-threshold) {lo} must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) {hi}");
+        }
+        if !self.image_maximum_gc_age.is_zero() && self.image_maximum_gc_age <= self.image_minimum_gc_age {
+            bail!(
+                "imageMaximumGCAge {} must be greater than imageMinimumGCAge {}",
+                crate::pod::units::format_duration(self.image_maximum_gc_age),
+                crate::pod::units::format_duration(self.image_minimum_gc_age)
+            );
+        }
+        if let Some(n) = self.max_parallel_image_pulls {
+            if n < 1 {
+                bail!("maxParallelImagePulls {n} must be a positive number");
+            }
+            if self.serialize_image_pulls && n > 1 {
+                bail!("maxParallelImagePulls ({n}) must be unset (or 1) when serializeImagePulls is true");
+            }
+        }
+        if self.node_status_max_images < -1 {
+            bail!("nodeStatusMaxImages (--node-status-max-images) must be -1 or greater");
+        }
+        if self.image_gc_period.is_zero() {
+            bail!("ferrolet.imageGCPeriod: must be positive");
+        }
+        if self.max_concurrent_downloads == 0 {
+            bail!("ferrolet.maxConcurrentDownloads: must be at least 1");
+        }
+        if self.credential_provider_config.is_some() && self.credential_provider_bin_dir.is_none() {
+            bail!("image-credential-provider-bin-dir: must be set with --image-credential-provider-config");
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub node_name: String,
@@ -221,6 +326,8 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// The kubelet API: port, TLS, authentication and authorization.
     pub serving: ServingConfig,
+    /// Pulling and collecting images.
+    pub images: ImageConfig,
 }
 
 impl Default for Config {
@@ -272,6 +379,7 @@ impl Default for Config {
             verbosity: 2,
             cluster: ClusterConfig::default(),
             serving: ServingConfig::default(),
+            images: ImageConfig::default(),
         }
     }
 }
@@ -308,6 +416,19 @@ impl Config {
     pub fn exec_socket_path(&self) -> PathBuf {
         self.root_dir.join("exec.sock")
     }
+    /// The registries.yaml in force: as configured, else `<rootDir>/registries.yaml`.
+    pub fn registry_config_file(&self) -> PathBuf {
+        self.images
+            .registry_config_file
+            .clone()
+            .unwrap_or_else(|| self.root_dir.join("registries.yaml"))
+    }
+
+    /// The node's docker config files, searched in order.
+    pub fn docker_config_paths(&self) -> Vec<PathBuf> {
+        crate::images::credentials::node_config_paths(&self.root_dir)
+    }
+
     /// Joined to a cluster (a kubeconfig is configured).
     pub fn in_cluster(&self) -> bool {
         self.cluster.kubeconfig.is_some()
@@ -359,6 +480,7 @@ impl Config {
             bail!("kubeAPIQPS and kubeAPIBurst must be positive");
         }
         self.serving.validate(self.in_cluster())?;
+        self.images.validate()?;
         if let Some(u) = &self.static_pod_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
                 bail!("staticPodURL: {u:?} is not an http(s) URL");

@@ -8,7 +8,7 @@ mod correlator;
 mod lru;
 mod object;
 mod sink;
-mod token_bucket;
+pub(crate) mod token_bucket;
 
 pub use correlator::{Correlated, Correlator};
 pub use object::{event_name, make, node_reference, pod_reference, COMPONENT};

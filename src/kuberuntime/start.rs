@@ -1,10 +1,11 @@
 //! Starting a container, in kubelet's steps (kuberuntime's startContainer): make sure the
-//! image is there, generate the container's config, create it, start it, run its postStart
+//! image is there (the worker asks the image manager first), generate the container's config, create it, start it, run its postStart
 //! hook. Each step that fails says why as the container's waiting state, with kubelet's reason.
 //! The pod worker calls the steps one by one because it keeps track of what was created.
 
 use std::time::Duration;
 
+use ferrolet_runtime::digest::Digest;
 use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tracing::warn;
@@ -21,16 +22,24 @@ use crate::probe::netns::PodTarget;
 /// containers that ran).
 pub const RETRY: Duration = Duration::from_secs(5);
 
-/// Image, config, create: the id of a created (not yet started) container.
-pub async fn create_container(rt: &Runtime, images: &ImageManager, input: BuildInput) -> Result<String, Waiting> {
-    images.ensure_image_exists(pod::uid(&input.pod), &input.container)?;
+/// Config and create, once [`ImageManager::ensure_image_exists`] has the image (`image_id`):
+/// the id of a created (not yet started) container.
+pub async fn create_container(
+    rt: &Runtime,
+    images: &ImageManager,
+    input: BuildInput,
+    image_id: Digest,
+) -> Result<String, Waiting> {
     let timeout = input.cfg.runtime_request_timeout;
     let cfg = crate::tasks::blocking(move || container::build(&input))
         .await
         .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
     let created = crate::metrics::global().time_runtime("create_container", rt.create(&cfg));
     match tokio::time::timeout(timeout, created).await {
-        Ok(Ok(info)) => Ok(info.id().to_string()),
+        Ok(Ok(info)) => {
+            images.mark_used(&image_id).await;
+            Ok(info.id().to_string())
+        }
         Ok(Err(ferrolet_runtime::Error::InvalidConfig { field, reason })) => {
             Err(Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{field}: {reason}")).retry_in(RETRY))
         }

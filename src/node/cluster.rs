@@ -185,7 +185,7 @@ async fn observe(
         }
     };
     let images = match records {
-        Ok(r) => status::node_images(r),
+        Ok(r) => status::node_images(r, cfg.images.node_status_max_images),
         Err(e) => {
             warn!(error = %format!("{e:#}"), "listing the node's images");
             Vec::new()

@@ -63,15 +63,18 @@ pub fn addresses(hostname: &str, ips: &[std::net::IpAddr]) -> Vec<NodeAddress> {
     out
 }
 
-/// The image list as kubelet's Images setter makes it: largest first, at most [`MAX_IMAGES`],
-/// each named by its `repo@digest` and `repo:tag` names (at most [`MAX_NAMES_PER_IMAGE`]).
-pub fn node_images(mut records: Vec<ImageRecord>) -> Vec<ContainerImage> {
+/// The image list as kubelet's Images setter makes it: largest first, at most `max`
+/// (nodeStatusMaxImages, [`MAX_IMAGES`] by default; -1: all), each named by its `repo@digest`
+/// and `repo:tag` names (at most [`MAX_NAMES_PER_IMAGE`]).
+pub fn node_images(mut records: Vec<ImageRecord>, max: i32) -> Vec<ContainerImage> {
     records.sort_by(|a, b| {
         b.size
             .cmp(&a.size)
             .then_with(|| a.id.to_string().cmp(&b.id.to_string()))
     });
-    records.truncate(MAX_IMAGES);
+    if let Ok(max) = usize::try_from(max) {
+        records.truncate(max);
+    }
     records
         .into_iter()
         .map(|r| {
@@ -412,15 +415,19 @@ mod tests {
             layers: Vec::new(),
             size,
             imported_at: String::new(),
+            last_used: None,
         };
-        let images = node_images(vec![
-            rec(
-                'a',
-                10,
-                &["docker.io/library/busybox:1.35", "docker.io/library/busybox:latest"],
-            ),
-            rec('b', 99, &["registry.local/app:v1"]),
-        ]);
+        let images = node_images(
+            vec![
+                rec(
+                    'a',
+                    10,
+                    &["docker.io/library/busybox:1.35", "docker.io/library/busybox:latest"],
+                ),
+                rec('b', 99, &["registry.local/app:v1"]),
+            ],
+            MAX_IMAGES as i32,
+        );
         assert_eq!(images[0].size_bytes, Some(99));
         assert_eq!(
             images[1].names.as_deref().unwrap(),
@@ -431,6 +438,9 @@ mod tests {
             ]
         );
         let many: Vec<_> = (0..60).map(|i| rec('c', i, &[])).collect();
-        assert_eq!(node_images(many).len(), MAX_IMAGES);
+        assert_eq!(node_images(many.clone(), MAX_IMAGES as i32).len(), MAX_IMAGES);
+        assert_eq!(node_images(many.clone(), -1).len(), 60, "-1: all");
+        assert_eq!(node_images(many.clone(), 3).len(), 3);
+        assert_eq!(node_images(many, 0).len(), 0);
     }
 }

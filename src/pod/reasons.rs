@@ -14,6 +14,7 @@ pub const POST_START_HOOK_ERROR: &str = "PostStartHookError";
 pub const ERR_IMAGE_PULL: &str = "ErrImagePull";
 pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
 pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
+pub const INVALID_IMAGE_NAME: &str = "InvalidImageName";
 
 // A container that ended.
 pub const COMPLETED: &str = "Completed";

@@ -290,6 +290,50 @@ impl Watch {
     }
 }
 
+/// The Secrets placed in the static pod path (documents of `kind: Secret` in its manifests,
+/// YAML or JSON): what static pods' imagePullSecrets name. Files that cannot be read or parsed
+/// are skipped (the file source reports them).
+pub fn static_secrets(path: &Path) -> Vec<k8s_openapi::api::core::v1::Secret> {
+    let files: Vec<PathBuf> = match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(path)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .map(|e| e.path())
+                .collect();
+            v.sort();
+            v
+        }
+        Ok(_) => vec![path.to_path_buf()],
+        Err(_) => Vec::new(),
+    };
+    let mut out = Vec::new();
+    for f in files {
+        let Ok(data) = read_manifest(&f) else { continue };
+        let docs: Vec<serde_json::Value> = if data.trim_start().starts_with('{') {
+            serde_json::Deserializer::from_str(&data)
+                .into_iter::<serde_json::Value>()
+                .filter_map(Result::ok)
+                .collect()
+        } else {
+            serde_saphyr::from_multiple(&data).unwrap_or_default()
+        };
+        for d in docs {
+            if d.get("kind").and_then(|k| k.as_str()) != Some("Secret") {
+                continue;
+            }
+            match serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(d) {
+                Ok(s) => out.push(s),
+                Err(e) => warn!(manifest = %f.display(), "a Secret in the static pod path is not valid: {e}"),
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,5 +392,43 @@ mod tests {
         f.set_len(MAX_MANIFEST + 1).unwrap();
         let e = read_manifest(&big).unwrap_err();
         assert!(e.contains("larger than"), "{e}");
+    }
+
+    #[test]
+    fn secrets_beside_the_manifests_serve_static_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: regcred}\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{\"auths\":{}}'\n";
+        std::fs::write(
+            dir.path().join("p.yaml"),
+            format!("{}---\n{secret}", POD.replace("NAME", "p")),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("s.json"),
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"other","namespace":"kube-system"},"data":{".dockercfg":"e30="}}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join(".hidden.yaml"), secret.replace("regcred", "hidden")).unwrap();
+        let mut found: Vec<(String, String)> = static_secrets(dir.path())
+            .into_iter()
+            .map(|s| {
+                (
+                    s.metadata.namespace.unwrap_or_default(),
+                    s.metadata.name.unwrap_or_default(),
+                )
+            })
+            .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                ("".to_string(), "regcred".to_string()),
+                ("kube-system".into(), "other".into())
+            ]
+        );
+        // The Secret is not a pod and not an error of the manifest.
+        let snap = FileSource::new(dir.path().to_path_buf(), "n".into()).scan();
+        assert_eq!(names(&snap), ["p-n"]);
+        assert!(snap.errors.is_empty(), "{:?}", snap.errors);
     }
 }

@@ -258,7 +258,7 @@ impl PodWorker {
     /// How long one round may take before /healthz calls the worker stuck: every runtime call
     /// of the round within the runtime request timeout, and a termination within the grace
     /// period on top.
-    fn round_limit(&self) -> Duration {
+    pub(super) fn round_limit(&self) -> Duration {
         let timeout = self.m.cfg.runtime_request_timeout;
         let calls = pod::all_containers(&self.pod).count() as u32 + 2;
         let grace = match self.lifecycle {
@@ -301,7 +301,7 @@ impl PodWorker {
         true
     }
 
-    fn handle(&mut self, m: Msg) {
+    pub(super) fn handle(&mut self, m: Msg) {
         match m {
             Msg::Update(p) => {
                 self.pod = p;

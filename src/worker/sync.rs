@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use ferrolet_runtime::digest::Digest;
 use tracing::warn;
 
 use super::plan::{self, Plan, PlanInput, Start};
-use super::pod_worker::{PodWorker, RETRY};
+use super::pod_worker::{Lifecycle, PodWorker, RETRY};
 use crate::kuberuntime::container::BuildInput;
 use crate::kuberuntime::labels::{self, ContainerKind};
 use crate::kuberuntime::start;
@@ -195,6 +196,10 @@ impl PodWorker {
         }
         let mut published = std::time::Instant::now();
         for s in &plan.start {
+            // The pod was asked to stop while an image was being pulled.
+            if self.lifecycle != Lifecycle::Syncing {
+                break;
+            }
             // A long round (many containers) shows its progress at most every second.
             if published.elapsed() >= Duration::from_secs(1) {
                 let v = self.views();
@@ -227,6 +232,32 @@ impl PodWorker {
         wake
     }
 
+    /// The image of `c`, pulled if need be, while the pod's messages are still taken: a pod
+    /// asked to stop meanwhile cancels the pull (kubelet cancels the sync's context).
+    async fn pull_unless_stopped(&mut self, c: &k8s_openapi::api::core::v1::Container) -> Result<Digest, Waiting> {
+        let (m, pod, c) = (self.m.clone(), self.pod.clone(), c.clone());
+        let pull = async move { m.images.ensure_image_exists(&pod, &c).await };
+        tokio::pin!(pull);
+        loop {
+            tokio::select! {
+                r = &mut pull => return r,
+                msg = self.rx.recv() => match msg {
+                    Some(msg) => {
+                        self.handle(msg);
+                        if self.lifecycle != Lifecycle::Syncing {
+                            return Err(Waiting::new(
+                                reasons::CONTAINER_CREATING,
+                                "the pod is being stopped; the image pull was cancelled",
+                            )
+                            .retry_at(Utc::now()));
+                        }
+                    }
+                    None => return (&mut pull).await,
+                },
+            }
+        }
+    }
+
     /// Create, start and hook one container (kubelet's startContainer), keeping track of what
     /// was created.
     async fn start_one(&mut self, s: &Start) -> Result<(), Waiting> {
@@ -240,6 +271,14 @@ impl PodWorker {
             return Err(Waiting::new(reasons::CONTAINER_CREATING, "the pod sandbox is not ready").retry_at(Utc::now()));
         };
         let m = self.m.clone();
+        // The image first, as kubelet's startContainer. A pull may take long (it has its own
+        // progress timeout): /healthz must not call the worker stuck meanwhile, so the round's
+        // clock stops during it and starts again after.
+        let duty = format!("{}{}", crate::tasks::POD_WORKER, pod::full_name(&self.pod));
+        m.liveness.done(&duty);
+        let image = self.pull_unless_stopped(&c).await;
+        m.liveness.busy(&duty, self.round_limit());
+        let image_id = image?;
         let pod_cgroup = m.setup.cgroups().pod_path(&self.pod);
         let facts = self.facts();
         let env_objects = match m.setup.objects() {
@@ -263,7 +302,7 @@ impl PodWorker {
             node_memory: m.node.allocatable.memory,
             env_objects,
         };
-        let id = start::create_container(&m.rt, &m.images, input).await?;
+        let id = start::create_container(&m.rt, &m.images, input, image_id).await?;
         self.containers.known.insert(id.clone());
         self.event(
             Some(&c.name),

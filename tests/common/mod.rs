@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod net;
+pub mod registry;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

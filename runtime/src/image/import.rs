@@ -33,6 +33,8 @@ pub(super) struct FoundImage {
     pub config: Digest,
     pub manifest: Digest,
     pub layers: Vec<Digest>,
+    /// Sizes of the layer blobs where known before they are read (0: take the file's).
+    pub layer_sizes: Vec<u64>,
     pub refs: Vec<String>,
 }
 
@@ -322,6 +324,7 @@ impl Ingest<'_> {
         Ok(Some(FoundImage {
             config,
             manifest: digest.clone(),
+            layer_sizes: vec![0; layers.len()],
             layers,
             refs,
         }))
@@ -374,6 +377,7 @@ impl Ingest<'_> {
             out.push(FoundImage {
                 config,
                 manifest,
+                layer_sizes: vec![0; layers.len()],
                 layers,
                 refs,
             });

@@ -13,7 +13,7 @@ mod import;
 pub mod layer;
 pub mod reference;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -40,6 +40,10 @@ pub struct ImageRecord {
     /// Bytes of the blobs as stored (config + compressed layers).
     pub size: u64,
     pub imported_at: String,
+    /// When a container was last created from the image (RFC 3339), for image garbage
+    /// collection's least-recently-used order; `None` until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -84,7 +88,36 @@ pub struct ImageStore {
     dir: PathBuf,
     lock: Mutex<()>,
     limits: layer::LayerLimits,
+    /// Blobs a pull in this process has stored but not yet recorded: garbage collection
+    /// leaves them alone (by hex, with a count per pull).
+    pins: Mutex<HashMap<String, usize>>,
 }
+
+/// An image a pull fetched: its blobs are in the store, or its layers already unpacked.
+#[derive(Debug, Clone)]
+pub struct PulledImage {
+    /// Normalized reference as pulled (`docker.io/library/busybox:1.35`, or `repo@digest`).
+    pub reference: String,
+    /// Digest of what the reference resolved to: the index for a multi-platform image (as
+    /// containerd records it, so `repo@digest` is what the registry serves), else the manifest.
+    pub manifest: Digest,
+    pub config: Digest,
+    /// Layer blobs, bottom first, with their sizes as the manifest gives them.
+    pub layers: Vec<(Digest, u64)>,
+}
+
+/// A step of recording a pulled image, for progress reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerStep {
+    /// The layer is being unpacked.
+    Extracting,
+    /// The layer is unpacked (now or before).
+    Done,
+}
+
+/// How long a partial download may wait to be resumed before the store is opened and it
+/// is removed.
+const PARTIAL_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// A held store lock: in-process mutex plus an flock on `.lock` against other processes.
 struct StoreLock<'a> {
@@ -102,13 +135,14 @@ impl ImageStore {
         for sub in ["blobs", "layers"] {
             ensure_private_dir(&dir.join(sub))?;
         }
-        for sub in ["blobs/sha256", "blobs/.tmp"] {
+        for sub in ["blobs/sha256", "blobs/.tmp", "blobs/.partial"] {
             ensure_dir(&dir.join(sub))?;
         }
         let store = ImageStore {
             dir,
             lock: Mutex::new(()),
             limits: layer::LayerLimits::default(),
+            pins: Mutex::new(HashMap::new()),
         };
         // Leftovers of an import that was killed half way.
         let _l = store.lock()?;
@@ -122,8 +156,100 @@ impl ImageStore {
                 }
             }
         }
+        // Partial downloads are kept for a later pull to resume, but not for ever.
+        if let Ok(rd) = fs::read_dir(store.partial_dir()) {
+            for e in rd.flatten() {
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > PARTIAL_MAX_AGE);
+                if old {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
         drop(_l);
         Ok(store)
+    }
+
+    /// Where pulls keep blobs being downloaded (`<hex>`), to resume them with a range
+    /// request after an interruption; left alone by [`open`](Self::open) for a day.
+    pub fn partial_dir(&self) -> PathBuf {
+        self.dir.join("blobs/.partial")
+    }
+
+    /// Keep `d` from garbage collection in this process until [`unpin_blob`](Self::unpin_blob).
+    pub fn pin_blob(&self, d: &Digest) {
+        *self
+            .pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(d.hex().to_string())
+            .or_default() += 1;
+    }
+
+    pub fn unpin_blob(&self, d: &Digest) {
+        let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = pins.get_mut(d.hex()) {
+            *n -= 1;
+            if *n == 0 {
+                pins.remove(d.hex());
+            }
+        }
+    }
+
+    /// Record that a container was created from image `id` now (`last_used`).
+    pub fn mark_used(&self, id: &Digest) -> Result<()> {
+        let _l = self.lock()?;
+        let mut index = self.read_index()?;
+        let img = index
+            .images
+            .iter_mut()
+            .find(|i| &i.id == id)
+            .ok_or_else(|| Error::ImageNotFound(id.to_string()))?;
+        img.last_used = Some(chrono::Utc::now().to_rfc3339());
+        self.write_index(&index)
+    }
+
+    /// Record an image whose blobs a pull put into the store: the config is read and its
+    /// diff_ids checked against the layers, each layer unpacked unless it is already
+    /// (`on_layer` hears of it), and the image written into the index under the store lock,
+    /// the reference moved to it from any other image. Layers unpacked here are removed
+    /// again when it fails.
+    pub fn record_pulled(
+        &self,
+        img: &PulledImage,
+        on_layer: &mut dyn FnMut(&Digest, LayerStep),
+    ) -> Result<ImageRecord> {
+        let _l = self.lock()?;
+        let found = import::FoundImage {
+            config: img.config.clone(),
+            manifest: img.manifest.clone(),
+            layers: img.layers.iter().map(|(d, _)| d.clone()).collect(),
+            layer_sizes: img.layers.iter().map(|(_, s)| *s).collect(),
+            refs: vec![img.reference.clone()],
+        };
+        let mut index = self.read_index()?;
+        let mut added = Vec::new();
+        let res = self.add_image_locked(
+            &mut index,
+            &found,
+            &format!("pulled as {}", img.reference),
+            &mut added,
+            on_layer,
+        );
+        let res = res.and_then(|r| {
+            self.write_index(&index)?;
+            Ok(r)
+        });
+        if res.is_err() {
+            for d in &added {
+                let _ = remove_tree(&self.layer_dir(d));
+            }
+        }
+        res
     }
 
     pub fn dir(&self) -> &Path {
@@ -252,76 +378,96 @@ impl ImageStore {
         let found = import::read_archive(self, path, &mut added.blobs)?;
         let origin = format!("in {}", p(path));
         let mut index = self.read_index()?;
-        let mut out = Vec::new();
+        let mut out: Vec<ImageRecord> = Vec::new();
         for img in found {
-            let config_size = fs::metadata(self.blob_path(&img.config)).map(|m| m.len()).unwrap_or(0);
-            if config_size > import::MAX_META {
-                return Err(Error::invalid_image(
-                    &origin,
-                    format!("config {} is too large ({config_size} bytes)", img.config),
-                ));
-            }
-            let config: ImageConfiguration = read_json(&self.blob_path(&img.config))?;
-            let diff_ids = config.rootfs().diff_ids();
-            if diff_ids.len() != img.layers.len() {
-                return Err(Error::invalid_image(
-                    &origin,
-                    format!(
-                        "image {}: config lists {} diff_ids but the manifest has {} layers",
-                        img.config,
-                        diff_ids.len(),
-                        img.layers.len()
-                    ),
-                ));
-            }
-            let mut layers = Vec::new();
-            let mut size = fs::metadata(self.blob_path(&img.config)).map(|m| m.len()).unwrap_or(0);
-            for (blob, diff_id) in img.layers.iter().zip(diff_ids) {
-                let diff_id =
-                    Digest::parse(diff_id).map_err(|e| Error::invalid_image(&origin, format!("config: {e}")))?;
-                if self.ensure_layer(blob, &diff_id)? {
-                    added.layers.push(diff_id.clone());
-                }
-                let blob_size = fs::metadata(self.blob_path(blob)).map(|m| m.len()).unwrap_or(0);
-                size += blob_size;
-                layers.push(LayerRecord {
-                    digest: blob.clone(),
-                    diff_id,
-                    size: blob_size,
-                });
-            }
-            let record = ImageRecord {
-                id: img.config.clone(),
-                manifest: img.manifest.clone(),
-                refs: img.refs.clone(),
-                layers,
-                size,
-                imported_at: chrono::Utc::now().to_rfc3339(),
-            };
-            // A reference names one image: take it from any other image that had it.
-            for other in index.images.iter_mut() {
-                other.refs.retain(|r| !record.refs.contains(r));
-            }
-            match index.images.iter_mut().find(|i| i.id == record.id) {
-                Some(existing) => {
-                    for r in &record.refs {
-                        if !existing.refs.contains(r) {
-                            existing.refs.push(r.clone());
-                        }
-                    }
-                    existing.manifest = record.manifest.clone();
-                    let updated = existing.clone();
-                    out.retain(|o: &ImageRecord| o.id != updated.id);
-                    out.push(updated);
-                }
-                None => {
-                    index.images.push(record.clone());
-                    out.push(record);
-                }
-            }
+            let record = self.add_image_locked(&mut index, &img, &origin, &mut added.layers, &mut |_, _| {})?;
+            out.retain(|o| o.id != record.id);
+            out.push(record);
         }
         self.write_index(&index)?;
         Ok(out)
+    }
+
+    /// Add one image whose blobs are in the store to `index`: config read, diff_ids checked
+    /// against the layers, layers unpacked (`added` gets those unpacked now), the references
+    /// taken from any other image. Returns the image as recorded.
+    fn add_image_locked(
+        &self,
+        index: &mut Index,
+        img: &import::FoundImage,
+        origin: &str,
+        added: &mut Vec<Digest>,
+        on_layer: &mut dyn FnMut(&Digest, LayerStep),
+    ) -> Result<ImageRecord> {
+        let config_size = fs::metadata(self.blob_path(&img.config)).map(|m| m.len()).unwrap_or(0);
+        if config_size > import::MAX_META {
+            return Err(Error::invalid_image(
+                origin,
+                format!("config {} is too large ({config_size} bytes)", img.config),
+            ));
+        }
+        let config: ImageConfiguration = read_json(&self.blob_path(&img.config))?;
+        let diff_ids = config.rootfs().diff_ids();
+        if diff_ids.len() != img.layers.len() {
+            return Err(Error::invalid_image(
+                origin,
+                format!(
+                    "image {}: config lists {} diff_ids but the manifest has {} layers",
+                    img.config,
+                    diff_ids.len(),
+                    img.layers.len()
+                ),
+            ));
+        }
+        let mut layers = Vec::new();
+        let mut size = config_size;
+        for (i, (blob, diff_id)) in img.layers.iter().zip(diff_ids).enumerate() {
+            let diff_id = Digest::parse(diff_id).map_err(|e| Error::invalid_image(origin, format!("config: {e}")))?;
+            if !self.layer_dir(&diff_id).is_dir() {
+                on_layer(blob, LayerStep::Extracting);
+            }
+            if self.ensure_layer(blob, &diff_id)? {
+                added.push(diff_id.clone());
+            }
+            on_layer(blob, LayerStep::Done);
+            let blob_size = fs::metadata(self.blob_path(blob))
+                .map(|m| m.len())
+                .unwrap_or_else(|_| img.layer_sizes.get(i).copied().unwrap_or(0));
+            size += blob_size;
+            layers.push(LayerRecord {
+                digest: blob.clone(),
+                diff_id,
+                size: blob_size,
+            });
+        }
+        let record = ImageRecord {
+            id: img.config.clone(),
+            manifest: img.manifest.clone(),
+            refs: img.refs.clone(),
+            layers,
+            size,
+            imported_at: chrono::Utc::now().to_rfc3339(),
+            last_used: None,
+        };
+        // A reference names one image: take it from any other image that had it.
+        for other in index.images.iter_mut() {
+            other.refs.retain(|r| !record.refs.contains(r));
+        }
+        Ok(match index.images.iter_mut().find(|i| i.id == record.id) {
+            Some(existing) => {
+                for r in &record.refs {
+                    if !existing.refs.contains(r) {
+                        existing.refs.push(r.clone());
+                    }
+                }
+                existing.manifest = record.manifest.clone();
+                existing.clone()
+            }
+            None => {
+                index.images.push(record.clone());
+                record
+            }
+        })
     }
 
     /// Unpack a layer blob unless an earlier import already did; verify its diff_id. Returns
@@ -397,7 +543,13 @@ impl ImageStore {
 
     /// Delete blobs and unpacked layers that no image in `index` refers to.
     fn collect_garbage(&self, index: &Index) -> Result<()> {
-        let mut keep_blobs = std::collections::HashSet::new();
+        let mut keep_blobs: std::collections::HashSet<String> = self
+            .pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
         let mut keep_layers = std::collections::HashSet::new();
         for i in &index.images {
             keep_blobs.insert(i.id.hex().to_string());

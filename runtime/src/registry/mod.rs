@@ -4,14 +4,23 @@
 //! store with their digest and size verified, resumed downloads, one fetch per blob at a time.
 //! Knows nothing of Kubernetes: credentials come in as [`Credentials`].
 //!
-//! CONTRACT (issue 14): the agent (`src/images/`) and the tests code against the types and
-//! signatures below; the registry client behind them is being built in this module.
+//! The design note is docs/images.md ("Pulling from registries").
+
+mod auth;
+mod client;
+pub mod config;
+mod platform;
+mod pull;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::digest::Digest;
 use crate::image::ImageRecord;
+
+pub use auth::{parse_www_authenticate, Challenge};
+pub use config::{Endpoint, HostConfig, Mirror, RegistryConfig, Rewrite, Scheme, TlsConfig};
+pub use pull::Puller;
 
 /// One credential to try against a registry host, as a docker config.json entry or a
 /// credential provider gives it.
@@ -49,7 +58,10 @@ pub struct Platform {
 #[derive(Debug, Clone)]
 pub enum Progress {
     /// The manifest is known: the layers to have, with their compressed sizes, bottom first.
-    Resolved { manifest: Digest, layers: Vec<(Digest, u64)> },
+    Resolved {
+        manifest: Digest,
+        layers: Vec<(Digest, u64)>,
+    },
     /// Bytes of a layer (or the config) now on disk, of `total`.
     Downloading { digest: Digest, done: u64, total: u64 },
     /// A layer was already in the store (or fetched by a concurrent pull): nothing to download.
@@ -70,9 +82,22 @@ pub struct PullerOptions {
     /// Blobs downloaded at once, across all pulls.
     pub max_concurrent_downloads: usize,
     /// A download that makes no progress for this long fails (containerd's
-    /// image_pull_progress_timeout).
+    /// image_pull_progress_timeout); so does a request with no answer for this long. Zero: no
+    /// limit.
     pub progress_timeout: Duration,
     pub platform: Platform,
+}
+
+impl Default for PullerOptions {
+    /// containerd's defaults: 3 downloads at once, a 1 minute progress timeout, this node's
+    /// platform.
+    fn default() -> Self {
+        PullerOptions {
+            max_concurrent_downloads: 3,
+            progress_timeout: Duration::from_secs(60),
+            platform: Platform::host(),
+        }
+    }
 }
 
 /// What a pull did.
@@ -87,8 +112,13 @@ pub struct PullOutcome {
 /// Why a pull failed. `Display` is what kubelet shows after "Failed to pull image ...: ".
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
+    /// A bad reference (kubelet's InvalidImageName), or a store error.
     #[error(transparent)]
     Invalid(#[from] crate::Error),
+    /// The pull failed: the registry's answer, the network, a tampered blob, ...
     #[error("{0}")]
     Other(String),
+    /// Bad registry configuration (`registries.yaml`, a platform): names the file and field.
+    #[error("{0}")]
+    Config(String),
 }
