@@ -340,8 +340,8 @@ fn broken_manifest_beside_good_ones() {
 #[test]
 fn missing_image_is_reported() {
     let a = Agent::start("noimage", &[]);
-    a.write("pull.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: pull}\nspec:\n  containers:\n  - {name: c, image: example.com/nothing:1}\n");
-    a.write("never.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: never}\nspec:\n  containers:\n  - {name: c, image: example.com/nothing:1, imagePullPolicy: Never}\n");
+    a.write("pull.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: pull}\nspec:\n  containers:\n  - {name: c, image: 127.0.0.1:1/nothing:1}\n");
+    a.write("never.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: never}\nspec:\n  containers:\n  - {name: c, image: 127.0.0.1:1/nothing:1, imagePullPolicy: Never}\n");
     let p = a.wait_for("pull", "image pull failure", T, |p| {
         matches!(
             waiting_reason(p, "c").as_deref(),
@@ -356,7 +356,7 @@ fn missing_image_is_reported() {
         waiting_reason(p, "c").as_deref() == Some("ErrImageNeverPull")
     });
     let msg = waiting_message(&p, "c").unwrap();
-    assert!(msg.contains("example.com/nothing:1") && msg.contains("Never"), "{msg}");
+    assert!(msg.contains("127.0.0.1:1/nothing:1") && msg.contains("Never"), "{msg}");
 }
 
 #[test]
