@@ -14,21 +14,12 @@ use common::registry::*;
 use common::*;
 use ferrolet_runtime::digest::Digest;
 use ferrolet_runtime::image::ImageStore;
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Trial};
 
 const T: Duration = Duration::from_secs(60);
 
 fn test(name: &'static str, f: fn()) -> Trial {
-    Trial::test(name, move || {
-        std::panic::catch_unwind(f).map_err(|p| {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Failed::from(msg)
-        })
-    })
+    common::trial(name, f)
 }
 
 fn main() {

@@ -17,7 +17,7 @@ mod streaming;
 use std::sync::OnceLock;
 
 use common::cluster::Cluster;
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Trial};
 
 static CLUSTER: OnceLock<Cluster> = OnceLock::new();
 
@@ -28,16 +28,7 @@ pub fn cluster() -> &'static Cluster {
 
 /// A test: a name and a function that panics on failure.
 pub fn test(name: &'static str, f: fn()) -> Trial {
-    Trial::test(name, move || {
-        std::panic::catch_unwind(f).map_err(|p| {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Failed::from(msg)
-        })
-    })
+    common::trial(name, f)
 }
 
 fn main() {

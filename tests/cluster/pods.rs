@@ -197,6 +197,22 @@ fn deployment_replicas_are_scheduled_and_run() {
                 .is_some_and(|cs| cs.iter().any(|x| x["type"] == "Ready" && x["status"] == "True"))
         })
     });
+    // The node's images in its status: the demo image by tag and by digest, with its size.
+    let n = c.get_json(&["node", &node.node]).unwrap();
+    let images = n["status"]["images"].as_array().cloned().unwrap_or_default();
+    let demo = images.iter().find(|i| {
+        i["names"]
+            .as_array()
+            .is_some_and(|ns| ns.iter().any(|x| x == "docker.io/library/busybox:1.35"))
+    });
+    let demo = demo.unwrap_or_else(|| panic!("the demo image among the node's images: {images:?}"));
+    assert!(demo["sizeBytes"].as_u64().is_some_and(|s| s > 0), "{demo}");
+    assert!(
+        demo["names"].as_array().unwrap().iter().any(|x| x
+            .as_str()
+            .is_some_and(|x| x.starts_with("docker.io/library/busybox@sha256:"))),
+        "{demo}"
+    );
     // Pinned to this node: other tests' nodes share the cluster. The pods get the
     // ServiceAccount token volume the API server adds to every pod.
     c.apply(&format!(

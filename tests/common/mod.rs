@@ -454,16 +454,7 @@ impl Agent {
 
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            c.kill().ok();
-            c.wait().ok();
+            stop_child(&mut c, Duration::from_secs(10));
         }
     }
 }
@@ -564,4 +555,34 @@ pub fn pod_yaml(name: &str, restart: &str, script: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {restart}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [\"sh\", \"-c\", {script:?}]\n"
     )
+}
+
+/// Stop a child this test started: SIGTERM, then SIGKILL when it is still there after `grace`;
+/// reaped either way.
+pub fn stop_child(c: &mut Child, grace: Duration) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.kill().ok();
+    c.wait().ok();
+}
+
+/// A libtest-mimic trial of a test function that panics on failure: the panic's message is
+/// the failure's.
+pub fn trial(name: &'static str, f: fn()) -> libtest_mimic::Trial {
+    libtest_mimic::Trial::test(name, move || {
+        std::panic::catch_unwind(f).map_err(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            libtest_mimic::Failed::from(msg)
+        })
+    })
 }

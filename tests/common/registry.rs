@@ -324,16 +324,7 @@ impl Registry {
     /// Stop the registry (a down upstream); its storage stays until drop.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            c.kill().ok();
-            c.wait().ok();
+            super::stop_child(&mut c, Duration::from_secs(5));
         }
     }
 }
