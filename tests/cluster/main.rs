@@ -7,6 +7,7 @@
 mod common;
 
 mod bootstrap;
+mod images;
 mod node;
 mod objects;
 mod outage;
@@ -38,6 +39,7 @@ fn main() {
         pods::tests(),
         bootstrap::tests(),
         objects::tests(),
+        images::tests(),
         server::tests(),
         streaming::tests(),
     ]

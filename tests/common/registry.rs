@@ -119,6 +119,8 @@ pub struct Registry {
     pub ca_file: Option<PathBuf>,
     /// The token server (token auth).
     pub tokens: Option<TokenServer>,
+    /// The network namespace the registry (and skopeo talking to it) runs in; None: this one.
+    pub netns: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -129,6 +131,17 @@ impl Registry {
     }
 
     pub fn start(name: &str, tls: bool, auth: Auth) -> Registry {
+        Registry::start_in(name, tls, auth, None)
+    }
+
+    /// A registry on the loopback of the network namespace pinned at `netns` (the cluster
+    /// tests' namespace, where their nodes pull from it); no token auth there (its token
+    /// server listens here).
+    pub fn start_in(name: &str, tls: bool, auth: Auth, netns: Option<&Path>) -> Registry {
+        assert!(
+            netns.is_none() || auth != Auth::Token,
+            "token auth only in the test's own namespace"
+        );
         let dir = std::env::temp_dir().join(format!("ferrolet-reg-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("data")).unwrap();
@@ -178,14 +191,16 @@ impl Registry {
         }
         std::fs::write(dir.join("config.yml"), &cfg).unwrap();
         let log = std::fs::File::create(dir.join("registry.log")).unwrap();
-        let child = Command::new(REGISTRY_BIN)
-            .arg("serve")
+        let mut cmd = Command::new(REGISTRY_BIN);
+        cmd.arg("serve")
             .arg(dir.join("config.yml"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start docker-registry");
+            .stderr(log);
+        if let Some(ns) = netns {
+            super::enter_netns(&mut cmd, ns);
+        }
+        let child = cmd.spawn().expect("start docker-registry");
         let mut r = Registry {
             name: name.to_string(),
             dir,
@@ -194,6 +209,7 @@ impl Registry {
             auth,
             ca_file,
             tokens,
+            netns: netns.map(Path::to_path_buf),
             child: Some(child),
         };
         r.wait_ready();
@@ -203,7 +219,7 @@ impl Registry {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if self.listening() {
                 return;
             }
             if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
@@ -217,6 +233,30 @@ impl Registry {
             );
             std::thread::sleep(Duration::from_millis(30));
         }
+    }
+
+    /// Whether the registry's port takes connections (in its namespace).
+    fn listening(&self) -> bool {
+        let port = self.port;
+        let Some(ns) = self.netns.clone() else {
+            return TcpStream::connect(("127.0.0.1", port)).is_ok();
+        };
+        std::thread::spawn(move || {
+            let fd = std::fs::File::open(&ns).expect("open netns");
+            nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .join()
+        .expect("namespace thread")
+    }
+
+    /// skopeo, in the registry's namespace.
+    fn skopeo(&self) -> Command {
+        let mut cmd = Command::new("skopeo");
+        if let Some(ns) = &self.netns {
+            super::enter_netns(&mut cmd, ns);
+        }
+        cmd
     }
 
     /// `127.0.0.1:PORT`, the registry host of references to this registry.
@@ -256,7 +296,7 @@ impl Registry {
     /// `all` pushes every image of an index (`skopeo copy --all`); `format` "v2s2" converts to
     /// Docker's schema 2 media types.
     pub fn push(&self, archive: &Path, oci_ref: &str, repo_tag: &str, all: bool, format: Option<&str>) {
-        let mut cmd = Command::new("skopeo");
+        let mut cmd = self.skopeo();
         cmd.arg("copy").arg("--retry-times").arg("2");
         if all {
             cmd.arg("--all");
@@ -288,7 +328,7 @@ impl Registry {
     /// The digest the registry reports for `repo:tag` (its `Docker-Content-Digest`), as skopeo
     /// reads it.
     pub fn digest_of(&self, repo_tag: &str) -> String {
-        let mut cmd = Command::new("skopeo");
+        let mut cmd = self.skopeo();
         cmd.arg("inspect").arg("--raw");
         if self.tls {
             cmd.arg("--cert-dir").arg(self.dir.join("certs"));
