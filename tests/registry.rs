@@ -30,6 +30,10 @@ fn main() {
             harness_proxy_cuts_logs_and_goes_down,
         ),
         test("cli_pull_by_tag_and_by_digest", cli_pull_by_tag_and_by_digest),
+        test(
+            "cli_client_certificate_from_registries_yaml",
+            cli_client_certificate_from_registries_yaml,
+        ),
         test("cli_index_picks_the_platform", cli_index_picks_the_platform),
         test(
             "cli_layer_of_the_demo_image_is_not_fetched",
@@ -420,6 +424,54 @@ fn cli_token_auth() {
     let d3 = root();
     std::fs::copy(&cfg, d3.path().join("config.json")).unwrap();
     pull_ok(d3.path(), &reference, &[]);
+}
+
+/// `tls.cert_file` / `key_file` of registries.yaml: a registry that asks for a client
+/// certificate refuses the handshake without one and serves the pull with it.
+fn cli_client_certificate_from_registries_yaml() {
+    let r = Registry::start_mtls("mtls");
+    r.push(&archive("two.oci.tar"), "1", "demo/two:1", false, None);
+    let reference = format!("{}/demo/two:1", r.host());
+    let ca = r.ca_file.clone().unwrap();
+    let (cert, key) = r.client_cert();
+    let cfgdir = root();
+    let ca_only = write_file(
+        cfgdir.path(),
+        "ca.yaml",
+        &format!(
+            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
+            r.host(),
+            ca.display()
+        ),
+    );
+    let with_cert = write_file(
+        cfgdir.path(),
+        "mtls.yaml",
+        &format!(
+            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n      cert_file: {}\n      key_file: {}\n",
+            r.host(),
+            ca.display(),
+            cert.display(),
+            key.display()
+        ),
+    );
+    let err = pull_fails(
+        root().path(),
+        &reference,
+        &["--registry-config", ca_only.to_str().unwrap()],
+    );
+    // The registry's TLS alert (Go's server says bad_certificate), with the endpoint.
+    assert!(
+        err.contains(&r.host()) && err.to_lowercase().contains("certificate"),
+        "{err}"
+    );
+    let dir = root();
+    pull_ok(
+        dir.path(),
+        &reference,
+        &["--registry-config", with_cert.to_str().unwrap()],
+    );
+    assert!(store(dir.path()).find(&reference).is_ok());
 }
 
 fn cli_basic_auth_over_tls_with_the_test_ca() {

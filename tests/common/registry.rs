@@ -83,6 +83,9 @@ pub struct TestCa {
     pub ca_pem: String,
     pub cert_pem: String,
     pub key_pem: String,
+    /// A client certificate of the same CA (clientAuth), for registries that ask for one.
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
 }
 
 impl TestCa {
@@ -100,10 +103,18 @@ impl TestCa {
         p.distinguished_name.push(rcgen::DnType::CommonName, cn);
         p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         let cert = p.signed_by(&key, &issuer).unwrap();
+        let client_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut c = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        c.distinguished_name
+            .push(rcgen::DnType::CommonName, "ferrolet test node");
+        c.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let client = c.signed_by(&client_key, &issuer).unwrap();
         TestCa {
             ca_pem: ca_cert.pem(),
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
+            client_cert_pem: client.pem(),
+            client_key_pem: client_key.serialize_pem(),
         }
     }
 }
@@ -138,6 +149,21 @@ impl Registry {
     /// tests' namespace, where their nodes pull from it); no token auth there (its token
     /// server listens here).
     pub fn start_in(name: &str, tls: bool, auth: Auth, netns: Option<&Path>) -> Registry {
+        Registry::launch(name, tls, auth, netns, false)
+    }
+
+    /// A TLS registry that asks every client for a certificate of its CA (`http.tls.clientcas`);
+    /// [`Registry::client_cert`] has one.
+    pub fn start_mtls(name: &str) -> Registry {
+        Registry::launch(name, true, Auth::None, None, true)
+    }
+
+    /// The client certificate and key files a registry from [`Registry::start_mtls`] accepts.
+    pub fn client_cert(&self) -> (PathBuf, PathBuf) {
+        (self.dir.join("client.crt"), self.dir.join("client.key"))
+    }
+
+    fn launch(name: &str, tls: bool, auth: Auth, netns: Option<&Path>, mtls: bool) -> Registry {
         assert!(
             netns.is_none() || auth != Auth::Token,
             "token auth only in the test's own namespace"
@@ -165,6 +191,14 @@ impl Registry {
                 dir.join("server.crt").display(),
                 dir.join("server.key").display()
             ));
+            if mtls {
+                cfg.push_str(&format!("    clientcas:\n      - {}\n", dir.join("ca.pem").display()));
+                std::fs::write(dir.join("client.crt"), &ca.client_cert_pem).unwrap();
+                std::fs::write(dir.join("client.key"), &ca.client_key_pem).unwrap();
+                // skopeo's cert dirs take a client pair as *.cert + *.key
+                std::fs::write(dir.join("certs/client.cert"), &ca.client_cert_pem).unwrap();
+                std::fs::write(dir.join("certs/client.key"), &ca.client_key_pem).unwrap();
+            }
         }
         let mut tokens = None;
         match auth {
