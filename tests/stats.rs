@@ -274,11 +274,12 @@ fn check_pods(a: &Agent, network: bool) {
         let burn = pod(&s, a, "burn")
             .and_then(|p| p.containers.first())
             .and_then(|c| c.cpu.as_ref()?.usage_nano_cores);
-        // The container's working set and rss both, as checked below: the shell's variable
-        // still grows for a while on a slow (emulated) machine.
+        // The container's working set and rss both, as checked below, once the shell has
+        // built its whole variable ("held"): on a slow (emulated) machine it grows for seconds.
         let mem = pod(&s, a, "mem")
             .and_then(|p| p.containers.first()?.memory.as_ref())
-            .and_then(|m| Some(m.working_set_bytes?.min(m.rss_bytes?)));
+            .and_then(|m| Some(m.working_set_bytes?.min(m.rss_bytes?)))
+            .filter(|_| a.logs("mem", "").contains("held"));
         let vol = pod(&s, a, "vol").and_then(|p| p.volume.first()?.used_bytes);
         if burn.is_some_and(|n| n > 300_000_000)
             && mem.is_some_and(|m| m > 40 * MB)
