@@ -70,7 +70,8 @@ pub struct HostConfig {
 }
 
 /// `configs.<host>.tls`, with the files' contents read when the configuration was loaded.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// `Debug` names the files and leaves their contents out (the client key is among them).
+#[derive(Clone, Default, PartialEq)]
 pub struct TlsConfig {
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
@@ -79,6 +80,17 @@ pub struct TlsConfig {
     pub(crate) ca_pem: Option<Vec<u8>>,
     pub(crate) cert_pem: Option<Vec<u8>>,
     pub(crate) key_pem: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("insecure_skip_verify", &self.insecure_skip_verify)
+            .finish_non_exhaustive()
+    }
 }
 
 // The file as written.

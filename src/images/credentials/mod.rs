@@ -88,6 +88,18 @@ impl DockerConfig {
     }
 }
 
+/// A JSON value's type, for errors that must not echo the value.
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// One entry: `auth` (base64 of `user:password`) wins over `username`/`password`;
 /// `identitytoken` and `registrytoken` as containerd reads them. An entry with nothing in it
 /// gives no credential.
@@ -99,7 +111,8 @@ fn entry(v: &Value) -> Result<Option<Credentials>, String> {
         match m.get(k) {
             None | Some(Value::Null) => Ok(String::new()),
             Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(format!("{k}: expected a string, got {other}")),
+            // The value itself is not repeated: it may be a password.
+            Some(other) => Err(format!("{k}: expected a string, got {}", json_type(other))),
         }
     };
     let (mut username, mut password) = (s("username")?, s("password")?);
