@@ -351,6 +351,7 @@ impl Session {
     ) -> Result<Response<Incoming>, HttpError> {
         let mut url = url.to_string();
         let original_authority = authority(&url);
+        let (mut method, mut body) = (method.clone(), body);
         for _ in 0..=MAX_REDIRECTS {
             let mut b = Request::builder().method(method.clone()).uri(&url);
             for (k, v) in headers {
@@ -381,7 +382,23 @@ impl Session {
             })?;
             if resp.status().is_redirection() && resp.status() != StatusCode::NOT_MODIFIED {
                 if let Some(loc) = resp.headers().get(header::LOCATION).and_then(|l| l.to_str().ok()) {
-                    url = join_url(&url, loc);
+                    let next = join_url(&url, loc);
+                    // As Go's client: 301/302/303 turn a POST into a GET without its body
+                    // (the identity token in it goes nowhere else); a body never leaves
+                    // its host.
+                    let see_other = matches!(
+                        resp.status(),
+                        StatusCode::MOVED_PERMANENTLY | StatusCode::FOUND | StatusCode::SEE_OTHER
+                    );
+                    if (see_other && method != Method::GET && method != Method::HEAD)
+                        || authority(&next) != authority(&url)
+                    {
+                        if method != Method::HEAD {
+                            method = Method::GET;
+                        }
+                        body = None;
+                    }
+                    url = next;
                     continue;
                 }
             }
@@ -493,8 +510,11 @@ impl Session {
                 None => {
                     // Report the registry's own refusal, or the token server's if that is
                     // where the credential was refused.
+                    // A token server that could not be reached or gave no usable answer is
+                    // the cause to show, not the registry's 401.
                     return Err(match last.take() {
                         Some(e @ HttpError::Status { .. }) if authz.is_none() => e,
+                        Some(e) if !matches!(e, HttpError::Status { .. }) => e,
                         _ => err,
                     });
                 }
@@ -682,9 +702,15 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// `scheme://authority` of a URL ("" when it has none).
+/// `scheme://host:port` of a URL: where credentials sent to it may go (a redirect elsewhere,
+/// or from https to http on the same host, gets none).
 fn authority(url: &str) -> String {
     match url.split_once("://") {
-        Some((_, rest)) => rest.split(['/', '?', '#']).next().unwrap_or("").to_string(),
+        Some((scheme, rest)) => format!(
+            "{}://{}",
+            scheme.to_ascii_lowercase(),
+            rest.split(['/', '?', '#']).next().unwrap_or("")
+        ),
         None => String::new(),
     }
 }
@@ -740,6 +766,10 @@ mod tests {
         );
         assert_eq!(join_url("http://r/v2/a/blobs/x?ns=1", "y"), "http://r/v2/a/blobs/y");
         assert_eq!(join_url("https://r/v2/a", "//cdn/p"), "https://cdn/p");
-        assert_eq!(authority("https://user@r:5/x?y"), "user@r:5");
+        assert_eq!(authority("https://user@r:5/x?y"), "https://user@r:5");
+        // Credentials follow neither another host nor a step down from https to http.
+        assert_ne!(authority("https://r:5/a"), authority("http://r:5/a"));
+        assert_ne!(authority("https://r:5/a"), authority("https://cdn/a"));
+        assert_eq!(authority("HTTPS://r:5/a"), authority("https://r:5/b?c"));
     }
 }
