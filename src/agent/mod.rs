@@ -302,7 +302,10 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             }
         });
     }
-    {
+    if cfg.images.image_gc_high_threshold_percent == 100 {
+        // As kubelet: 100 turns image garbage collection off altogether.
+        info!("imageGCHighThresholdPercent is 100: image garbage collection is off");
+    } else {
         let gc = Arc::new(crate::images::gc::ImageGc::new(
             rt.image_store(),
             cfg.root_dir.clone(),
