@@ -16,6 +16,11 @@ pub struct ContainerConfig {
     pub display_name: String,
     /// Image reference or id, resolved in the image store.
     pub image: String,
+    /// The image id (config digest) the caller made sure of before creating: the container is
+    /// made from that image even if `image`'s tag moved since (a concurrent pull); `image`
+    /// stays the name the container record shows.
+    #[serde(default)]
+    pub image_ref: Option<crate::digest::Digest>,
     /// Replaces the image's Entrypoint when non-empty (Kubernetes `command`).
     pub command: Vec<String>,
     /// Replaces the image's Cmd when non-empty (Kubernetes `args`).

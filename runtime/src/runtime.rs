@@ -712,7 +712,10 @@ fn prepare(
         return Err(Error::invalid_config("cgroupParent", "required"));
     }
     let store = ImageStore::open(images_dir)?;
-    let image = store.resolve(&cfg.image)?;
+    let image = match &cfg.image_ref {
+        Some(id) => store.resolve(&id.to_string())?,
+        None => store.resolve(&cfg.image)?,
+    };
     let files = ImageFiles::new(&image.layer_dirs);
     let image_user = image
         .config

@@ -167,6 +167,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         name: c.name.clone(),
         display_name: format!("{}/{}/{}", crate::pod::namespace(p), crate::pod::name(p), c.name),
         image: c.image.clone().unwrap_or_default(),
+        image_ref: None,
         command,
         args,
         env,

@@ -31,9 +31,12 @@ pub async fn create_container(
     image_id: Digest,
 ) -> Result<String, Waiting> {
     let timeout = input.cfg.runtime_request_timeout;
-    let cfg = crate::tasks::blocking(move || container::build(&input))
+    let mut cfg = crate::tasks::blocking(move || container::build(&input))
         .await
         .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
+    // The image the image manager made sure of, as kubelet creates from the imageRef it got
+    // back: another pod's pull may move the tag meanwhile.
+    cfg.image_ref = Some(image_id.clone());
     let created = crate::metrics::global().time_runtime("create_container", rt.create(&cfg));
     match tokio::time::timeout(timeout, created).await {
         Ok(Ok(info)) => {
