@@ -40,9 +40,10 @@ pub fn meminfo() -> Result<procfs::Meminfo> {
     procfs::Meminfo::current().context("reading /proc/meminfo")
 }
 
-/// Huge pages configured per page size (kubelet reports every supported size, 0 included).
-pub fn hugepages(dir: &Path) -> BTreeMap<String, i64> {
-    let mut out = BTreeMap::new();
+/// The huge page pools under `dir` (`.../hugepages`): (page size in kB, pages configured),
+/// smallest page size first, every supported size (0 pages included).
+pub fn hugepage_pools(dir: &Path) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir(dir) else {
         return out;
     };
@@ -55,13 +56,22 @@ pub fn hugepages(dir: &Path) -> BTreeMap<String, i64> {
         else {
             continue;
         };
-        let pages: i64 = std::fs::read_to_string(e.path().join("nr_hugepages"))
+        let pages = std::fs::read_to_string(e.path().join("nr_hugepages"))
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0);
-        out.insert(hugepage_resource(kb), pages.saturating_mul(kb as i64 * 1024));
+        out.push((kb, pages));
     }
+    out.sort_unstable();
     out
+}
+
+/// Huge pages configured per page size (kubelet reports every supported size, 0 included).
+pub fn hugepages(dir: &Path) -> BTreeMap<String, i64> {
+    hugepage_pools(dir)
+        .into_iter()
+        .map(|(kb, pages)| (hugepage_resource(kb), (pages as i64).saturating_mul(kb as i64 * 1024)))
+        .collect()
 }
 
 /// A filesystem's size and what is available to unprivileged users (the nodefs signal).

@@ -156,26 +156,10 @@ fn cpu_caches(sys_cpu: &Path, cpu: usize) -> Vec<(Vec<usize>, Cache)> {
 }
 
 fn hugepages_in(dir: &Path) -> Vec<HugePagesInfo> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(kb) = name
-            .strip_prefix("hugepages-")
-            .and_then(|s| s.strip_suffix("kB"))
-            .and_then(|s| s.parse().ok())
-        else {
-            continue;
-        };
-        out.push(HugePagesInfo {
-            page_size: kb,
-            num_pages: read_num(e.path().join("nr_hugepages")).unwrap_or(0),
-        });
-    }
-    out.sort_by_key(|h| h.page_size);
-    out
+    super::machine::hugepage_pools(dir)
+        .into_iter()
+        .map(|(page_size, num_pages)| HugePagesInfo { page_size, num_pages })
+        .collect()
 }
 
 /// The NUMA topology; one node 0 holding every cpu when the kernel shows no nodes.
