@@ -13,15 +13,7 @@ use common::*;
 
 /// `curl` a URL; returns (status, body).
 fn curl(args: &[&str], url: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "20", "-o", "-", "-w", "\n%{http_code}"])
-        .args(args)
-        .arg(url)
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    common::curl_with(Command::new("curl"), args, url)
 }
 
 fn openssl(dir: &Path, args: &[&str]) {

@@ -45,17 +45,7 @@ fn node_ip(a: &Agent) -> String {
 
 /// `curl` inside the cluster's namespace; (status, body). Status 0: no HTTP answer.
 fn curl(args: &[&str], url: &str) -> (u16, String) {
-    let out = cluster()
-        .net
-        .command("curl")
-        .args(["-sS", "--max-time", "20", "-o", "-", "-w", "\n%{http_code}"])
-        .args(args)
-        .arg(url)
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    crate::common::curl_with(cluster().net.command("curl"), args, url)
 }
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {

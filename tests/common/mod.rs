@@ -586,3 +586,17 @@ pub fn trial(name: &'static str, f: fn()) -> libtest_mimic::Trial {
         })
     })
 }
+
+/// Run `curl` (a command made by the caller, e.g. in a namespace) on `url` with more `args`;
+/// (status, body). Status 0: no HTTP answer.
+pub fn curl_with(mut curl: Command, args: &[&str], url: &str) -> (u16, String) {
+    let out = curl
+        .args(["-sS", "--max-time", "20", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
