@@ -32,6 +32,8 @@ pub struct Cluster {
     pub ca: PathBuf,
     script: PathBuf,
     nodes: AtomicU32,
+    /// The controller-manager's pid and command line, to start it again when it dies.
+    controller_manager: std::sync::Mutex<(i32, Vec<String>)>,
 }
 
 impl Cluster {
@@ -67,7 +69,7 @@ impl Cluster {
                 .map(|v| v.trim_matches(|c| c == '"' || c == '\'').to_string())
                 .unwrap_or_else(|| panic!("control-plane start printed no {k}:\n{env}"))
         };
-        Some(Cluster {
+        let c = Cluster {
             kubeconfig: PathBuf::from(get("KUBECONFIG")),
             bootstrap_kubeconfig: PathBuf::from(get("K8S_BOOTSTRAP_KUBECONFIG")),
             apiserver: get("K8S_APISERVER"),
@@ -76,7 +78,13 @@ impl Cluster {
             net,
             script,
             nodes: AtomicU32::new(0),
-        })
+            controller_manager: std::sync::Mutex::new((0, Vec::new())),
+        };
+        let cm = c
+            .component("kube-controller-manager")
+            .expect("no kube-controller-manager among the control plane's processes");
+        *c.controller_manager.lock().unwrap() = cm;
+        Some(c)
     }
 
     /// `kubectl ARGS` as the cluster admin, inside the namespace.
@@ -179,6 +187,8 @@ impl Cluster {
 
     /// [`Cluster::node_with`] with more environment for the agent.
     pub fn node_with_env(&self, name: &str, flags: &[&str], config: &str, env: Vec<(String, String)>) -> Agent {
+        // A node needs the controller-manager for its pod CIDR.
+        self.ensure_controller_manager();
         let (n, ip) = self.node_ip();
         let mut args = vec!["--node-ip", ip.as_str()];
         args.extend_from_slice(flags);
@@ -212,54 +222,96 @@ impl Cluster {
         }
     }
 
-    /// Stop the API server (etcd and the controllers keep running); returns what restarts it.
-    pub fn stop_apiserver(&self) -> StoppedApiserver {
+    /// The live control-plane process whose program ends with `binary`: (pid, command line).
+    /// A process that died (a zombie nobody reaps) has no command line and is not found.
+    fn component(&self, binary: &str) -> Option<(i32, Vec<String>)> {
         let pids = std::fs::read_to_string(self.dir.join("pids")).expect("control-plane pids");
-        for p in pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()).find_map(|p| {
             let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
             let args: Vec<String> = cmdline
                 .split(|b| *b == 0)
                 .filter(|a| !a.is_empty())
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
-            if args.first().is_some_and(|a| a.ends_with("kube-apiserver")) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGTERM);
-                let deadline = Instant::now() + Duration::from_secs(20);
-                while Path::new(&format!("/proc/{p}")).exists() && Instant::now() < deadline {
-                    // Reaped by nobody (its parent exited), so look at the state.
-                    let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-                    if stat.split_whitespace().nth(2) == Some("Z") {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                return StoppedApiserver { old_pid: p, args };
-            }
-        }
-        panic!("no kube-apiserver among the control plane's processes");
+            args.first().is_some_and(|a| a.ends_with(binary)).then_some((p, args))
+        })
     }
 
-    /// Start the API server stopped by [`Cluster::stop_apiserver`] again, with the same
-    /// arguments, and wait until it answers.
-    pub fn restart_apiserver(&self, stopped: StoppedApiserver) {
+    /// Start a control-plane process again with `args` in the cluster's namespace, its output
+    /// appended to `logs/<name>.log`; `old_pid` is replaced by the new one in the pids file.
+    fn respawn(&self, name: &str, args: &[String], old_pid: i32) -> i32 {
         use std::os::unix::process::CommandExt;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join("logs/kube-apiserver.log"))
+            .open(self.dir.join(format!("logs/{name}.log")))
             .unwrap();
-        let mut cmd = Command::new(&stopped.args[0]);
-        cmd.args(&stopped.args[1..])
+        let mut cmd = Command::new(&args[0]);
+        cmd.args(&args[1..])
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .process_group(0);
         super::enter_netns(&mut cmd, &self.net.path);
-        let child = cmd.spawn().expect("restarting kube-apiserver");
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("restarting {name}: {e}"));
+        let new_pid = child.id() as i32;
         let pids = std::fs::read_to_string(self.dir.join("pids")).unwrap();
-        let pids = pids.replace(&stopped.old_pid.to_string(), &child.id().to_string());
-        std::fs::write(self.dir.join("pids"), pids).unwrap();
+        let pids: Vec<String> = pids
+            .lines()
+            .map(|l| {
+                if l.trim() == old_pid.to_string() {
+                    new_pid.to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        std::fs::write(self.dir.join("pids"), pids.join("\n") + "\n").unwrap();
         std::mem::forget(child);
+        new_pid
+    }
+
+    /// Stop the API server (etcd and the controllers keep running); returns what restarts it.
+    pub fn stop_apiserver(&self) -> StoppedApiserver {
+        let (p, args) = self
+            .component("kube-apiserver")
+            .expect("no kube-apiserver among the control plane's processes");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Path::new(&format!("/proc/{p}")).exists() && Instant::now() < deadline {
+            // Reaped by nobody (its parent exited), so look at the state.
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            if stat.split_whitespace().nth(2) == Some("Z") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        StoppedApiserver { old_pid: p, args }
+    }
+
+    /// kube-controller-manager v1.26.0 may die of a nil pointer in its node lifecycle
+    /// controller after an API server outage (seen in CI and here): start it again, loudly,
+    /// as its systemd unit or static pod would be. Returns whether it had to.
+    fn ensure_controller_manager(&self) -> bool {
+        let mut cm = self.controller_manager.lock().unwrap();
+        if self.component("kube-controller-manager").is_some() {
+            return false;
+        }
+        let log = std::fs::read_to_string(self.dir.join("logs/kube-controller-manager.log")).unwrap_or_default();
+        let why = log
+            .lines()
+            .find(|l| l.starts_with("panic:"))
+            .unwrap_or("no panic line in its log");
+        eprintln!("\n!!! kube-controller-manager died ({why}); starting it again !!!\n");
+        let pid = self.respawn("kube-controller-manager", &cm.1, cm.0);
+        cm.0 = pid;
+        true
+    }
+
+    /// Start the API server stopped by [`Cluster::stop_apiserver`] again, with the same
+    /// arguments, and wait until it answers.
+    pub fn restart_apiserver(&self, stopped: StoppedApiserver) {
+        self.respawn("kube-apiserver", &stopped.args, stopped.old_pid);
         self.wait("the API server to answer again", Duration::from_secs(60), || {
             self.kubectl(&["get", "--raw", "/readyz"]).status.success()
         });
@@ -275,8 +327,13 @@ impl Cluster {
         let node =
             format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {canary}\n  labels:\n    ferrolet-test: canary\n");
         self.kubectl_stdin(&["apply", "-f", "-"], &node);
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut deadline = Instant::now() + Duration::from_secs(120);
+        let mut restarts = 0;
         let allocated = loop {
+            if restarts < 3 && self.ensure_controller_manager() {
+                restarts += 1;
+                deadline = Instant::now() + Duration::from_secs(120);
+            }
             let cidr = self
                 .get_json(&["node", &canary])
                 .and_then(|n| n["spec"]["podCIDR"].as_str().map(str::to_string));
