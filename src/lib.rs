@@ -14,8 +14,10 @@
 pub mod agent;
 pub mod backoff;
 pub mod cli;
+pub mod cm;
 pub mod config;
 pub mod events;
+pub mod eviction;
 pub mod images;
 pub mod kubeclient;
 pub mod kuberuntime;
@@ -33,4 +35,5 @@ pub mod server;
 pub mod stats;
 pub mod status;
 pub mod tasks;
+pub mod volumemanager;
 pub mod worker;

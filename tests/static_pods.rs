@@ -408,11 +408,12 @@ fn admission_max_pods_and_unsupported_features() {
     a.write("b.yaml", &pod_yaml("b", "Always", "sleep 3600"));
     let b = a.wait_phase("b", "Failed", T);
     assert_eq!(b.status.as_ref().unwrap().reason.as_deref(), Some("OutOfpods"));
-    a.write("cm.yaml", &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: cm}}\nspec:\n  containers:\n  - {{name: c, image: {IMAGE}}}\n  volumes:\n  - {{name: v, configMap: {{name: x}}}}\n"));
-    let cm = a.wait_phase("cm", "Failed", T);
-    let st = cm.status.as_ref().unwrap();
+    // (configMap volumes of static pods are served from the static pod path: tests/volumes.rs.)
+    a.write("userns.yaml", &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: userns}}\nspec:\n  hostUsers: false\n  containers:\n  - {{name: c, image: {IMAGE}}}\n"));
+    let u = a.wait_phase("userns", "Failed", T);
+    let st = u.status.as_ref().unwrap();
     assert_eq!(st.reason.as_deref(), Some("UnsupportedPodSpec"));
-    assert!(st.message.as_deref().unwrap().contains("configMap"));
+    assert!(st.message.as_deref().unwrap().contains("hostUsers"));
 }
 
 #[test]

@@ -55,6 +55,10 @@ pub struct CgroupLimits {
     pub cpu_period: Option<u64>,
     pub memory_limit: Option<i64>,
     pub pids_limit: Option<i64>,
+    /// Huge page limits by the kernel's page size name (`2MB`, `1GB`), in bytes; `-1` is no
+    /// limit. Written only where the hugetlb controller is available.
+    #[serde(default)]
+    pub hugetlb: BTreeMap<String, i64>,
 }
 
 /// Usage read from a cgroup; `None` where the node does not account it. Counters are
@@ -267,6 +271,12 @@ impl Cgroups {
         if let Some(p) = l.pids_limit {
             write_cg(dir, "pids.max", &if p > 0 { p.to_string() } else { "max".into() })?;
         }
+        for (size, limit) in &l.hugetlb {
+            let file = format!("hugetlb.{size}.max");
+            if dir.join(&file).exists() {
+                write_cg(dir, &file, &if *limit >= 0 { limit.to_string() } else { "max".into() })?;
+            }
+        }
         Ok(())
     }
 
@@ -304,7 +314,42 @@ impl Cgroups {
                 &if p > 0 { p.to_string() } else { "max".into() },
             )?;
         }
+        if let Some(dir) = self.dir_for("hugetlb", cgroup).filter(|_| !l.hugetlb.is_empty()) {
+            for (size, limit) in &l.hugetlb {
+                let file = format!("hugetlb.{size}.limit_in_bytes");
+                if dir.join(&file).exists() {
+                    write_cg(&dir, &file, &if *limit >= 0 { limit.to_string() } else { "-1".into() })?;
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Whether huge page limits can be set: the hugetlb controller is mounted (v1) or offered
+    /// (v2).
+    pub fn has_hugetlb(&self) -> bool {
+        match &self.mode {
+            CgroupMode::V2 { mount } => read_trim(&mount.join("cgroup.controllers"))
+                .split_whitespace()
+                .any(|c| c == "hugetlb"),
+            CgroupMode::V1 { mounts, .. } => mounts.contains_key("hugetlb"),
+        }
+    }
+
+    /// The memory in use in `cgroup` (v1 `memory.usage_in_bytes`, v2 `memory.current`).
+    pub fn memory_usage(&self, cgroup: &str) -> Option<u64> {
+        let d = self.dir_for("memory", cgroup)?;
+        read_u64(&d.join(if self.is_v2() {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        }))
+    }
+
+    /// Read one file of `cgroup` in the hierarchy of `controller` (trimmed); None when absent.
+    pub fn read_file(&self, controller: &str, cgroup: &str, file: &str) -> Option<String> {
+        let d = self.dir_for(controller, cgroup)?;
+        fs::read_to_string(d.join(file)).ok().map(|s| s.trim().to_string())
     }
 
     /// Update limits of an existing cgroup.
@@ -657,6 +702,39 @@ impl Cgroups {
     }
 }
 
+/// The huge page sizes the kernel offers, as the cgroup files name them (`2MB`, `1GB`; as
+/// libcontainer's HugePageSizes), from `dir` (`/sys/kernel/mm/hugepages`).
+pub fn hugepage_sizes(dir: &Path) -> Vec<String> {
+    let mut kbs: Vec<u64> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()
+        })
+        .collect();
+    kbs.sort_unstable();
+    kbs.into_iter().map(hugepage_size_name).collect()
+}
+
+/// A page size in kB as the hugetlb controller's files name it: `2048` -> `2MB`,
+/// `1048576` -> `1GB`, `64` -> `64KB`.
+pub fn hugepage_size_name(kb: u64) -> String {
+    if kb >= 1 << 20 && kb % (1 << 20) == 0 {
+        format!("{}GB", kb >> 20)
+    } else if kb >= 1 << 10 && kb % (1 << 10) == 0 {
+        format!("{}MB", kb >> 10)
+    } else {
+        format!("{kb}KB")
+    }
+}
+
+/// True when `/sys/fs/cgroup` is cgroup2 (runc's IsCgroup2UnifiedMode).
+pub fn unified_mode() -> bool {
+    is_cgroup2(Path::new("/sys/fs/cgroup"))
+}
+
 /// cgroup v2 cpu.weight back to v1 cpu.shares (the inverse of [`shares_to_weight`], as cAdvisor
 /// reports spec.cpu.shares on v2).
 pub fn weight_to_shares(weight: u64) -> u64 {
@@ -891,6 +969,18 @@ mod tests {
         assert_eq!(shares_to_weight(2), 1);
         assert_eq!(shares_to_weight(1024), 39);
         assert_eq!(shares_to_weight(262_144), 10_000);
+    }
+
+    #[test]
+    fn hugepage_names_as_the_cgroup_files() {
+        assert_eq!(hugepage_size_name(2048), "2MB");
+        assert_eq!(hugepage_size_name(1_048_576), "1GB");
+        assert_eq!(hugepage_size_name(64), "64KB");
+        let d = tempfile::tempdir().unwrap();
+        for n in ["hugepages-1048576kB", "hugepages-2048kB", "other"] {
+            fs::create_dir(d.path().join(n)).unwrap();
+        }
+        assert_eq!(hugepage_sizes(d.path()), ["2MB", "1GB"]);
     }
 
     #[test]

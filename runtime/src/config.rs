@@ -38,6 +38,10 @@ pub struct ContainerConfig {
     pub readonly_rootfs: bool,
     pub no_new_privileges: bool,
     pub seccomp: SeccompProfile,
+    /// The AppArmor profile the process is confined by (OCI `process.apparmorProfile`), loaded
+    /// in the kernel already; `None` leaves it as its parent's (unconfined).
+    #[serde(default)]
+    pub apparmor_profile: Option<String>,
     /// Leave /proc paths unmasked (Kubernetes `procMount: Unmasked`).
     pub unmasked_proc: bool,
     pub namespaces: Namespaces,
@@ -73,8 +77,22 @@ pub struct UserConfig {
     pub gid: Option<u32>,
     /// Extra groups (Kubernetes `supplementalGroups` and `fsGroup`).
     pub supplemental_groups: Vec<u32>,
+    /// Whether the user's memberships in the image's /etc/group are added (Kubernetes
+    /// `supplementalGroupsPolicy`).
+    pub supplemental_groups_policy: SupplementalGroupsPolicy,
     /// Refuse to run as uid 0 (Kubernetes `runAsNonRoot`).
     pub require_non_root: bool,
+}
+
+/// Kubernetes' `supplementalGroupsPolicy` as CRI passes it on.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum SupplementalGroupsPolicy {
+    /// The primary gid, the image's /etc/group memberships of the user, then the supplemental
+    /// groups.
+    #[default]
+    Merge,
+    /// The primary gid and the supplemental groups only.
+    Strict,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -138,6 +156,9 @@ pub struct Resources {
     pub memory_limit: Option<i64>,
     pub pids_limit: Option<i64>,
     pub oom_score_adj: Option<i32>,
+    /// On cgroup v2, kill the whole container when the kernel OOM-kills one of its processes
+    /// (`memory.oom.group`, as kubelet sets it unless singleProcessOOMKill). Ignored on v1.
+    pub oom_group: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -42,6 +42,19 @@ pub struct ContainerRecord {
     /// The image's StopSignal, if any (e.g. `SIGQUIT`).
     pub stop_signal: Option<String>,
     pub boot_id: String,
+    /// The identity the container's process runs with (CRI's ContainerStatus.user). Absent in
+    /// records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<ProcessUser>,
+}
+
+/// uid, primary gid and supplementary groups of a container's process.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub supplemental_groups: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -285,6 +298,7 @@ fn recover_record(dir: &Path, id: &str, errors: &mut Vec<String>) -> ContainerRe
         cgroup_path,
         stop_signal: None,
         boot_id: String::new(),
+        user: None,
     }
 }
 

@@ -92,11 +92,13 @@ impl LineSplitter {
         emit(rest, false);
     }
 
-    /// End of stream: what is left without a newline is a final line, as containerd writes it.
+    /// End of stream: what is left without a newline is a partial line, as containerd writes
+    /// it (its redirectLogs tags the unterminated last line `P`): `kubectl logs` and the
+    /// FallbackToLogsOnError message show it without a newline the container never wrote.
     pub fn finish(&mut self, emit: &mut dyn FnMut(&[u8], bool)) {
         if !self.buf.is_empty() {
             let whole = std::mem::take(&mut self.buf);
-            emit(&whole, false);
+            emit(&whole, true);
         }
     }
 }
@@ -132,6 +134,10 @@ impl LogWriter {
         })
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn write(&mut self, now: DateTime<Utc>, stream: Stream, partial: bool, msg: &[u8]) -> io::Result<()> {
         self.line.clear();
         self.line.extend_from_slice(timestamp(now).as_bytes());
@@ -150,6 +156,15 @@ impl LogWriter {
         if self.max_size > 0 && self.size >= self.max_size {
             self.rotate(now)?;
         }
+        Ok(())
+    }
+
+    /// Open the log path anew (it was renamed by a rotation outside): later lines go to a new
+    /// file there. On failure the old file stays in use and the next write tries again.
+    pub fn reopen(&mut self) -> io::Result<()> {
+        let f = open_log(&self.path)?;
+        self.size = f.metadata()?.len();
+        self.file = Some(f);
         Ok(())
     }
 
@@ -336,7 +351,7 @@ mod tests {
                 (b"a".to_vec(), false),
                 (b"bc".to_vec(), false),
                 (b"".to_vec(), false),
-                (b"last".to_vec(), false)
+                (b"last".to_vec(), true)
             ]
         );
     }

@@ -31,7 +31,7 @@ mod zygote;
 
 pub use attach::{Attach, AttachOptions, AttachOutput, AttachReader, AttachWriter};
 pub use config::ContainerConfig;
-pub use container::{ContainerInfo, ContainerState, ExitRecord};
+pub use container::{ContainerInfo, ContainerState, ExitRecord, ProcessUser};
 pub use error::{Error, Result};
 pub use runtime::{ExecIo, ExecOutput, ExecProcess, ExecSpec, Runtime};
 pub use tty::resize_tty;

@@ -256,6 +256,13 @@ fn pump(init: Pid, sources: [Option<File>; 2], log: &mut LogWriter, attach: &mut
                 attach.ready(slot, r);
             }
         }
+        if attach.take_reopen() {
+            // CRI's ReopenContainerLog: the agent renamed the log to rotate it.
+            let r = log
+                .reopen()
+                .map_err(|e| format!("reopening {}: {e}", args_log_path(log)));
+            attach.reopened(r);
+        }
         attach.sweep();
         if attach.take_hangup() {
             // stdinOnce on a terminal: closing every master fd hangs the terminal up.
@@ -280,6 +287,10 @@ fn pump(init: Pid, sources: [Option<File>; 2], log: &mut LogWriter, attach: &mut
         });
     }
     status
+}
+
+fn args_log_path(log: &LogWriter) -> String {
+    log.path().display().to_string()
 }
 
 /// Reap every exited child; note the init's status when it is among them.

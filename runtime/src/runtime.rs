@@ -516,6 +516,19 @@ impl Runtime {
         Attach::connect(id, &self.dir(id), opts).await
     }
 
+    /// CRI's ReopenContainerLog: the running container's monitor reopens its log path (after
+    /// the caller renamed the file to rotate it). Blocking, at most `timeout`.
+    pub fn reopen_container_log(&self, id: &str, timeout: Duration) -> Result<()> {
+        let info = self.inspect(id)?;
+        if !info.is_running() {
+            return Err(Error::container(
+                id,
+                "cannot reopen the log: the container is not running",
+            ));
+        }
+        crate::attach::reopen_log(id, &self.dir(id), timeout)
+    }
+
     fn exec_args(&self, id: &str, spec: &ExecSpec) -> Result<ExecArgs> {
         let info = self.inspect(id)?;
         if !info.is_running() {
@@ -729,6 +742,7 @@ fn prepare(
         cfg.user.uid,
         cfg.user.gid,
         &cfg.user.supplemental_groups,
+        cfg.user.supplemental_groups_policy == crate::config::SupplementalGroupsPolicy::Merge,
     )?;
     let mut spec = build_spec(&SpecInput {
         id,
@@ -762,6 +776,11 @@ fn prepare(
         cgroup_path: cgroup_path.clone(),
         stop_signal: image.config.config().as_ref().and_then(|c| c.stop_signal().clone()),
         boot_id: ferrolet_fsutil::boot_id(),
+        user: Some(container::ProcessUser {
+            uid: user.uid,
+            gid: user.gid,
+            supplemental_groups: user.additional_gids.clone(),
+        }),
     };
     // A copy of the record in the spec (and so in libcontainer's state): what an unreadable
     // container.json is rebuilt from.

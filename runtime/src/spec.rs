@@ -244,6 +244,9 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
     if let Some(adj) = cfg.resources.oom_score_adj {
         process = process.oom_score_adj(allowed_oom_score_adj(adj));
     }
+    if let Some(profile) = cfg.apparmor_profile.as_ref().filter(|p| !p.is_empty()) {
+        process = process.apparmor_profile(profile.clone());
+    }
     let process = process.build().context_cfg("process")?;
 
     // Namespaces: always a new mount namespace; cgroup namespace on v2 as containerd does.
@@ -306,6 +309,12 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
                 .build()
                 .context_cfg("resources.pids")?,
         );
+    }
+    if r.oom_group && crate::cgroups::unified_mode() {
+        resources = resources.unified(std::collections::HashMap::from([(
+            "memory.oom.group".to_string(),
+            "1".to_string(),
+        )]));
     }
     let devices = if cfg.privileged {
         vec![LinuxDeviceCgroupBuilder::default()

@@ -113,14 +113,17 @@ fn parse_group(s: &str) -> Vec<GroupEntry> {
 
 /// Work out uid, gid and groups the way containerd's CRI does: an explicit uid wins over the
 /// image's User; the primary gid comes from runAsGroup, else the user spec's group, else the
-/// passwd entry, else 0; the groups the user is a member of in /etc/group are added, then the
-/// supplemental groups.
+/// passwd entry, else 0. The supplementary groups are the primary gid first (containerd's
+/// ensureAdditionalGids: `id` shows `groups=<gid>,...`), then with `merge_image_groups`
+/// (Kubernetes `supplementalGroupsPolicy: Merge`, the default) the groups the user is a member
+/// of in the image's /etc/group, then the supplemental groups (supplementalGroups, fsGroup).
 pub fn resolve_user(
     files: &ImageFiles,
     image_user: &str,
     uid_override: Option<u32>,
     gid_override: Option<u32>,
     supplemental: &[u32],
+    merge_image_groups: bool,
 ) -> Result<ResolvedUser> {
     let passwd = files.read("/etc/passwd").map(|s| parse_passwd(&s)).unwrap_or_default();
     let groups = files.read("/etc/group").map(|s| parse_group(&s)).unwrap_or_default();
@@ -169,10 +172,12 @@ pub fn resolve_user(
         _ => None,
     };
     let gid = gid_override.or(spec_gid).or(passwd_gid).unwrap_or(0);
-    let mut additional = Vec::new();
-    if let Some(n) = &name {
+    let mut additional = vec![gid];
+    if let Some(n) = name.as_ref().filter(|_| merge_image_groups) {
+        // containerd's WithAdditionalGIDs: groups listing the user as a member, not the
+        // user's own (same-named) group.
         for g in &groups {
-            if g.members.iter().any(|m| m == n) && g.gid != gid && !additional.contains(&g.gid) {
+            if &g.name != n && g.members.iter().any(|m| m == n) && !additional.contains(&g.gid) {
                 additional.push(g.gid);
             }
         }
@@ -211,28 +216,54 @@ mod tests {
     #[test]
     fn names_and_numbers() {
         let (_d, f) = image(PASSWD, GROUP);
-        let u = resolve_user(&f, "www", None, None, &[]).unwrap();
-        assert_eq!((u.uid, u.gid, u.additional_gids.clone()), (33, 33, vec![50]));
+        let u = resolve_user(&f, "www", None, None, &[], true).unwrap();
+        assert_eq!((u.uid, u.gid, u.additional_gids.clone()), (33, 33, vec![33, 50]));
         assert_eq!(u.home.as_deref(), Some("/var/www"));
-        let u = resolve_user(&f, "1000:staff", None, None, &[7]).unwrap();
-        assert_eq!((u.uid, u.gid, u.additional_gids), (1000, 50, vec![7]));
-        let u = resolve_user(&f, "", None, None, &[]).unwrap();
+        let u = resolve_user(&f, "1000:staff", None, None, &[7], true).unwrap();
+        assert_eq!((u.uid, u.gid, u.additional_gids), (1000, 50, vec![50, 7]));
+        let u = resolve_user(&f, "", None, None, &[], true).unwrap();
         assert_eq!((u.uid, u.gid), (0, 0));
     }
 
     #[test]
     fn overrides_win() {
         let (_d, f) = image(PASSWD, GROUP);
-        let u = resolve_user(&f, "www", Some(33), Some(5), &[]).unwrap();
+        let u = resolve_user(&f, "www", Some(33), Some(5), &[], true).unwrap();
         assert_eq!((u.uid, u.gid), (33, 5));
-        let u = resolve_user(&f, "root", Some(1234), None, &[]).unwrap();
+        let u = resolve_user(&f, "root", Some(1234), None, &[], true).unwrap();
         assert_eq!((u.uid, u.gid, u.name), (1234, 0, None));
+    }
+
+    #[test]
+    fn run_as_group_joins_the_supplementary_groups_as_containerd_does() {
+        // The Kubernetes documentation's security-context example: runAsUser 1000,
+        // runAsGroup 3000, fsGroup 2000, supplementalGroups [4000].
+        let (_d, f) = image(PASSWD, GROUP);
+        let u = resolve_user(&f, "", Some(1000), Some(3000), &[4000, 2000], true).unwrap();
+        assert_eq!((u.uid, u.gid, u.additional_gids), (1000, 3000, vec![3000, 4000, 2000]));
+        // A primary gid also listed as supplemental appears once.
+        let u = resolve_user(&f, "", Some(1000), Some(3000), &[3000], true).unwrap();
+        assert_eq!(u.additional_gids, vec![3000]);
+    }
+
+    #[test]
+    fn strict_policy_leaves_out_the_image_groups() {
+        let group = "root:x:0:\nwww:x:33:www\nstaff:x:50:www\nadm:x:4:root,www\n";
+        let (_d, f) = image(PASSWD, group);
+        let merged = resolve_user(&f, "www", None, None, &[1234], true).unwrap();
+        // Not the user's own group "www" (it is the primary one anyway), the others in order.
+        assert_eq!(merged.additional_gids, vec![33, 50, 4, 1234]);
+        let strict = resolve_user(&f, "www", None, None, &[1234], false).unwrap();
+        assert_eq!(strict.additional_gids, vec![33, 1234]);
+        // By uid, the passwd name is what /etc/group is searched for.
+        let by_uid = resolve_user(&f, "", Some(33), None, &[], true).unwrap();
+        assert_eq!(by_uid.additional_gids, vec![33, 50, 4]);
     }
 
     #[test]
     fn unknown_name_is_an_error_naming_it() {
         let (_d, f) = image(PASSWD, GROUP);
-        let e = resolve_user(&f, "nobody", None, None, &[]).unwrap_err();
+        let e = resolve_user(&f, "nobody", None, None, &[], true).unwrap_err();
         assert!(e.to_string().contains("nobody"));
     }
 

@@ -387,6 +387,9 @@ fn stdout_and_stderr_in_cri_log() -> Result<()> {
         chrono::DateTime::parse_from_rfc3339(parts[0]).is_ok(),
         "RFC3339 timestamp in {first:?}"
     );
+    // The unterminated last line is partial, as containerd tags it.
+    let last = raw.lines().find(|l| l.ends_with(" tail")).unwrap_or_default();
+    ensure!(last.contains(" stdout P tail"), "line {last:?}");
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 //! exec socket). Stopping the agent leaves the pods running; the next start adopts them.
 
 pub mod record;
+pub mod run_once;
 mod sync_loop;
 
 use std::path::{Path, PathBuf};
@@ -72,7 +73,14 @@ const AGENT_LEAF: &str = "ferrolet.agent";
 /// The pod cgroup tree: the agent's own cgroup as the default root (moving the agent and its
 /// zygote into a leaf on v2), what it is about to create recorded in agent.json first, then the
 /// QoS level cgroups.
-fn setup_cgroups(cfg: &Config, rt: &Runtime) -> Result<PodCgroups> {
+fn setup_cgroups(
+    cfg: &Config,
+    rt: &Runtime,
+) -> Result<(
+    PodCgroups,
+    ferrolet_runtime::cgroups::CgroupLimits,
+    crate::node::allocatable::Resources,
+)> {
     let cgroups = PodCgroups::new(cfg, rt.cgroups())?;
     // cgroup v2 forbids processes beside child cgroups: with the agent's own cgroup as the
     // parent of kubepods, the agent (and its zygote, and so the monitors) move into a leaf.
@@ -85,6 +93,7 @@ fn setup_cgroups(cfg: &Config, rt: &Runtime) -> Result<PodCgroups> {
     }
     record.cgroup_root = own.to_string();
     record.pod_logs_dir = cfg.pod_logs_dir.clone();
+    record.container_log_link_dir = cfg.container_log_link_dir.clone();
     let mut to_create = missing_cgroup_dirs(rt, &cgroups.kubepods());
     to_create.extend(leaf.iter().flat_map(|l| missing_cgroup_dirs(rt, l)));
     for d in to_create {
@@ -98,11 +107,16 @@ fn setup_cgroups(cfg: &Config, rt: &Runtime) -> Result<PodCgroups> {
         let me = std::process::id() as i32;
         ferrolet_runtime::cgroups::vacate_own_cgroup(rt.cgroups(), own, AGENT_LEAF, &[me, rt.zygote_pid()])?;
     }
+    // kubepods gets the node allocatable (kubelet's createNodeAllocatableCgroups).
+    let capacity = crate::node::machine::capacity(&cfg.root_dir, cfg.max_pods);
+    let kubepods_limits = crate::cm::node_allocatable::kubepods_limits_for(cfg, &capacity, &cgroups);
     if cfg.cgroups_per_qos {
-        cgroups.init().context("creating the kubepods cgroups")?;
+        cgroups
+            .init(&kubepods_limits)
+            .context("creating the kubepods cgroups")?;
     }
     info!(cgroup_root = %cgroups.root(), v2 = rt.cgroups().is_v2(), "pod cgroups");
-    Ok(cgroups)
+    Ok((cgroups, kubepods_limits, capacity))
 }
 
 pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Result<()> {
@@ -111,10 +125,27 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
     let mut cfg = Arc::new(cfg);
     raise_open_files_limit();
+    // kubelet's oomScoreAdj: the agent is the last process the kernel picks.
+    match crate::cm::apply_own_oom_score_adj(cfg.cm.oom_score_adj) {
+        Ok(()) => info!(
+            oom_score_adj = cfg.cm.oom_score_adj,
+            "oom_score_adj applied to the agent"
+        ),
+        Err(e) => warn!(error = %format!("{e:#}"), "Failed to ApplyOOMScoreAdj"),
+    }
     std::fs::create_dir_all(&cfg.root_dir).with_context(|| format!("creating {}", cfg.root_dir.display()))?;
     let _lock = lock_root(&cfg.root_dir)?;
     for d in [cfg.pods_dir(), cfg.pod_logs_dir.clone(), cfg.image_import_dir.clone()] {
         std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    // As kubelet: the log links' directory exists from the start; links whose log is gone
+    // (an agent stopped between removing a container and its link) are removed.
+    if let Err(e) = std::fs::create_dir_all(&cfg.container_log_link_dir) {
+        warn!(dir = %cfg.container_log_link_dir.display(), error = %e, "creating the container log links' directory");
+    }
+    let dead = crate::kuberuntime::log_links::remove_dead_links(&cfg.container_log_link_dir, &cfg.pod_logs_dir);
+    if dead > 0 {
+        info!(count = dead, "removed container log links to logs that are gone");
     }
     if let Some(p) = &cfg.static_pod_path {
         if p == Path::new("/etc/ferrolet/manifests") && !p.exists() {
@@ -151,12 +182,16 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         .await?
     };
 
-    let cgroups = {
+    let (cgroups, kubepods_limits, capacity) = {
         let (cfg, rt) = (cfg.clone(), rt.clone());
         blocking(move || setup_cgroups(&cfg, &rt)).await?
     };
     // In a cluster: the node's API client, first (a bad credential ends the start here).
-    let kube = match cfg.in_cluster() {
+    // runOnce runs the static pods only, as a standalone node.
+    if cfg.run_once && cfg.in_cluster() {
+        warn!("runOnce: only the static pod sources are run; the cluster's kubeconfig is not used");
+    }
+    let kube = match cfg.in_cluster() && !cfg.run_once {
         true => Some(Kube::connect(&cfg).await?),
         false => None,
     };
@@ -176,6 +211,8 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         let cfg = cfg.clone();
         blocking(move || Ok(NodeInfo::detect(&cfg))).await?
     };
+    // The eviction manager's conditions (the manager starts once the stats do).
+    let eviction = crate::eviction::Eviction::default();
     // In a cluster: the Node (registered and kept up in the background) and its podCIDR.
     let mut node_handle = None;
     if let Some(kube) = &kube {
@@ -190,6 +227,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             images,
             runtime_readiness(rt.clone()),
             events.clone(),
+            eviction.clone(),
         )
         .await?;
         if cfg.network.mode == crate::config::NetworkMode::Bridge {
@@ -201,7 +239,64 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         }
         node_handle = Some(handle);
     }
-    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups);
+    // The container manager: node allocatable enforced, the QoS tiers kept from the pods,
+    // node OOM kills reported.
+    {
+        let (cfg, cgroups, events) = (cfg.clone(), cgroups.clone(), events.clone());
+        blocking(move || crate::cm::node_allocatable::enforce(&cfg, &cgroups, kubepods_limits, &events)).await?;
+    }
+    let pods = Arc::new(PodManager::default());
+    let qos = {
+        let allocatable_memory = crate::cm::node_allocatable::kubepods_limits(
+            &capacity,
+            None,
+            cfg.system_reserved,
+            cfg.kube_reserved,
+            true,
+            &[],
+        )
+        .memory_limit
+        .unwrap_or(0);
+        let table = pods.clone();
+        let active: crate::cm::qos::ActivePods = Arc::new(move || {
+            table
+                .entries()
+                .into_iter()
+                .filter(|e| !matches!(e.status.phase.as_deref(), Some("Succeeded" | "Failed")))
+                .map(|e| e.pod)
+                .collect()
+        });
+        Arc::new(crate::cm::qos::QosManager::new(
+            cgroups.clone(),
+            allocatable_memory,
+            cfg.cm.qos_reserved_memory,
+            active,
+        ))
+    };
+    {
+        // Right away (kubelet's first round runs at start), then periodically.
+        let q = qos.clone();
+        blocking(move || {
+            q.update(None, None);
+            Ok(())
+        })
+        .await?;
+        let (qos, every) = (qos.clone(), cfg.cm.qos_update_period);
+        spawn_loop("qos tiers", every, move || {
+            let qos = qos.clone();
+            async move {
+                tokio::time::sleep(every).await;
+                let _ = blocking(move || {
+                    qos.update(None, None);
+                    Ok(())
+                })
+                .await;
+                true
+            }
+        });
+    }
+    crate::cm::oom_watcher::start(events.clone());
+    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups).with_qos(qos);
     {
         let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
         blocking(move || {
@@ -226,7 +321,6 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         blocking(move || start_puller(&cfg, &rt)).await?
     };
     watch_registries(&cfg, puller.clone());
-    let pods = Arc::new(PodManager::default());
     let liveness = Arc::new(Liveness::default());
     let managers = Arc::new(Managers {
         cfg: cfg.clone(),
@@ -240,6 +334,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         events: events.clone(),
         mirrors: mirrors.clone(),
         node_api: node_handle,
+        eviction: eviction.clone(),
     });
 
     // Sources -> pod config -> pod workers.
@@ -273,14 +368,24 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let workers = PodWorkers::new(managers.clone(), adoptable, done_tx);
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     let main_loop = sync_loop::Loop {
         config: PodConfig::new(sources),
         workers,
         pods: pods.clone(),
         liveness: liveness.clone(),
         max_silence: (cfg.sync_frequency * 2).max(Duration::from_secs(300)),
+        first_update: cfg.run_once.then_some(first_tx),
     };
     tokio::spawn(sync_loop::run(main_loop, ev_rx, done_rx));
+    if cfg.run_once {
+        // As kubelet: no servers; the pods of the first update are run and reported, and the
+        // agent exits, leaving them as they are.
+        info!(node = %cfg.node_name, root = %cfg.root_dir.display(), "ferrolet started in runOnce mode");
+        run_once::run(first_rx, pods.clone()).await?;
+        info!("Started kubelet as runonce");
+        return Ok(());
+    }
 
     // Background duties: archives dropped in the import directory; housekeeping.
     {
@@ -302,21 +407,22 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             }
         });
     }
+    let image_gc = Arc::new(crate::images::gc::ImageGc::new(
+        rt.image_store(),
+        cfg.root_dir.clone(),
+        crate::images::gc::GcPolicy {
+            high_threshold_percent: cfg.images.image_gc_high_threshold_percent,
+            low_threshold_percent: cfg.images.image_gc_low_threshold_percent,
+            min_age: cfg.images.image_minimum_gc_age,
+            max_age: cfg.images.image_maximum_gc_age,
+        },
+        events.clone(),
+    ));
     if cfg.images.image_gc_high_threshold_percent == 100 {
         // As kubelet: 100 turns image garbage collection off altogether.
         info!("imageGCHighThresholdPercent is 100: image garbage collection is off");
     } else {
-        let gc = Arc::new(crate::images::gc::ImageGc::new(
-            rt.image_store(),
-            cfg.root_dir.clone(),
-            crate::images::gc::GcPolicy {
-                high_threshold_percent: cfg.images.image_gc_high_threshold_percent,
-                low_threshold_percent: cfg.images.image_gc_low_threshold_percent,
-                min_age: cfg.images.image_minimum_gc_age,
-                max_age: cfg.images.image_maximum_gc_age,
-            },
-            events.clone(),
-        ));
+        let gc = image_gc.clone();
         let every = cfg.images.image_gc_period;
         spawn_loop("image gc", every, move || {
             let gc = gc.clone();
@@ -358,6 +464,28 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         })
     };
     stats.start(cfg.housekeeping_interval, cfg.volume_stats_agg_period);
+    let container_gc = Arc::new(crate::kuberuntime::gc::ContainerGc::new(
+        rt.clone(),
+        pods.clone(),
+        cfg.eviction.container_gc.clone(),
+        cfg.container_log_link_dir.clone(),
+    ));
+    start_container_gc(&cfg, container_gc.clone());
+    start_log_rotation(&cfg, rt.clone());
+    crate::eviction::Manager::new(
+        cfg.clone(),
+        stats.clone(),
+        pods.clone(),
+        kill_through(ev_tx.clone()),
+        events.clone(),
+        crate::eviction::Reclaim {
+            containers: container_gc,
+            images: image_gc,
+        },
+        eviction.clone(),
+        rt.images().dir(),
+    )
+    .start();
     let state = crate::server::State::new(
         rt.clone(),
         pods.clone(),
@@ -366,6 +494,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         mirrors.is_some(),
         cfg.clone(),
         stats,
+        eviction,
     );
     crate::server::serve_all(&cfg, state, kube.clone(), node.ips.clone()).await?;
     info!(
@@ -385,6 +514,57 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     let _ = std::fs::remove_file(cfg.socket_path());
     let _ = std::fs::remove_file(cfg.exec_socket_path());
     Ok(())
+}
+
+/// How the eviction manager kills a pod: through the main loop, as kubelet's killPodNow.
+fn kill_through(events: mpsc::UnboundedSender<Event>) -> crate::eviction::KillFn {
+    Arc::new(move |k: crate::eviction::Kill| {
+        let kill = crate::worker::KillPod {
+            reason: k.reason,
+            message: k.message,
+            grace: Some(k.grace),
+            disruption: k.disruption_target,
+            done: k.done,
+        };
+        if events.send(Event::Kill(k.uid.clone(), kill)).is_err() {
+            warn!(pod = %k.uid, "eviction: the main loop is gone; the pod is not killed");
+        }
+    })
+}
+
+/// kubelet's container GC loop: every containerGCPeriod (1m). Dead containers of pods the
+/// node no longer has are the housekeeping's (it tears those pods down whole).
+fn start_container_gc(cfg: &Config, gc: Arc<crate::kuberuntime::gc::ContainerGc>) {
+    let every = cfg.eviction.container_gc.period;
+    spawn_loop("container gc", every, move || {
+        let gc = gc.clone();
+        async move {
+            tokio::time::sleep(every).await;
+            gc.collect(false, false).await;
+            true
+        }
+    });
+}
+
+/// kubelet's container log manager: every containerLogMonitorInterval.
+fn start_log_rotation(cfg: &Config, rt: Arc<Runtime>) {
+    let manager = Arc::new(crate::kuberuntime::log_rotation::LogManager::new(
+        rt,
+        crate::kuberuntime::log_rotation::Policy {
+            max_size: cfg.container_log_max_size,
+            max_files: cfg.container_log_max_files,
+        },
+        cfg.eviction.container_log_max_workers,
+    ));
+    let every = cfg.eviction.container_log_monitor_interval;
+    spawn_loop("container log rotation", every, move || {
+        let manager = manager.clone();
+        async move {
+            tokio::time::sleep(every).await;
+            manager.round().await;
+            true
+        }
+    });
 }
 
 /// The registry client over the image store, with the registries.yaml in force (a bad file

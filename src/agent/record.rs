@@ -1,5 +1,5 @@
 //! `agent.json`: what the agent created outside its root dir (the kubepods cgroup tree, the pod
-//! network's settings, the pod log directory), so `ferrolet reset` can remove exactly that even
+//! network's settings, the pod log directory, the log links' directory), so `ferrolet reset` can remove exactly that even
 //! when the configuration has changed since.
 
 use std::path::{Path, PathBuf};
@@ -18,6 +18,9 @@ pub struct AgentRecord {
     pub pod_logs_dir: PathBuf,
     #[serde(default)]
     pub network: Option<serde_json::Value>,
+    /// Where the containers' log links are made (`ferrolet.containerLogLinkDir`).
+    #[serde(default)]
+    pub container_log_link_dir: PathBuf,
 }
 
 pub fn record_path(root: &Path) -> PathBuf {

@@ -13,13 +13,16 @@ use tracing::error;
 use crate::pod::manager::PodManager;
 use crate::podconfig::{PodConfig, Snapshot};
 use crate::tasks::{panic_message, Liveness, SYNC_LOOP};
-use crate::worker::PodWorkers;
+use crate::worker::{KillPod, PodWorkers};
 
 pub enum Event {
     /// A source's complete view of its pods.
     Snapshot(Snapshot),
     /// Periodic housekeeping (containers nobody owns).
     Housekeeping,
+    /// Stop a pod for good and leave it Failed (the eviction manager's kills), by UID.
+    /// Kill a pod and leave it Failed (the eviction manager's evictions).
+    Kill(String, KillPod),
 }
 
 pub struct Loop {
@@ -30,6 +33,8 @@ pub struct Loop {
     /// How long the loop may go without an iteration before /healthz fails (kubelet: twice the
     /// sync frequency, at least 5 minutes).
     pub max_silence: Duration,
+    /// runOnce: told the pods of the first update the sources send.
+    pub first_update: Option<tokio::sync::oneshot::Sender<Vec<Arc<k8s_openapi::api::core::v1::Pod>>>>,
 }
 
 pub async fn run(l: Loop, mut events: mpsc::UnboundedReceiver<Event>, mut finished: mpsc::UnboundedReceiver<String>) {
@@ -39,6 +44,7 @@ pub async fn run(l: Loop, mut events: mpsc::UnboundedReceiver<Event>, mut finish
         pods,
         liveness,
         max_silence,
+        mut first_update,
     } = l;
     // With no sources at all there is nothing to wait for.
     workers.clean_orphans(config.all_sources_seen()).await;
@@ -60,6 +66,9 @@ pub async fn run(l: Loop, mut events: mpsc::UnboundedReceiver<Event>, mut finish
         let handled = std::panic::AssertUnwindSafe(async {
             match step {
                 Step::Event(Event::Snapshot(s)) => {
+                    if let Some(tx) = first_update.take() {
+                        let _ = tx.send(s.pods.clone());
+                    }
                     pods.set_source_errors(s.source, &s.errors);
                     for op in config.apply(s) {
                         workers.handle(op);
@@ -67,6 +76,7 @@ pub async fn run(l: Loop, mut events: mpsc::UnboundedReceiver<Event>, mut finish
                     workers.clean_orphans(config.all_sources_seen()).await;
                 }
                 Step::Event(Event::Housekeeping) => workers.housekeeping().await,
+                Step::Event(Event::Kill(uid, k)) => workers.kill(&uid, k),
                 Step::Finished(uid) => workers.finished(&uid),
             }
         })

@@ -243,6 +243,19 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
             );
         }
     }
+    // The containers' log links: ours are those into the pod log directory, dead now.
+    if let Some(r) = rec
+        .as_ref()
+        .filter(|r| !r.container_log_link_dir.as_os_str().is_empty())
+    {
+        let n = crate::kuberuntime::log_links::remove_dead_links(&r.container_log_link_dir, &r.pod_logs_dir);
+        if n > 0 {
+            eprintln!(
+                "removed {n} container log links from {}",
+                r.container_log_link_dir.display()
+            );
+        }
+    }
     for f in ["ferrolet.sock", "exec.sock"] {
         let _ = std::fs::remove_file(root.join(f));
     }

@@ -19,6 +19,9 @@ fn reserved(r: &Reserved) -> Value {
     if r.ephemeral_storage != 0 {
         m.insert("ephemeral-storage".into(), r.ephemeral_storage.to_string().into());
     }
+    if r.pid != 0 {
+        m.insert("pid".into(), r.pid.to_string().into());
+    }
     Value::Object(m)
 }
 
@@ -39,16 +42,14 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
     let c = &cfg.cluster;
     let in_cluster = cfg.in_cluster();
     let i = &cfg.images;
-    let mut eviction = Map::new();
-    for (signal, t) in [
-        ("memory.available", cfg.eviction_hard.memory_available),
-        ("nodefs.available", cfg.eviction_hard.nodefs_available),
-        ("pid.available", cfg.eviction_hard.pid_available),
-    ] {
-        if let Some(t) = t {
-            eviction.insert(signal.into(), threshold(t).into());
-        }
-    }
+    let thresholds = |m: &super::EvictionHard| -> Map<String, Value> {
+        m.iter()
+            .into_iter()
+            .map(|(s, t)| (s.to_string(), threshold(t).into()))
+            .collect()
+    };
+    let eviction = thresholds(&cfg.eviction_hard);
+    let ev = &cfg.eviction;
     let mut v = json!({
         "enableServer": cfg.enable_server,
         "staticPodPath": cfg.static_pod_path.as_deref().map(path),
@@ -111,6 +112,25 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
         "eventBurst": c.event_burst,
         "crashLoopBackOff": {"maxContainerRestartPeriod": format_duration(cfg.max_container_restart_period)},
     });
+    // The container manager's and the eviction manager's (a macro of its own: json! recurses
+    // once per field).
+    let resources = json!({
+        "qosReserved": cfg.cm.qos_reserved_memory.map_or_else(|| json!({}), |p| json!({"memory": format!("{p}%")})),
+        "cpuCFSQuota": cfg.cm.cpu_cfs_quota,
+        "cpuCFSQuotaPeriod": format_duration(cfg.cm.cpu_cfs_quota_period),
+        "enforceNodeAllocatable": if cfg.cm.enforce_node_allocatable.is_empty() { vec!["none".to_string()] } else { cfg.cm.enforce_node_allocatable.clone() },
+        "systemReservedCgroup": cfg.cm.system_reserved_cgroup,
+        "kubeReservedCgroup": cfg.cm.kube_reserved_cgroup,
+        "oomScoreAdj": cfg.cm.oom_score_adj,
+        "singleProcessOOMKill": cfg.cm.single_process_oom_kill,
+        "evictionSoft": thresholds(&ev.soft),
+        "evictionSoftGracePeriod": ev.soft_grace_period.iter().map(|(s, d)| (s.clone(), Value::from(format_duration(*d)))).collect::<Map<String, Value>>(),
+        "evictionMinimumReclaim": ev.minimum_reclaim.iter().map(|(s, t)| (s.clone(), Value::from(threshold(*t)))).collect::<Map<String, Value>>(),
+        "evictionPressureTransitionPeriod": format_duration(ev.pressure_transition_period),
+        "evictionMaxPodGracePeriod": ev.max_pod_grace_period,
+        "containerLogMaxWorkers": ev.container_log_max_workers,
+        "containerLogMonitorInterval": format_duration(ev.container_log_monitor_interval),
+    });
     let images = json!({
         "serializeImagePulls": i.serialize_image_pulls,
         "maxParallelImagePulls": i.max_parallel_image_pulls,
@@ -130,10 +150,35 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
             "imageCredentialProviderBinDir": i.credential_provider_bin_dir.as_deref().map(path),
         },
     });
-    for part in [node, images] {
+    for part in [node, resources, images] {
         if let (Value::Object(m), Value::Object(n)) = (&mut v, part) {
             m.extend(n);
         }
+    }
+    if let Value::Object(m) = &mut v {
+        m.insert("runOnce".into(), cfg.run_once.into());
+        if let Some(Value::Object(f)) = m.get_mut("ferrolet") {
+            f.insert("containerLogLinkDir".into(), path(&cfg.container_log_link_dir));
+            f.insert(
+                "qosUpdatePeriod".into(),
+                format_duration(cfg.cm.qos_update_period).into(),
+            );
+        }
+    }
+    // The eviction manager's, container GC's and log rotation's own settings.
+    if let Some(Value::Object(f)) = v.get_mut("ferrolet") {
+        let gc = &ev.container_gc;
+        f.insert(
+            "evictionMonitoringPeriod".into(),
+            format_duration(ev.monitoring_period).into(),
+        );
+        f.insert("containerGCPeriod".into(), format_duration(gc.period).into());
+        f.insert("minimumContainerTTLDuration".into(), format_duration(gc.min_age).into());
+        f.insert(
+            "maximumDeadContainersPerContainer".into(),
+            gc.max_per_pod_container.into(),
+        );
+        f.insert("maximumDeadContainers".into(), gc.max_containers.into());
     }
     // kubelet's JSON leaves unset optional fields out
     if let Value::Object(m) = &mut v {
@@ -153,6 +198,13 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_once_and_the_log_link_dir_are_shown() {
+        let v = kubelet_configuration(&Config::default());
+        assert_eq!(v["runOnce"], false);
+        assert_eq!(v["ferrolet"]["containerLogLinkDir"], "/var/log/containers");
+    }
 
     #[test]
     fn fields_use_kubelet_names_and_resolved_defaults() {

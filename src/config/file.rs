@@ -18,7 +18,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "tlsCipherSuites",
     "enableDebuggingHandlers",
     "enableContentionProfiling",
-    "oomScoreAdj",
     "kubeletCgroups",
     "systemCgroups",
     "cgroupDriver",
@@ -29,18 +28,9 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "topologyManagerPolicy",
     "topologyManagerScope",
     "topologyManagerPolicyOptions",
-    "qosReserved",
     "hairpinMode",
-    "runOnce",
-    "cpuCFSQuota",
-    "cpuCFSQuotaPeriod",
     "maxOpenFiles",
     "contentType",
-    "evictionSoft",
-    "evictionSoftGracePeriod",
-    "evictionPressureTransitionPeriod",
-    "evictionMaxPodGracePeriod",
-    "evictionMinimumReclaim",
     "podsPerCore",
     "enableControllerAttachDetach",
     "protectKernelDefaults",
@@ -50,14 +40,9 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "featureGates",
     "failSwapOn",
     "memorySwap",
-    "containerLogMaxWorkers",
-    "containerLogMonitorInterval",
     "configMapAndSecretChangeDetectionStrategy",
     "reservedSystemCPUs",
     "showHiddenMetricsForVersion",
-    "systemReservedCgroup",
-    "kubeReservedCgroup",
-    "enforceNodeAllocatable",
     "allowedUnsafeSysctls",
     "volumePluginDir",
     "providerID",
@@ -77,7 +62,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "containerRuntimeEndpoint",
     "imageServiceEndpoint",
     "failCgroupV1",
-    "singleProcessOOMKill",
     "userNamespaces",
     "imagePullCredentialsVerificationPolicy",
     "preloadedImagesVerificationAllowlist",
@@ -117,6 +101,7 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
         match f {
             "kind" | "apiVersion" => {}
             "enableServer" => cfg.enable_server = boolean(f, v)?,
+            "runOnce" => cfg.run_once = boolean(f, v)?,
             "staticPodPath" => cfg.static_pod_path = Some(resolve_relative(base, &string(f, v)?)),
             "staticPodURL" => cfg.static_pod_url = Some(string(f, v)?).filter(|s| !s.is_empty()),
             "staticPodURLHeader" => {
@@ -219,8 +204,49 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
             }
             "systemReserved" => cfg.system_reserved = reserved(f, v, &mut warnings)?,
             "kubeReserved" => cfg.kube_reserved = reserved(f, v, &mut warnings)?,
+            // The container manager (QoS tiers, CFS, node allocatable enforcement, OOM).
+            "qosReserved" => {
+                let obj = v
+                    .as_object()
+                    .ok_or_else(|| anyhow!("{f}: expected a map of resource to percentage"))?;
+                cfg.cm.qos_reserved_memory = None;
+                for (res, x) in obj {
+                    let pct = string(&format!("{f}.{res}"), x)?;
+                    cfg.cm.qos_reserved_memory = Some(super::qos_reserved_percent(f, res, &pct)?);
+                }
+            }
+            "cpuCFSQuota" => cfg.cm.cpu_cfs_quota = boolean(f, v)?,
+            "cpuCFSQuotaPeriod" => cfg.cm.cpu_cfs_quota_period = duration(f, v)?,
+            "enforceNodeAllocatable" => {
+                let list = v.as_array().ok_or_else(|| anyhow!("{f}: expected a list of strings"))?;
+                let keys = list.iter().map(|x| string(f, x)).collect::<Result<Vec<_>>>()?;
+                cfg.cm.enforce_node_allocatable =
+                    super::enforce_node_allocatable_list("enforceNodeAllocatable (--enforce-node-allocatable)", keys)?;
+            }
+            "systemReservedCgroup" => cfg.cm.system_reserved_cgroup = string(f, v)?,
+            "kubeReservedCgroup" => cfg.cm.kube_reserved_cgroup = string(f, v)?,
+            "oomScoreAdj" => {
+                cfg.cm.oom_score_adj = integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
+            }
+            "singleProcessOOMKill" => cfg.cm.single_process_oom_kill = boolean(f, v)?,
             "evictionHard" => eviction_hard = Some(parse_eviction_hard(f, v, &mut warnings)?),
             "mergeDefaultEvictionSettings" => merge_eviction_defaults = boolean(f, v)?,
+            // The eviction manager, container GC and log rotation (src/config/eviction.rs).
+            "evictionSoft" => cfg.eviction.soft = parse_eviction_hard(f, v, &mut warnings)?,
+            "evictionSoftGracePeriod" => cfg.eviction.soft_grace_period = signal_map(f, v, duration)?,
+            "evictionMinimumReclaim" => {
+                cfg.eviction.minimum_reclaim = signal_map(f, v, |field, x| {
+                    Threshold::parse(&string(field, x)?).map_err(|e| anyhow!("{field}: {e:#}"))
+                })?
+            }
+            "evictionPressureTransitionPeriod" => cfg.eviction.pressure_transition_period = duration(f, v)?,
+            "evictionMaxPodGracePeriod" => cfg.eviction.max_pod_grace_period = integer(f, v)?,
+            "containerLogMaxWorkers" => {
+                cfg.eviction.container_log_max_workers = integer(f, v)?.try_into().map_err(|_| {
+                    anyhow!("invalid configuration: containerLogMaxWorkers must be greater than or equal to 1")
+                })?
+            }
+            "containerLogMonitorInterval" => cfg.eviction.container_log_monitor_interval = duration(f, v)?,
             "crashLoopBackOff" => {
                 let obj = v.as_object().ok_or_else(|| anyhow!("{f}: expected an object"))?;
                 for (k, x) in obj {
@@ -290,6 +316,9 @@ fn reserved(f: &str, v: &Value, warnings: &mut Vec<String>) -> Result<Reserved> 
         let amount = match res.as_str() {
             "cpu" => crate::pod::units::milli(&q).map_err(|e| anyhow!("{field}: {e}"))?,
             "memory" | "ephemeral-storage" => bytes(&q).map_err(|e| anyhow!("{field}: {e}"))?,
+            "pid" => q
+                .parse::<i64>()
+                .map_err(|_| anyhow!("{field}: {q:?} is not a number of process ids"))?,
             other => {
                 warnings.push(format!("{f}.{other} is not enforced by ferrolet"));
                 continue;
@@ -301,61 +330,62 @@ fn reserved(f: &str, v: &Value, warnings: &mut Vec<String>) -> Result<Reserved> 
         match res.as_str() {
             "cpu" => r.cpu_milli = amount,
             "memory" => r.memory = amount,
+            "pid" => r.pid = amount,
             _ => r.ephemeral_storage = amount,
         }
     }
     Ok(r)
 }
 
-/// The evictionHard signals a file names (before kubelet's defaulting rule is applied).
-struct GivenEviction {
-    memory_available: Option<Threshold>,
-    nodefs_available: Option<Threshold>,
-    pid_available: Option<Threshold>,
-}
-
-fn parse_eviction_hard(f: &str, v: &Value, warnings: &mut Vec<String>) -> Result<GivenEviction> {
+/// An evictionHard / evictionSoft map as the file names it (before kubelet's defaulting rule).
+fn parse_eviction_hard(f: &str, v: &Value, warnings: &mut Vec<String>) -> Result<EvictionHard> {
     let obj = v
         .as_object()
         .ok_or_else(|| anyhow!("{f}: expected a map of signal to threshold"))?;
-    let mut g = GivenEviction {
-        memory_available: None,
-        nodefs_available: None,
-        pid_available: None,
-    };
+    let mut g = EvictionHard::none();
     for (signal, x) in obj {
         let field = format!("{f}.{signal}");
         let t = Threshold::parse(&string(&field, x)?).map_err(|e| anyhow!("{field}: {e:#}"))?;
-        match signal.as_str() {
-            "memory.available" => g.memory_available = Some(t),
-            "nodefs.available" => g.nodefs_available = Some(t),
-            "pid.available" => g.pid_available = Some(t),
-            "nodefs.inodesFree" | "imagefs.available" | "imagefs.inodesFree" | "allocatableMemory.available" => {
-                warnings.push(format!("{field} is not measured by ferrolet"))
+        if !g.set(signal, Some(t)) {
+            match signal.as_str() {
+                "allocatableMemory.available" => warnings.push(format!("{field} is not measured by ferrolet")),
+                other => bail!("{f}: unsupported eviction signal {other:?}"),
             }
-            other => bail!("{f}: unknown eviction signal {other:?}"),
         }
     }
     Ok(g)
 }
 
+/// A map of eviction signal to a value (evictionSoftGracePeriod, evictionMinimumReclaim).
+fn signal_map<T>(
+    f: &str,
+    v: &Value,
+    parse: impl Fn(&str, &Value) -> Result<T>,
+) -> Result<std::collections::BTreeMap<String, T>> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| anyhow!("{f}: expected a map of eviction signal to value"))?;
+    let mut out = std::collections::BTreeMap::new();
+    for (signal, x) in obj {
+        if !super::EVICTION_SIGNALS.contains(&signal.as_str()) {
+            bail!("{f}: unsupported eviction signal {signal:?}");
+        }
+        out.insert(signal.clone(), parse(&format!("{f}.{signal}"), x)?);
+    }
+    Ok(out)
+}
+
 /// kubelet's rule: an evictionHard map replaces the defaults, unless
 /// mergeDefaultEvictionSettings asks for the defaults of the signals it does not name.
-fn merge_eviction(given: GivenEviction, merge_defaults: bool) -> EvictionHard {
-    let d = if merge_defaults {
-        EvictionHard::default()
-    } else {
-        EvictionHard {
-            memory_available: None,
-            nodefs_available: None,
-            pid_available: None,
-        }
-    };
-    EvictionHard {
-        memory_available: given.memory_available.or(d.memory_available),
-        nodefs_available: given.nodefs_available.or(d.nodefs_available),
-        pid_available: given.pid_available.or(d.pid_available),
+fn merge_eviction(given: EvictionHard, merge_defaults: bool) -> EvictionHard {
+    if !merge_defaults {
+        return given;
     }
+    let mut out = EvictionHard::default();
+    for (signal, t) in given.iter() {
+        out.set(signal, Some(t));
+    }
+    out
 }
 
 /// ferrolet's own settings, under a `ferrolet:` key of the same file.
@@ -386,12 +416,25 @@ fn apply_extensions(cfg: &mut Config, v: &Value, base: &Path) -> Result<()> {
             "loadDemoImage" => cfg.load_demo_image = boolean(&f, x)?,
             "initialContainerRestartPeriod" => cfg.initial_container_restart_period = duration(&f, x)?,
             "nodeIP" => cfg.node_ip = Some(ip(&f, x)?),
+            "containerLogLinkDir" => cfg.container_log_link_dir = resolve_relative(base, &string(&f, x)?),
+            "qosUpdatePeriod" => cfg.cm.qos_update_period = duration(&f, x)?,
             "registryConfigFile"
             | "imagePullProgressTimeout"
             | "imageGCPeriod"
             | "maxConcurrentDownloads"
             | "imageCredentialProviderConfig"
             | "imageCredentialProviderBinDir" => apply_image_extension(cfg, k, &f, x, base)?,
+            "evictionMonitoringPeriod" => cfg.eviction.monitoring_period = duration(&f, x)?,
+            "containerGCPeriod" => cfg.eviction.container_gc.period = duration(&f, x)?,
+            "minimumContainerTTLDuration" => cfg.eviction.container_gc.min_age = duration(&f, x)?,
+            "maximumDeadContainersPerContainer" => {
+                cfg.eviction.container_gc.max_per_pod_container =
+                    integer(&f, x)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
+            }
+            "maximumDeadContainers" => {
+                cfg.eviction.container_gc.max_containers =
+                    integer(&f, x)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
+            }
             other => bail!("unknown field ferrolet.{other}"),
         }
     }
@@ -481,6 +524,23 @@ mod tests {
     }
 
     #[test]
+    fn run_once_and_the_log_link_dir() {
+        let (c, w) = apply(&format!(
+            "{HEAD}runOnce: true\nferrolet:\n  containerLogLinkDir: /srv/log/containers\n"
+        ))
+        .unwrap();
+        assert!(c.run_once);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c.container_log_link_dir, Path::new("/srv/log/containers"));
+        assert_eq!(
+            Config::default().container_log_link_dir,
+            Path::new("/var/log/containers")
+        );
+        let e = apply(&format!("{HEAD}runOnce: sometimes\n")).unwrap_err().to_string();
+        assert!(e.contains("runOnce"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let e = apply(&format!("{HEAD}fileCheckFrequency: 20x\n"))
             .unwrap_err()
@@ -495,6 +555,124 @@ mod tests {
     }
 
     #[test]
+    fn container_manager_fields() {
+        let (c, w) = apply(&format!(
+            "{HEAD}qosReserved: {{memory: 50%}}\ncpuCFSQuota: false\ncpuCFSQuotaPeriod: 50ms\nenforceNodeAllocatable: [pods, kube-reserved]\nkubeReservedCgroup: /kube.slice\noomScoreAdj: -500\nsingleProcessOOMKill: true\nferrolet: {{qosUpdatePeriod: 5s}}\n"
+        ))
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c.cm.qos_reserved_memory, Some(50));
+        assert!(!c.cm.cpu_cfs_quota);
+        assert_eq!(c.cm.cpu_cfs_quota_period, std::time::Duration::from_millis(50));
+        assert_eq!(c.cm.enforce_node_allocatable, ["pods", "kube-reserved"]);
+        assert_eq!(c.cm.kube_reserved_cgroup, "/kube.slice");
+        assert_eq!(c.cm.oom_score_adj, -500);
+        assert!(c.cm.single_process_oom_kill);
+        assert_eq!(c.cm.qos_update_period, std::time::Duration::from_secs(5));
+        c.cm.validate(true).unwrap();
+        let (c, _) = apply(&format!("{HEAD}enforceNodeAllocatable: [none]\n")).unwrap();
+        assert!(c.cm.enforce_node_allocatable.is_empty());
+        for (bad, want) in [
+            (
+                "enforceNodeAllocatable: [none, pods]",
+                "may not contain additional enforcements",
+            ),
+            ("qosReserved: {memory: 150%}", "between 0% and 100%"),
+            ("qosReserved: {cpu: 50%}", "only memory"),
+        ] {
+            let e = apply(&format!("{HEAD}{bad}\n")).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+        for (bad, want) in [
+            (
+                "enforceNodeAllocatable: [kube-reserved]",
+                "kubeReservedCgroup (--kube-reserved-cgroup) must be specified",
+            ),
+            (
+                "enforceNodeAllocatable: [system-reserved]",
+                "systemReservedCgroup (--system-reserved-cgroup) must be specified",
+            ),
+            (
+                "enforceNodeAllocatable: [bogus]",
+                "option \"bogus\" specified for enforceNodeAllocatable",
+            ),
+            ("cpuCFSQuotaPeriod: 2s", "must be between 1ms and 1sec"),
+            ("oomScoreAdj: -1001", "must be between -1000 and 1000"),
+        ] {
+            let (c, _) = apply(&format!("{HEAD}{bad}\n")).unwrap();
+            let e = c.cm.validate(true).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+        let (c, _) = apply(&format!("{HEAD}cgroupsPerQOS: false\n")).unwrap();
+        assert!(c
+            .cm
+            .validate(false)
+            .unwrap_err()
+            .to_string()
+            .contains("is not supported unless cgroupsPerQOS"));
+    }
+
+    #[test]
+    fn eviction_manager_gc_and_log_rotation_settings() {
+        let (c, w) = apply(&format!(
+            "{HEAD}evictionSoft:\n  memory.available: 1Gi\n  nodefs.inodesFree: 10%\nevictionSoftGracePeriod:\n  memory.available: 1m30s\n  nodefs.inodesFree: 2m\nevictionMinimumReclaim:\n  nodefs.available: 500Mi\nevictionPressureTransitionPeriod: 30s\nevictionMaxPodGracePeriod: 60\ncontainerLogMaxWorkers: 3\ncontainerLogMonitorInterval: 5s\nferrolet:\n  evictionMonitoringPeriod: 1s\n  containerGCPeriod: 2s\n  maximumDeadContainersPerContainer: 2\n  maximumDeadContainers: 10\n  minimumContainerTTLDuration: 1m\n"
+        ))
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let e = &c.eviction;
+        assert_eq!(e.soft.memory_available, Some(Threshold::Quantity(1 << 30)));
+        assert_eq!(e.soft.nodefs_inodes_free, Some(Threshold::Percent(10.0)));
+        assert_eq!(
+            e.soft_grace_period["memory.available"],
+            std::time::Duration::from_secs(90)
+        );
+        assert_eq!(e.minimum_reclaim["nodefs.available"], Threshold::Quantity(500 << 20));
+        assert_eq!(e.pressure_transition_period, std::time::Duration::from_secs(30));
+        assert_eq!(e.max_pod_grace_period, 60);
+        assert_eq!(e.container_log_max_workers, 3);
+        assert_eq!(e.container_log_monitor_interval, std::time::Duration::from_secs(5));
+        assert_eq!(e.monitoring_period, std::time::Duration::from_secs(1));
+        assert_eq!(e.container_gc.period, std::time::Duration::from_secs(2));
+        assert_eq!(e.container_gc.max_per_pod_container, 2);
+        assert_eq!(e.container_gc.max_containers, 10);
+        assert_eq!(e.container_gc.min_age, std::time::Duration::from_secs(60));
+        let v = super::super::effective::kubelet_configuration(&c);
+        assert_eq!(v["evictionSoft"]["memory.available"], "1073741824");
+        assert_eq!(v["evictionSoftGracePeriod"]["memory.available"], "1m30s");
+        assert_eq!(v["ferrolet"]["evictionMonitoringPeriod"], "1s");
+
+        // kubelet's checks, naming the field.
+        let mut bad = Config::default();
+        apply_text(
+            &mut bad,
+            &format!("{HEAD}evictionSoft:\n  memory.available: 1Gi\n"),
+            Path::new("/"),
+        )
+        .unwrap();
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("grace period must be specified for the soft eviction threshold memory.available"),
+            "{e}"
+        );
+        let e = apply(&format!("{HEAD}evictionSoftGracePeriod:\n  memory.free: 1m\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unsupported eviction signal"), "{e}");
+        let mut bad = Config::default();
+        apply_text(
+            &mut bad,
+            &format!("{HEAD}containerLogMonitorInterval: 1s\n"),
+            Path::new("/"),
+        )
+        .unwrap();
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("containerLogMonitorInterval must be a positive time duration greater than or equal to 3s"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn reservations_and_eviction_thresholds() {
         let (c, w) = apply(&format!(
             "{HEAD}systemReserved:\n  cpu: 500m\n  memory: 1Gi\n  pid: '100'\nkubeReserved:\n  cpu: '1'\n  ephemeral-storage: 2Gi\nevictionHard:\n  memory.available: 200Mi\n  imagefs.available: 10%\n"
@@ -505,7 +683,8 @@ mod tests {
             Reserved {
                 cpu_milli: 500,
                 memory: 1 << 30,
-                ephemeral_storage: 0
+                ephemeral_storage: 0,
+                pid: 100,
             }
         );
         assert_eq!(c.kube_reserved.cpu_milli, 1000);
@@ -513,8 +692,8 @@ mod tests {
         // A given map replaces kubelet's defaults.
         assert_eq!(c.eviction_hard.memory_available, Some(Threshold::Quantity(200 << 20)));
         assert_eq!(c.eviction_hard.nodefs_available, None);
-        assert!(w.iter().any(|x| x.contains("systemReserved.pid")), "{w:?}");
-        assert!(w.iter().any(|x| x.contains("imagefs.available")), "{w:?}");
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c.eviction_hard.imagefs_available, Some(Threshold::Percent(10.0)));
 
         let (c, _) = apply(&format!(
             "{HEAD}mergeDefaultEvictionSettings: true\nevictionHard:\n  pid.available: 5%\n"

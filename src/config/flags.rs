@@ -31,6 +31,13 @@ pub struct RunFlags {
     pub manifest_url_header: Vec<String>,
     #[arg(long = "root-dir")]
     pub root_dir: Option<PathBuf>,
+    /// Run the static pods once, wait until they run (or have finished), report and exit
+    /// (kubelet's --runonce).
+    #[arg(long = "runonce", num_args = 0..=1, default_missing_value = "true")]
+    pub runonce: Option<bool>,
+    /// Where the containers' log links go (kubelet's /var/log/containers).
+    #[arg(long = "container-log-link-dir")]
+    pub container_log_link_dir: Option<PathBuf>,
     #[arg(long = "hostname-override")]
     pub hostname_override: Option<String>,
     /// Log verbosity (kubelet's -v / --v).
@@ -55,6 +62,22 @@ pub struct RunFlags {
     pub cgroups_per_qos: Option<bool>,
     #[arg(long = "max-pods")]
     pub max_pods: Option<u32>,
+    /// QoS tiers' memory reserve, `memory=50%` (kubelet's --qos-reserved).
+    #[arg(long = "qos-reserved")]
+    pub qos_reserved: Option<String>,
+    #[arg(long = "cpu-cfs-quota", num_args = 0..=1, default_missing_value = "true")]
+    pub cpu_cfs_quota: Option<bool>,
+    #[arg(long = "cpu-cfs-quota-period")]
+    pub cpu_cfs_quota_period: Option<String>,
+    /// Comma-separated: pods, system-reserved, kube-reserved, or none.
+    #[arg(long = "enforce-node-allocatable")]
+    pub enforce_node_allocatable: Option<String>,
+    #[arg(long = "system-reserved-cgroup")]
+    pub system_reserved_cgroup: Option<String>,
+    #[arg(long = "kube-reserved-cgroup")]
+    pub kube_reserved_cgroup: Option<String>,
+    #[arg(long = "oom-score-adj", allow_hyphen_values = true)]
+    pub oom_score_adj: Option<i32>,
     #[arg(long = "pod-max-pids")]
     pub pod_max_pids: Option<i64>,
     #[arg(long = "read-only-port")]
@@ -207,6 +230,12 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     if let Some(u) = &f.manifest_url {
         cfg.static_pod_url = Some(u.clone());
     }
+    if let Some(r) = f.runonce {
+        cfg.run_once = r;
+    }
+    if let Some(d) = &f.container_log_link_dir {
+        cfg.container_log_link_dir = absolute(d)?;
+    }
     if !f.manifest_url_header.is_empty() {
         cfg.static_pod_url_headers = f
             .manifest_url_header
@@ -253,6 +282,34 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if let Some(m) = f.max_pods {
         cfg.max_pods = m;
+    }
+    if let Some(q) = &f.qos_reserved {
+        cfg.cm.qos_reserved_memory = None;
+        for part in q.split(',').filter(|p| !p.is_empty()) {
+            let (res, v) = part
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--qos-reserved: {part:?} is not resource=percentage"))?;
+            cfg.cm.qos_reserved_memory = Some(super::qos_reserved_percent("--qos-reserved", res, v)?);
+        }
+    }
+    if let Some(b) = f.cpu_cfs_quota {
+        cfg.cm.cpu_cfs_quota = b;
+    }
+    if let Some(p) = dur("cpu-cfs-quota-period", &f.cpu_cfs_quota_period)? {
+        cfg.cm.cpu_cfs_quota_period = p;
+    }
+    if let Some(e) = &f.enforce_node_allocatable {
+        let keys = e.split(',').filter(|k| !k.is_empty()).map(str::to_string).collect();
+        cfg.cm.enforce_node_allocatable = super::enforce_node_allocatable_list("--enforce-node-allocatable", keys)?;
+    }
+    if let Some(c) = &f.system_reserved_cgroup {
+        cfg.cm.system_reserved_cgroup = c.clone();
+    }
+    if let Some(c) = &f.kube_reserved_cgroup {
+        cfg.cm.kube_reserved_cgroup = c.clone();
+    }
+    if let Some(a) = f.oom_score_adj {
+        cfg.cm.oom_score_adj = a;
     }
     if let Some(m) = f.pod_max_pids {
         cfg.pod_pids_limit = m;
@@ -474,6 +531,14 @@ mod tests {
         apply(&mut cfg, &cmd.flags)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    #[test]
+    fn runonce_and_log_link_dir_flags() {
+        let c = load(&["--runonce", "--container-log-link-dir=/srv/links"]).unwrap();
+        assert!(c.run_once);
+        assert_eq!(c.container_log_link_dir, PathBuf::from("/srv/links"));
+        assert!(!load(&["--runonce=false"]).unwrap().run_once);
     }
 
     #[test]

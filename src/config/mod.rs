@@ -3,6 +3,7 @@
 //! ([`flags`]). Later wins. [`load`] does all three and the checks across fields.
 
 pub mod effective;
+pub mod eviction;
 pub mod file;
 mod flags;
 pub mod serving;
@@ -101,6 +102,138 @@ pub struct Reserved {
     pub cpu_milli: i64,
     pub memory: i64,
     pub ephemeral_storage: i64,
+    /// Process ids (kubelet's `pid` reservation): taken off the kubepods `pids.max` when node
+    /// allocatable is enforced, and set on the reserved cgroups.
+    pub pid: i64,
+}
+
+/// The container manager's settings (kubelet's cm.NodeConfig): QoS tiers, CFS quota, node
+/// allocatable enforcement, OOM behaviour. docs/cgroups.md says what each does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CmConfig {
+    /// `qosReserved: {memory: NN%}`: the share of higher tiers' memory requests kept from lower
+    /// tiers (kubelet's QOSReserved); None when not set.
+    pub qos_reserved_memory: Option<i64>,
+    /// Enforce cpu limits with CFS quota (cpuCFSQuota, default true).
+    pub cpu_cfs_quota: bool,
+    /// The CFS period (cpuCFSQuotaPeriod, default 100ms).
+    pub cpu_cfs_quota_period: Duration,
+    /// enforceNodeAllocatable: any of `pods`, `system-reserved`, `kube-reserved`, or `none`
+    /// alone (an empty list, as kubelet normalizes it). Default `[pods]`.
+    pub enforce_node_allocatable: Vec<String>,
+    /// Absolute cgroup paths of the system's daemons and of the agent, limited when
+    /// `system-reserved` / `kube-reserved` are enforced.
+    pub system_reserved_cgroup: String,
+    pub kube_reserved_cgroup: String,
+    /// The agent's own oom_score_adj (kubelet's oomScoreAdj, default -999).
+    pub oom_score_adj: i32,
+    /// On cgroup v2, kill only the process the kernel picked instead of the whole container
+    /// (kubelet's singleProcessOOMKill, default false: `memory.oom.group` is set).
+    pub single_process_oom_kill: bool,
+    /// How often the QoS tiers are recomputed besides on every pod add and removal (kubelet's
+    /// fixed 1m; `ferrolet.qosUpdatePeriod`).
+    pub qos_update_period: Duration,
+}
+
+impl Default for CmConfig {
+    fn default() -> Self {
+        CmConfig {
+            qos_reserved_memory: None,
+            cpu_cfs_quota: true,
+            cpu_cfs_quota_period: Duration::from_millis(100),
+            enforce_node_allocatable: vec!["pods".into()],
+            system_reserved_cgroup: String::new(),
+            kube_reserved_cgroup: String::new(),
+            oom_score_adj: -999,
+            single_process_oom_kill: false,
+            qos_update_period: Duration::from_secs(60),
+        }
+    }
+}
+
+impl CmConfig {
+    pub fn enforces(&self, key: &str) -> bool {
+        self.enforce_node_allocatable.iter().any(|k| k == key)
+    }
+
+    /// kubelet's validation of these fields (its messages).
+    pub fn validate(&self, cgroups_per_qos: bool) -> Result<()> {
+        let p = self.cpu_cfs_quota_period;
+        if p < Duration::from_millis(1) || p > Duration::from_secs(1) {
+            bail!(
+                "invalid configuration: cpuCFSQuotaPeriod (--cpu-cfs-quota-period) {} must be between 1ms and 1sec, inclusive",
+                crate::pod::units::format_duration(p)
+            );
+        }
+        if !(-1000..=1000).contains(&self.oom_score_adj) {
+            bail!(
+                "invalid configuration: oomScoreAdj (--oom-score-adj) {} must be between -1000 and 1000, inclusive",
+                self.oom_score_adj
+            );
+        }
+        if let Some(pct) = self.qos_reserved_memory {
+            if !(0..=100).contains(&pct) {
+                bail!("qosReserved.memory: {pct}% must be between 0% and 100%, inclusive");
+            }
+        }
+        if !cgroups_per_qos && !self.enforce_node_allocatable.is_empty() {
+            bail!("invalid configuration: enforceNodeAllocatable (--enforce-node-allocatable) is not supported unless cgroupsPerQOS (--cgroups-per-qos) is set to true");
+        }
+        for key in &self.enforce_node_allocatable {
+            match key.as_str() {
+                "pods" => {}
+                "system-reserved" => {
+                    if self.system_reserved_cgroup.is_empty() {
+                        bail!("invalid configuration: systemReservedCgroup (--system-reserved-cgroup) must be specified when \"system-reserved\" contained in enforceNodeAllocatable (--enforce-node-allocatable)");
+                    }
+                }
+                "kube-reserved" => {
+                    if self.kube_reserved_cgroup.is_empty() {
+                        bail!("invalid configuration: kubeReservedCgroup (--kube-reserved-cgroup) must be specified when \"kube-reserved\" contained in enforceNodeAllocatable (--enforce-node-allocatable)");
+                    }
+                }
+                other => bail!(
+                    "invalid configuration: option {other:?} specified for enforceNodeAllocatable (--enforce-node-allocatable). Valid options are \"pods\", \"system-reserved\", \"kube-reserved\", or \"none\""
+                ),
+            }
+        }
+        for (f, v) in [
+            ("systemReservedCgroup", &self.system_reserved_cgroup),
+            ("kubeReservedCgroup", &self.kube_reserved_cgroup),
+        ] {
+            if !v.is_empty() && !v.starts_with('/') {
+                bail!("{f}: {v:?} must be an absolute cgroup path");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// enforceNodeAllocatable as given: `none` must stand alone and means an empty list.
+pub fn enforce_node_allocatable_list(field: &str, keys: Vec<String>) -> Result<Vec<String>> {
+    if keys.iter().any(|k| k == "none") {
+        if keys.len() > 1 {
+            bail!("invalid configuration: {field} may not contain additional enforcements when \"none\" is specified");
+        }
+        return Ok(Vec::new());
+    }
+    Ok(keys)
+}
+
+/// `memory=50%` (flag) or `{memory: 50%}` (file) value: the percentage.
+pub fn qos_reserved_percent(field: &str, res: &str, v: &str) -> Result<i64> {
+    if res != "memory" {
+        bail!("{field}: cannot reserve {res:?} resource (only memory)");
+    }
+    let n = v
+        .trim()
+        .strip_suffix('%')
+        .and_then(|n| n.parse::<i64>().ok())
+        .with_context(|| format!("{field}.{res}: {v:?} is not a percentage like 50%"))?;
+    if !(0..=100).contains(&n) {
+        bail!("{field}.{res}: {v:?} must be between 0% and 100%, inclusive");
+    }
+    Ok(n)
 }
 
 /// An eviction threshold: an absolute quantity or a percentage of the resource's capacity.
@@ -137,22 +270,93 @@ impl Threshold {
     }
 }
 
-/// The hard eviction signals ferrolet measures (kubelet's evictionHard keys
-/// `memory.available`, `nodefs.available`, `pid.available`); `None`: no threshold.
+/// The eviction signals ferrolet measures, by kubelet's names, in the order kubelet's
+/// configuration lists them.
+pub const EVICTION_SIGNALS: [&str; 6] = [
+    "memory.available",
+    "nodefs.available",
+    "nodefs.inodesFree",
+    "imagefs.available",
+    "imagefs.inodesFree",
+    "pid.available",
+];
+
+/// Eviction thresholds by signal (kubelet's evictionHard and evictionSoft maps); `None`: no
+/// threshold for that signal.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EvictionHard {
     pub memory_available: Option<Threshold>,
     pub nodefs_available: Option<Threshold>,
+    pub nodefs_inodes_free: Option<Threshold>,
+    pub imagefs_available: Option<Threshold>,
+    pub imagefs_inodes_free: Option<Threshold>,
     pub pid_available: Option<Threshold>,
 }
 
+/// The same map for evictionSoft.
+pub type EvictionThresholds = EvictionHard;
+
+impl EvictionHard {
+    /// No thresholds at all.
+    pub const fn none() -> EvictionHard {
+        EvictionHard {
+            memory_available: None,
+            nodefs_available: None,
+            nodefs_inodes_free: None,
+            imagefs_available: None,
+            imagefs_inodes_free: None,
+            pid_available: None,
+        }
+    }
+
+    fn slot(&mut self, signal: &str) -> Option<&mut Option<Threshold>> {
+        Some(match signal {
+            "memory.available" => &mut self.memory_available,
+            "nodefs.available" => &mut self.nodefs_available,
+            "nodefs.inodesFree" => &mut self.nodefs_inodes_free,
+            "imagefs.available" => &mut self.imagefs_available,
+            "imagefs.inodesFree" => &mut self.imagefs_inodes_free,
+            "pid.available" => &mut self.pid_available,
+            _ => return None,
+        })
+    }
+
+    /// The threshold of `signal` (kubelet's name).
+    pub fn get(&self, signal: &str) -> Option<Threshold> {
+        let mut copy = *self;
+        copy.slot(signal).and_then(|t| *t)
+    }
+
+    /// Set the threshold of `signal`; false for a signal ferrolet does not know.
+    pub fn set(&mut self, signal: &str, t: Option<Threshold>) -> bool {
+        match self.slot(signal) {
+            Some(s) => {
+                *s = t;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The thresholds set, by signal name, in [`EVICTION_SIGNALS`] order.
+    pub fn iter(&self) -> Vec<(&'static str, Threshold)> {
+        EVICTION_SIGNALS
+            .iter()
+            .filter_map(|s| self.get(s).map(|t| (*s, t)))
+            .collect()
+    }
+}
+
 impl Default for EvictionHard {
-    /// kubelet's defaults on Linux (memory.available 100Mi, nodefs.available 10%; the inode and
-    /// imagefs signals are not measured here).
+    /// kubelet's defaults on Linux (memory.available 100Mi, nodefs.available 10%,
+    /// nodefs.inodesFree 5%, imagefs.available 15%).
     fn default() -> EvictionHard {
         EvictionHard {
             memory_available: Some(Threshold::Quantity(100 << 20)),
             nodefs_available: Some(Threshold::Percent(10.0)),
+            nodefs_inodes_free: Some(Threshold::Percent(5.0)),
+            imagefs_available: Some(Threshold::Percent(15.0)),
+            imagefs_inodes_free: None,
             pid_available: None,
         }
     }
@@ -313,9 +517,13 @@ pub struct Config {
     pub system_reserved: Reserved,
     /// Resources set aside for the agent itself (kubelet's kubeReserved).
     pub kube_reserved: Reserved,
-    /// The hard eviction thresholds (kubelet's evictionHard). ferrolet evicts nothing yet: they
-    /// are taken out of allocatable and drive the node's pressure conditions, as in kubelet.
+    /// The container manager (QoS tiers, CFS, node allocatable enforcement, OOM).
+    pub cm: CmConfig,
+    /// The hard eviction thresholds (kubelet's evictionHard): taken out of allocatable, and
+    /// the eviction manager's (src/eviction/) hard thresholds.
     pub eviction_hard: EvictionHard,
+    /// The rest of the eviction manager's, container GC's and log rotation's settings.
+    pub eviction: eviction::EvictionConfig,
     pub network: NetworkConfig,
     /// Image archives dropped here are imported at start and on every file check.
     pub image_import_dir: PathBuf,
@@ -328,6 +536,12 @@ pub struct Config {
     pub serving: ServingConfig,
     /// Pulling and collecting images.
     pub images: ImageConfig,
+    /// kubelet's runOnce (`--runonce`): run the static pods once, wait until each runs (or has
+    /// finished), report and exit (src/agent/run_once.rs).
+    pub run_once: bool,
+    /// Where the `<pod>_<ns>_<container>-<id>.log` symlinks to the containers' CRI logs go
+    /// (kubelet's fixed /var/log/containers; `ferrolet.containerLogLinkDir`).
+    pub container_log_link_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -366,7 +580,9 @@ impl Default for Config {
             seccomp_default: true,
             system_reserved: Reserved::default(),
             kube_reserved: Reserved::default(),
+            cm: CmConfig::default(),
             eviction_hard: EvictionHard::default(),
+            eviction: eviction::EvictionConfig::default(),
             network: NetworkConfig {
                 mode: NetworkMode::Bridge,
                 bridge: "ferrolet0".into(),
@@ -380,6 +596,8 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             serving: ServingConfig::default(),
             images: ImageConfig::default(),
+            run_once: false,
+            container_log_link_dir: PathBuf::from("/var/log/containers"),
         }
     }
 }
@@ -448,6 +666,7 @@ impl Config {
         if !self.cgroup_root.is_empty() && !self.cgroup_root.starts_with('/') {
             bail!("cgroupRoot: {:?} must be an absolute cgroup path", self.cgroup_root);
         }
+        self.cm.validate(self.cgroups_per_qos)?;
         if self.max_pods == 0 {
             bail!("maxPods: must be at least 1");
         }
@@ -457,6 +676,7 @@ impl Config {
                 self.container_log_max_files
             );
         }
+        self.eviction.validate(&self.eviction_hard)?;
         if self.file_check_frequency.is_zero() || self.sync_frequency.is_zero() {
             bail!("fileCheckFrequency and syncFrequency must be positive");
         }

@@ -238,6 +238,22 @@ impl ImageGc {
         Ok(report)
     }
 
+    /// kubelet's DeleteUnusedImages (the eviction manager's reclaim for disk): every image no
+    /// container uses and older than imageMinimumGCAge, whatever the thresholds.
+    pub fn delete_unused(&self) -> Result<Report, String> {
+        let now = Utc::now();
+        let images = self.store.list().map_err(|e| format!("listing images: {e}"))?;
+        let Some((users, in_use)) = self.in_use() else {
+            return Err("a container's image is not known (its record was rebuilt); no image is collected".into());
+        };
+        let seen = self.detect(now, &images, &in_use);
+        let mut report = Report::default();
+        for c in candidates(&images, &in_use, &seen, now, self.policy.min_age) {
+            self.remove(&c, &users, &mut report);
+        }
+        Ok(report)
+    }
+
     fn remove(&self, c: &Candidate, users: &[(String, Digest)], report: &mut Report) -> bool {
         match self.store.remove(&c.id.to_string(), users) {
             Ok(_) => {

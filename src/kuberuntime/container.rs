@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Result};
 use ferrolet_runtime::config::{
     CapabilityChanges, ContainerConfig, LogConfig, Mount, MountKind, NamespaceMode, Namespaces, Propagation, Resources,
-    SeccompProfile, UserConfig,
+    SeccompProfile, SupplementalGroupsPolicy, UserConfig,
 };
 use k8s_openapi::api::core::v1::{Container, Pod, SeccompProfile as K8sSeccomp};
 
@@ -72,6 +72,12 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     if let Some(fg) = psc.fs_group {
         groups.push(to_u32(fg, "fsGroup")?);
     }
+    let groups_policy = match psc.supplemental_groups_policy.as_deref() {
+        None | Some("Merge") => SupplementalGroupsPolicy::Merge,
+        Some("Strict") => SupplementalGroupsPolicy::Strict,
+        // kubelet's generatePodSandboxLinuxConfig, word for word.
+        Some(other) => return Err(anyhow!("unsupported supplementalGroupsPolicy: {other}")),
+    };
     let privileged = csc.privileged.unwrap_or(false);
 
     let seccomp = match csc.seccomp_profile.as_ref().or(psc.seccomp_profile.as_ref()) {
@@ -79,6 +85,8 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         None if cfg.seccomp_default => SeccompProfile::RuntimeDefault,
         None => SeccompProfile::Unconfined,
     };
+
+    let apparmor_profile = apparmor_profile(p, c, privileged)?;
 
     let ns_of = |p: &Option<PathBuf>| match p {
         Some(p) => NamespaceMode::Path(p.clone()),
@@ -99,10 +107,13 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     let cpu_req = qos::request(c, "cpu");
     let cpu_lim = qos::limit(c, "cpu");
     let mem_lim = qos::limit(c, "memory");
+    let cfs_period_us = cfg.cm.cpu_cfs_quota_period.as_micros() as u64;
     let resources = Resources {
         cpu_shares: Some(qos::milli_cpu_to_shares(if cpu_req == 0 { cpu_lim } else { cpu_req })),
-        cpu_quota: (cpu_lim > 0).then(|| qos::milli_cpu_to_quota(cpu_lim)),
-        cpu_period: (cpu_lim > 0).then_some(qos::CPU_PERIOD_US),
+        // cpuCFSQuota off: no quota, as kubelet sets none.
+        cpu_quota: (cpu_lim > 0 && cfg.cm.cpu_cfs_quota)
+            .then(|| qos::milli_cpu_to_quota_with_period(cpu_lim, cfs_period_us)),
+        cpu_period: (cpu_lim > 0 && cfg.cm.cpu_cfs_quota).then_some(cfs_period_us),
         memory_limit: (mem_lim > 0).then_some(mem_lim),
         pids_limit: None,
         oom_score_adj: Some(qos::oom_score_adj(
@@ -110,6 +121,8 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
             qos::request(c, "memory"),
             input.node_memory,
         )),
+        // kubelet sets memory.oom.group on cgroup v2 unless singleProcessOOMKill.
+        oom_group: !cfg.cm.single_process_oom_kill,
     };
 
     // Volume mounts first; the files kubelet manages only where the container has none.
@@ -176,6 +189,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
             uid: uid.map(|u| to_u32(u, "runAsUser")).transpose()?,
             gid: gid.map(|g| to_u32(g, "runAsGroup")).transpose()?,
             supplemental_groups: groups,
+            supplemental_groups_policy: groups_policy,
             require_non_root: csc.run_as_non_root.or(psc.run_as_non_root).unwrap_or(false),
         },
         hostname: Some(dns::hostname(p)),
@@ -196,6 +210,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         readonly_rootfs: csc.read_only_root_filesystem.unwrap_or(false),
         no_new_privileges: csc.allow_privilege_escalation == Some(false),
         seccomp,
+        apparmor_profile,
         unmasked_proc: csc.proc_mount.as_deref() == Some("Unmasked"),
         namespaces,
         cgroup_parent: input.pod_cgroup.clone(),
@@ -206,7 +221,9 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         annotations,
         log: LogConfig {
             path: pod_log_dir(cfg, p).join(&c.name).join(format!("{}.log", input.attempt)),
-            max_size: cfg.container_log_max_size,
+            // The agent's log manager rotates (kuberuntime::log_rotation), as kubelet's does:
+            // the monitor only reopens the file when asked.
+            max_size: 0,
             max_files: cfg.container_log_max_files,
         },
         // As in CRI: stdinOnce only means something with stdin.
@@ -247,6 +264,35 @@ fn seccomp_of(s: &K8sSeccomp, cfg: &Config) -> Result<SeccompProfile> {
         }
     })
 }
+
+/// The profile that confines the container on a node whose kernel enforces AppArmor, as
+/// containerd picks it: Localhost profiles must be loaded already; RuntimeDefault is ferrolet's
+/// default profile ([`DEFAULT_APPARMOR_PROFILE`], loaded by the node's administrator), not
+/// applied to privileged containers; Unconfined or nothing asked for: none. On a node without
+/// AppArmor, admission refused every pod that asks for more than Unconfined
+/// (src/podconfig/lsm.rs).
+fn apparmor_profile(p: &Pod, c: &Container, privileged: bool) -> Result<Option<String>> {
+    use crate::podconfig::lsm::{self, Profile};
+    if !lsm::Host::detect().apparmor {
+        return Ok(None);
+    }
+    let name = match lsm::profile(p, c) {
+        None | Some(Profile::Unconfined) => return Ok(None),
+        Some(Profile::RuntimeDefault) if privileged => return Ok(None),
+        Some(Profile::RuntimeDefault) => DEFAULT_APPARMOR_PROFILE.to_string(),
+        Some(Profile::Localhost(Some(n))) if !n.trim().is_empty() => n,
+        Some(other) => return Err(anyhow!("appArmorProfile: {other:?} cannot be applied")),
+    };
+    if !lsm::apparmor_profile_loaded(&name) {
+        // containerd's message.
+        return Err(anyhow!("apparmor profile not found {name}"));
+    }
+    Ok(Some(name))
+}
+
+/// The AppArmor profile RuntimeDefault stands for (containerd's is cri-containerd.apparmor.d,
+/// which containerd loads itself; ferrolet leaves loading to the node's administrator).
+pub const DEFAULT_APPARMOR_PROFILE: &str = "ferrolet-default";
 
 /// The file behind a container's terminationMessagePath (one per container name, truncated for
 /// each new attempt).

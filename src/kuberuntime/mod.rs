@@ -2,14 +2,17 @@
 //! turned into a [`ferrolet_runtime::ContainerConfig`] ([`container`], [`env`]), the labels that
 //! tie runtime containers back to pods ([`labels`]), the runtime's containers seen as
 //! Kubernetes sees them ([`views`]), starting and stopping containers in kubelet's steps
-//! ([`start`], [`kill`]), their termination messages ([`termination`]) and their logs
-//! ([`logs`]). The `ferrolet-runtime` crate below knows nothing of Kubernetes; this is where
+//! ([`start`], [`kill`]), their termination messages ([`termination`]), their logs
+//! ([`logs`]) and the log links shippers read ([`log_links`]). The `ferrolet-runtime` crate below knows nothing of Kubernetes; this is where
 //! the two meet.
 
 pub mod container;
 pub mod env;
+pub mod gc;
 pub mod kill;
 pub mod labels;
+pub mod log_links;
+pub mod log_rotation;
 pub mod logs;
 pub mod start;
 pub mod termination;

@@ -31,6 +31,7 @@ pub async fn create_container(
     image_id: Digest,
 ) -> Result<String, Waiting> {
     let timeout = input.cfg.runtime_request_timeout;
+    let link_dir = input.cfg.container_log_link_dir.clone();
     let mut cfg = crate::tasks::blocking(move || container::build(&input))
         .await
         .map_err(|e| Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, format!("{e:#}")).retry_in(RETRY))?;
@@ -40,6 +41,7 @@ pub async fn create_container(
     let created = crate::metrics::global().time_runtime("create_container", rt.create(&cfg));
     match tokio::time::timeout(timeout, created).await {
         Ok(Ok(info)) => {
+            super::log_links::create(&link_dir, &info);
             images.mark_used(&image_id).await;
             Ok(info.id().to_string())
         }
@@ -57,12 +59,13 @@ pub async fn create_container(
     }
 }
 
-/// Let a created container run. A container that fails to start is deleted.
-pub async fn start_created(rt: &Runtime, id: &str) -> Result<(), Waiting> {
+/// Let a created container run. A container that fails to start is deleted (with its log
+/// link, kept in `link_dir`).
+pub async fn start_created(rt: &Runtime, link_dir: &std::path::Path, id: &str) -> Result<(), Waiting> {
     let m = crate::metrics::global();
     if let Err(e) = m.time_runtime("start_container", rt.start(id)).await {
         let message = ferrolet_fsutil::chain(&e).to_string();
-        if let Err(e) = m.time_runtime("remove_container", rt.delete(id)).await {
+        if let Err(e) = super::log_links::remove_container(rt, link_dir, id).await {
             warn!(container = %id, error = %ferrolet_fsutil::chain(&e), "removing a container that failed to start");
         }
         return Err(Waiting::new(reasons::RUN_CONTAINER_ERROR, message).retry_in(RETRY));

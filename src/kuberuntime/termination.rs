@@ -32,7 +32,11 @@ pub fn log_tail(path: &std::path::Path, lines: usize, max: usize) -> String {
     let mut out = String::new();
     for r in &recs[start..] {
         out.push_str(&String::from_utf8_lossy(&r.message));
-        out.push('\n');
+        // A partial last line (the container wrote no newline) stays as written: kubelet's
+        // log reader adds a newline only after full (`F`) records.
+        if !r.partial {
+            out.push('\n');
+        }
     }
     if out.len() > max {
         let cut = out.len() - max;
@@ -43,4 +47,47 @@ pub fn log_tail(path: &std::path::Path, lines: usize, max: usize) -> String {
         out = out[i..].to_string();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(lines: &[&str]) -> (tempfile::TempDir, std::path::PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("0.log");
+        let mut s = String::new();
+        for l in lines {
+            s.push_str(l);
+            s.push('\n');
+        }
+        std::fs::write(&p, s).unwrap();
+        (d, p)
+    }
+
+    #[test]
+    fn a_partial_last_line_gains_no_newline() {
+        let (_d, p) = log(&["2024-01-01T00:00:00Z stdout P DONE"]);
+        assert_eq!(log_tail(&p, 80, 2048), "DONE");
+        let (_d, p) = log(&[
+            "2024-01-01T00:00:00Z stdout F first",
+            "2024-01-01T00:00:01Z stdout P DO",
+            "2024-01-01T00:00:02Z stdout P NE",
+        ]);
+        assert_eq!(log_tail(&p, 80, 2048), "first\nDONE");
+    }
+
+    #[test]
+    fn full_lines_keep_their_newlines_and_the_tail_is_bounded() {
+        let (_d, p) = log(&["2024-01-01T00:00:00Z stdout F DONE"]);
+        assert_eq!(log_tail(&p, 80, 2048), "DONE\n");
+        let many: Vec<String> = (0..100)
+            .map(|i| format!("2024-01-01T00:00:00Z stderr F l{i}"))
+            .collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        let (_d, p) = log(&refs);
+        let t = log_tail(&p, 80, 2048);
+        assert!(t.starts_with("l20\n") && t.ends_with("l99\n"), "{t}");
+        assert_eq!(log_tail(&p, 80, 8), "l98\nl99\n");
+    }
 }

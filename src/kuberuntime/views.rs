@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use ferrolet_runtime::{ContainerInfo, ContainerState, ExitRecord};
+use ferrolet_runtime::{ContainerInfo, ContainerState, ExitRecord, ProcessUser};
 
 use super::labels::*;
 
@@ -23,6 +23,8 @@ pub struct ContainerView {
     pub stop_signal: Option<String>,
     pub termination_message_file: Option<String>,
     pub termination_message_policy: String,
+    /// The process's uid, gid and groups as the runtime set them.
+    pub user: Option<ProcessUser>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +69,7 @@ impl ContainerView {
                 .get(ANN_TERMINATION_MESSAGE_POLICY)
                 .cloned()
                 .unwrap_or_else(|| "File".into()),
+            user: info.record.user.clone(),
         })
     }
 

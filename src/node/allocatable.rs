@@ -137,16 +137,19 @@ mod tests {
             cpu_milli: 500,
             memory: 1 << 30,
             ephemeral_storage: 1 << 30,
+            pid: 0,
         };
         let kube = Reserved {
             cpu_milli: 250,
             memory: 512 << 20,
             ephemeral_storage: 0,
+            pid: 0,
         };
         let ev = EvictionHard {
             memory_available: Some(Threshold::Percent(5.0)),
             nodefs_available: Some(Threshold::Quantity(2 << 30)),
             pid_available: None,
+            ..EvictionHard::none()
         };
         let mut cap = capacity();
         cap.hugepages.clear();
@@ -160,6 +163,7 @@ mod tests {
             cpu_milli: 10_000,
             memory: i64::MAX,
             ephemeral_storage: i64::MAX,
+            pid: 0,
         };
         let a = allocatable(&cap, huge, huge, &ev);
         assert_eq!((a.cpu_milli, a.memory, a.ephemeral_storage), (0, 0, 0));

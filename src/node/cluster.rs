@@ -14,7 +14,6 @@ use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
-use super::conditions::{self, PressureTracker, PRESSURE_TRANSITION_PERIOD};
 use super::lease::{self, LeaseController};
 use super::status::{self, Observed};
 use super::{allocatable, machine, pod_cidr, register, NodeInfo};
@@ -87,6 +86,7 @@ pub async fn start(
     images: ImageList,
     readiness: Readiness,
     events: Recorder,
+    eviction: crate::eviction::Eviction,
 ) -> Result<NodeHandle> {
     events.node(Kind::Normal, STARTING, "Starting kubelet.");
     // The container manager's event, before registration as in kubelet.
@@ -107,7 +107,7 @@ pub async fn start(
         images,
         readiness,
         events,
-        tracker: PressureTracker::new(PRESSURE_TRANSITION_PERIOD),
+        eviction,
         registered: registered_tx,
         started: Instant::now(),
         last_report: None,
@@ -169,21 +169,14 @@ async fn observe(
     identity: &machine::Identity,
     images: &ImageList,
     readiness: &Readiness,
-    tracker: &mut PressureTracker,
+    eviction: &crate::eviction::Eviction,
 ) -> Result<Observed> {
     let (cfg2, images, readiness) = (cfg.clone(), images.clone(), readiness.clone());
-    let (capacity, signals, records, not_ready) = blocking(move || {
+    let (capacity, records, not_ready) = blocking(move || {
         let capacity = machine::capacity(&cfg2.root_dir, cfg2.max_pods);
-        Ok((capacity, machine::signals(&cfg2.root_dir), images(), readiness()))
+        Ok((capacity, images(), readiness()))
     })
     .await?;
-    let seen = match signals {
-        Ok(s) => conditions::observed(&s, &cfg.eviction_hard),
-        Err(e) => {
-            warn!(error = %format!("{e:#}"), "measuring the eviction signals");
-            Default::default()
-        }
-    };
     let images = match records {
         Ok(r) => status::node_images(r, cfg.images.node_status_max_images),
         Err(e) => {
@@ -198,7 +191,8 @@ async fn observe(
         allocatable,
         identity: identity.clone(),
         images,
-        pressure: tracker.observe(Instant::now(), seen),
+        // The eviction manager's conditions (src/eviction/).
+        pressure: eviction.pressure(),
         not_ready,
         kubelet_port: cfg.serving.port.into(),
     })
@@ -212,7 +206,7 @@ struct StatusLoop {
     images: ImageList,
     readiness: Readiness,
     events: Recorder,
-    tracker: PressureTracker,
+    eviction: crate::eviction::Eviction,
     /// The Node once registered (`None` until then, and always with registerNode off).
     registered: watch::Sender<Option<Node>>,
     started: Instant,
@@ -234,7 +228,7 @@ impl StatusLoop {
             &self.identity,
             &self.images,
             &self.readiness,
-            &mut self.tracker,
+            &self.eviction,
         )
         .await
     }

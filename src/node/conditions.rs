@@ -1,15 +1,10 @@
 //! The Node's conditions (kubelet's nodestatus setters MemoryPressureCondition,
-//! DiskPressureCondition, PIDPressureCondition and ReadyCondition, with the eviction manager's
-//! pressure signals): kubelet's reasons and messages, the heartbeat moved on every computation,
+//! DiskPressureCondition, PIDPressureCondition and ReadyCondition; the pressures are the
+//! eviction manager's, src/eviction/): kubelet's reasons and messages, the heartbeat moved on every computation,
 //! the transition time only when the status changes, and the node event each change records.
-
-use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-use super::machine::Signals;
-use crate::config::EvictionHard;
 
 /// Which pressures the node is under.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -17,55 +12,6 @@ pub struct Pressure {
     pub memory: bool,
     pub disk: bool,
     pub pid: bool,
-}
-
-/// The signals below their hard thresholds, as measured now.
-pub fn observed(s: &Signals, t: &EvictionHard) -> Pressure {
-    let below = |threshold: Option<crate::config::Threshold>, available: i64, capacity: i64| {
-        threshold.is_some_and(|t| available < t.amount(capacity))
-    };
-    Pressure {
-        memory: below(t.memory_available, s.memory_available, s.memory_capacity),
-        disk: below(t.nodefs_available, s.nodefs_available, s.nodefs_capacity),
-        pid: below(t.pid_available, s.pid_available, s.pid_capacity),
-    }
-}
-
-/// The eviction manager's smoothing: a pressure stays reported until it has not been observed
-/// for evictionPressureTransitionPeriod (kubelet's default 5 minutes), so the condition does not
-/// flap around its threshold.
-#[derive(Debug)]
-pub struct PressureTracker {
-    period: Duration,
-    last: [Option<Instant>; 3],
-}
-
-/// kubelet's evictionPressureTransitionPeriod default.
-pub const PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(300);
-
-impl PressureTracker {
-    pub fn new(period: Duration) -> PressureTracker {
-        PressureTracker {
-            period,
-            last: [None; 3],
-        }
-    }
-
-    /// Record what is observed at `now`; returns the pressures to report.
-    pub fn observe(&mut self, now: Instant, seen: Pressure) -> Pressure {
-        let mut report = [false; 3];
-        for (i, on) in [seen.memory, seen.disk, seen.pid].into_iter().enumerate() {
-            if on {
-                self.last[i] = Some(now);
-            }
-            report[i] = self.last[i].is_some_and(|t| now.saturating_duration_since(t) < self.period);
-        }
-        Pressure {
-            memory: report[0],
-            disk: report[1],
-            pid: report[2],
-        }
-    }
 }
 
 struct PressureStrings {
@@ -191,7 +137,6 @@ fn condition<'a>(conditions: &'a mut Vec<NodeCondition>, kind: &str, status: &st
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Threshold;
 
     fn t(secs: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + secs).unwrap())
@@ -278,53 +223,5 @@ mod tests {
         assert_eq!(set_ready(&mut c, &[], &t(20)), None);
         assert_eq!(get(&c, "Ready").last_transition_time, Some(t(10)));
         assert_eq!(set_ready(&mut c, &["down".into()], &t(30)), Some("NodeNotReady"));
-    }
-
-    #[test]
-    fn signals_against_thresholds() {
-        let s = Signals {
-            memory_available: 50 << 20,
-            memory_capacity: 8 << 30,
-            nodefs_available: 20 << 30,
-            nodefs_capacity: 100 << 30,
-            pid_available: 1000,
-            pid_capacity: 100_000,
-        };
-        let p = observed(&s, &EvictionHard::default());
-        assert_eq!(
-            p,
-            Pressure {
-                memory: true,
-                disk: false,
-                pid: false
-            }
-        );
-        let t = EvictionHard {
-            memory_available: None,
-            nodefs_available: Some(Threshold::Percent(25.0)),
-            pid_available: Some(Threshold::Percent(5.0)),
-        };
-        assert_eq!(
-            observed(&s, &t),
-            Pressure {
-                memory: false,
-                disk: true,
-                pid: true
-            }
-        );
-    }
-
-    #[test]
-    fn pressure_lingers_for_the_transition_period() {
-        let mut tr = PressureTracker::new(Duration::from_secs(300));
-        let t0 = Instant::now();
-        let on = Pressure {
-            memory: true,
-            ..Default::default()
-        };
-        assert!(tr.observe(t0, on).memory);
-        assert!(tr.observe(t0 + Duration::from_secs(299), Pressure::default()).memory);
-        assert!(!tr.observe(t0 + Duration::from_secs(300), Pressure::default()).memory);
-        assert!(!tr.observe(t0, Pressure::default()).disk);
     }
 }

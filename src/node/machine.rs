@@ -1,6 +1,6 @@
 //! What the machine says about itself (kubelet reads it through cAdvisor): capacity, the
-//! identity the Node's nodeInfo shows, and the eviction signals the pressure conditions are
-//! computed from. Every function here reads /proc, /sys or statvfs: call them off the async
+//! identity the Node's nodeInfo shows, and the pid limit the stats report (the eviction
+//! manager's signals come from the stats summary, src/eviction/signals.rs). Every function here reads /proc, /sys or statvfs: call them off the async
 //! threads.
 
 use std::collections::BTreeMap;
@@ -89,38 +89,6 @@ pub fn filesystem(path: &Path) -> Result<Filesystem> {
     Ok(Filesystem {
         capacity: (s.blocks() as i64).saturating_mul(frag),
         available: (s.blocks_available() as i64).saturating_mul(frag),
-    })
-}
-
-/// The eviction signals as kubelet's eviction manager computes them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Signals {
-    /// memory.available: capacity less the working set (usage less inactive file pages), i.e.
-    /// MemFree + Inactive(file) on the whole machine.
-    pub memory_available: i64,
-    pub memory_capacity: i64,
-    pub nodefs_available: i64,
-    pub nodefs_capacity: i64,
-    /// pid.available: the highest pid count the kernel allows less the tasks that exist.
-    pub pid_available: i64,
-    pub pid_capacity: i64,
-}
-
-/// Measure the signals now; `root_dir` is on the node's filesystem (nodefs).
-pub fn signals(root_dir: &Path) -> Result<Signals> {
-    let m = meminfo()?;
-    let total = m.mem_total as i64;
-    let free = m.mem_free as i64;
-    let inactive_file = m.inactive_file.unwrap_or(0) as i64;
-    let fs = filesystem(root_dir)?;
-    let (pid_capacity, tasks) = pids()?;
-    Ok(Signals {
-        memory_available: free.saturating_add(inactive_file).min(total),
-        memory_capacity: total,
-        nodefs_available: fs.available,
-        nodefs_capacity: fs.capacity,
-        pid_available: pid_capacity.saturating_sub(tasks),
-        pid_capacity,
     })
 }
 
@@ -229,13 +197,5 @@ mod tests {
         let h = hugepages(d.path());
         assert_eq!(h["hugepages-2Mi"], 3 * 2048 * 1024);
         assert_eq!(h["hugepages-1Gi"], 0);
-    }
-
-    #[test]
-    fn signals_are_measured() {
-        let s = signals(Path::new("/")).unwrap();
-        assert!(s.memory_capacity > 0 && s.memory_available > 0 && s.memory_available <= s.memory_capacity);
-        assert!(s.nodefs_capacity > 0 && s.nodefs_available <= s.nodefs_capacity);
-        assert!(s.pid_capacity > 0 && s.pid_available > 0 && s.pid_available < s.pid_capacity);
     }
 }

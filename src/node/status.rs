@@ -136,6 +136,10 @@ pub fn set_node_status(node: &mut Node, o: &Observed, now: &Time) -> Vec<&'stati
     });
     // An empty list is no list: the API server drops it, and it must not look like a change.
     status.images = (!o.images.is_empty()).then(|| o.images.clone());
+    // kubelet's NodeFeatures setter: the runtime honours supplementalGroupsPolicy (Strict).
+    status.features = Some(k8s_openapi::api::core::v1::NodeFeatures {
+        supplemental_groups_policy: Some(true),
+    });
 
     let conds = status.conditions.get_or_insert_with(Vec::new);
     let mut events = conditions::set_pressure(conds, o.pressure, now);
@@ -146,8 +150,14 @@ pub fn set_node_status(node: &mut Node, o: &Observed, now: &Time) -> Vec<&'stati
 /// Whether `new` differs from `old` other than in the conditions' heartbeats (kubelet's
 /// nodeStatusHasChanged); quantities compare by value, not by spelling.
 pub fn changed(old: &NodeStatus, new: &NodeStatus) -> bool {
+    // An API server older than 1.31 drops `features`: its absence on the server is no change
+    // (it goes out with the next change or report, and a newer server keeps it).
+    let server_has_features = old.features.is_some();
     let strip = |s: &NodeStatus| {
         let mut s = s.clone();
+        if !server_has_features {
+            s.features = None;
+        }
         for c in s.conditions.iter_mut().flatten() {
             c.last_heartbeat_time = None;
         }
@@ -221,6 +231,9 @@ pub fn status_patch(uid: &str, old: &NodeStatus, new: &NodeStatus) -> Value {
     }
     if old.images != new.images {
         status.insert("images".into(), to(&new.images));
+    }
+    if old.features != new.features {
+        status.insert("features".into(), to(&new.features));
     }
     json!({"metadata": {"uid": uid}, "status": status})
 }
@@ -351,6 +364,23 @@ mod tests {
         o.not_ready = vec!["container runtime is down".into()];
         set_node_status(&mut node, &o, &t(20));
         assert!(changed(&b, node.status.as_ref().unwrap()));
+    }
+
+    #[test]
+    fn the_node_says_it_honours_supplemental_groups_policy() {
+        let mut node = Node::default();
+        set_node_status(&mut node, &observed(), &t(0));
+        let s = node.status.as_ref().unwrap();
+        assert_eq!(s.features.as_ref().unwrap().supplemental_groups_policy, Some(true));
+        let p = status_patch("u", &NodeStatus::default(), s);
+        assert_eq!(p["status"]["features"]["supplementalGroupsPolicy"], true);
+        // A server that drops the field (before 1.31) does not make every status a change.
+        let mut dropped = s.clone();
+        dropped.features = None;
+        assert!(!changed(&dropped, s));
+        let mut other = s.clone();
+        other.features = Some(Default::default());
+        assert!(changed(&other, s));
     }
 
     #[test]

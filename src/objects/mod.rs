@@ -7,6 +7,7 @@
 //! What a container's environment or a pod's volumes need is fetched here, asynchronously, into
 //! plain values ([`EnvObjects`], [`VolumeObjects`]) that the pure builders below read.
 
+pub mod local;
 pub mod services;
 pub mod store;
 pub mod tokens;
@@ -242,7 +243,7 @@ pub fn node_ttl(n: &k8s_openapi::api::core::v1::Node) -> Duration {
 }
 
 /// The ConfigMaps and Secrets a container's env and envFrom name.
-fn container_references(c: &Container) -> (BTreeSet<String>, BTreeSet<String>) {
+pub(crate) fn container_references(c: &Container) -> (BTreeSet<String>, BTreeSet<String>) {
     let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
     for e in c.env_from.iter().flatten() {
         if let Some(r) = &e.config_map_ref {

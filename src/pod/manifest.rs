@@ -58,8 +58,9 @@ pub fn decode(data: &str) -> Result<Vec<Pod>, String> {
                             pods.push(to_pod(item, &w)?);
                         }
                     }
-                    // Image pull secrets of static pods, read by the image manager.
-                    "Secret" => continue,
+                    // The objects static pods use (image pull secrets, volumes, environment),
+                    // read by podconfig::file::static_objects.
+                    "Secret" | "ConfigMap" => continue,
                     "" => return Err(format!("{where_}: kind is missing (expected Pod)")),
                     other => return Err(format!("{where_}: kind {other:?} is not a Pod")),
                 }

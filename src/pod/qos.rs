@@ -86,10 +86,15 @@ pub const MAX_CPU_QUOTA_US: i64 = (1 << 44) - 1;
 /// kubelet's MilliCPUToQuota: quota for `m` millicores per 100ms period, at least 1ms, at most
 /// what the kernel takes.
 pub fn milli_cpu_to_quota(m: i64) -> i64 {
+    milli_cpu_to_quota_with_period(m, CPU_PERIOD_US)
+}
+
+/// kubelet's MilliCPUToQuota with a cpuCFSQuotaPeriod of `period_us`.
+pub fn milli_cpu_to_quota_with_period(m: i64, period_us: u64) -> i64 {
     if m <= 0 {
         return 0;
     }
-    (m.saturating_mul(CPU_PERIOD_US as i64) / 1000).clamp(1000, MAX_CPU_QUOTA_US)
+    (m.saturating_mul(period_us.min(i64::MAX as u64) as i64) / 1000).clamp(1000, MAX_CPU_QUOTA_US)
 }
 
 pub fn request(c: &Container, res: &str) -> i64 {
@@ -178,6 +183,9 @@ mod tests {
         assert_eq!(milli_cpu_to_shares(1000), 1024);
         assert_eq!(milli_cpu_to_quota(500), 50_000);
         assert_eq!(milli_cpu_to_quota(1), 1000);
+        assert_eq!(milli_cpu_to_quota_with_period(500, 50_000), 25_000);
+        assert_eq!(milli_cpu_to_quota_with_period(1500, 1_000_000), 1_500_000);
+        assert_eq!(milli_cpu_to_quota_with_period(5, 10_000), 1000);
     }
 
     #[test]

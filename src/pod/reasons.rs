@@ -27,6 +27,11 @@ pub const UNKNOWN: &str = "Unknown";
 pub const CONTAINERS_NOT_READY: &str = "ContainersNotReady";
 pub const CONTAINERS_NOT_INITIALIZED: &str = "ContainersNotInitialized";
 pub const POD_COMPLETED: &str = "PodCompleted";
+/// The Ready condition of a pod that failed.
+pub const POD_FAILED: &str = "PodFailed";
+/// A pod stopped at `activeDeadlineSeconds` (kubelet's active deadline handler).
+pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+pub const DEADLINE_EXCEEDED_MESSAGE: &str = "Pod was active on the node longer than the specified deadline";
 
 // Pods the node refuses (admission).
 pub const UNSUPPORTED_POD_SPEC: &str = "UnsupportedPodSpec";

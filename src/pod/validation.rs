@@ -273,59 +273,12 @@ fn volume_sources(v: &Volume) -> usize {
 }
 
 /// Features ferrolet does not run, each with the reason a user sees in the pod's status.
-/// Returns the first one found. Pods from the API server may use ConfigMaps, Secrets and
-/// projected volumes; static pods (files, URLs, or of unknown source) have no API server to
-/// read them from.
+/// Returns the first one found. Volumes are not judged here: as kubelet, a volume no plugin
+/// serves is the volume manager's FailedMount (the pod waits in ContainerCreating with the
+/// reason, see [`crate::volumemanager::plugins`]); static pods read ConfigMaps and Secrets
+/// from the static pod path ([`crate::objects::local`]).
 pub fn unsupported(pod: &Pod) -> Option<String> {
     let spec = pod.spec.as_ref()?;
-    let from_api = crate::pod::annotation(pod, crate::pod::CONFIG_SOURCE) == Some(crate::pod::SOURCE_API);
-    for v in spec.volumes.iter().flatten() {
-        let needs_api = if v.config_map.is_some() {
-            Some("configMap")
-        } else if v.secret.is_some() {
-            Some("secret")
-        } else if v.projected.is_some() {
-            Some("projected")
-        } else {
-            None
-        };
-        if let (Some(w), false) = (needs_api, from_api) {
-            return Some(format!(
-                "spec.volumes[{}]: {w} volumes are not supported by ferrolet (static pods have no API server to read them from); use emptyDir, hostPath or downwardAPI",
-                v.name
-            ));
-        }
-        let other = if v.persistent_volume_claim.is_some() {
-            Some("persistentVolumeClaim")
-        } else if needs_api.is_none() && v.empty_dir.is_none() && v.host_path.is_none() && v.downward_api.is_none() {
-            Some("this volume type")
-        } else {
-            None
-        };
-        if let Some(w) = other {
-            return Some(if from_api {
-                format!(
-                    "spec.volumes[{}]: {w} volumes are not supported by ferrolet; use emptyDir, hostPath, downwardAPI, configMap, secret or projected",
-                    v.name
-                )
-            } else {
-                format!(
-                    "spec.volumes[{}]: {w} volumes are not supported by ferrolet (static pods have no API server to read them from); use emptyDir, hostPath or downwardAPI",
-                    v.name
-                )
-            });
-        }
-        if let Some(pr) = &v.projected {
-            for (i, src) in pr.sources.iter().flatten().enumerate() {
-                if src.cluster_trust_bundle.is_some() || src.pod_certificate.is_some() {
-                    return Some(format!(
-                        "spec.volumes[{}].projected.sources[{i}]: only configMap, secret, downwardAPI and serviceAccountToken projections are supported",
-                        v.name
-                    ));
-                }
-            }
-        }
-    }
     if spec.ephemeral_containers.as_ref().is_some_and(|e| !e.is_empty()) {
         return Some("spec.ephemeralContainers: not supported".into());
     }
@@ -342,29 +295,6 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
     }
     if spec.share_process_namespace == Some(true) && spec.host_pid == Some(true) {
         return Some("spec.shareProcessNamespace: may not be combined with hostPID".into());
-    }
-    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
-        if from_api {
-            continue;
-        }
-        for e in c.env_from.iter().flatten() {
-            if e.config_map_ref.is_some() || e.secret_ref.is_some() {
-                return Some(format!(
-                    "container {:?}: envFrom configMapRef/secretRef needs an API server, which a static pod does not have",
-                    c.name
-                ));
-            }
-        }
-        for (i, e) in c.env.iter().flatten().enumerate() {
-            if let Some(vf) = &e.value_from {
-                if vf.config_map_key_ref.is_some() || vf.secret_key_ref.is_some() {
-                    return Some(format!(
-                        "container {:?}: env[{i}] ({}) from a configMap or secret needs an API server, which a static pod does not have",
-                        c.name, e.name
-                    ));
-                }
-            }
-        }
     }
     None
 }
@@ -472,41 +402,21 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_features_are_named() {
-        let p = pod(
-            serde_json::json!({"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"x"}],
-            "volumes":[{"name":"cfg","configMap":{"name":"x"}}]}}),
-        );
-        assert!(unsupported(&p).unwrap().contains("configMap"));
-    }
-
-    #[test]
-    fn api_pods_may_use_objects_static_pods_may_not() {
-        let with_source = |source: &str| {
-            pod(
+    fn objects_and_volume_types_are_not_refused_at_admission() {
+        // ConfigMaps and Secrets come from the API server or, for static pods, from the static
+        // pod path; a volume type no plugin serves is the volume manager's FailedMount.
+        for source in ["api", "file"] {
+            let p = pod(
                 serde_json::json!({"metadata":{"name":"a","annotations":{"kubernetes.io/config.source":source}},
                 "spec":{"containers":[{"name":"c","image":"x",
                     "envFrom":[{"secretRef":{"name":"s"}}],
                     "env":[{"name":"X","valueFrom":{"configMapKeyRef":{"name":"x","key":"k"}}}]}],
                 "volumes":[{"name":"cfg","configMap":{"name":"x"}},{"name":"s","secret":{"secretName":"s"}},
+                    {"name":"data","persistentVolumeClaim":{"claimName":"c"}},
                     {"name":"api","projected":{"sources":[{"serviceAccountToken":{"path":"token"}}]}}]}}),
-            )
-        };
-        assert_eq!(unsupported(&with_source("api")), None);
-        let e = unsupported(&with_source("file")).unwrap();
-        assert!(e.contains("static pods have no API server"), "{e}");
-        let mut p = with_source("file");
-        p.spec.as_mut().unwrap().volumes = None;
-        let e = unsupported(&p).unwrap();
-        assert!(e.contains("envFrom configMapRef/secretRef needs an API server"), "{e}");
-        let mut p = with_source("api");
-        p.spec.as_mut().unwrap().volumes = Some(vec![serde_json::from_value(
-            serde_json::json!({"name":"data","persistentVolumeClaim":{"claimName":"c"}}),
-        )
-        .unwrap()]);
-        assert!(unsupported(&p)
-            .unwrap()
-            .contains("persistentVolumeClaim volumes are not supported"));
+            );
+            assert_eq!(unsupported(&p), None, "{source}");
+        }
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo, node_object: &Node) 
             message: format!("Predicate {predicate} failed"),
         });
     }
+    // kubelet's AppArmor admit handler comes after the predicates.
+    super::lsm::admit(p, super::lsm::Host::detect())?;
     Ok(())
 }
 
@@ -103,5 +105,80 @@ mod tests {
             "{}",
             cpu.message
         );
+    }
+}
+
+/// kubelet's eviction manager admit handler: with no pressure every pod is admitted; critical
+/// pods (priority at or above system-critical) always are; under memory pressure alone, pods
+/// that are not BestEffort are, and BestEffort ones that tolerate the
+/// `node.kubernetes.io/memory-pressure:NoSchedule` taint; otherwise the pod is refused with
+/// reason Evicted and "The node had condition: [..]. ".
+pub fn eviction_admit(p: &Pod, conditions: &[crate::eviction::signals::Condition]) -> Result<(), Rejection> {
+    use crate::eviction::signals::Condition;
+    if conditions.is_empty() || crate::eviction::rank::is_critical(p) {
+        return Ok(());
+    }
+    if conditions == [Condition::MemoryPressure] {
+        if qos::qos_class(p) != qos::QosClass::BestEffort {
+            return Ok(());
+        }
+        let tolerates = crate::pod::spec(p).tolerations.iter().flatten().any(|t| {
+            let key = match t.key.as_deref().unwrap_or("") {
+                "" => t.operator.as_deref() == Some("Exists"),
+                k => k == "node.kubernetes.io/memory-pressure",
+            };
+            let effect = matches!(t.effect.as_deref(), None | Some("") | Some("NoSchedule"));
+            let value = t.operator.as_deref() == Some("Exists") || t.value.as_deref().unwrap_or("").is_empty();
+            key && effect && value
+        });
+        if tolerates {
+            return Ok(());
+        }
+    }
+    let names: Vec<&str> = conditions.iter().map(|c| c.name()).collect();
+    Err(Rejection {
+        reason: crate::eviction::REASON.into(),
+        message: format!("The node had condition: [{}]. ", names.join(" ")),
+    })
+}
+
+#[cfg(test)]
+mod eviction_admit_tests {
+    use super::*;
+    use crate::eviction::signals::Condition;
+
+    fn pod(extra: &str) -> Pod {
+        serde_saphyr::from_str(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n  - name: c\n    image: x\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn memory_pressure_refuses_besteffort_only() {
+        let be = pod("");
+        let burstable = pod("    resources: {requests: {memory: 10Mi}}\n");
+        let mem = [Condition::MemoryPressure];
+        let r = eviction_admit(&be, &mem).unwrap_err();
+        assert_eq!(r.reason, "Evicted");
+        assert_eq!(r.message, "The node had condition: [MemoryPressure]. ");
+        assert!(eviction_admit(&burstable, &mem).is_ok());
+        assert!(eviction_admit(&be, &[]).is_ok());
+        let tolerant =
+            pod("  tolerations: [{key: node.kubernetes.io/memory-pressure, operator: Exists, effect: NoSchedule}]\n");
+        assert!(eviction_admit(&tolerant, &mem).is_ok());
+    }
+
+    #[test]
+    fn disk_pressure_refuses_everyone_but_critical_pods() {
+        let burstable = pod("    resources: {requests: {memory: 10Mi}}\n");
+        let both = [Condition::MemoryPressure, Condition::DiskPressure];
+        assert_eq!(
+            eviction_admit(&burstable, &both).unwrap_err().message,
+            "The node had condition: [MemoryPressure DiskPressure]. "
+        );
+        let mut critical = pod("");
+        critical.spec.as_mut().unwrap().priority = Some(2_000_001_000);
+        assert!(eviction_admit(&critical, &[Condition::DiskPressure]).is_ok());
     }
 }

@@ -290,10 +290,18 @@ impl Watch {
     }
 }
 
-/// The Secrets placed in the static pod path (documents of `kind: Secret` in its manifests,
-/// YAML or JSON): what static pods' imagePullSecrets name. Files that cannot be read or parsed
-/// are skipped (the file source reports them).
+/// The Secrets placed in the static pod path: what static pods' imagePullSecrets name (the
+/// same objects their volumes and environment use, see [`static_objects`]).
 pub fn static_secrets(path: &Path) -> Vec<k8s_openapi::api::core::v1::Secret> {
+    static_objects(path).secrets
+}
+
+/// The ConfigMaps and Secrets placed in the static pod path (documents of `kind: ConfigMap` and
+/// `kind: Secret` in its manifests, YAML or JSON, beside pods or in files of their own), for
+/// the static pods of a node without an API server. Files that cannot be read or parsed are
+/// skipped (the file source reports them); an object that does not decode is logged with its
+/// file and left out (a pod naming it then reports it missing).
+pub fn static_objects(path: &Path) -> StaticObjects {
     let files: Vec<PathBuf> = match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => {
             let mut v: Vec<PathBuf> = std::fs::read_dir(path)
@@ -310,7 +318,7 @@ pub fn static_secrets(path: &Path) -> Vec<k8s_openapi::api::core::v1::Secret> {
         Ok(_) => vec![path.to_path_buf()],
         Err(_) => Vec::new(),
     };
-    let mut out = Vec::new();
+    let mut out = StaticObjects::default();
     for f in files {
         let Ok(data) = read_manifest(&f) else { continue };
         let docs: Vec<serde_json::Value> = if data.trim_start().starts_with('{') {
@@ -322,16 +330,27 @@ pub fn static_secrets(path: &Path) -> Vec<k8s_openapi::api::core::v1::Secret> {
             serde_saphyr::from_multiple(&data).unwrap_or_default()
         };
         for d in docs {
-            if d.get("kind").and_then(|k| k.as_str()) != Some("Secret") {
-                continue;
-            }
-            match serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(d) {
-                Ok(s) => out.push(s),
-                Err(e) => warn!(manifest = %f.display(), "a Secret in the static pod path is not valid: {e}"),
+            match d.get("kind").and_then(|k| k.as_str()) {
+                Some("Secret") => match serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(d) {
+                    Ok(s) => out.secrets.push(s),
+                    Err(e) => warn!(manifest = %f.display(), "a Secret in the static pod path is not valid: {e}"),
+                },
+                Some("ConfigMap") => match serde_json::from_value::<k8s_openapi::api::core::v1::ConfigMap>(d) {
+                    Ok(c) => out.config_maps.push(c),
+                    Err(e) => warn!(manifest = %f.display(), "a ConfigMap in the static pod path is not valid: {e}"),
+                },
+                _ => {}
             }
         }
     }
     out
+}
+
+/// What [`static_objects`] found, in file order.
+#[derive(Debug, Default, Clone)]
+pub struct StaticObjects {
+    pub config_maps: Vec<k8s_openapi::api::core::v1::ConfigMap>,
+    pub secrets: Vec<k8s_openapi::api::core::v1::Secret>,
 }
 
 #[cfg(test)]

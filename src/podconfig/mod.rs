@@ -12,6 +12,7 @@ pub mod admission;
 pub mod apiserver;
 pub mod file;
 pub mod http;
+pub mod lsm;
 pub mod predicates;
 pub mod source;
 

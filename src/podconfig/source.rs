@@ -43,11 +43,16 @@ pub fn pods_from_manifest(data: &str, source: &manifest::Source, node: &str) -> 
     (pods, (!errors.is_empty()).then(|| errors.join("\n")))
 }
 
-/// A source's way out: sends a snapshot only when its pods (by UID) or its errors changed since
-/// the last one sent, and logs each error once, when it appears or changes.
+/// A source's way out: sends a snapshot only when its pods (by UID, and what a pod update
+/// is made of: spec, labels, annotations) or its errors changed since the last one sent, and
+/// logs each error once, when it appears or changes. (A static pod with a UID of its own whose
+/// labels change is an update, which the downward API shows.)
+type Sent = (Vec<Arc<Pod>>, BTreeMap<String, String>);
+
 pub struct SnapshotSender {
     tx: mpsc::UnboundedSender<Snapshot>,
-    last: Option<(Vec<String>, BTreeMap<String, String>)>,
+    /// The pods and errors last sent.
+    last: Option<Sent>,
 }
 
 impl SnapshotSender {
@@ -57,14 +62,15 @@ impl SnapshotSender {
 
     /// Send `snap` unless it says what the last one said. False once nobody listens.
     pub fn send(&mut self, snap: Snapshot) -> bool {
-        let fingerprint = (
-            snap.pods
-                .iter()
-                .map(|p| crate::pod::uid(p).to_string())
-                .collect::<Vec<_>>(),
-            snap.errors.clone(),
-        );
-        if self.last.as_ref() == Some(&fingerprint) {
+        let same = self.last.as_ref().is_some_and(|(pods, errors)| {
+            *errors == snap.errors
+                && pods.len() == snap.pods.len()
+                && pods
+                    .iter()
+                    .zip(&snap.pods)
+                    .all(|(a, b)| crate::pod::uid(a) == crate::pod::uid(b) && !super::differ_semantically(a, b))
+        });
+        if same {
             return true;
         }
         for (loc, e) in &snap.errors {
@@ -72,7 +78,7 @@ impl SnapshotSender {
                 warn!(source = snap.source, manifest = %loc, "could not process manifest: {e}");
             }
         }
-        self.last = Some(fingerprint);
+        self.last = Some((snap.pods.clone(), snap.errors.clone()));
         self.tx.send(snap).is_ok()
     }
 }

@@ -10,11 +10,56 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::config::Config;
 use crate::pod::{self, qos};
 
+/// What a pod cgroup's limits depend on besides the pod (kubelet's ResourceConfigForPod
+/// arguments).
+#[derive(Debug, Clone)]
+pub struct PodLimitOptions {
+    /// podPidsLimit; -1 or 0: none.
+    pub pids_limit: i64,
+    /// cpuCFSQuota: cpu limits become a CFS quota.
+    pub cfs_quota: bool,
+    /// cpuCFSQuotaPeriod in µs.
+    pub cfs_period_us: u64,
+    /// The huge page sizes (kB) the kernel has when the hugetlb controller can limit them.
+    pub hugepage_sizes_kb: Vec<u64>,
+}
+
+impl Default for PodLimitOptions {
+    fn default() -> Self {
+        PodLimitOptions {
+            pids_limit: -1,
+            cfs_quota: true,
+            cfs_period_us: qos::CPU_PERIOD_US,
+            hugepage_sizes_kb: Vec::new(),
+        }
+    }
+}
+
+impl PodLimitOptions {
+    pub fn from_config(cfg: &Config, cgroups: &Cgroups) -> PodLimitOptions {
+        let sizes = if cgroups.has_hugetlb() {
+            crate::node::machine::hugepage_pools(std::path::Path::new("/sys/kernel/mm/hugepages"))
+                .into_iter()
+                .map(|(kb, _)| kb)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        PodLimitOptions {
+            pids_limit: cfg.pod_pids_limit,
+            cfs_quota: cfg.cm.cpu_cfs_quota,
+            cfs_period_us: cfg.cm.cpu_cfs_quota_period.as_micros() as u64,
+            hugepage_sizes_kb: sizes,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct PodCgroups {
     cgroups: Cgroups,
     root: String,
     per_qos: bool,
+    opts: PodLimitOptions,
 }
 
 impl PodCgroups {
@@ -30,7 +75,29 @@ impl PodCgroups {
             cgroups: cgroups.clone(),
             root: root.trim_end_matches('/').to_string(),
             per_qos: cfg.cgroups_per_qos,
+            opts: PodLimitOptions::from_config(cfg, cgroups),
         })
+    }
+
+    pub fn runtime(&self) -> &Cgroups {
+        &self.cgroups
+    }
+
+    pub fn per_qos(&self) -> bool {
+        self.per_qos
+    }
+
+    pub fn options(&self) -> &PodLimitOptions {
+        &self.opts
+    }
+
+    /// The cgroup of a QoS tier: `kubepods` itself for Guaranteed.
+    pub fn qos_path(&self, class: qos::QosClass) -> String {
+        match class {
+            qos::QosClass::Guaranteed => self.kubepods(),
+            qos::QosClass::Burstable => format!("{}/burstable", self.kubepods()),
+            qos::QosClass::BestEffort => format!("{}/besteffort", self.kubepods()),
+        }
     }
 
     pub fn root(&self) -> &str {
@@ -42,25 +109,46 @@ impl PodCgroups {
         format!("{}/kubepods", self.root)
     }
 
-    /// Create the QoS level cgroups (kubelet's QOSContainerManager).
-    pub fn init(&self) -> Result<()> {
+    /// Create `kubepods` with `kubepods_limits` (kubelet's node allocatable cgroup) and the QoS
+    /// tiers below it (kubelet's QOSContainerManager.Start): besteffort at the minimum cpu
+    /// shares, huge pages unbounded at both tiers. The tiers' shares and memory follow the pods
+    /// afterwards (crate::cm::qos).
+    pub fn init(&self, kubepods_limits: &CgroupLimits) -> Result<()> {
         if !self.per_qos {
             return Ok(());
         }
         let k = self.kubepods();
-        self.cgroups
-            .create(&k, &CgroupLimits::default())
-            .with_context(|| format!("creating {k}"))?;
-        self.cgroups
-            .create(&format!("{k}/burstable"), &CgroupLimits::default())?;
-        self.cgroups.create(
-            &format!("{k}/besteffort"),
-            &CgroupLimits {
-                cpu_shares: Some(2),
+        let r = if self.cgroups.exists(&k) {
+            self.cgroups.update(&k, kubepods_limits)
+        } else {
+            self.cgroups.create(&k, kubepods_limits)
+        };
+        r.with_context(|| format!("creating {k}"))?;
+        let unbounded: std::collections::BTreeMap<String, i64> = self
+            .opts
+            .hugepage_sizes_kb
+            .iter()
+            .map(|kb| (ferrolet_runtime::cgroups::hugepage_size_name(*kb), -1))
+            .collect();
+        for (class, shares) in [(qos::QosClass::Burstable, None), (qos::QosClass::BestEffort, Some(2))] {
+            let path = self.qos_path(class);
+            let limits = CgroupLimits {
+                cpu_shares: shares,
+                hugetlb: unbounded.clone(),
                 ..Default::default()
-            },
-        )?;
+            };
+            self.cgroups
+                .create(&path, &limits)
+                .with_context(|| format!("creating {path}"))?;
+        }
         Ok(())
+    }
+
+    /// Set limits on an existing cgroup of the tree (a QoS tier).
+    pub fn update_level(&self, path: &str, limits: &CgroupLimits) -> Result<()> {
+        self.cgroups
+            .update(path, limits)
+            .with_context(|| format!("updating {path}"))
     }
 
     pub fn pod_path(&self, p: &Pod) -> String {
@@ -80,7 +168,7 @@ impl PodCgroups {
     }
 
     /// kubelet's ResourceConfigForPod.
-    pub fn limits_for(p: &Pod, pids_limit: i64) -> CgroupLimits {
+    pub fn limits_for(p: &Pod, opts: &PodLimitOptions) -> CgroupLimits {
         let all: Vec<_> = pod::containers(p).iter().chain(pod::init_containers(p)).collect();
         let cpu_req = qos::pod_requests(p, "cpu");
         let all_cpu_limited = all.iter().all(|c| qos::limit(c, "cpu") > 0);
@@ -104,25 +192,38 @@ impl PodCgroups {
             l.cpu_shares = Some(2);
         }
         if all_cpu_limited {
-            l.cpu_quota = Some(qos::milli_cpu_to_quota(sum_limits("cpu")));
-            l.cpu_period = Some(qos::CPU_PERIOD_US);
+            // With cpuCFSQuota off the quota is unlimited, as kubelet leaves it.
+            l.cpu_quota = Some(if opts.cfs_quota {
+                qos::milli_cpu_to_quota_with_period(sum_limits("cpu"), opts.cfs_period_us)
+            } else {
+                -1
+            });
+            l.cpu_period = Some(opts.cfs_period_us);
         }
         if all_mem_limited {
             l.memory_limit = Some(sum_limits("memory"));
         }
-        if pids_limit > 0 {
-            l.pids_limit = Some(pids_limit);
+        if opts.pids_limit > 0 {
+            l.pids_limit = Some(opts.pids_limit);
+        }
+        // Every page size gets a limit: the pod's hugepages-<size> request, else 0.
+        for kb in &opts.hugepage_sizes_kb {
+            let resource = crate::node::allocatable::hugepage_resource(*kb);
+            l.hugetlb.insert(
+                ferrolet_runtime::cgroups::hugepage_size_name(*kb),
+                qos::pod_requests(p, &resource).max(0),
+            );
         }
         l
     }
 
     /// Create (or update) the pod's cgroup; returns its path.
-    pub fn ensure_pod(&self, p: &Pod, pids_limit: i64) -> Result<String> {
+    pub fn ensure_pod(&self, p: &Pod) -> Result<String> {
         let path = self.pod_path(p);
         if !self.per_qos {
             return Ok(path);
         }
-        let limits = Self::limits_for(p, pids_limit);
+        let limits = Self::limits_for(p, &self.opts);
         let t = std::time::Instant::now();
         if self.cgroups.exists(&path) {
             let r = self.cgroups.update(&path, &limits);
@@ -134,6 +235,11 @@ impl PodCgroups {
             r.with_context(|| format!("creating pod cgroup {path}"))?;
         }
         Ok(path)
+    }
+
+    /// Whether the pod's cgroup exists already.
+    pub fn pod_exists(&self, p: &Pod) -> bool {
+        !self.per_qos || self.cgroups.exists(&self.pod_path(p))
     }
 
     pub fn remove_pod(&self, p: &Pod) -> Result<()> {

@@ -19,13 +19,15 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use ferrolet_runtime::Runtime;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use tracing::warn;
 
 use crate::config::Config;
-use crate::objects::{ObjectManager, VolumeObjects};
+use crate::objects::local::LocalObjects;
+use crate::objects::{EnvObjects, ObjectManager, VolumeObjects};
 use crate::pod::{self, fieldpath::PodFacts};
 use crate::tasks::blocking;
+use crate::volumemanager::VolumeManager;
 use cgroups::PodCgroups;
 use network::PodNetwork;
 use sandbox::Sandbox;
@@ -38,6 +40,11 @@ pub struct PodSetup {
     network: PodNetwork,
     /// ConfigMaps, Secrets, tokens and Services: only on a node in a cluster.
     objects: Option<Arc<ObjectManager>>,
+    /// ConfigMaps and Secrets of static pods, from the static pod path.
+    local: Option<LocalObjects>,
+    volumes: Arc<VolumeManager>,
+    /// The QoS tiers, updated as pod cgroups come and go.
+    qos: Option<Arc<crate::cm::qos::QosManager>>,
 }
 
 impl PodSetup {
@@ -45,13 +52,24 @@ impl PodSetup {
         // The network learns which sandboxes are live from their records under the pods dir.
         let pods_dir = cfg.pods_dir();
         let network = PodNetwork::new(&cfg, Arc::new(move || sandbox::recorded_ids(&pods_dir)));
+        let local = cfg.static_pod_path.clone().map(LocalObjects::new);
+        let volumes = Arc::new(VolumeManager::new(&cfg.pods_dir()));
         PodSetup {
             cfg,
             rt,
             cgroups,
             network,
             objects: None,
+            local,
+            volumes,
+            qos: None,
         }
+    }
+
+    /// Keep the QoS tiers in step with the pod cgroups this creates and removes.
+    pub fn with_qos(mut self, qos: Arc<crate::cm::qos::QosManager>) -> PodSetup {
+        self.qos = Some(qos);
+        self
     }
 
     /// In a cluster: where pods' ConfigMaps, Secrets, tokens and Services come from.
@@ -76,11 +94,16 @@ impl PodSetup {
     /// cgroup, created or updated to the pod's limits.
     pub async fn prepare(&self, p: &Arc<Pod>, pod_dir: &Path) -> Result<()> {
         let (p, dir, cgroups) = (p.clone(), pod_dir.to_path_buf(), self.cgroups.clone());
-        let pids_limit = self.cfg.pod_pids_limit;
+        let qos = self.qos.clone();
         blocking(move || {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             ferrolet_fsutil::write_json_atomic(&dir.join("pod.json"), &*p)?;
-            cgroups.ensure_pod(&p, pids_limit)?;
+            // A new pod cgroup: the QoS tiers first take its requests in (kubelet's syncPod
+            // updates the QoS cgroups before it creates a pod cgroup).
+            if let Some(qos) = qos.as_ref().filter(|_| !cgroups.pod_exists(&p)) {
+                qos.update(Some(&p), None);
+            }
+            cgroups.ensure_pod(&p)?;
             Ok(())
         })
         .await
@@ -144,30 +167,73 @@ impl PodSetup {
         self.network.detach(&sb.id).await
     }
 
-    /// Set up every volume of the pod (on every sync: configMap, secret, projected and
-    /// downwardAPI volumes follow their sources); returns where each lives on the node. An error
-    /// from a volume is a [`volumes::SetUpFailed`].
+    /// Set up every volume of the pod through the volume manager (on every sync: configMap,
+    /// secret, projected and downwardAPI volumes follow their sources); returns where each
+    /// lives on the node. An error from a volume is a [`volumes::SetUpFailed`].
     pub async fn mount_volumes(
         &self,
         p: &Arc<Pod>,
         pod_dir: &Path,
         facts: &PodFacts,
     ) -> Result<BTreeMap<String, VolumeHost>> {
-        let objects = match &self.objects {
-            Some(o) => {
+        let objects = match (&self.local, &self.objects) {
+            (Some(local), _) if pod::is_static(p) => {
+                let (local, p) = (local.clone(), p.clone());
+                blocking(move || Ok(local.read().volume_objects(&p))).await?
+            }
+            (_, Some(o)) => {
                 o.register_pod(p);
                 o.volume_objects(p).await
             }
-            None => VolumeObjects::default(),
+            _ => VolumeObjects::default(),
         };
-        let (p, dir, facts) = (p.clone(), pod_dir.to_path_buf(), facts.clone());
-        blocking(move || volumes::setup(&p, &dir, &facts, facts.node_memory, &objects)).await
+        let (p, dir, facts, vm) = (p.clone(), pod_dir.to_path_buf(), facts.clone(), self.volumes.clone());
+        blocking(move || vm.mount_pod(&p, &dir, &facts, &objects)).await
+    }
+
+    /// The ConfigMaps and Secrets `c`'s env and envFrom name (and the Service variables): from
+    /// the static pod path for a static pod, from the API server for the others.
+    pub async fn env_objects(&self, p: &Arc<Pod>, c: &Container) -> EnvObjects {
+        match (&self.local, &self.objects) {
+            (Some(local), _) if pod::is_static(p) => {
+                let (local, p2, c2) = (local.clone(), p.clone(), c.clone());
+                blocking(move || Ok(local.read().env_objects(&p2, &c2)))
+                    .await
+                    .unwrap_or_default()
+            }
+            (_, Some(o)) => o.env_objects(p, c).await,
+            _ => EnvObjects::default(),
+        }
     }
 
     /// /etc/hosts, /etc/resolv.conf and /etc/hostname for the pod's containers.
     pub async fn write_managed_files(&self, p: &Arc<Pod>, pod_dir: &Path, pod_ips: &[String]) -> Result<()> {
         let (p, dir, ips, cfg) = (p.clone(), pod_dir.to_path_buf(), pod_ips.to_vec(), self.cfg.clone());
         blocking(move || dns::write_files(&dir, &p, &ips, &cfg)).await
+    }
+
+    /// Release what a pod stopped for good no longer needs while it stays on the node (kubelet
+    /// stops a killed pod's sandbox and unmounts its volumes): its network (IPs, interfaces,
+    /// hostPorts) and its volumes. Its containers are stopped already; their records, the
+    /// namespaces and the cgroup stay until the pod is removed. Returns whether all of it went.
+    pub async fn release(&self, p: &Arc<Pod>, pod_dir: &Path, sb: Option<&Sandbox>) -> bool {
+        let name = pod::full_name(p);
+        if let Some(o) = &self.objects {
+            o.unregister_pod(pod::uid(p));
+        }
+        let mut clean = true;
+        if let Some(sb) = sb {
+            if let Err(e) = self.release_network(sb).await {
+                warn!(pod = %name, error = %format!("{e:#}"), "releasing the network of a stopped pod");
+                clean = false;
+            }
+        }
+        let (dir, uid, vm) = (pod_dir.to_path_buf(), pod::uid(p).to_string(), self.volumes.clone());
+        if let Err(e) = blocking(move || vm.unmount_pod(&uid, &dir)).await {
+            warn!(pod = %name, error = %format!("{e:#}"), "releasing the volumes of a stopped pod");
+            clean = false;
+        }
+        clean
     }
 
     /// Remove what [`prepare`](Self::prepare), [`create_sandbox`](Self::create_sandbox) and
@@ -189,12 +255,25 @@ impl PodSetup {
                 failed("tearing down the pod network", e);
             }
         }
-        let (p2, dir, cgroups) = (p.clone(), pod_dir.to_path_buf(), self.cgroups.clone());
+        let (p2, dir, cgroups, vm) = (
+            p.clone(),
+            pod_dir.to_path_buf(),
+            self.cgroups.clone(),
+            self.volumes.clone(),
+        );
+        let qos = self.qos.clone();
         let results = blocking(move || {
             Ok(vec![
                 ("tearing down sandbox", sandbox::teardown_local(&dir)),
-                ("tearing down volumes", volumes::teardown(&dir)),
-                ("removing pod cgroup", cgroups.remove_pod(&p2)),
+                ("tearing down volumes", vm.unmount_pod(pod::uid(&p2), &dir)),
+                ("removing pod cgroup", {
+                    let r = cgroups.remove_pod(&p2);
+                    // The pod's requests leave the QoS tiers with it.
+                    if let Some(qos) = &qos {
+                        qos.update(None, Some(crate::pod::uid(&p2)));
+                    }
+                    r
+                }),
                 ("removing pod directory", remove_dir(&dir)),
             ])
         })

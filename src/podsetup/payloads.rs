@@ -215,8 +215,16 @@ pub fn projected(
                 Some(Err(e)) => Err(e.clone()),
                 None => Err("service account token not fetched".into()),
             }
+        } else if src.cluster_trust_bundle.is_some() {
+            Err(format!(
+                "sources[{i}]: clusterTrustBundle projections are not supported: ferrolet has no ClusterTrustBundle source (a certificates.k8s.io beta API read from an API server)"
+            ))
         } else {
-            Err(format!("sources[{i}]: no supported projection"))
+            let kind = serde_json::to_value(src)
+                .ok()
+                .and_then(|v| v.as_object().and_then(|m| m.keys().next().cloned()))
+                .unwrap_or_else(|| "an empty source".into());
+            Err(format!("sources[{i}]: {kind} projections are not supported"))
         };
         match part {
             Ok(files) => out.extend(files),

@@ -7,19 +7,16 @@
 //! `<root>/pods/<uid>/volumes/<plugin>/<name>`.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use ferrolet_runtime::config::{Mount, MountKind, Propagation};
-use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::atomic_writer::{self, Payload};
-use super::payloads;
-use crate::objects::VolumeObjects;
 use crate::pod;
 use crate::pod::expansion::expand;
-use crate::pod::fieldpath::PodFacts;
 
 #[derive(Debug, Clone)]
 pub struct VolumeHost {
@@ -53,114 +50,71 @@ impl std::fmt::Display for SetUpFailed {
 
 impl std::error::Error for SetUpFailed {}
 
-/// Set up every volume of the pod (again on every sync: object-backed volumes are rewritten
-/// when their content changed); returns where each lives on the node. `objects` holds what
-/// configMap, secret and projected volumes need.
-pub fn setup(
-    p: &Pod,
-    pod_dir: &Path,
-    facts: &PodFacts,
-    node_memory: i64,
-    objects: &VolumeObjects,
-) -> Result<BTreeMap<String, VolumeHost>> {
-    let mut out = BTreeMap::new();
-    let fs_group = pod::spec(p).security_context.as_ref().and_then(|s| s.fs_group);
-    for v in pod::spec(p).volumes.iter().flatten() {
-        let host = setup_one(p, v, pod_dir, facts, node_memory, fs_group, objects).map_err(|e| SetUpFailed {
-            volume: v.name.clone(),
-            message: format!("{e:#}"),
-        })?;
-        out.insert(v.name.clone(), host);
+/// kubelet's calculateEmptyDirMemorySize: a memory-backed volume (emptyDir `medium: Memory`,
+/// and the tmpfs of secret and projected volumes) is as large as node allocatable memory, or
+/// the pod's memory limit when it has one and it is smaller, or the volume's sizeLimit when it
+/// is positive and smaller still.
+pub fn empty_dir_memory_size(node_allocatable: i64, pod_limit: Option<i64>, size_limit: Option<i64>) -> i64 {
+    let mut size = node_allocatable;
+    if let Some(l) = pod_limit.filter(|l| *l > 0 && *l <= size) {
+        size = l;
     }
-    Ok(out)
+    if let Some(l) = size_limit.filter(|l| *l > 0 && *l <= size) {
+        size = l;
+    }
+    size
 }
 
-fn setup_one(
-    p: &Pod,
-    v: &Volume,
-    pod_dir: &Path,
-    facts: &PodFacts,
-    node_memory: i64,
-    fs_group: Option<i64>,
-    objects: &VolumeObjects,
-) -> Result<VolumeHost> {
-    let base = pod_volumes_dir(pod_dir);
-    if let Some(e) = &v.empty_dir {
-        let dir = base.join("kubernetes.io~empty-dir").join(&v.name);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        if e.medium.as_deref() == Some("Memory") && !is_mountpoint(&dir) {
-            let size = match &e.size_limit {
-                Some(q) => crate::pod::units::bytes(&q.0).map_err(|e| anyhow!("sizeLimit: {e}"))?,
-                None => node_memory,
-            };
-            mount_tmpfs(&dir, &format!("mode=0777,size={}", size.max(4096)))?;
+/// An emptyDir: its directory (world-writable, as kubelet makes it), a tmpfs of `tmpfs_size`
+/// bytes over it for `medium: Memory` unless one is there already (an agent restart finds it
+/// mounted and keeps its content), then the fsGroup ownership.
+pub fn set_up_empty_dir(dir: &Path, tmpfs_size: Option<i64>, fs_group: Option<FsGroup>) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    if let Some(size) = tmpfs_size {
+        if !is_mountpoint(dir) {
+            mount_tmpfs(dir, &format!("mode=0777,size={}", size.max(4096)))?;
         }
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
-        if let Some(g) = fs_group {
-            apply_fs_group(&dir, g as u32, false)?;
-        }
-        return Ok(VolumeHost {
-            path: dir,
-            readonly: false,
-            writable_by_us: true,
-        });
     }
-    if let Some(h) = &v.host_path {
-        let path = PathBuf::from(&h.path);
-        check_host_path(&path, h.type_.as_deref().unwrap_or(""))?;
-        return Ok(VolumeHost {
-            path,
-            readonly: false,
-            writable_by_us: false,
-        });
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+    if let Some(g) = fs_group {
+        set_volume_ownership(dir, g, false)?;
     }
-    // The volumes of files: (plugin directory, on tmpfs, content).
-    let (plugin, memory, payload) = if let Some(d) = &v.downward_api {
-        let mode = d.default_mode.unwrap_or(payloads::DEFAULT_MODE);
-        let files = payloads::downward_api(p, d.items.as_deref().unwrap_or(&[]), mode, facts);
-        ("kubernetes.io~downward-api", false, files)
-    } else if let Some(c) = &v.config_map {
-        ("kubernetes.io~configmap", false, payloads::config_map(c, objects))
-    } else if let Some(s) = &v.secret {
-        ("kubernetes.io~secret", true, payloads::secret(s, objects))
-    } else if let Some(pr) = &v.projected {
-        let files = payloads::projected(p, &v.name, pr, objects, facts, fs_group.is_some());
-        ("kubernetes.io~projected", true, files)
-    } else {
-        bail!("unsupported volume type")
-    };
-    let payload = payload.map_err(anyhow::Error::msg)?;
-    let dir = base.join(plugin).join(&v.name);
-    write_files_volume(&dir, memory, node_memory, &payload, fs_group)?;
-    Ok(VolumeHost {
-        path: dir,
-        readonly: true,
-        writable_by_us: false,
-    })
+    Ok(())
 }
 
-/// A volume of files: its directory (tmpfs for secrets), the payload written atomically, the
-/// group ownership of fsGroup (read-only) on what was written.
-fn write_files_volume(
+/// A volume of files: its directory (a tmpfs of `tmpfs_size` bytes for secrets and projected
+/// volumes, which never touch the disk), the payload written atomically, the group ownership of
+/// fsGroup (read-only) on what was written. Returns whether anything was written.
+pub fn write_files_volume(
     dir: &Path,
-    memory: bool,
-    node_memory: i64,
+    tmpfs_size: Option<i64>,
     payload: &Payload,
     fs_group: Option<i64>,
-) -> Result<()> {
+) -> Result<bool> {
     if !dir.is_dir() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
     }
-    if memory && !is_mountpoint(dir) {
-        mount_tmpfs(dir, &format!("size={}", node_memory.max(4096)))?;
+    if let Some(size) = tmpfs_size {
+        if !is_mountpoint(dir) {
+            mount_tmpfs(dir, &format!("size={}", size.max(4096)))?;
+        }
     }
     let gid = fs_group.map(|g| g as u32);
     let set_perms = |version: &Path| match gid {
-        Some(g) => apply_fs_group(version, g, true),
+        // kubelet's atomic writer sets ownership with no change policy: always.
+        Some(g) => set_volume_ownership(
+            version,
+            FsGroup {
+                gid: g,
+                on_root_mismatch: false,
+            },
+            true,
+        ),
         None => Ok(()),
     };
-    if atomic_writer::write(dir, payload, &set_perms)? {
+    let written = atomic_writer::write(dir, payload, &set_perms)?;
+    if written {
         tracing::info!(volume = %dir.display(), files = payload.len(), "volume contents written");
         if let Some(g) = gid {
             let md = std::fs::metadata(dir)?;
@@ -170,7 +124,7 @@ fn write_files_volume(
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode((md.mode() & 0o7777) | 0o2550))?;
         }
     }
-    Ok(())
+    Ok(written)
 }
 
 fn mount_tmpfs(dir: &Path, opts: &str) -> Result<()> {
@@ -184,90 +138,131 @@ fn mount_tmpfs(dir: &Path, opts: &str) -> Result<()> {
     .with_context(|| format!("mounting tmpfs on {}", dir.display()))
 }
 
-fn check_host_path(path: &Path, typ: &str) -> Result<()> {
-    let md = std::fs::metadata(path);
+/// kubelet's hostPath checkType, with its error texts: an unset type checks nothing; the
+/// `...OrCreate` types make what is missing (directories 0755, files 0644).
+pub fn check_host_path(path: &Path, typ: &str) -> Result<()> {
     use std::os::unix::fs::FileTypeExt;
+    let p = path.display();
+    let ft = std::fs::metadata(path).ok().map(|m| m.file_type());
+    let is = |f: fn(&std::fs::FileType) -> bool| ft.as_ref().is_some_and(f);
     match typ {
         "" => Ok(()),
-        "DirectoryOrCreate" => {
-            if md.is_err() {
-                std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
-                return Ok(());
-            }
-            if !md?.is_dir() {
-                bail!("hostPath type check failed: {} is not a directory", path.display());
-            }
+        "DirectoryOrCreate" if ft.is_none() => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(path)
+                .with_context(|| format!("creating {p}"))?;
             Ok(())
         }
-        "FileOrCreate" => {
-            if md.is_err() {
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(path)?;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))?;
-                return Ok(());
+        "DirectoryOrCreate" | "Directory" if !is(std::fs::FileType::is_dir) => {
+            bail!("hostPath type check failed: {p} is not a directory")
+        }
+        "FileOrCreate" if ft.is_none() => {
+            if let Some(parent) = path.parent() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
             }
-            if !md?.is_file() {
-                bail!("hostPath type check failed: {} is not a file", path.display());
-            }
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o644)
+                .open(path)
+                .with_context(|| format!("creating {p}"))?;
             Ok(())
         }
-        "Directory" | "File" | "Socket" | "CharDevice" | "BlockDevice" => {
-            let md = md.map_err(|_| anyhow!("hostPath type check failed: {} does not exist", path.display()))?;
-            let ft = md.file_type();
-            let ok = match typ {
-                "Directory" => ft.is_dir(),
-                "File" => ft.is_file(),
-                "Socket" => ft.is_socket(),
-                "CharDevice" => ft.is_char_device(),
-                _ => ft.is_block_device(),
-            };
-            if !ok {
-                bail!("hostPath type check failed: {} is not a {typ}", path.display());
-            }
-            Ok(())
+        "FileOrCreate" | "File" if !is(std::fs::FileType::is_file) => {
+            bail!("hostPath type check failed: {p} is not a file")
         }
-        other => bail!("hostPath type {other:?} is not a known type"),
+        "Socket" if !is(FileTypeExt::is_socket) => bail!("hostPath type check failed: {p} is not a socket file"),
+        "CharDevice" if !is(FileTypeExt::is_char_device) => {
+            bail!("hostPath type check failed: {p} is not a character device")
+        }
+        "BlockDevice" if !is(FileTypeExt::is_block_device) => {
+            bail!("hostPath type check failed: {p} is not a block device")
+        }
+        "DirectoryOrCreate" | "Directory" | "FileOrCreate" | "File" | "Socket" | "CharDevice" | "BlockDevice" => Ok(()),
+        other => bail!("{other} is an invalid volume type"),
     }
 }
 
-/// kubelet's SetVolumeOwnership: group fsGroup, group rw (read for read-only volumes), setgid
-/// on directories; symlinks are left alone.
-fn apply_fs_group(dir: &Path, gid: u32, readonly: bool) -> Result<()> {
-    let (dir_bits, file_bits) = if readonly { (0o2550, 0o440) } else { (0o2070, 0o060) };
-    let md = std::fs::symlink_metadata(dir)?;
-    if md.gid() != gid {
-        std::os::unix::fs::lchown(dir, None, Some(gid))?;
+/// The pod's fsGroup as a volume's ownership is set from it: the group, and whether
+/// `fsGroupChangePolicy: OnRootMismatch` lets a volume whose root is right already alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsGroup {
+    pub gid: u32,
+    pub on_root_mismatch: bool,
+}
+
+impl FsGroup {
+    pub fn of(p: &Pod) -> Option<FsGroup> {
+        let sc = pod::spec(p).security_context.as_ref()?;
+        Some(FsGroup {
+            gid: sc.fs_group? as u32,
+            on_root_mismatch: sc.fs_group_change_policy.as_deref() == Some("OnRootMismatch"),
+        })
     }
-    let mode = md.mode() & 0o7777;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | dir_bits))?;
-    if md.is_dir() {
-        for e in std::fs::read_dir(dir)?.flatten() {
-            let t = e.file_type()?;
-            if t.is_symlink() {
-                continue;
-            }
-            if t.is_dir() {
-                apply_fs_group(&e.path(), gid, readonly)?;
-            } else {
-                let m = e.metadata()?;
-                if m.gid() != gid {
-                    std::os::unix::fs::lchown(e.path(), None, Some(gid))?;
-                }
-                std::fs::set_permissions(
-                    e.path(),
-                    std::fs::Permissions::from_mode((m.mode() & 0o7777) | file_bits),
-                )?;
+}
+
+const RW_MASK: u32 = 0o660;
+const RO_MASK: u32 = 0o440;
+const EXEC_MASK: u32 = 0o110;
+
+/// kubelet's requiresPermissionChange: the volume's root is not a directory of the group with
+/// (at least) the group's and owner's bits and setgid.
+pub fn requires_permission_change(root: &Path, gid: u32, readonly: bool) -> bool {
+    let Ok(md) = std::fs::metadata(root) else {
+        return true;
+    };
+    if md.gid() != gid || !md.is_dir() {
+        return true;
+    }
+    let want = (if readonly { RO_MASK } else { RW_MASK }) | libc::S_ISGID;
+    md.mode() & want != want
+}
+
+/// kubelet's SetVolumeOwnership: every file and directory of the volume gets group `gid`,
+/// the owner's and group's read (and write unless read-only) bits, directories also their
+/// search bits and setgid; symlinks are re-owned but never followed or chmod'ed. With
+/// OnRootMismatch a root that is right already means nothing is walked.
+pub fn set_volume_ownership(dir: &Path, g: FsGroup, readonly: bool) -> Result<()> {
+    if g.on_root_mismatch && !requires_permission_change(dir, g.gid, readonly) {
+        tracing::debug!(volume = %dir.display(), "fsGroupChangePolicy OnRootMismatch: the volume root is right, skipping");
+        return Ok(());
+    }
+    let mask = if readonly { RO_MASK } else { RW_MASK };
+    let change = |path: &Path, md: &std::fs::Metadata| -> Result<()> {
+        if md.gid() != g.gid {
+            std::os::unix::fs::lchown(path, None, Some(g.gid)).with_context(|| format!("chown {}", path.display()))?;
+        }
+        if md.file_type().is_symlink() {
+            return Ok(());
+        }
+        let mut mode = (md.mode() & 0o7777) | mask;
+        if md.is_dir() {
+            mode |= libc::S_ISGID | EXEC_MASK;
+        }
+        if mode != md.mode() & 0o7777 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                .with_context(|| format!("chmod {}", path.display()))?;
+        }
+        Ok(())
+    };
+    fn walk(path: &Path, change: &dyn Fn(&Path, &std::fs::Metadata) -> Result<()>) -> Result<()> {
+        let md = std::fs::symlink_metadata(path)?;
+        change(path, &md)?;
+        if md.is_dir() {
+            for e in std::fs::read_dir(path)?.flatten() {
+                walk(&e.path(), change)?;
             }
         }
+        Ok(())
     }
-    Ok(())
+    walk(dir, &change)
 }
 
 /// A container's volumeMounts as runtime bind mounts.
@@ -304,16 +299,77 @@ pub fn mounts_for(
             }
             Some(o) => bail!("volumeMounts[{i}]: unknown mountPropagation {o:?}"),
         };
+        let read_only = m.read_only.unwrap_or(false);
+        let recursive = recursive_read_only(
+            read_only,
+            m.recursive_read_only.as_deref(),
+            propagation,
+            mount_setattr_supported(),
+        )
+        .map_err(|e| anyhow!("volumeMounts[{i}] (volume {:?}): {e}", m.name))?;
         out.push(Mount {
             destination: m.mount_path.clone(),
             source,
             kind: MountKind::Bind,
-            readonly: m.read_only.unwrap_or(false) || v.readonly,
+            readonly: read_only || v.readonly,
             propagation,
-            options: Vec::new(),
+            // libcontainer's `rro`: mount_setattr(MOUNT_ATTR_RDONLY, AT_RECURSIVE) on the bind.
+            options: if recursive { vec!["rro".to_string()] } else { Vec::new() },
         });
     }
     Ok(out)
+}
+
+/// Whether a read-only volumeMount is made read-only recursively (its submounts too), from
+/// `recursiveReadOnly` (kubelet's semantics: `Enabled` needs readOnly, no propagation, and a
+/// kernel with mount_setattr, else the container is refused; `IfPossible` is recursive when it
+/// can be). Unset, ferrolet makes a readOnly mount recursive wherever it can: a read-only
+/// hostPath of a tree with mounts in it stays read-only all the way down. `Disabled` keeps
+/// kubelet's plain read-only bind.
+pub fn recursive_read_only(
+    read_only: bool,
+    mode: Option<&str>,
+    propagation: Propagation,
+    supported: bool,
+) -> Result<bool> {
+    let possible = read_only && propagation == Propagation::Private && supported;
+    match mode {
+        Some("Disabled") => Ok(false),
+        None | Some("") | Some("IfPossible") => Ok(possible),
+        Some("Enabled") => {
+            if !read_only {
+                bail!("recursiveReadOnly Enabled needs readOnly: true");
+            }
+            if propagation != Propagation::Private {
+                bail!("recursiveReadOnly Enabled needs mountPropagation None");
+            }
+            if !supported {
+                bail!("recursiveReadOnly Enabled, but the kernel has no mount_setattr (Linux 5.12 or later) to make it so");
+            }
+            Ok(true)
+        }
+        Some(o) => bail!("unknown recursiveReadOnly {o:?} (Disabled, IfPossible or Enabled)"),
+    }
+}
+
+/// Whether the kernel has mount_setattr(2) (asked once: a call with no mount gets EBADF, not
+/// ENOSYS).
+pub fn mount_setattr_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        // SAFETY: an invalid descriptor and no attributes: the kernel touches no memory.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                -1,
+                c"".as_ptr(),
+                0,
+                std::ptr::null_mut::<libc::c_void>(),
+                0usize,
+            )
+        };
+        !(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+    })
 }
 
 /// Where a pod's subPath bind mounts live: `<pod dir>/volume-subpaths/<volume>/<container>/<n>`
@@ -495,51 +551,121 @@ mod tests {
     }
 
     #[test]
-    fn config_map_and_downward_api_volumes_update_in_place() {
+    fn memory_volume_size_is_kubelets() {
+        let gi = 1i64 << 30;
+        assert_eq!(empty_dir_memory_size(8 * gi, None, None), 8 * gi);
+        assert_eq!(
+            empty_dir_memory_size(8 * gi, Some(gi), None),
+            gi,
+            "the pod's memory limit"
+        );
+        assert_eq!(empty_dir_memory_size(8 * gi, Some(gi), Some(64 << 20)), 64 << 20);
+        assert_eq!(
+            empty_dir_memory_size(8 * gi, None, Some(16 * gi)),
+            8 * gi,
+            "never above allocatable"
+        );
+        assert_eq!(empty_dir_memory_size(8 * gi, Some(gi), Some(2 * gi)), gi);
+        assert_eq!(empty_dir_memory_size(8 * gi, Some(0), Some(0)), 8 * gi);
+    }
+
+    #[test]
+    fn host_path_types_with_kubelets_messages() {
         let t = tempfile::tempdir().unwrap();
-        let p: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "web"}},
-            "spec": {"containers": [{"name": "c"}], "volumes": [
-                {"name": "cfg", "configMap": {"name": "cfg", "items": [{"key": "k", "path": "conf/k.txt"}]}},
-                {"name": "info", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}
-            ]}
-        }))
-        .unwrap();
-        let objects = |v: &str| {
-            let cm: k8s_openapi::api::core::v1::ConfigMap =
-                serde_json::from_value(serde_json::json!({"metadata": {"name": "cfg"}, "data": {"k": v}})).unwrap();
-            let mut o = VolumeObjects::default();
-            o.config_maps.insert("cfg".into(), Ok(Some(std::sync::Arc::new(cm))));
-            o
+        let d = t.path().join("made/dir");
+        check_host_path(&d, "DirectoryOrCreate").unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o755);
+        let f = t.path().join("made/f");
+        check_host_path(&f, "FileOrCreate").unwrap();
+        assert!(f.is_file());
+        let msg = |p: &Path, t: &str| check_host_path(p, t).unwrap_err().to_string();
+        assert_eq!(
+            msg(&f, "Directory"),
+            format!("hostPath type check failed: {} is not a directory", f.display())
+        );
+        assert_eq!(
+            msg(&d, "FileOrCreate"),
+            format!("hostPath type check failed: {} is not a file", d.display())
+        );
+        assert_eq!(
+            msg(&d, "Socket"),
+            format!("hostPath type check failed: {} is not a socket file", d.display())
+        );
+        assert_eq!(
+            msg(&d, "CharDevice"),
+            format!("hostPath type check failed: {} is not a character device", d.display())
+        );
+        assert_eq!(
+            msg(&d, "BlockDevice"),
+            format!("hostPath type check failed: {} is not a block device", d.display())
+        );
+        let gone = t.path().join("gone");
+        assert_eq!(
+            msg(&gone, "Directory"),
+            format!("hostPath type check failed: {} is not a directory", gone.display())
+        );
+        assert_eq!(msg(&d, "Dir"), "Dir is an invalid volume type");
+        check_host_path(Path::new("/dev/null"), "CharDevice").unwrap();
+        check_host_path(&gone, "").unwrap();
+        assert!(!gone.exists());
+    }
+
+    #[test]
+    fn fs_group_ownership_and_on_root_mismatch() {
+        let t = tempfile::tempdir().unwrap();
+        let v = t.path().join("v");
+        std::fs::create_dir_all(v.join("sub")).unwrap();
+        std::fs::write(v.join("sub/f"), "x").unwrap();
+        std::fs::set_permissions(v.join("sub/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", v.join("link")).unwrap();
+        let g = FsGroup {
+            gid: 4321,
+            on_root_mismatch: true,
         };
-        let hosts = setup(&p, t.path(), &PodFacts::default(), 1 << 30, &objects("one")).unwrap();
-        let cfg = &hosts["cfg"];
-        assert!(cfg.readonly && cfg.path.ends_with("volumes/kubernetes.io~configmap/cfg"));
-        assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "one");
-        assert_eq!(
-            std::fs::read_link(cfg.path.join("conf")).unwrap(),
-            Path::new("..data/conf")
-        );
-        let info = &hosts["info"];
-        assert_eq!(
-            std::fs::read_to_string(info.path.join("labels")).unwrap(),
-            "app=\"web\""
-        );
-        let before = std::fs::read_link(cfg.path.join(atomic_writer::DATA_DIR)).unwrap();
-        setup(&p, t.path(), &PodFacts::default(), 1 << 30, &objects("two")).unwrap();
-        assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "two");
+        assert!(requires_permission_change(&v, 4321, false));
+        set_volume_ownership(&v, g, false).unwrap();
+        let f = std::fs::metadata(v.join("sub/f")).unwrap();
+        assert_eq!((f.gid(), f.mode() & 0o7777), (4321, 0o660));
+        let d = std::fs::metadata(v.join("sub")).unwrap();
+        assert_eq!(d.mode() & 0o2770, 0o2770);
         assert_ne!(
-            std::fs::read_link(cfg.path.join(atomic_writer::DATA_DIR)).unwrap(),
-            before
+            std::fs::metadata("/etc/passwd").unwrap().gid(),
+            4321,
+            "symlinks are not followed"
         );
-        // A missing configMap names itself as kubelet does.
-        let mut none = VolumeObjects::default();
-        none.config_maps.insert("cfg".into(), Ok(None));
-        let e = setup(&p, t.path(), &PodFacts::default(), 1 << 30, &none).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "MountVolume.SetUp failed for volume \"cfg\" : configmap \"cfg\" not found"
-        );
-        teardown(t.path()).unwrap();
+        assert!(!requires_permission_change(&v, 4321, false));
+        // OnRootMismatch: the root is right, a file changed since is left alone.
+        std::os::unix::fs::lchown(v.join("sub/f"), None, Some(0)).unwrap();
+        set_volume_ownership(&v, g, false).unwrap();
+        assert_eq!(std::fs::metadata(v.join("sub/f")).unwrap().gid(), 0);
+        // Always walks everything again.
+        set_volume_ownership(
+            &v,
+            FsGroup {
+                on_root_mismatch: false,
+                ..g
+            },
+            false,
+        )
+        .unwrap();
+        assert_eq!(std::fs::metadata(v.join("sub/f")).unwrap().gid(), 4321);
+    }
+
+    #[test]
+    fn recursive_read_only_modes() {
+        let p = Propagation::Private;
+        assert!(recursive_read_only(true, None, p, true).unwrap());
+        assert!(!recursive_read_only(true, None, p, false).unwrap());
+        assert!(!recursive_read_only(false, None, p, true).unwrap());
+        assert!(!recursive_read_only(true, Some("Disabled"), p, true).unwrap());
+        assert!(!recursive_read_only(true, Some("IfPossible"), Propagation::HostToContainer, true).unwrap());
+        assert!(recursive_read_only(true, Some("Enabled"), p, true).unwrap());
+        assert!(recursive_read_only(false, Some("Enabled"), p, true).is_err());
+        let e = recursive_read_only(true, Some("Enabled"), p, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mount_setattr"), "{e}");
+        assert!(recursive_read_only(true, Some("Enabled"), Propagation::HostToContainer, true).is_err());
+        assert!(mount_setattr_supported(), "this kernel has mount_setattr");
     }
 }

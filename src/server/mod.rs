@@ -58,9 +58,12 @@ pub struct State {
     pub config: Arc<Config>,
     /// The stats cache (/stats/summary, /metrics/resource, /metrics/cadvisor).
     pub stats: Arc<Stats>,
+    /// The eviction manager's node conditions (/ferrolet/node).
+    pub eviction: crate::eviction::Eviction,
 }
 
 impl State {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         rt: Arc<Runtime>,
         pods: Arc<PodManager>,
@@ -69,6 +72,7 @@ impl State {
         mirrors_enabled: bool,
         config: Arc<Config>,
         stats: Arc<Stats>,
+        eviction: crate::eviction::Eviction,
     ) -> Arc<State> {
         Arc::new(State {
             rt,
@@ -78,6 +82,7 @@ impl State {
             mirrors_enabled,
             config,
             stats,
+            eviction,
         })
     }
 }
@@ -241,6 +246,7 @@ pub fn local_router(state: Arc<State>) -> Router {
     kubelet_router(state.clone()).merge(
         Router::new()
             .route("/ferrolet/pods", get(ferrolet_pods))
+            .route("/ferrolet/node", get(ferrolet_node))
             .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
             .with_state(state),
     )
@@ -271,6 +277,24 @@ async fn ferrolet_pods(axum::extract::State(st): axum::extract::State<Arc<State>
         "manifestErrors": st.pods.source_errors(),
     });
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// The node as a standalone agent has it: the Node it would register, with the eviction
+/// manager's pressure conditions (MemoryPressure, DiskPressure, PIDPressure).
+async fn ferrolet_node(axum::extract::State(st): axum::extract::State<Arc<State>>) -> Response {
+    let mut node = crate::node::register::initial_node(&st.config);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let status = node.status.get_or_insert_with(Default::default);
+    crate::node::conditions::set_pressure(
+        status.conditions.get_or_insert_with(Vec::new),
+        st.eviction.pressure(),
+        &now,
+    );
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string(&node).unwrap_or_default(),
+    )
+        .into_response()
 }
 
 async fn container_logs(

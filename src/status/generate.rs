@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use ferrolet_runtime::image::Reference;
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
-    HostIP, Pod, PodCondition, PodIP, PodStatus,
+    ContainerUser, HostIP, LinuxContainerUser, Pod, PodCondition, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -108,6 +108,15 @@ fn container_status(input: &StatusInput, c: &Container, default_waiting: &str) -
     };
     st.restart_count = v.attempt as i32;
     st.image_id = v.image_id.clone();
+    // kubelet's convertContainerStatusUser (SupplementalGroupsPolicy, on by default): the
+    // identity the runtime gave the process.
+    st.user = v.user.as_ref().map(|u| ContainerUser {
+        linux: Some(LinuxContainerUser {
+            uid: u.uid.into(),
+            gid: u.gid.into(),
+            supplemental_groups: Some(u.supplemental_groups.iter().map(|g| i64::from(*g)).collect()),
+        }),
+    });
     st.container_id = Some(status_container_id(&v.id));
     let prev_terminated = || {
         input
@@ -197,7 +206,19 @@ pub fn compute(input: &StatusInput) -> PodStatus {
     let now = Utc::now();
     let init: Vec<ContainerStatus> = pod::init_containers(p)
         .iter()
-        .map(|c| container_status(input, c, reasons::POD_INITIALIZING))
+        .map(|c| {
+            let mut st = container_status(input, c, reasons::POD_INITIALIZING);
+            // kubelet's prober manager (UpdatePodStatus): an init container that is not a
+            // sidecar is ready once it has terminated with exit code 0.
+            if !pod::is_sidecar(c) {
+                st.ready = st
+                    .state
+                    .as_ref()
+                    .and_then(|s| s.terminated.as_ref())
+                    .is_some_and(|t| t.exit_code == 0);
+            }
+            st
+        })
         .collect();
     let init_pending = !input.initialized;
     let apps: Vec<ContainerStatus> = pod::containers(p)
@@ -242,7 +263,10 @@ pub fn compute(input: &StatusInput) -> PodStatus {
     let initialized = input.initialized;
     let prev = input.previous;
     let ready = unready.is_empty() && !completed;
-    let ready_reason = if completed {
+    let ready_reason = if phase == Phase::Failed {
+        // kubelet: a failed pod's containers may still be stopping; never ready.
+        Some(reasons::POD_FAILED)
+    } else if completed {
         Some(reasons::POD_COMPLETED)
     } else if ready {
         None
@@ -281,6 +305,39 @@ pub fn compute(input: &StatusInput) -> PodStatus {
     }
 }
 
+/// The condition kubelet adds to a pod it stops for the node's sake (an eviction).
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+/// Its reason when the kubelet itself did it.
+pub const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";
+
+/// The status of a pod the node stopped for good (kubelet's status function of killPodNow,
+/// the active deadline's ShouldEvict): phase Failed with the pod-level reason and message;
+/// an eviction also carries the DisruptionTarget condition.
+pub fn killed(mut st: PodStatus, reason: &str, message: &str, disruption: bool, prev: Option<&PodStatus>) -> PodStatus {
+    st.phase = Some(Phase::Failed.as_str().into());
+    st.reason = Some(reason.into());
+    st.message = Some(message.into());
+    if disruption {
+        let c = condition(
+            prev,
+            DISRUPTION_TARGET,
+            true,
+            Some(TERMINATION_BY_KUBELET),
+            Some(message.to_string()),
+            Utc::now(),
+        );
+        st.conditions.get_or_insert_with(Vec::new).insert(0, c);
+    }
+    // kubelet's ready conditions of a Failed pod: false with reason PodFailed, whatever its
+    // containers are doing while they stop.
+    for c in st.conditions.iter_mut().flatten() {
+        if c.type_ == "Ready" || c.type_ == "ContainersReady" {
+            *c = condition(prev, &c.type_, false, Some(reasons::POD_FAILED), None, Utc::now());
+        }
+    }
+    st
+}
+
 /// The status of a pod the agent refused to run.
 pub fn rejected(p: &Pod, reason: &str, message: &str, host_ips: &[String]) -> PodStatus {
     PodStatus {
@@ -290,5 +347,94 @@ pub fn rejected(p: &Pod, reason: &str, message: &str, host_ips: &[String]) -> Po
         host_ip: host_ips.first().cloned(),
         qos_class: Some(qos::qos_class(p).as_str().into()),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrolet_runtime::{ExitRecord, ProcessUser};
+
+    fn view(name: &str, state: ViewState) -> ContainerView {
+        ContainerView {
+            id: format!("{name}-id"),
+            name: name.into(),
+            attempt: 0,
+            hash: "h".into(),
+            state,
+            created_at: Utc::now(),
+            started_at: Some(Utc::now()),
+            image_id: String::new(),
+            log_path: Default::default(),
+            stop_signal: None,
+            termination_message_file: None,
+            termination_message_policy: "File".into(),
+            user: Some(ProcessUser {
+                uid: 1000,
+                gid: 3000,
+                supplemental_groups: vec![3000, 2000],
+            }),
+        }
+    }
+
+    fn exited(code: i32) -> ViewState {
+        ViewState::Exited(ExitRecord {
+            exit_code: code,
+            signal: None,
+            oom_killed: false,
+            finished_at: "2024-01-01T00:00:00Z".into(),
+            reason: None,
+        })
+    }
+
+    fn status(pod: &Pod, views: Vec<ContainerView>) -> PodStatus {
+        let containers = PodContainers::new(views);
+        compute(&StatusInput {
+            pod,
+            containers: &containers,
+            waiting: &BTreeMap::new(),
+            readiness: &BTreeMap::new(),
+            startup_pending: &BTreeSet::new(),
+            messages: &BTreeMap::new(),
+            sandbox_ready: true,
+            initialized: true,
+            pod_ips: &[],
+            host_ips: &[],
+            start_time: None,
+            previous: None,
+        })
+    }
+
+    #[test]
+    fn init_containers_that_succeeded_are_ready() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+            "spec": {
+                "initContainers": [
+                    {"name": "ok", "image": "i"},
+                    {"name": "failed", "image": "i"},
+                    {"name": "side", "image": "i", "restartPolicy": "Always"},
+                ],
+                "containers": [{"name": "app", "image": "i"}],
+            }
+        }))
+        .unwrap();
+        let st = status(
+            &pod,
+            vec![
+                view("ok", exited(0)),
+                view("failed", exited(1)),
+                view("side", exited(0)),
+                view("app", ViewState::Running),
+            ],
+        );
+        let init = st.init_container_statuses.unwrap();
+        let ready: Vec<(&str, bool)> = init.iter().map(|s| (s.name.as_str(), s.ready)).collect();
+        // A sidecar that exited is not ready (it is meant to run).
+        assert_eq!(ready, vec![("ok", true), ("failed", false), ("side", false)]);
+        let app = &st.container_statuses.unwrap()[0];
+        let user = app.user.as_ref().unwrap().linux.as_ref().unwrap();
+        assert_eq!((user.uid, user.gid), (1000, 3000));
+        assert_eq!(user.supplemental_groups.as_deref(), Some(&[3000, 2000][..]));
     }
 }

@@ -8,6 +8,7 @@
 //! container may run again.
 
 pub mod cleanup;
+mod killed;
 pub mod plan;
 mod pod_worker;
 mod sync;
@@ -50,6 +51,8 @@ pub struct Managers {
     pub mirrors: Option<crate::mirror::MirrorQueue>,
     /// In a cluster: the Node as registered.
     pub node_api: Option<crate::node::cluster::NodeHandle>,
+    /// The eviction manager's conditions, for its admit handler.
+    pub eviction: crate::eviction::Eviction,
 }
 
 impl Managers {
@@ -65,6 +68,23 @@ impl Managers {
     pub fn pod_dir(&self, uid: &str) -> PathBuf {
         self.cfg.pods_dir().join(uid)
     }
+}
+
+/// Stop a pod for good and leave it Failed on the node (kubelet's killPodNow with a status
+/// function, as the eviction manager and the active deadline use it): its containers stop
+/// within `grace` (the pod's own grace period when `None`), nothing restarts, its network and
+/// volumes are released, and its status reports phase Failed with `reason` and `message` until
+/// its source removes it. The containers stay, so their logs can still be read.
+#[derive(Debug)]
+pub struct KillPod {
+    pub reason: String,
+    pub message: String,
+    pub grace: Option<std::time::Duration>,
+    /// Add the DisruptionTarget condition (reason TerminationByKubelet), as kubelet does for
+    /// evictions.
+    pub disruption: bool,
+    /// Fired once the containers have stopped (dropped unfired when the pod has no worker).
+    pub done: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// What the node has for one pod UID.
@@ -166,7 +186,13 @@ impl PodWorkers {
             self.spawn(p, known, Lifecycle::Terminating);
             return;
         }
-        match admission::admit(&p, &self.active_pods(), &self.m.node, &self.m.node_object()) {
+        // kubelet's eviction admit handler comes first.
+        let admitted = self
+            .m
+            .eviction
+            .admit(&p)
+            .and_then(|()| admission::admit(&p, &self.active_pods(), &self.m.node, &self.m.node_object()));
+        match admitted {
             Ok(()) => {
                 info!(pod = %pod::full_name(&p), "ADD");
                 let known = self.adoptable.remove(&uid).unwrap_or_default();
@@ -240,6 +266,22 @@ impl PodWorkers {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Kill the pod `uid` and leave it Failed ([`KillPod`]). A pod that is terminating
+    /// already, or has no worker, is left as it is.
+    pub fn kill(&mut self, uid: &str, k: KillPod) {
+        match self.slots.get(uid) {
+            Some(Slot::Worker {
+                tx,
+                pod,
+                terminating: false,
+            }) => {
+                info!(pod = %pod::full_name(pod), reason = %k.reason, "KILL: {}", k.message);
+                let _ = tx.send(Msg::Kill(k));
+            }
+            _ => info!(uid, reason = %k.reason, "KILL of a pod that is not running here; nothing to do"),
         }
     }
 

@@ -312,6 +312,7 @@ mod tests {
             stop_signal: None,
             termination_message_file: None,
             termination_message_policy: "File".into(),
+            user: None,
         }
     }
 

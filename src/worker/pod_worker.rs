@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use super::killed::Killed;
 use super::Managers;
 use crate::backoff::Backoff;
 use crate::kuberuntime::kill::kill_container;
@@ -52,6 +53,8 @@ pub enum Msg {
     Wake,
     /// A probe's result changed.
     Probe(ProbeEvent),
+    /// Stop the pod for good and leave it Failed.
+    Kill(super::KillPod),
 }
 
 /// The pod's runtime containers as this worker tracks them.
@@ -86,6 +89,14 @@ pub(super) struct Report {
     pub initialized: bool,
     /// Why a container waits, when the worker knows better than the default.
     pub waiting: BTreeMap<String, Waiting>,
+    /// The pod was stopped for good ([`Msg::Kill`], the active deadline).
+    pub killed: Option<Killed>,
+    /// Kill requests waiting for the containers to have stopped.
+    pub kill_done: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// The kill's own grace period, if it has one.
+    pub kill_grace: Option<Duration>,
+    /// The pod's network and volumes were released after the kill.
+    pub released: bool,
 }
 
 pub(super) struct PodWorker {
@@ -156,6 +167,7 @@ impl PodWorker {
             },
             report: Report {
                 start_time: previous.as_ref().and_then(|p| p.start_time),
+                killed: previous.as_ref().and_then(|p| Killed::from_status(&p.status)),
                 last: previous.map(|p| p.status),
                 ..Default::default()
             },
@@ -315,6 +327,17 @@ impl PodWorker {
                 self.m.pods.set_terminating(&self.uid);
             }
             Msg::Wake => {}
+            Msg::Kill(k) => {
+                if self.report.killed.is_none() {
+                    self.report.killed = Some(Killed {
+                        reason: k.reason,
+                        message: k.message,
+                        disruption: k.disruption,
+                    });
+                    self.report.kill_grace = k.grace;
+                }
+                self.report.kill_done.extend(k.done);
+            }
             Msg::Probe(ev) => {
                 let reason = self.probe_kill_message(&ev);
                 if !ev.success && ev.kind != prober::Kind::Readiness {
@@ -513,6 +536,10 @@ impl PodWorker {
             start_time: self.report.start_time,
             previous: self.report.last.as_ref(),
         });
+        let st = match &self.report.killed {
+            Some(k) => k.apply(st, self.report.last.as_ref()),
+            None => st,
+        };
         self.publish(st).await;
     }
 

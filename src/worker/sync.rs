@@ -25,6 +25,11 @@ impl PodWorker {
         if self.report.start_time.is_none() {
             self.report.start_time = Some(Utc::now());
         }
+        let deadline = self.check_active_deadline();
+        if self.report.killed.is_some() {
+            self.sync_killed_pod().await;
+            return None;
+        }
         if let Some(mirrors) = self.m.mirrors.as_ref().filter(|_| pod::is_static(&self.pod)) {
             mirrors.ensure(self.pod.clone());
         }
@@ -74,7 +79,10 @@ impl PodWorker {
         // Containers started just now get their probes at once, not at the next resync.
         self.sync_probes(&views);
         self.publish_status(&views).await;
-        wake
+        match (wake, deadline) {
+            (Some(w), Some(d)) => Some(w.min(d)),
+            (w, d) => w.or(d),
+        }
     }
 
     /// Pod directory and cgroup, sandbox (recreated when it no longer serves), volumes and the
@@ -196,8 +204,8 @@ impl PodWorker {
         }
         let mut published = std::time::Instant::now();
         for s in &plan.start {
-            // The pod was asked to stop while an image was being pulled.
-            if self.lifecycle != Lifecycle::Syncing {
+            // The pod was asked to stop (or killed) while an image was being pulled.
+            if self.stopping() {
                 break;
             }
             // A long round (many containers) shows its progress at most every second.
@@ -244,7 +252,7 @@ impl PodWorker {
                 msg = self.rx.recv() => match msg {
                     Some(msg) => {
                         self.handle(msg);
-                        if self.lifecycle != Lifecycle::Syncing {
+                        if self.stopping() {
                             return Err(Waiting::new(
                                 reasons::CONTAINER_CREATING,
                                 "the pod is being stopped; the image pull was cancelled",
@@ -256,6 +264,11 @@ impl PodWorker {
                 },
             }
         }
+    }
+
+    /// The pod is to stop: removed, or killed for good.
+    fn stopping(&self) -> bool {
+        self.lifecycle != Lifecycle::Syncing || self.report.killed.is_some()
     }
 
     /// Create, start and hook one container (kubelet's startContainer), keeping track of what
@@ -281,10 +294,7 @@ impl PodWorker {
         let image_id = image?;
         let pod_cgroup = m.setup.cgroups().pod_path(&self.pod);
         let facts = self.facts();
-        let env_objects = match m.setup.objects() {
-            Some(o) => o.env_objects(&self.pod, &c).await,
-            None => Default::default(),
-        };
+        let env_objects = m.setup.env_objects(&self.pod, &c).await;
         for w in crate::kuberuntime::env::invalid_env_from_keys(&self.pod, &c, &env_objects) {
             self.event(None, reasons::EVENT_INVALID_ENV_VAR_NAMES, &w);
         }
@@ -313,7 +323,7 @@ impl PodWorker {
         if let Some(t) = s.previous_finished {
             self.restarts.next(&backoff_key, t);
         }
-        if let Err(w) = start::start_created(&m.rt, &id).await {
+        if let Err(w) = start::start_created(&m.rt, &m.cfg.container_log_link_dir, &id).await {
             self.containers.known.remove(&id);
             return Err(w);
         }
@@ -343,18 +353,18 @@ impl PodWorker {
                 if v.is_running() {
                     continue;
                 }
-                match crate::metrics::global()
-                    .time_runtime("remove_container", self.m.rt.delete(&v.id))
-                    .await
+                match crate::kuberuntime::gc::remove_container(
+                    &self.m.rt,
+                    &self.m.cfg.container_log_link_dir,
+                    &v.id,
+                    &v.log_path,
+                )
+                .await
                 {
                     Ok(()) => {
                         removed = true;
                         self.containers.known.remove(&v.id);
                         self.containers.messages.remove(&v.id);
-                        let _ = std::fs::remove_file(&v.log_path);
-                        for r in ferrolet_runtime::crilog::rotated_files(&v.log_path) {
-                            let _ = std::fs::remove_file(r);
-                        }
                     }
                     Err(e) => warn!(container = %v.id, error = %ferrolet_fsutil::chain(&e), "removing dead container"),
                 }

@@ -18,12 +18,19 @@ use crate::tasks::blocking;
 
 impl PodWorker {
     pub(super) async fn sync_terminating_pod(&mut self) {
-        let name = pod::full_name(&self.pod);
-        info!(pod = %name, "terminating pod");
-        // No kill may come from these now; readiness keeps running so the pod can turn
-        // not-ready while its containers wind down.
-        self.probes.stop_kinds(&[prober::Kind::Liveness, prober::Kind::Startup]);
+        info!(pod = %pod::full_name(&self.pod), "terminating pod");
         let grace = Duration::from_secs(pod::grace_period(&self.pod) as u64);
+        self.stop_containers(grace).await;
+    }
+
+    /// Stop every container of the pod within `grace`, in kubelet's order: liveness and startup
+    /// probes first (no kill may come from them now; readiness keeps running so the pod can turn
+    /// not-ready while its containers wind down), then the app containers (and any running
+    /// regular init container) all at once, then the sidecars in reverse order with what is
+    /// left of the grace period. Messages arriving meanwhile are applied.
+    pub(super) async fn stop_containers(&mut self, grace: Duration) {
+        let name = pod::full_name(&self.pod);
+        self.probes.stop_kinds(&[prober::Kind::Liveness, prober::Kind::Startup]);
         let views = self.views();
         // App containers (and any running regular init container) first, all at once...
         let first: Vec<_> = views
@@ -59,14 +66,18 @@ impl PodWorker {
         loop {
             tokio::select! {
                 _ = &mut stopping => break,
-                m = self.rx.recv() => {
-                    if let Some(Msg::Probe(ev)) = m {
+                m = self.rx.recv() => match m {
+                    Some(Msg::Probe(ev)) => {
                         let reason = self.probe_kill_message(&ev);
                         self.probes.apply(&ev, reason);
                         let v = self.views();
                         self.publish_status(&v).await;
                     }
-                }
+                    // An update, a removal or a kill waits its turn: applied now, acted on
+                    // once the containers are stopped.
+                    Some(m) => self.handle(m),
+                    None => {}
+                },
             }
         }
     }
@@ -79,8 +90,7 @@ impl PodWorker {
         self.probes.stop_all();
         let mut clean = true;
         for id in self.containers.known.clone() {
-            match crate::metrics::global()
-                .time_runtime("remove_container", self.m.rt.delete(&id))
+            match crate::kuberuntime::log_links::remove_container(&self.m.rt, &self.m.cfg.container_log_link_dir, &id)
                 .await
             {
                 Ok(()) => {

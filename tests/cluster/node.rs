@@ -115,9 +115,17 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
     };
     let images: node_cluster::ImageList = Arc::new(|| Ok(Vec::new()));
     let events = ferrolet::events::Recorder::standalone(&name);
-    let handle = node_cluster::start(kube.clone(), cfg.clone(), info.clone(), images, readiness, events)
-        .await
-        .unwrap();
+    let handle = node_cluster::start(
+        kube.clone(),
+        cfg.clone(),
+        info.clone(),
+        images,
+        readiness,
+        events,
+        ferrolet::eviction::Eviction::default(),
+    )
+    .await
+    .unwrap();
     let registered = tokio::time::timeout(Duration::from_secs(30), handle.registered())
         .await
         .expect("registered within 30s");

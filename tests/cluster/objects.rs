@@ -163,34 +163,41 @@ spec:
   containers:
   - name: app
     image: {IMAGE}
-    command: [sh, -c, "while true; do cat /cfg/key > /host/seen.tmp; readlink /cfg/..data > /host/data.tmp; mv /host/seen.tmp /host/seen; mv /host/data.tmp /host/data; sleep 0.5; done"]
+    command: [sh, -c, "while true; do {{ cat /cfg/key; echo; readlink /cfg/..data; }} > /host/state.tmp; mv /host/state.tmp /host/state; sleep 0.5; done"]
     volumeMounts: [{{name: host, mountPath: /host}}, {{name: cfg, mountPath: /cfg}}]
 "#,
         node = node.node,
         host = host.display()
     ));
+    // The content and the `..data` link it was read through, in one file written at once (the
+    // link is read after the content, so it is that version's or a newer one).
+    let state = || {
+        let s = read(&host.join("state"));
+        let (seen, data) = s.split_once('\n').unwrap_or_default();
+        (seen.to_string(), data.trim().to_string())
+    };
     c.wait("the first version in the pod", Duration::from_secs(90), || {
-        read(&host.join("seen")) == "one"
+        state().0 == "one"
     });
-    let first = read(&host.join("data"));
+    let first = state().1;
     assert!(first.starts_with("..20"), "{first:?}");
     c.apply(&cm("two"));
     // Within the objects' TTL (the Node's node.alpha.kubernetes.io/ttl, 0 in a cluster this
     // small, read every 10 s) plus one resync.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while read(&host.join("seen")) != "two" {
+    while state().0 != "two" {
         if std::time::Instant::now() > deadline {
             let node_obj = c.get_json(&["node", &node.node]).unwrap_or_default();
             panic!(
                 "the update did not reach the pod in 60 s (seen {:?}; node annotations {}):\n{}",
-                read(&host.join("seen")),
+                state().0,
                 node_obj["metadata"]["annotations"],
                 crate::common::tail(&node.agent_log(), 12)
             );
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let second = read(&host.join("data"));
+    let second = state().1;
     assert!(second.starts_with("..20") && second != first, "{first:?} -> {second:?}");
     c.kubectl_ok(&["delete", "pod", "live-cfg", "--grace-period=1"]);
     c.kubectl_ok(&["delete", "configmap", "live"]);

@@ -171,6 +171,12 @@ impl Agent {
         if !has_field(&self.extra_config, "readOnlyPort") {
             out.push_str("readOnlyPort: 0\n");
         }
+        if !has_field(&self.extra_config, "evictionHard") {
+            // The test machine's own disk must not put every test agent under DiskPressure
+            // (kubelet's nodefs/imagefs defaults are percentages of the host's filesystem):
+            // tests that exercise eviction set their own thresholds.
+            out.push_str("evictionHard:\n  memory.available: 100Mi\n");
+        }
         let own_address = has_field(&self.extra_config, "address");
         if !own_address {
             // kubelet's default is every address; a test agent on the machine's own network
@@ -252,6 +258,10 @@ impl Agent {
             .arg(&self.network)
             .arg("--initial-container-restart-period")
             .arg("1s")
+            // The containers' log links in the test's directory, not the machine's
+            // /var/log/containers.
+            .arg("--container-log-link-dir")
+            .arg(self.dir.join("log-links"))
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap());

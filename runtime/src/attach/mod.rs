@@ -239,6 +239,43 @@ impl AttachWriter {
     }
 }
 
+/// Ask the monitor serving `<dir>/attach` to reopen the container's CRI log (CRI's
+/// ReopenContainerLog): it opens the log path anew, so a file renamed by a rotation gets no
+/// more lines. Blocking; returns once the monitor has reopened it.
+pub(crate) fn reopen_log(id: &str, dir: &Path, timeout: Duration) -> Result<()> {
+    use std::io::{Read, Write};
+    let d = std::fs::File::open(dir).map_err(|e| Error::container(id, format!("reopen log: {e}")))?;
+    let short = format!("/proc/self/fd/{}/{}", d.as_raw_fd(), wire_name());
+    let io = |e: std::io::Error| Error::container(id, format!("reopen log: talking to the container's monitor: {e}"));
+    let mut sock = std::os::unix::net::UnixStream::connect(&short).map_err(io)?;
+    drop(d);
+    sock.set_read_timeout(Some(timeout)).map_err(io)?;
+    sock.set_write_timeout(Some(timeout)).map_err(io)?;
+    sock.write_all(&wire::frame(wire::REOPEN_LOG, &[])).map_err(io)?;
+    let mut dec = Decoder::default();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some((kind, payload)) = dec.next_frame().map_err(|e| Error::container(id, e.to_string()))? {
+            return match kind {
+                wire::REOPENED if payload.is_empty() => Ok(()),
+                wire::REOPENED => Err(Error::container(
+                    id,
+                    format!("reopen log: {}", String::from_utf8_lossy(&payload)),
+                )),
+                _ => continue,
+            };
+        }
+        let n = sock.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            return Err(Error::container(
+                id,
+                "reopen log: the container's monitor closed the connection",
+            ));
+        }
+        dec.push(&buf[..n]);
+    }
+}
+
 fn wire_name() -> &'static str {
     server::SOCKET_NAME
 }

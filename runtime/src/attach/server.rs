@@ -62,6 +62,8 @@ struct Client {
     /// Refused: flush the refusal, then close.
     closing: bool,
     gone: bool,
+    /// It asked for the log to be reopened and waits for the answer.
+    wants_reopen: bool,
 }
 
 /// A pollable descriptor of the server and what it stands for.
@@ -85,6 +87,8 @@ pub(crate) struct AttachServer {
     close_when_flushed: bool,
     /// A terminal's stdin was closed: the monitor must close its pty master as well.
     hangup: bool,
+    /// A caller asked for the CRI log to be reopened.
+    reopen: bool,
 }
 
 impl AttachServer {
@@ -113,6 +117,7 @@ impl AttachServer {
             pending: Vec::new(),
             close_when_flushed: false,
             hangup: false,
+            reopen: false,
         };
         (server, err)
     }
@@ -178,6 +183,22 @@ impl AttachServer {
             }
         }
         self.flush_stdin();
+    }
+
+    /// True once after a caller asked for the CRI log to be reopened: the monitor reopens it
+    /// and answers with [`reopened`](Self::reopened).
+    pub(crate) fn take_reopen(&mut self) -> bool {
+        std::mem::take(&mut self.reopen)
+    }
+
+    /// Answer every caller waiting for a reopen (`Err`: why it failed), then close them.
+    pub(crate) fn reopened(&mut self, result: Result<(), String>) {
+        let payload = result.err().unwrap_or_default();
+        for c in self.clients.iter_mut().filter(|c| c.wants_reopen && !c.closing) {
+            c.out.extend(wire::frame(wire::REOPENED, payload.as_bytes()));
+            c.closing = true;
+            flush_client(c);
+        }
     }
 
     /// True once, when a terminal's stdin was closed (`stdinOnce`): the caller closes its
@@ -266,6 +287,7 @@ impl AttachServer {
                         input_done: false,
                         closing: false,
                         gone: false,
+                        wants_reopen: false,
                     });
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -317,6 +339,11 @@ impl AttachServer {
 
     fn frame(&mut self, i: usize, kind: u8, payload: &[u8]) {
         let Some(hello) = self.clients[i].hello else {
+            if kind == wire::REOPEN_LOG && !self.clients[i].wants_reopen {
+                self.clients[i].wants_reopen = true;
+                self.reopen = true;
+                return;
+            }
             if kind != wire::HELLO {
                 self.clients[i].gone = true;
                 return;

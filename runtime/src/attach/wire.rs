@@ -17,12 +17,17 @@ pub(crate) const STDIN: u8 = 2;
 pub(crate) const CLOSE_STDIN: u8 = 3;
 /// Payload: width and height, u16 big-endian each.
 pub(crate) const RESIZE: u8 = 4;
+/// Instead of HELLO: reopen the CRI log file (CRI's ReopenContainerLog, after the caller
+/// renamed it); answered with REOPENED.
+pub(crate) const REOPEN_LOG: u8 = 6;
 
 // monitor -> attacher
 pub(crate) const WELCOME: u8 = 1;
 pub(crate) const STDOUT: u8 = 2;
 pub(crate) const STDERR: u8 = 3;
 pub(crate) const REFUSED: u8 = 5;
+/// Payload: empty when the log was reopened, else why not (UTF-8).
+pub(crate) const REOPENED: u8 = 6;
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub(crate) struct Hello {

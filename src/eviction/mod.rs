@@ -1,0 +1,74 @@
+//! The eviction manager (kubelet's pkg/kubelet/eviction): every evictionMonitoringPeriod it
+//! measures the node's signals from the stats summary ([`signals`]), decides which thresholds
+//! are met (hard at once, soft after their grace period, each held until its minimum reclaim
+//! is recovered), reports the pressure conditions (held for the transition period), evicts
+//! pods over their local storage limits ([`local_storage`]), reclaims dead containers and
+//! unused images before evicting for disk, and else evicts the first pod of kubelet's ranking
+//! ([`rank`]), one per round, with reason Evicted and kubelet's message. Its conditions feed
+//! the Node's status and the admission of new pods. docs/eviction.md.
+
+pub mod local_storage;
+mod manager;
+pub mod rank;
+pub mod signals;
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+
+pub use manager::{Manager, Reclaim};
+use signals::Condition;
+
+/// kubelet's eviction reason.
+pub const REASON: &str = "Evicted";
+/// The DisruptionTarget condition's reason when the kubelet evicts.
+pub const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";
+
+/// What the manager asks of the pod workers: stop the pod's containers and leave it Failed
+/// with `reason`/`message`; `done` fires once its containers are stopped.
+pub struct Kill {
+    pub uid: String,
+    pub reason: String,
+    pub message: String,
+    /// The grace period the pod's containers get.
+    pub grace: Duration,
+    /// Add kubelet's DisruptionTarget condition (threshold evictions; not local storage ones).
+    pub disruption_target: bool,
+    pub done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+pub type KillFn = Arc<dyn Fn(Kill) + Send + Sync>;
+
+/// The manager's view others read: the node's pressure conditions now.
+#[derive(Clone, Default)]
+pub struct Eviction {
+    conditions: Arc<RwLock<Vec<Condition>>>,
+}
+
+impl Eviction {
+    pub fn conditions(&self) -> Vec<Condition> {
+        self.conditions.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, c: Vec<Condition>) {
+        *self.conditions.write().unwrap_or_else(|e| e.into_inner()) = c;
+    }
+
+    /// The pressures for the Node's conditions.
+    pub fn pressure(&self) -> crate::node::conditions::Pressure {
+        let c = self.conditions();
+        crate::node::conditions::Pressure {
+            memory: c.contains(&Condition::MemoryPressure),
+            disk: c.contains(&Condition::DiskPressure),
+            pid: c.contains(&Condition::PidPressure),
+        }
+    }
+
+    /// kubelet's eviction admit handler: under memory pressure only, pods other than
+    /// BestEffort are admitted (and BestEffort ones tolerating the memory-pressure taint); under
+    /// any other pressure no pod is; critical pods always are.
+    pub fn admit(&self, p: &Pod) -> Result<(), crate::podconfig::admission::Rejection> {
+        crate::podconfig::admission::eviction_admit(p, &self.conditions())
+    }
+}

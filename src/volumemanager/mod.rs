@@ -1,0 +1,219 @@
+//! kubelet's volume manager: the volumes pods want ([`desired_state_of_world`], from their
+//! specs), the volumes set up on the node ([`actual_state_of_world`], rebuilt from the disk
+//! when the agent starts), and the [`reconciler`] that brings the one to the other. Which
+//! plugin serves a volume, and which volume types are refused and why, is [`plugins`]; the
+//! mechanics of each plugin (tmpfs, hostPath checks, the atomic writer, fsGroup ownership,
+//! subPath binds) are in [`crate::podsetup::volumes`].
+//!
+//! kubelet runs its reconciler in a loop of its own and has pod workers wait for it
+//! (WaitForAttachAndMount); here the pod worker's sync runs the reconciler's pass for its pod
+//! directly (the same order: desired state updated, then reconciled), so the result is the
+//! volumes' locations or the FailedMount error at once. Pod syncs are at least every
+//! syncFrequency, which is when configMap, secret, downwardAPI and projected volumes follow
+//! their sources, as kubelet's.
+
+pub mod actual_state_of_world;
+pub mod desired_state_of_world;
+pub mod plugins;
+pub mod reconciler;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::objects::VolumeObjects;
+use crate::pod::fieldpath::PodFacts;
+use crate::podsetup::volumes::{self, VolumeHost};
+use actual_state_of_world::ActualStateOfWorld;
+use desired_state_of_world::DesiredStateOfWorld;
+
+pub struct VolumeManager {
+    dsw: Mutex<DesiredStateOfWorld>,
+    asw: Mutex<ActualStateOfWorld>,
+}
+
+impl VolumeManager {
+    /// The manager of the pods under `pods_dir`, with what is set up there already.
+    pub fn new(pods_dir: &Path) -> VolumeManager {
+        VolumeManager {
+            dsw: Mutex::new(DesiredStateOfWorld::default()),
+            asw: Mutex::new(ActualStateOfWorld::reconstruct(pods_dir)),
+        }
+    }
+
+    /// The pod's volumes, set up (blocking: mounts and fsync'd writes). An error from a volume
+    /// is a [`volumes::SetUpFailed`].
+    pub fn mount_pod(
+        &self,
+        p: &Arc<Pod>,
+        pod_dir: &Path,
+        facts: &PodFacts,
+        objects: &VolumeObjects,
+    ) -> Result<BTreeMap<String, VolumeHost>> {
+        let want = self.dsw.lock().unwrap_or_else(|e| e.into_inner()).add_pod(p, pod_dir);
+        reconciler::reconcile_pod(&self.asw, &want, &reconciler::SetUpInputs { facts, objects })
+    }
+
+    /// The pod is going: tear down every volume set up for it (blocking), its subPath binds,
+    /// and whatever else is under its volumes dir (a volume of an earlier agent that was never
+    /// reconstructed). Its containers must be gone.
+    pub fn unmount_pod(&self, uid: &str, pod_dir: &Path) -> Result<()> {
+        self.dsw.lock().unwrap_or_else(|e| e.into_inner()).delete_pod(uid);
+        let mounted = self.asw.lock().unwrap_or_else(|e| e.into_inner()).pod_volumes(uid);
+        let mut first_err = None;
+        for (name, m) in mounted {
+            match reconciler::tear_down(&m, pod_dir) {
+                Ok(()) => {
+                    tracing::debug!(pod_uid = uid, volume = %name, "UnmountVolume.TearDown succeeded");
+                    self.asw
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .mark_unmounted(uid, &name);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        volumes::teardown(pod_dir)?;
+        // hostPaths stay in the actual state until here: nothing to undo for them.
+        let left: Vec<String> = self
+            .asw
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pod_volumes(uid)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let mut asw = self.asw.lock().unwrap_or_else(|e| e.into_inner());
+        for n in left {
+            asw.mark_unmounted(uid, &n);
+        }
+        Ok(())
+    }
+
+    /// Pods that have volumes set up on the node (the actual state).
+    pub fn pods_with_volumes(&self) -> Vec<String> {
+        self.asw.lock().unwrap_or_else(|e| e.into_inner()).pod_uids()
+    }
+
+    /// Whether the pod is among those whose volumes are wanted.
+    pub fn is_desired(&self, uid: &str) -> bool {
+        self.dsw.lock().unwrap_or_else(|e| e.into_inner()).has_pod(uid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn facts() -> PodFacts {
+        PodFacts {
+            node_memory: 1 << 30,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn config_map_and_downward_api_volumes_update_in_place() {
+        let t = tempfile::tempdir().unwrap();
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c"}], "volumes": [
+                {"name": "cfg", "configMap": {"name": "cfg", "items": [{"key": "k", "path": "conf/k.txt"}]}},
+                {"name": "info", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}
+            ]}
+        }))
+        .unwrap();
+        let objects = |v: &str| {
+            let cm: k8s_openapi::api::core::v1::ConfigMap =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "cfg"}, "data": {"k": v}})).unwrap();
+            let mut o = VolumeObjects::default();
+            o.config_maps.insert("cfg".into(), Ok(Some(std::sync::Arc::new(cm))));
+            o
+        };
+        let p = Arc::new(p);
+        let vm = VolumeManager::new(t.path());
+        let dir = t.path().join("u");
+        let hosts = vm.mount_pod(&p, &dir, &facts(), &objects("one")).unwrap();
+        let cfg = &hosts["cfg"];
+        assert!(cfg.readonly && cfg.path.ends_with("volumes/kubernetes.io~configmap/cfg"));
+        assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "one");
+        assert_eq!(
+            std::fs::read_link(cfg.path.join("conf")).unwrap(),
+            Path::new("..data/conf")
+        );
+        let info = &hosts["info"];
+        assert_eq!(
+            std::fs::read_to_string(info.path.join("labels")).unwrap(),
+            "app=\"web\""
+        );
+        let before = std::fs::read_link(cfg.path.join(crate::podsetup::atomic_writer::DATA_DIR)).unwrap();
+        vm.mount_pod(&p, &dir, &facts(), &objects("two")).unwrap();
+        assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "two");
+        assert_ne!(
+            std::fs::read_link(cfg.path.join(crate::podsetup::atomic_writer::DATA_DIR)).unwrap(),
+            before
+        );
+        // A missing configMap names itself as kubelet does.
+        let mut none = VolumeObjects::default();
+        none.config_maps.insert("cfg".into(), Ok(None));
+        let e = vm.mount_pod(&p, &dir, &facts(), &none).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "MountVolume.SetUp failed for volume \"cfg\" : configmap \"cfg\" not found"
+        );
+        vm.unmount_pod("u", &dir).unwrap();
+        assert!(!dir.join("volumes").exists());
+    }
+
+    #[test]
+    fn a_restarted_manager_converges_instead_of_redoing() {
+        let t = tempfile::tempdir().unwrap();
+        let p: Arc<Pod> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+                "spec": {"securityContext": {"fsGroup": 3456}, "containers": [{"name": "c"}], "volumes": [
+                    {"name": "scratch", "emptyDir": {}},
+                    {"name": "pvc", "persistentVolumeClaim": {"claimName": "data"}}
+                ]}
+            }))
+            .unwrap(),
+        );
+        let dir = t.path().join("u");
+        let vm = VolumeManager::new(t.path());
+        // The refused volume names itself and its type.
+        let e = vm.mount_pod(&p, &dir, &facts(), &VolumeObjects::default()).unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "MountVolume.SetUp failed for volume \"pvc\" : volume type \"persistentVolumeClaim\" is not supported"
+            ),
+            "{e}"
+        );
+        let mut p2 = (*p).clone();
+        p2.spec.as_mut().unwrap().volumes.as_mut().unwrap().pop();
+        let p = Arc::new(p2);
+        let hosts = vm.mount_pod(&p, &dir, &facts(), &VolumeObjects::default()).unwrap();
+        let scratch = hosts["scratch"].path.clone();
+        assert_eq!(std::fs::metadata(&scratch).unwrap().gid(), 3456);
+        // What a container wrote, owned by another group.
+        std::fs::write(scratch.join("kept"), "x").unwrap();
+        std::os::unix::fs::lchown(scratch.join("kept"), None, Some(0)).unwrap();
+        drop(vm);
+        // A new agent finds the volume set up: its files stay and fsGroup is not walked again.
+        let vm = VolumeManager::new(t.path());
+        assert_eq!(vm.pods_with_volumes(), ["u"]);
+        vm.mount_pod(&p, &dir, &facts(), &VolumeObjects::default()).unwrap();
+        assert_eq!(std::fs::metadata(scratch.join("kept")).unwrap().gid(), 0);
+        vm.unmount_pod("u", &dir).unwrap();
+        assert!(vm.pods_with_volumes().is_empty());
+        assert!(!scratch.exists());
+    }
+}

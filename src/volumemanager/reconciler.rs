@@ -1,0 +1,179 @@
+//! kubelet's reconciler: brings the actual state of the world to the desired one. Volumes a pod
+//! wants that are not set up are set up (MountVolume.SetUp); volumes of files are rewritten
+//! through the atomic writer on every pass (kubelet's remount of configMap, secret, downwardAPI
+//! and projected volumes at each pod sync), which writes nothing when their content is the same;
+//! volumes set up that no pod wants any more are torn down. What the actual state already has
+//! (also what was reconstructed from the disk after a restart) is not done again.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+
+use super::actual_state_of_world::{ActualStateOfWorld, MountedVolume};
+use super::desired_state_of_world::{PodToMount, VolumeToMount};
+use super::plugins::Plugin;
+use crate::objects::VolumeObjects;
+use crate::pod;
+use crate::pod::fieldpath::PodFacts;
+use crate::podsetup::cgroups::PodCgroups;
+use crate::podsetup::payloads;
+use crate::podsetup::volumes::{self, is_mountpoint, pod_volumes_dir, FsGroup, SetUpFailed, VolumeHost};
+
+/// What setting up a pod's volumes reads besides the pod.
+pub struct SetUpInputs<'a> {
+    pub facts: &'a PodFacts,
+    pub objects: &'a VolumeObjects,
+}
+
+/// Set up every volume of `want` not set up yet, refresh the volumes of files, and tear down
+/// what the pod no longer has; returns where each volume lives on the node. The first volume
+/// that fails stops the pass with a [`SetUpFailed`] (the pod's FailedMount).
+pub fn reconcile_pod(
+    asw: &std::sync::Mutex<ActualStateOfWorld>,
+    want: &PodToMount,
+    inputs: &SetUpInputs<'_>,
+) -> Result<BTreeMap<String, VolumeHost>> {
+    let uid = pod::uid(&want.pod).to_string();
+    let lock = || asw.lock().unwrap_or_else(|e| e.into_inner());
+    // Volumes the pod no longer has (its spec changed in place).
+    let stale: Vec<(String, MountedVolume)> = lock()
+        .pod_volumes(&uid)
+        .into_iter()
+        .filter(|(name, _)| !want.volumes.iter().any(|v| v.name() == name))
+        .collect();
+    for (name, m) in stale {
+        tear_down(&m, &want.pod_dir)?;
+        tracing::info!(pod = %pod::full_name(&want.pod), volume = %name, "UnmountVolume.TearDown succeeded");
+        lock().mark_unmounted(&uid, &name);
+    }
+    let mut out = BTreeMap::new();
+    for v in &want.volumes {
+        let existing = lock().get(&uid, v.name()).cloned();
+        let (host, mounted) = mount_volume(want, v, existing.as_ref(), inputs).map_err(|e| SetUpFailed {
+            volume: v.name().to_string(),
+            message: format!("{e:#}"),
+        })?;
+        if existing.as_ref() != Some(&mounted) {
+            if existing.is_none() {
+                tracing::info!(
+                    pod = %pod::full_name(&want.pod),
+                    volume = v.name(),
+                    plugin = mounted.plugin.name(),
+                    "MountVolume.SetUp succeeded"
+                );
+            }
+            lock().mark_mounted(&uid, v.name(), mounted);
+        }
+        out.insert(v.name().to_string(), host);
+    }
+    Ok(out)
+}
+
+/// Bring one volume to what the pod wants.
+fn mount_volume(
+    want: &PodToMount,
+    v: &VolumeToMount,
+    existing: Option<&MountedVolume>,
+    inputs: &SetUpInputs<'_>,
+) -> Result<(VolumeHost, MountedVolume)> {
+    let plugin = v.plugin.clone().map_err(|e| anyhow!(e))?;
+    let p = &want.pod;
+    let dir = pod_volumes_dir(&want.pod_dir).join(plugin.dir_name()).join(v.name());
+    let fs_group = FsGroup::of(p);
+    let memory_size = |size_limit: Option<i64>| {
+        let pod_limit = PodCgroups::limits_for(p, &Default::default()).memory_limit;
+        volumes::empty_dir_memory_size(inputs.facts.node_memory, pod_limit, size_limit)
+    };
+    let mut mounted = MountedVolume {
+        plugin,
+        path: dir.clone(),
+        tmpfs: false,
+        reconstructed: existing.is_some_and(|e| e.reconstructed),
+    };
+    let host = match plugin {
+        Plugin::EmptyDir => {
+            let e = v.spec.empty_dir.clone().unwrap_or_default();
+            let memory = e.medium.as_deref() == Some("Memory");
+            mounted.tmpfs = memory;
+            // Set up once; a restart finds it set up (a memory one still mounted).
+            let done = existing.is_some_and(|m| m.plugin == plugin && dir.is_dir() && (!memory || is_mountpoint(&dir)));
+            if !done {
+                let size = match (&e.size_limit, memory) {
+                    (Some(q), true) => Some(memory_size(Some(
+                        crate::pod::units::bytes(&q.0).map_err(|e| anyhow!("sizeLimit: {e}"))?,
+                    ))),
+                    (None, true) => Some(memory_size(None)),
+                    (_, false) => None,
+                };
+                volumes::set_up_empty_dir(&dir, size, fs_group)?;
+            }
+            VolumeHost {
+                path: dir,
+                readonly: false,
+                writable_by_us: true,
+            }
+        }
+        Plugin::HostPath => {
+            let h = v.spec.host_path.clone().unwrap_or_default();
+            let path = std::path::PathBuf::from(&h.path);
+            if existing.is_none() {
+                volumes::check_host_path(&path, h.type_.as_deref().unwrap_or(""))?;
+            }
+            mounted.path = path.clone();
+            VolumeHost {
+                path,
+                readonly: false,
+                writable_by_us: false,
+            }
+        }
+        Plugin::ConfigMap | Plugin::Secret | Plugin::DownwardApi | Plugin::Projected => {
+            let payload = match plugin {
+                Plugin::DownwardApi => {
+                    let d = v.spec.downward_api.clone().unwrap_or_default();
+                    let mode = d.default_mode.unwrap_or(payloads::DEFAULT_MODE);
+                    payloads::downward_api(p, d.items.as_deref().unwrap_or(&[]), mode, inputs.facts)
+                }
+                Plugin::ConfigMap => {
+                    payloads::config_map(&v.spec.config_map.clone().unwrap_or_default(), inputs.objects)
+                }
+                Plugin::Secret => payloads::secret(&v.spec.secret.clone().unwrap_or_default(), inputs.objects),
+                _ => payloads::projected(
+                    p,
+                    v.name(),
+                    &v.spec.projected.clone().unwrap_or_default(),
+                    inputs.objects,
+                    inputs.facts,
+                    fs_group.is_some(),
+                ),
+            }
+            .map_err(anyhow::Error::msg)?;
+            let tmpfs = plugin.in_memory_only().then(|| memory_size(None));
+            mounted.tmpfs = tmpfs.is_some();
+            let fs_gid = fs_group.map(|g| g.gid as i64);
+            volumes::write_files_volume(&dir, tmpfs, &payload, fs_gid)?;
+            VolumeHost {
+                path: dir,
+                readonly: true,
+                writable_by_us: false,
+            }
+        }
+    };
+    Ok((host, mounted))
+}
+
+/// Unmount what is mounted on a volume's directory (its tmpfs) and remove it. A hostPath is
+/// never touched: only directories under the pod's volumes dir are.
+pub fn tear_down(m: &MountedVolume, pod_dir: &Path) -> Result<()> {
+    let dir = &m.path;
+    if m.plugin == Plugin::HostPath || !dir.starts_with(pod_volumes_dir(pod_dir)) {
+        return Ok(());
+    }
+    if is_mountpoint(dir) {
+        ferrolet_runtime::rootfs::unmount(dir).map_err(|e| anyhow!("unmounting {}: {e}", dir.display()))?;
+    }
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(anyhow!("removing {}: {e}", dir.display())),
+        _ => Ok(()),
+    }
+}

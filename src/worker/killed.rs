@@ -1,0 +1,194 @@
+//! Pods the node stops for good while their source still wants them (kubelet's killPodNow with
+//! a status function, and its active deadline handler): past `activeDeadlineSeconds`, or a
+//! [`KillPod`](super::KillPod) from the eviction manager. The containers stop (kept, so their
+//! logs can be read), probes stop, the network and volumes are released, nothing restarts, and
+//! the status stays phase Failed with the reason until the pod is removed — also across agent
+//! restarts, since the reason is read back from the recorded status.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::PodStatus;
+use tracing::info;
+
+use super::pod_worker::PodWorker;
+use crate::pod::reasons;
+use crate::pod::{self};
+use crate::status::{self, Phase};
+
+/// Why the pod was stopped for good while still wanted: its status is Failed with this reason
+/// and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Killed {
+    pub reason: String,
+    pub message: String,
+    pub disruption: bool,
+}
+
+impl Killed {
+    /// A status recorded by an earlier run: a Failed pod with a pod-level reason was killed by
+    /// the node (a rejected pod never has a worker), and stays so after a restart.
+    pub fn from_status(st: &PodStatus) -> Option<Killed> {
+        if st.phase.as_deref() != Some(Phase::Failed.as_str()) {
+            return None;
+        }
+        Some(Killed {
+            reason: st.reason.clone()?,
+            message: st.message.clone().unwrap_or_default(),
+            disruption: st
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == status::DISRUPTION_TARGET && c.status == "True"),
+        })
+    }
+
+    /// Its mark on the status computed from the containers.
+    pub fn apply(&self, st: PodStatus, prev: Option<&PodStatus>) -> PodStatus {
+        status::killed(st, &self.reason, &self.message, self.disruption, prev)
+    }
+}
+
+/// When a pod started at `start` runs out of its `activeDeadlineSeconds` (kubelet's
+/// pastActiveDeadline counts from status.startTime).
+pub fn active_deadline(p: &k8s_openapi::api::core::v1::Pod, start: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let secs = pod::spec(p).active_deadline_seconds?;
+    Some(start + chrono::Duration::seconds(secs.max(0)))
+}
+
+impl PodWorker {
+    /// kubelet's active deadline handler: a pod past its deadline is killed with reason
+    /// DeadlineExceeded. Returns when the deadline comes, while it is still ahead. A pod that
+    /// has finished on its own (Succeeded or Failed) is left as it is.
+    pub(super) fn check_active_deadline(&mut self) -> Option<DateTime<Utc>> {
+        if self.report.killed.is_some() {
+            return None;
+        }
+        let finished = self
+            .report
+            .last
+            .as_ref()
+            .and_then(Phase::of)
+            .is_some_and(Phase::is_terminal);
+        let deadline = active_deadline(&self.pod, self.report.start_time?)?;
+        if finished {
+            return None;
+        }
+        if Utc::now() < deadline {
+            return Some(deadline);
+        }
+        info!(pod = %pod::full_name(&self.pod), "the pod is past its active deadline; stopping it");
+        self.event(None, reasons::DEADLINE_EXCEEDED, reasons::DEADLINE_EXCEEDED_MESSAGE);
+        self.report.killed = Some(Killed {
+            reason: reasons::DEADLINE_EXCEEDED.into(),
+            message: reasons::DEADLINE_EXCEEDED_MESSAGE.into(),
+            disruption: false,
+        });
+        None
+    }
+
+    /// One round of a killed pod: stop what still runs, release the network and volumes once,
+    /// publish the Failed status, tell whoever asked for the kill.
+    pub(super) async fn sync_killed_pod(&mut self) {
+        self.probes.stop_all();
+        let grace = self
+            .report
+            .kill_grace
+            .unwrap_or_else(|| Duration::from_secs(pod::grace_period(&self.pod) as u64));
+        let views = self.views();
+        if views.all().any(|v| v.is_active()) {
+            // The Failed status goes out first, as kubelet sets it before the kill.
+            self.publish_status(&views).await;
+            self.stop_containers(grace).await;
+        }
+        if !self.report.released {
+            let sb = self.resources.sandbox.clone();
+            if self.m.setup.release(&self.pod, &self.pod_dir, sb.as_ref()).await {
+                self.report.released = true;
+                self.resources.volumes.clear();
+            }
+        }
+        let views = self.views();
+        self.publish_status(&views).await;
+        for done in self.report.kill_done.drain(..) {
+            let _ = done.send(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodCondition;
+
+    fn cond(t: &str, status: &str) -> PodCondition {
+        PodCondition {
+            type_: t.into(),
+            status: status.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_eviction_is_failed_with_its_reason_and_disruption_and_reads_back() {
+        let k = Killed {
+            reason: "Evicted".into(),
+            message: "The node was low on resource: memory. ".into(),
+            disruption: true,
+        };
+        let computed = PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![cond("Ready", "True"), cond("ContainersReady", "True")]),
+            ..Default::default()
+        };
+        let st = k.apply(computed, None);
+        assert_eq!(st.phase.as_deref(), Some("Failed"));
+        assert_eq!(st.reason.as_deref(), Some("Evicted"));
+        let conds = st.conditions.clone().unwrap();
+        let dt = conds.iter().find(|c| c.type_ == status::DISRUPTION_TARGET).unwrap();
+        assert_eq!(
+            (dt.status.as_str(), dt.reason.as_deref()),
+            ("True", Some("TerminationByKubelet"))
+        );
+        for t in ["Ready", "ContainersReady"] {
+            let c = conds.iter().find(|c| c.type_ == t).unwrap();
+            assert_eq!((c.status.as_str(), c.reason.as_deref()), ("False", Some("PodFailed")));
+        }
+        assert_eq!(Killed::from_status(&st), Some(k));
+    }
+
+    #[test]
+    fn only_a_failed_status_with_a_pod_reason_was_a_kill() {
+        let failed_by_containers = PodStatus {
+            phase: Some("Failed".into()),
+            ..Default::default()
+        };
+        assert_eq!(Killed::from_status(&failed_by_containers), None);
+        let running = PodStatus {
+            phase: Some("Running".into()),
+            reason: Some("DeadlineExceeded".into()),
+            ..Default::default()
+        };
+        assert_eq!(Killed::from_status(&running), None);
+        let deadline = PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("DeadlineExceeded".into()),
+            message: Some("m".into()),
+            ..Default::default()
+        };
+        let k = Killed::from_status(&deadline).unwrap();
+        assert!(!k.disruption);
+    }
+
+    #[test]
+    fn the_deadline_counts_from_the_start_time() {
+        let p: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(serde_json::json!({"spec": {"activeDeadlineSeconds": 30, "containers": []}}))
+                .unwrap();
+        let start = Utc::now();
+        assert_eq!(active_deadline(&p, start), Some(start + chrono::Duration::seconds(30)));
+        let none: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(serde_json::json!({"spec": {"containers": []}})).unwrap();
+        assert_eq!(active_deadline(&none, start), None);
+    }
+}

@@ -1,0 +1,438 @@
+//! kubelet's container manager with real pods (docs/cgroups.md): the QoS tiers' cpu shares and
+//! memory reserve following the pods, CFS quota and throttling, podPidsLimit, OOM kills, and
+//! kubepods capped by enforceNodeAllocatable. Every limit is small, and every cgroup sits below
+//! the test's own nested cgroup. Runs on cgroup v1 here and on v2 in the VM lane (tests/vm).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ferrolet_runtime::cgroups::{shares_to_weight, CgroupLimits, Cgroups};
+
+const T: Duration = Duration::from_secs(45);
+
+/// A cgroup file's trimmed content ("" when absent).
+fn read(cg: &Cgroups, controller: &str, cgroup: &str, file: &str) -> String {
+    cg.read_file(controller, cgroup, file).unwrap_or_default()
+}
+
+/// The cpu weight a cgroup has, as shares on v1 (`cpu.shares`) or as the weight v2 gets from
+/// them (`cpu.weight`): compared with `want_shares` converted the same way.
+fn assert_shares(cg: &Cgroups, cgroup: &str, want_shares: u64, what: &str) {
+    if cg.is_v2() {
+        assert_eq!(
+            read(cg, "cpu", cgroup, "cpu.weight"),
+            shares_to_weight(want_shares).to_string(),
+            "{what}: cpu.weight of {want_shares} shares"
+        );
+    } else {
+        assert_eq!(read(cg, "cpu", cgroup, "cpu.shares"), want_shares.to_string(), "{what}");
+    }
+}
+
+fn wait_shares(cg: &Cgroups, cgroup: &str, want_shares: u64, what: &str) {
+    let deadline = Instant::now() + T;
+    let (file, want) = if cg.is_v2() {
+        ("cpu.weight", shares_to_weight(want_shares).to_string())
+    } else {
+        ("cpu.shares", want_shares.to_string())
+    };
+    while read(cg, "cpu", cgroup, file) != want {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {file} of {cgroup} is {:?}, want {want}",
+            read(cg, "cpu", cgroup, file)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The memory limit of a cgroup in bytes (None: unlimited).
+fn memory_limit(cg: &Cgroups, cgroup: &str) -> Option<u64> {
+    let file = if cg.is_v2() {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    read(cg, "memory", cgroup, file)
+        .parse()
+        .ok()
+        .filter(|v| *v < (1u64 << 62))
+}
+
+/// The kernel keeps limits in pages.
+fn pages(bytes: i64) -> u64 {
+    (bytes as u64) / 4096 * 4096
+}
+
+fn mem_total() -> i64 {
+    let m = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: i64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Memory held as huge pages (allocatable leaves it out).
+fn hugepages_total() -> i64 {
+    let mut total = 0;
+    for e in std::fs::read_dir("/sys/kernel/mm/hugepages")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let kb: i64 = name
+            .strip_prefix("hugepages-")
+            .and_then(|s| s.strip_suffix("kB"))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let n: i64 = std::fs::read_to_string(e.path().join("nr_hugepages"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        total += kb * 1024 * n;
+    }
+    total
+}
+
+/// CAP_SYS_RESOURCE (bit 24) in this process's effective set.
+fn has_cap_sys_resource() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 24) != 0)
+}
+
+fn with_resources(name: &str, script: &str, resources: &str) -> String {
+    format!("{}    resources: {resources}\n", pod_yaml(name, "Always", script))
+}
+
+fn uid(p: &k8s_openapi::api::core::v1::Pod) -> String {
+    p.metadata.uid.clone().unwrap()
+}
+
+fn container_cgroup(p: &k8s_openapi::api::core::v1::Pod, pod_cgroup: &str) -> String {
+    let id = container_status(p, "main")
+        .container_id
+        .clone()
+        .unwrap()
+        .trim_start_matches("ferrolet://")
+        .to_string();
+    format!("{pod_cgroup}/{id}")
+}
+
+#[test]
+fn qos_tiers_follow_the_pods() {
+    let a = Agent::start_with_config("qostiers", &[], "qosReserved: {memory: 50%}\n");
+    let cg = Cgroups::detect().unwrap();
+    let kubepods = format!("{}/kubepods", a.cgroup.path());
+    let (burstable, besteffort) = (format!("{kubepods}/burstable"), format!("{kubepods}/besteffort"));
+    // kubepods: the node's cpus as shares, memory capacity less huge pages (nothing reserved),
+    // and the agent itself at kubelet's oomScoreAdj.
+    // SAFETY: sysconf reads a value.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } as u64;
+    assert_shares(&cg, &kubepods, cpus * 1024, "kubepods: the node's cpus");
+    let alloc = mem_total() - hugepages_total();
+    assert_eq!(
+        memory_limit(&cg, &kubepods),
+        Some(pages(alloc)),
+        "kubepods capped at allocatable"
+    );
+    // Lowering it needs CAP_SYS_RESOURCE, which some machines (these) do not give root: then
+    // the agent says so and goes on, as kubelet does.
+    let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", a.pid())).unwrap();
+    if has_cap_sys_resource() {
+        assert_eq!(adj.trim(), "-999");
+    } else {
+        assert_eq!(adj.trim(), "0");
+        assert!(a.agent_log().contains("Failed to ApplyOOMScoreAdj"));
+    }
+    assert_shares(&cg, &besteffort, 2, "besteffort");
+    assert_shares(&cg, &burstable, 2, "burstable with no pods");
+    // No Guaranteed or Burstable requests yet: nothing reserved from the lower tiers.
+    assert_eq!(memory_limit(&cg, &burstable), Some(pages(alloc)));
+    assert_eq!(memory_limit(&cg, &besteffort), Some(pages(alloc)));
+
+    a.write(
+        "b1.yaml",
+        &with_resources("b1", "sleep 3600", "{requests: {cpu: 300m, memory: 32Mi}}"),
+    );
+    a.write(
+        "g.yaml",
+        &with_resources(
+            "g",
+            "sleep 3600",
+            "{limits: {cpu: 100m, memory: 64Mi}, requests: {cpu: 100m, memory: 64Mi}}",
+        ),
+    );
+    a.wait_phase("b1", "Running", T);
+    let g = a.wait_phase("g", "Running", T);
+    assert_eq!(g.status.as_ref().unwrap().qos_class.as_deref(), Some("Guaranteed"));
+    // 300m -> 307 shares; the Guaranteed pod's cpu is not the burstable tier's.
+    wait_shares(&cg, &burstable, 307, "one burstable pod of 300m");
+    let b_limit = alloc - (64 << 20) / 2;
+    assert_eq!(memory_limit(&cg, &burstable), Some(pages(b_limit)), "50% of 64Mi kept");
+    assert_eq!(memory_limit(&cg, &besteffort), Some(pages(b_limit - (32 << 20) / 2)));
+
+    a.write(
+        "b2.yaml",
+        &with_resources("b2", "sleep 3600", "{requests: {cpu: 200m}}"),
+    );
+    a.wait_phase("b2", "Running", T);
+    wait_shares(&cg, &burstable, 512, "burstable pods of 300m + 200m");
+    assert_shares(&cg, &besteffort, 2, "besteffort stays at 2");
+
+    // Removing pods takes their requests out of the tiers.
+    a.remove("b1.yaml");
+    a.wait_gone("b1", T);
+    wait_shares(&cg, &burstable, 204, "the 200m pod left");
+    assert_eq!(
+        memory_limit(&cg, &besteffort),
+        Some(pages(b_limit)),
+        "no burstable memory requests left"
+    );
+    a.remove("b2.yaml");
+    a.remove("g.yaml");
+    a.wait_gone("b2", T);
+    a.wait_gone("g", T);
+    wait_shares(&cg, &burstable, 2, "no burstable pods");
+    assert_eq!(memory_limit(&cg, &burstable), Some(pages(alloc)));
+}
+
+#[test]
+fn cfs_quota_throttles_and_pids_are_limited() {
+    let a = Agent::start_with_config(
+        "cfs",
+        &[],
+        "cpuCFSQuotaPeriod: 50ms\npodPidsLimit: 20\noomScoreAdj: 500\n",
+    );
+    let cg = Cgroups::detect().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{}/oom_score_adj", a.pid()))
+            .unwrap()
+            .trim(),
+        "500",
+        "oomScoreAdj applied to the agent"
+    );
+    a.write(
+        "busy.yaml",
+        &with_resources(
+            "busy",
+            "while :; do :; done",
+            "{limits: {cpu: 100m, memory: 32Mi}, requests: {cpu: 100m, memory: 32Mi}}",
+        ),
+    );
+    a.write(
+        "forks.yaml",
+        &with_resources(
+            "forks",
+            "i=0; while [ $i -lt 40 ]; do sleep 3600 & i=$((i+1)); done; sleep 3600",
+            "{requests: {cpu: 10m}}",
+        ),
+    );
+    let p = a.wait_phase("busy", "Running", T);
+    let pod_cg = format!("{}/kubepods/pod{}", a.cgroup.path(), uid(&p));
+    let ctr_cg = container_cgroup(&p, &pod_cg);
+    // 100m of a 50ms period: 5ms, on the container and the pod.
+    for c in [&ctr_cg, &pod_cg] {
+        if cg.is_v2() {
+            assert_eq!(read(&cg, "cpu", c, "cpu.max"), "5000 50000", "{c}");
+        } else {
+            assert_eq!(read(&cg, "cpu", c, "cpu.cfs_quota_us"), "5000", "{c}");
+            assert_eq!(read(&cg, "cpu", c, "cpu.cfs_period_us"), "50000", "{c}");
+        }
+    }
+    if cg.is_v2() {
+        // kubelet's memory.oom.group: an OOM kill takes the whole container.
+        assert_eq!(read(&cg, "memory", &ctr_cg, "memory.oom.group"), "1");
+    }
+    // The busy loop is throttled: cpu.stat counts throttled periods.
+    let deadline = Instant::now() + T;
+    loop {
+        let stat = read(&cg, "cpu", &ctr_cg, "cpu.stat");
+        let throttled = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("nr_throttled "))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        if throttled >= 5 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not throttled: {stat}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // podPidsLimit: the pod cgroup's pids.max, and a pod that tries more is refused forks.
+    let f = a.wait_phase("forks", "Running", T);
+    let forks_cg = format!("{}/kubepods/burstable/pod{}", a.cgroup.path(), uid(&f));
+    assert_eq!(read(&cg, "pids", &forks_cg, "pids.max"), "20");
+    let deadline = Instant::now() + T;
+    while !a.logs("forks", "").contains("can't fork") {
+        assert!(Instant::now() < deadline, "no fork refused: {}", a.logs("forks", ""));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let current: u64 = read(&cg, "pids", &forks_cg, "pids.current").parse().unwrap_or(0);
+    assert!(current <= 20, "pids.current {current}");
+    a.remove("busy.yaml");
+    a.remove("forks.yaml");
+    a.wait_gone("busy", T);
+    a.wait_gone("forks", T);
+}
+
+#[test]
+fn cpu_cfs_quota_off_leaves_no_quota() {
+    let a = Agent::start_with_config("nocfs", &[], "cpuCFSQuota: false\n");
+    let cg = Cgroups::detect().unwrap();
+    a.write(
+        "p.yaml",
+        &with_resources(
+            "p",
+            "sleep 3600",
+            "{limits: {cpu: 100m, memory: 32Mi}, requests: {cpu: 100m, memory: 32Mi}}",
+        ),
+    );
+    let p = a.wait_phase("p", "Running", T);
+    let pod_cg = format!("{}/kubepods/pod{}", a.cgroup.path(), uid(&p));
+    let ctr_cg = container_cgroup(&p, &pod_cg);
+    for c in [&ctr_cg, &pod_cg] {
+        if cg.is_v2() {
+            assert!(read(&cg, "cpu", c, "cpu.max").starts_with("max "), "{c}");
+        } else {
+            assert_eq!(read(&cg, "cpu", c, "cpu.cfs_quota_us"), "-1", "{c}");
+        }
+    }
+    // The limit still gives the shares of its request.
+    assert_shares(&cg, &ctr_cg, 102, "container");
+    a.remove("p.yaml");
+    a.wait_gone("p", T);
+}
+
+#[test]
+fn memory_hog_is_oom_killed() {
+    let a = Agent::start("oomhog", &[]);
+    a.write(
+        "hog.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: hog}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, \"x=$(head -c 67108864 /dev/zero | tr '\\\\0' a); echo survived\"]\n    resources:\n      limits: {{memory: 16Mi}}\n"
+        ),
+    );
+    let p = a.wait_phase("hog", "Failed", T);
+    let t = container_status(&p, "main")
+        .state
+        .as_ref()
+        .unwrap()
+        .terminated
+        .clone()
+        .unwrap();
+    assert_eq!((t.reason.as_deref(), t.exit_code), (Some("OOMKilled"), 137));
+    assert!(!a.logs("hog", "").contains("survived"));
+    a.remove("hog.yaml");
+    a.wait_gone("hog", T);
+}
+
+#[test]
+fn kubepods_capped_by_enforce_node_allocatable() {
+    // Reserve all but 160Mi of the machine: kubepods gets 128Mi after kubeReserved's 32Mi,
+    // and a BestEffort hog without a limit of its own is OOM-killed at kubepods' limit.
+    let cg = Cgroups::detect().unwrap();
+    let memory = mem_total() - hugepages_total();
+    let system = memory - (160 << 20);
+    // The agent's kubeReservedCgroup: made by the test below its own nested cgroup (an
+    // operator makes it as a systemd slice; kubelet never creates it).
+    let holder =
+        ferrolet_runtime::cgroups::NestedRoot::create(&cg, &format!("ferrolet-it-kubereserved-{}", std::process::id()))
+            .expect("nested cgroup");
+    let kube_cg = format!("{}/kube", holder.path());
+    cg.create(&kube_cg, &CgroupLimits::default()).unwrap();
+    let a = Agent::start_with_config(
+        "enforce",
+        &[],
+        &format!(
+            "systemReserved: {{memory: \"{system}\"}}\nkubeReserved: {{memory: 32Mi, cpu: 100m}}\nevictionHard: {{memory.available: 1Mi}}\nenforceNodeAllocatable: [pods, kube-reserved]\nkubeReservedCgroup: {kube_cg}\n"
+        ),
+    );
+    let kubepods = format!("{}/kubepods", a.cgroup.path());
+    assert_eq!(memory_limit(&cg, &kubepods), Some(pages(128 << 20)));
+    assert_eq!(
+        memory_limit(&cg, &kube_cg),
+        Some(32 << 20),
+        "kubeReserved on its cgroup"
+    );
+    assert_shares(&cg, &kube_cg, 102, "kubeReserved cpu 100m");
+    a.write(
+        "hog.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: hog}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, \"x=$(head -c 268435456 /dev/zero | tr '\\\\0' a); echo survived\"]\n"
+        ),
+    );
+    let p = a.wait_phase("hog", "Failed", T);
+    assert_eq!(p.status.as_ref().unwrap().qos_class.as_deref(), Some("BestEffort"));
+    let t = container_status(&p, "main")
+        .state
+        .as_ref()
+        .unwrap()
+        .terminated
+        .clone()
+        .unwrap();
+    assert_eq!((t.reason.as_deref(), t.exit_code), (Some("OOMKilled"), 137));
+    a.remove("hog.yaml");
+    a.wait_gone("hog", T);
+    drop(a);
+    holder.cleanup().unwrap();
+}
+
+#[test]
+fn a_missing_kube_reserved_cgroup_stops_the_agent() {
+    // kubelet refuses to start when a reserved cgroup to enforce does not exist.
+    let dir = std::env::temp_dir().join(format!("ferrolet-it-noreserved-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cg = Cgroups::detect().unwrap();
+    let nested =
+        ferrolet_runtime::cgroups::NestedRoot::create(&cg, &format!("ferrolet-it-noreserved-{}", std::process::id()))
+            .expect("nested cgroup");
+    let config = dir.join("kubelet.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nreadOnlyPort: 0\naddress: 127.0.0.1\nport: {}\nhealthzPort: {}\nenforceNodeAllocatable: [pods, kube-reserved]\nkubeReservedCgroup: {}/absent\n",
+            dir.join("logs").display(),
+            free_port(),
+            free_port(),
+            nested.path()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&config)
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--pod-manifest-path")
+        .arg(dir.join("manifests"))
+        .arg("--cgroup-root")
+        .arg(nested.path())
+        .args(["--network", "none", "--hostname-override", "noreserved"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let reset = std::process::Command::new(BIN)
+        .args(["reset", "--root-dir"])
+        .arg(dir.join("root"))
+        .output();
+    let _ = reset;
+    let _ = nested.cleanup();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("Failed to enforce Kube Reserved Cgroup Limits on") && err.contains("cgroup does not exist"),
+        "{err}"
+    );
+}

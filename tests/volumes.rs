@@ -1,0 +1,388 @@
+//! Volumes with real pods (issue 15): ConfigMaps and Secrets from the static pod path for
+//! volumes and env, the atomic writer's `..data` swap seen by a running container, downwardAPI
+//! labels following the pod, memory emptyDirs sized as kubelet sizes them, fsGroup ownership,
+//! recursive read-only mounts, and what is refused: a subPath symlink leading out of its
+//! volume, hostPath type checks, volume types ferrolet has no plugin for. Each test runs its
+//! own `ferrolet run` (see common/mod.rs).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const T: Duration = Duration::from_secs(45);
+/// Volumes follow their sources at each pod sync: a short syncFrequency keeps the tests short.
+const FAST_SYNC: &str = "syncFrequency: 2s\n";
+
+/// Wait until the pod's logs satisfy `f`; returns them.
+fn wait_logs(a: &Agent, pod: &str, query: &str, what: &str, f: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + T;
+    loop {
+        let l = a.logs(pod, query);
+        if f(&l) {
+            return l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pod}: {what} never came; logs:\n{}\nagent:\n{}",
+            tail(&l, 20),
+            tail(&a.agent_log(), 30)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The last line of the logs starting with `prefix`, without it.
+fn last_value(logs: &str, prefix: &str) -> Option<String> {
+    logs.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(prefix))
+        .map(str::to_string)
+}
+
+fn config_map(value: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: app-config}}\ndata:\n  greeting: {value}\n  color: blue\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: app-secret}}\nstringData:\n  password: {value}-pw\n"
+    )
+}
+
+#[test]
+fn config_map_and_secret_from_the_manifest_dir_update_live() {
+    let a = Agent::start_with_config("volcm", &[], FAST_SYNC);
+    a.write("objects.yaml", &config_map("hello"));
+    a.write(
+        "app.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: app}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: {IMAGE}
+    env:
+    - name: GREETING
+      valueFrom: {{configMapKeyRef: {{name: app-config, key: greeting}}}}
+    - name: PASSWORD
+      valueFrom: {{secretKeyRef: {{name: app-secret, key: password}}}}
+    envFrom:
+    - prefix: CM_
+      configMapRef: {{name: app-config}}
+    command: [sh, -c, 'echo "env=$GREETING $PASSWORD $CM_color"; grep " /etc/secret " /proc/mounts | cut -d" " -f3 | sed "s/^/secretfs=/"; while true; do echo "file=$(cat /etc/app/greeting) $(cat /etc/secret/password)"; echo "data=$(readlink /etc/app/..data)"; sleep 0.2; done']
+    volumeMounts:
+    - {{name: cfg, mountPath: /etc/app}}
+    - {{name: sec, mountPath: /etc/secret}}
+  volumes:
+  - {{name: cfg, configMap: {{name: app-config}}}}
+  - {{name: sec, secret: {{secretName: app-secret}}}}
+"#
+        ),
+    );
+    a.wait_phase("app", "Running", T);
+    let logs = wait_logs(&a, "app", "", "the first file line", |l| l.contains("file="));
+    assert!(logs.contains("env=hello hello-pw blue"), "{logs}");
+    assert!(logs.contains("secretfs=tmpfs"), "secrets are on tmpfs only: {logs}");
+    assert_eq!(last_value(&logs, "file=").as_deref(), Some("hello hello-pw"));
+    let first = last_value(&logs, "data=").unwrap();
+    let timestamped = |d: &str| {
+        let d = d.strip_prefix("..").unwrap_or("");
+        d.len() > 20 && d.chars().all(|c| c.is_ascii_digit() || c == '_' || c == '.')
+    };
+    assert!(timestamped(&first), "..data -> {first:?} is not a timestamped dir");
+
+    // The file changes: the running container sees the new content through a new `..data`.
+    a.write("objects.yaml", &config_map("bonjour"));
+    let logs = wait_logs(&a, "app", "", "the new content", |l| {
+        last_value(l, "file=").as_deref() == Some("bonjour bonjour-pw")
+    });
+    let second = last_value(&logs, "data=").unwrap();
+    assert!(timestamped(&second) && second != first, "..data: {first} then {second}");
+    // The user-visible names go through `..data` on the node too.
+    let pod = a.pod("app").unwrap();
+    let dir = a
+        .root
+        .join("pods")
+        .join(pod.metadata.uid.as_deref().unwrap())
+        .join("volumes/kubernetes.io~configmap/cfg");
+    assert_eq!(
+        std::fs::read_link(dir.join("greeting")).unwrap(),
+        Path::new("..data/greeting")
+    );
+    // env is read at container start only, as kubelet's.
+    assert_eq!(logs.matches("env=").count(), 1);
+    assert!(logs.contains("env=hello hello-pw blue"), "{logs}");
+    // The same pod is still running: no restart for a volume update.
+    assert_eq!(restarts(&a.pod("app").unwrap(), "c"), 0);
+}
+
+#[test]
+fn downward_api_labels_follow_the_pod() {
+    let a = Agent::start_with_config("voldown", &[], FAST_SYNC);
+    let manifest = |tier: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: info
+  uid: 7d3c1c0e-0000-4000-8000-00000000d0a1
+  labels: {{tier: {tier}}}
+  annotations: {{note: "{tier} note"}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: {IMAGE}
+    command: [sh, -c, 'while true; do echo "labels=$(cat /info/labels | tr "\n" ,)"; echo "ann=$(grep note /info/annotations)"; echo "data=$(readlink /info/..data)"; sleep 0.2; done']
+    volumeMounts: [{{name: info, mountPath: /info}}]
+  volumes:
+  - name: info
+    downwardAPI:
+      items:
+      - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}
+      - {{path: annotations, fieldRef: {{fieldPath: metadata.annotations}}}}
+"#
+        )
+    };
+    a.write("info.yaml", &manifest("one"));
+    a.wait_phase("info", "Running", T);
+    let logs = wait_logs(&a, "info", "", "the labels", |l| l.contains("labels=tier=\"one\""));
+    assert!(
+        last_value(&logs, "data=").is_some_and(|d| d.starts_with("..2")),
+        "{logs}"
+    );
+    a.write("info.yaml", &manifest("two"));
+    let logs = wait_logs(&a, "info", "", "the new labels", |l| {
+        last_value(l, "labels=").as_deref() == Some("tier=\"two\"")
+    });
+    assert_eq!(last_value(&logs, "ann=").as_deref(), Some("note=\"two note\""));
+    assert_eq!(restarts(&a.pod("info").unwrap(), "c"), 0);
+}
+
+#[test]
+fn memory_empty_dirs_are_sized_as_kubelet_sizes_them() {
+    let mut a = Agent::start_with_config("volmem", &[], FAST_SYNC);
+    a.write(
+        "mem.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: mem}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: {IMAGE}
+    resources: {{limits: {{memory: 96Mi}}}}
+    command: [sh, -c, 'df -k /limited /podlimit | tail -n +2 | while read fs size rest; do echo "df=$fs $size"; done; date > /limited/kept; sleep 3600']
+    volumeMounts:
+    - {{name: limited, mountPath: /limited}}
+    - {{name: podlimit, mountPath: /podlimit}}
+  volumes:
+  - {{name: limited, emptyDir: {{medium: Memory, sizeLimit: 64Mi}}}}
+  - {{name: podlimit, emptyDir: {{medium: Memory}}}}
+"#
+        ),
+    );
+    a.wait_phase("mem", "Running", T);
+    let logs = wait_logs(&a, "mem", "", "df", |l| l.matches("df=").count() == 2);
+    // sizeLimit; without one, the pod's memory limit (96Mi).
+    assert!(logs.contains("df=tmpfs 65536\n"), "{logs}");
+    assert!(logs.contains("df=tmpfs 98304\n"), "{logs}");
+    // The agent restarts: the volume is found set up, its content stays, nothing is redone.
+    let uid = a.pod("mem").unwrap().metadata.uid.unwrap();
+    let kept = a
+        .root
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~empty-dir/limited/kept");
+    let before = std::fs::read_to_string(&kept).unwrap();
+    a.restart();
+    a.wait_log("volumes reconstructed from disk", T);
+    // A few syncs of the pod by the new agent.
+    std::thread::sleep(Duration::from_secs(5));
+    let p = a.wait_phase("mem", "Running", T);
+    assert_eq!(p.metadata.uid.as_deref(), Some(uid.as_str()));
+    assert_eq!(restarts(&p, "c"), 0);
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), before);
+}
+
+#[test]
+fn fs_group_owns_writable_and_file_volumes() {
+    let a = Agent::start_with_config("volfsg", &[], FAST_SYNC);
+    a.write("objects.yaml", &config_map("hi"));
+    a.write(
+        "fsg.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: fsg}}
+spec:
+  terminationGracePeriodSeconds: 1
+  securityContext: {{runAsUser: 1000, runAsGroup: 3000, fsGroup: 2345, fsGroupChangePolicy: OnRootMismatch}}
+  containers:
+  - name: c
+    image: {IMAGE}
+    command: [sh, -c, 'touch /data/made; mkdir /data/sub; echo "data=$(ls -lnd /data)"; echo "made=$(ls -ln /data/made)"; echo "sub=$(ls -lnd /data/sub)"; echo "cfg=$(ls -lnL /cfg/greeting)"; echo "id=$(id -G)"; sleep 3600']
+    volumeMounts:
+    - {{name: data, mountPath: /data}}
+    - {{name: cfg, mountPath: /cfg}}
+  volumes:
+  - {{name: data, emptyDir: {{}}}}
+  - {{name: cfg, configMap: {{name: app-config}}}}
+"#
+        ),
+    );
+    a.wait_phase("fsg", "Running", T);
+    let logs = wait_logs(&a, "fsg", "", "ls", |l| l.contains("id="));
+    let field = |prefix: &str, i: usize| {
+        last_value(&logs, prefix)
+            .and_then(|l| l.split_whitespace().nth(i).map(str::to_string))
+            .unwrap_or_default()
+    };
+    // The emptyDir: group 2345, setgid, group-writable; what the container makes inherits it.
+    assert_eq!(field("data=", 0), "drwxrwsrwx", "{logs}");
+    assert_eq!(field("data=", 3), "2345", "{logs}");
+    assert_eq!(
+        (field("made=", 2), field("made=", 3)),
+        ("1000".into(), "2345".into()),
+        "{logs}"
+    );
+    assert_eq!(field("sub=", 3), "2345", "{logs}");
+    // The configMap's files: group 2345 with group read.
+    assert_eq!(field("cfg=", 3), "2345", "{logs}");
+    assert_eq!(&field("cfg=", 0)[..7], "-rw-r--", "{logs}");
+    assert!(field("id=", 0).len() > 1, "{logs}");
+}
+
+/// A tmpfs the test mounts (and unmounts, also on failure).
+struct TmpfsGuard(PathBuf);
+
+impl Drop for TmpfsGuard {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn read_only_mounts_are_recursive() {
+    let a = Agent::start_with_config("volrro", &[], FAST_SYNC);
+    let tree = a.dir.join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &tree.join("sub"),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    let _guard = TmpfsGuard(tree.join("sub"));
+    a.write(
+        "rro.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: rro}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: {IMAGE}
+    command: [sh, -c, 'for d in /ro /plain; do touch $d/top 2>/dev/null && echo "$d top=rw" || echo "$d top=ro"; touch $d/sub/x 2>/dev/null && echo "$d sub=rw" || echo "$d sub=ro"; done; sleep 3600']
+    volumeMounts:
+    - {{name: tree, mountPath: /ro, readOnly: true}}
+    - {{name: tree, mountPath: /plain, readOnly: true, recursiveReadOnly: Disabled}}
+  volumes:
+  - {{name: tree, hostPath: {{path: {tree}, type: Directory}}}}
+"#,
+            tree = tree.display()
+        ),
+    );
+    a.wait_phase("rro", "Running", T);
+    let logs = wait_logs(&a, "rro", "", "the writes", |l| l.contains("/plain sub="));
+    assert!(logs.contains("/ro top=ro") && logs.contains("/ro sub=ro"), "{logs}");
+    // kubelet's plain read-only bind leaves the submount writable.
+    assert!(
+        logs.contains("/plain top=ro") && logs.contains("/plain sub=rw"),
+        "{logs}"
+    );
+}
+
+#[test]
+fn refusals_name_their_reason() {
+    let a = Agent::start_with_config("volrefuse", &[], FAST_SYNC);
+    let host_file = a.dir.join("a-file");
+    std::fs::write(&host_file, "x").unwrap();
+    a.write(
+        "refused.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: pvc}}
+spec:
+  containers: [{{name: c, image: {IMAGE}, command: [sleep, "3600"], volumeMounts: [{{name: data, mountPath: /data}}]}}]
+  volumes: [{{name: data, persistentVolumeClaim: {{claimName: data}}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: hostpath}}
+spec:
+  containers: [{{name: c, image: {IMAGE}, command: [sleep, "3600"], volumeMounts: [{{name: h, mountPath: /h}}]}}]
+  volumes: [{{name: h, hostPath: {{path: {file}, type: Directory}}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: escape}}
+spec:
+  terminationGracePeriodSeconds: 1
+  initContainers:
+  - {{name: plant, image: {IMAGE}, command: [sh, -c, "ln -s / /shared/escape && ln -s ../../etc /shared/up"], volumeMounts: [{{name: shared, mountPath: /shared}}]}}
+  containers:
+  - {{name: c, image: {IMAGE}, command: [sleep, "3600"], volumeMounts: [{{name: shared, mountPath: /host, subPath: escape}}]}}
+  - {{name: d, image: {IMAGE}, command: [sleep, "3600"], volumeMounts: [{{name: shared, mountPath: /host, subPath: up}}]}}
+  - {{name: ok, image: {IMAGE}, command: [sleep, "3600"], volumeMounts: [{{name: shared, mountPath: /mine, subPath: mine}}]}}
+  volumes: [{{name: shared, emptyDir: {{}}}}]
+"#,
+            file = host_file.display()
+        ),
+    );
+    let p = a.wait_for("pvc", "FailedMount", T, |p| {
+        waiting_message(p, "c").is_some_and(|m| m.contains("not supported"))
+    });
+    assert_eq!(waiting_reason(&p, "c").as_deref(), Some("ContainerCreating"));
+    assert!(
+        waiting_message(&p, "c").unwrap().starts_with(
+            "MountVolume.SetUp failed for volume \"data\" : volume type \"persistentVolumeClaim\" is not supported"
+        ),
+        "{:?}",
+        waiting_message(&p, "c")
+    );
+    let p = a.wait_for("hostpath", "the type check", T, |p| {
+        waiting_message(p, "c").is_some_and(|m| m.contains("type check"))
+    });
+    assert_eq!(
+        waiting_message(&p, "c").unwrap(),
+        format!(
+            "MountVolume.SetUp failed for volume \"h\" : hostPath type check failed: {} is not a directory",
+            host_file.display()
+        )
+    );
+    a.wait_log("FailedMount", T);
+    let log = a.agent_log();
+    assert!(log.contains("persistentVolumeClaim"), "{}", tail(&log, 30));
+    // The planted symlinks lead out of the volume: the containers are refused, the one whose
+    // subPath stays inside runs.
+    let p = a.wait_for("escape", "the subPath refusals", T, |p| {
+        running(p, "ok")
+            && waiting_reason(p, "c").as_deref() == Some("CreateContainerConfigError")
+            && waiting_reason(p, "d").as_deref() == Some("CreateContainerConfigError")
+    });
+    for c in ["c", "d"] {
+        let m = waiting_message(&p, c).unwrap();
+        assert!(m.contains("resolves outside the volume"), "{c}: {m}");
+    }
+}
