@@ -744,13 +744,32 @@ pub fn weight_to_shares(weight: u64) -> u64 {
     2 + ((weight.clamp(1, 10_000) - 1) * 262_142) / 9999
 }
 
-/// cgroup v1 cpu.shares to v2 cpu.weight, the conversion runc and kubelet use.
+/// cgroup v1 cpu.shares to v2 cpu.weight, the linear conversion kubelet uses for the pod, QoS
+/// and node cgroups (and runc used before 1.3.2). Containers get
+/// [`container_shares_to_weight`] instead.
 pub fn shares_to_weight(shares: u64) -> u64 {
     if shares == 0 {
         return 100;
     }
     let s = shares.clamp(2, 262_144);
     1 + ((s - 2) * 9999) / 262_142
+}
+
+/// The cpu.weight a container's cgroup gets on v2 for the OCI spec's `cpu.shares`: libcontainer
+/// converts as runc >= 1.3.2 and crun >= 1.23 do, on a curve that maps 1024 shares (one cpu) to
+/// the default weight 100, where the linear [`shares_to_weight`] gives 39. So, as with
+/// containerd and a current runc, a container's weight differs from its pod's.
+pub fn container_shares_to_weight(shares: u64) -> u64 {
+    match shares {
+        0 => 0,
+        0..=2 => 1,
+        262_144.. => 10_000,
+        s => {
+            let l = (s as f64).log2();
+            let exponent = (l * l + 125.0 * l) / 612.0 - 7.0 / 34.0;
+            (10f64.powf(exponent).ceil() as u64).clamp(1, 10_000)
+        }
+    }
 }
 
 /// Make `dir` delegate to its children every controller it has and ferrolet uses. Only the
@@ -969,6 +988,10 @@ mod tests {
         assert_eq!(shares_to_weight(2), 1);
         assert_eq!(shares_to_weight(1024), 39);
         assert_eq!(shares_to_weight(262_144), 10_000);
+        assert_eq!(container_shares_to_weight(2), 1);
+        assert_eq!(container_shares_to_weight(102), 17);
+        assert_eq!(container_shares_to_weight(1024), 100);
+        assert_eq!(container_shares_to_weight(262_144), 10_000);
     }
 
     #[test]
