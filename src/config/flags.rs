@@ -193,6 +193,34 @@ pub struct RunFlags {
     /// Burst of image pulls (kubelet's registryBurst, default 10).
     #[arg(long = "registry-burst", allow_negative_numbers = true)]
     pub registry_burst: Option<i64>,
+    /// Hard eviction thresholds, `memory.available<100Mi,nodefs.available<10%` (replaces the
+    /// configuration's evictionHard, as kubelet's flag does).
+    #[arg(long = "eviction-hard")]
+    pub eviction_hard: Option<String>,
+    /// Soft eviction thresholds, `memory.available<1Gi`.
+    #[arg(long = "eviction-soft")]
+    pub eviction_soft: Option<String>,
+    /// Grace periods of the soft thresholds, `memory.available=1m30s`.
+    #[arg(long = "eviction-soft-grace-period")]
+    pub eviction_soft_grace_period: Option<String>,
+    /// How far past its threshold a signal must recover, `nodefs.available=500Mi`.
+    #[arg(long = "eviction-minimum-reclaim")]
+    pub eviction_minimum_reclaim: Option<String>,
+    /// How long a pressure condition stays after it was last seen (default 5m).
+    #[arg(long = "eviction-pressure-transition-period")]
+    pub eviction_pressure_transition_period: Option<String>,
+    /// Longest grace period (seconds) of a pod evicted for a soft threshold.
+    #[arg(long = "eviction-max-pod-grace-period", allow_negative_numbers = true)]
+    pub eviction_max_pod_grace_period: Option<i64>,
+    /// Dead containers younger than this are not collected (default 0).
+    #[arg(long = "minimum-container-ttl-duration")]
+    pub minimum_container_ttl_duration: Option<String>,
+    /// Dead containers kept per container (default 1; negative: no limit).
+    #[arg(long = "maximum-dead-containers-per-container", allow_negative_numbers = true)]
+    pub maximum_dead_containers_per_container: Option<i32>,
+    /// Dead containers kept on the node (default -1: no limit).
+    #[arg(long = "maximum-dead-containers", allow_negative_numbers = true)]
+    pub maximum_dead_containers: Option<i32>,
     /// Image GC starts at this percent of the image filesystem used (default 85).
     #[arg(long = "image-gc-high-threshold", allow_negative_numbers = true)]
     pub image_gc_high_threshold: Option<i32>,
@@ -214,6 +242,42 @@ pub struct RunFlags {
     /// Where the credential plugins' binaries are.
     #[arg(long = "image-credential-provider-bin-dir")]
     pub image_credential_provider_bin_dir: Option<PathBuf>,
+}
+
+/// kubelet's `--eviction-hard` / `--eviction-soft` form: `signal<threshold`, comma-separated.
+fn eviction_thresholds(flag: &str, v: &str) -> Result<super::EvictionHard> {
+    let mut out = super::EvictionHard::none();
+    for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (signal, t) = part
+            .split_once('<')
+            .ok_or_else(|| anyhow::anyhow!("--{flag}: {part:?} is not signal<threshold"))?;
+        let t = super::Threshold::parse(t).map_err(|e| anyhow::anyhow!("--{flag}: {signal}: {e:#}"))?;
+        if !out.set(signal.trim(), Some(t)) {
+            bail!("--{flag}: unsupported eviction signal {:?}", signal.trim());
+        }
+    }
+    Ok(out)
+}
+
+/// kubelet's `signal=value` maps (`--eviction-soft-grace-period`, `--eviction-minimum-reclaim`).
+fn signal_map<T>(
+    flag: &str,
+    v: &str,
+    parse: impl Fn(&str) -> Result<T>,
+) -> Result<std::collections::BTreeMap<String, T>> {
+    let mut out = std::collections::BTreeMap::new();
+    for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (signal, x) = part
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--{flag}: {part:?} is not signal=value"))?;
+        let signal = signal.trim();
+        if !super::EVICTION_SIGNALS.contains(&signal) {
+            bail!("--{flag}: unsupported eviction signal {signal:?}");
+        }
+        let x = parse(x.trim()).map_err(|e| anyhow::anyhow!("--{flag}: {signal}: {e:#}"))?;
+        out.insert(signal.to_string(), x);
+    }
+    Ok(out)
 }
 
 /// Apply `ferrolet run` flags (kubelet's names) over the file and defaults.
@@ -307,6 +371,38 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if let Some(c) = &f.kube_reserved_cgroup {
         cfg.cm.kube_reserved_cgroup = c.clone();
+    }
+    if let Some(t) = &f.eviction_hard {
+        cfg.eviction_hard = eviction_thresholds("eviction-hard", t)?;
+    }
+    if let Some(t) = &f.eviction_soft {
+        cfg.eviction.soft = eviction_thresholds("eviction-soft", t)?;
+    }
+    if let Some(m) = &f.eviction_soft_grace_period {
+        cfg.eviction.soft_grace_period = signal_map("eviction-soft-grace-period", m, |v| {
+            parse_duration(v).map_err(|e| anyhow::anyhow!("{e}"))
+        })?;
+    }
+    if let Some(m) = &f.eviction_minimum_reclaim {
+        cfg.eviction.minimum_reclaim = signal_map("eviction-minimum-reclaim", m, super::Threshold::parse)?;
+    }
+    if let Some(d) = dur(
+        "eviction-pressure-transition-period",
+        &f.eviction_pressure_transition_period,
+    )? {
+        cfg.eviction.pressure_transition_period = d;
+    }
+    if let Some(g) = f.eviction_max_pod_grace_period {
+        cfg.eviction.max_pod_grace_period = g;
+    }
+    if let Some(d) = dur("minimum-container-ttl-duration", &f.minimum_container_ttl_duration)? {
+        cfg.eviction.container_gc.min_age = d;
+    }
+    if let Some(n) = f.maximum_dead_containers_per_container {
+        cfg.eviction.container_gc.max_per_pod_container = n;
+    }
+    if let Some(n) = f.maximum_dead_containers {
+        cfg.eviction.container_gc.max_containers = n;
     }
     if let Some(a) = f.oom_score_adj {
         cfg.cm.oom_score_adj = a;
@@ -531,6 +627,48 @@ mod tests {
         apply(&mut cfg, &cmd.flags)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    #[test]
+    fn eviction_and_container_gc_flags() {
+        use super::super::Threshold;
+        use std::time::Duration;
+        let c = load(&[
+            "--eviction-hard=memory.available<200Mi, nodefs.available<5%",
+            "--eviction-soft=memory.available<1Gi",
+            "--eviction-soft-grace-period=memory.available=1m30s",
+            "--eviction-minimum-reclaim=nodefs.available=500Mi",
+            "--eviction-pressure-transition-period=30s",
+            "--eviction-max-pod-grace-period=60",
+            "--minimum-container-ttl-duration=1m",
+            "--maximum-dead-containers-per-container=2",
+            "--maximum-dead-containers=10",
+        ])
+        .unwrap();
+        assert_eq!(c.eviction_hard.memory_available, Some(Threshold::Quantity(200 << 20)));
+        assert_eq!(c.eviction_hard.nodefs_available, Some(Threshold::Percent(5.0)));
+        // The flag replaces the map, as kubelet's does: the other defaults are gone.
+        assert_eq!(c.eviction_hard.imagefs_available, None);
+        assert_eq!(c.eviction.soft.memory_available, Some(Threshold::Quantity(1 << 30)));
+        assert_eq!(
+            c.eviction.soft_grace_period["memory.available"],
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            c.eviction.minimum_reclaim["nodefs.available"],
+            Threshold::Quantity(500 << 20)
+        );
+        assert_eq!(c.eviction.pressure_transition_period, Duration::from_secs(30));
+        assert_eq!(c.eviction.max_pod_grace_period, 60);
+        assert_eq!(c.eviction.container_gc.min_age, Duration::from_secs(60));
+        assert_eq!(c.eviction.container_gc.max_per_pod_container, 2);
+        assert_eq!(c.eviction.container_gc.max_containers, 10);
+
+        let err = |args: &[&str]| format!("{:#}", load(args).unwrap_err());
+        assert!(err(&["--eviction-hard=memory.available=1Gi"]).contains("--eviction-hard"));
+        assert!(err(&["--eviction-hard=cpu.available<1"]).contains("unsupported eviction signal \"cpu.available\""));
+        assert!(err(&["--eviction-soft=memory.available<1Gi"]).contains("grace period must be specified"));
+        assert!(err(&["--eviction-minimum-reclaim=nodefs.available=lots"]).contains("--eviction-minimum-reclaim"));
     }
 
     #[test]
