@@ -45,6 +45,8 @@ pub struct BuildInput {
     pub pod_dir: PathBuf,
     pub volumes: BTreeMap<String, VolumeHost>,
     pub facts: PodFacts,
+    /// The machine's memory capacity: containers' oom_score_adj scales by it, as kubelet's
+    /// GetContainerOOMScoreAdjust does (not by allocatable).
     pub node_memory: i64,
     /// The ConfigMaps, Secrets and Service variables the environment uses (fetched already).
     pub env_objects: crate::objects::EnvObjects,

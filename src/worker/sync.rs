@@ -309,7 +309,7 @@ impl PodWorker {
             pod_dir: self.pod_dir.clone(),
             volumes: self.resources.volumes.clone(),
             facts,
-            node_memory: m.node.allocatable.memory,
+            node_memory: m.node.capacity.memory,
             env_objects,
         };
         let id = start::create_container(&m.rt, &m.images, input, image_id).await?;
