@@ -500,6 +500,13 @@ impl Drop for Agent {
     }
 }
 
+/// Say that a test is skipped where the run's output shows it: straight to stderr, past the
+/// test harness's capture (which hides eprintln! of passing tests).
+pub fn skip_loudly(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n!!! {test} SKIPPED: {why} !!!\n");
+}
+
 pub fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")

@@ -51,21 +51,24 @@ cd "$repo"
 images/build-busybox.sh >/dev/null
 cargo build --quiet
 mapfile -t tests < <(cargo test --no-run --message-format=json --workspace 2>/dev/null |
-  grep '"executable":"' | grep -E '"name":"(containers|static_pods|stats|resources)"' |
+  grep '"executable":"' | grep -E '"name":"(containers|static_pods|stats|resources|eviction)"' |
   sed -E 's/.*"name":"([a-z_]+)".*"executable":"([^"]+)".*/\1 \2/')
-[ ${#tests[@]} -eq 4 ] || { echo "vm: test binaries not found: ${tests[*]}" >&2; exit 1; }
+[ ${#tests[@]} -eq 5 ] || { echo "vm: test binaries not found: ${tests[*]}" >&2; exit 1; }
 containers=$(printf '%s\n' "${tests[@]}" | awk '$1=="containers"{print $2}')
 static_pods=$(printf '%s\n' "${tests[@]}" | awk '$1=="static_pods"{print $2}')
 stats=$(printf '%s\n' "${tests[@]}" | awk '$1=="stats"{print $2}')
 resources=$(printf '%s\n' "${tests[@]}" | awk '$1=="resources"{print $2}')
+eviction=$(printf '%s\n' "${tests[@]}" | awk '$1=="eviction"{print $2}')
 
 # The guest suite: all the runtime's container tests, and the agent tests that exercise
-# cgroups, adoption and the pod lifecycle, and the stats read from cgroup v2.
+# cgroups, adoption and the pod lifecycle, the stats read from cgroup v2, and memory eviction
+# (the working set from v2's memory.stat).
 cat >"$results/plan" <<PLAN
 runtime-containers $containers --test-threads 1
 agent-static-pods $static_pods --test-threads 1 add_update_remove_manifests init_containers_run_in_order_then_app pod_cgroup_tree_limits_and_oom_killed agent_kill9_and_restart_keeps_containers default_cgroup_root restart_policies_exit_0_and_1 reset_removes_what_the_agent_made reset_finds_containers_without_their_records
 agent-stats $stats --test-threads 1 stats_of_real_pods_without_a_network
 agent-resources $resources --test-threads 1
+agent-eviction $eviction --test-threads 1 memory_pressure_evicts_besteffort_before_burstable_within_requests
 PLAN
 
 # 3. The initramfs: busybox, the modules with their dependencies first, the shared libraries
