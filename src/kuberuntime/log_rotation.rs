@@ -15,7 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ferrolet_runtime::Runtime;
 use futures::StreamExt;
-use tracing::{debug, info, warn};
+use tracing::{info, trace, warn};
 
 const COMPRESS_SUFFIX: &str = ".gz";
 const TMP_SUFFIX: &str = ".tmp";
@@ -192,7 +192,7 @@ impl LogManager {
                     };
                     match rotate_log(&log, policy, Utc::now(), &reopen) {
                         Ok(true) => info!(container = %id, log = %log.display(), "container log rotated"),
-                        Ok(false) => debug!(container = %id, "container log checked"),
+                        Ok(false) => trace!(container = %id, "container log checked"),
                         Err(e) => warn!(container = %id, error = %e, "rotating the container's log"),
                     }
                 })

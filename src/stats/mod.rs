@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrolet_runtime::cgroups::CgroupStats;
-use tracing::{debug, warn};
+use tracing::{trace, warn};
 
 pub use routes::routes;
 use sampler::Sources;
@@ -157,7 +157,7 @@ impl Stats {
                 out.insert(d.clone(), (u, Time(chrono::Utc::now())));
             }
         }
-        debug!(dirs = out.len(), "filesystem usage walked");
+        trace!(dirs = out.len(), "filesystem usage walked");
         self.usage.lock().unwrap_or_else(|e| e.into_inner()).replace(out);
     }
 
