@@ -32,6 +32,20 @@ fn assert_shares(cg: &Cgroups, cgroup: &str, want_shares: u64, what: &str) {
     }
 }
 
+/// The CFS quota and period of `cgroups`: `cpu.max` on v2, `cpu.cfs_quota_us` and
+/// `cpu.cfs_period_us` on v1 (where no quota is -1).
+fn assert_cfs(cg: &Cgroups, cgroups: &[&str], quota: &str, period: &str) {
+    for c in cgroups {
+        if cg.is_v2() {
+            assert_eq!(read(cg, "cpu", c, "cpu.max"), format!("{quota} {period}"), "{c}");
+        } else {
+            let v1_quota = if quota == "max" { "-1" } else { quota };
+            assert_eq!(read(cg, "cpu", c, "cpu.cfs_quota_us"), v1_quota, "{c}");
+            assert_eq!(read(cg, "cpu", c, "cpu.cfs_period_us"), period, "{c}");
+        }
+    }
+}
+
 fn wait_shares(cg: &Cgroups, cgroup: &str, want_shares: u64, what: &str) {
     let deadline = Instant::now() + T;
     let (file, want) = if cg.is_v2() {
@@ -243,14 +257,7 @@ fn cfs_quota_throttles_and_pids_are_limited() {
     let pod_cg = format!("{}/kubepods/pod{}", a.cgroup.path(), uid(&p));
     let ctr_cg = container_cgroup(&p, &pod_cg);
     // 100m of a 50ms period: 5ms, on the container and the pod.
-    for c in [&ctr_cg, &pod_cg] {
-        if cg.is_v2() {
-            assert_eq!(read(&cg, "cpu", c, "cpu.max"), "5000 50000", "{c}");
-        } else {
-            assert_eq!(read(&cg, "cpu", c, "cpu.cfs_quota_us"), "5000", "{c}");
-            assert_eq!(read(&cg, "cpu", c, "cpu.cfs_period_us"), "50000", "{c}");
-        }
-    }
+    assert_cfs(&cg, &[&ctr_cg, &pod_cg], "5000", "50000");
     if cg.is_v2() {
         // kubelet's memory.oom.group: an OOM kill takes the whole container.
         assert_eq!(read(&cg, "memory", &ctr_cg, "memory.oom.group"), "1");
@@ -302,13 +309,7 @@ fn cpu_cfs_quota_off_leaves_no_quota() {
     let p = a.wait_phase("p", "Running", T);
     let pod_cg = format!("{}/kubepods/pod{}", a.cgroup.path(), uid(&p));
     let ctr_cg = container_cgroup(&p, &pod_cg);
-    for c in [&ctr_cg, &pod_cg] {
-        if cg.is_v2() {
-            assert!(read(&cg, "cpu", c, "cpu.max").starts_with("max "), "{c}");
-        } else {
-            assert_eq!(read(&cg, "cpu", c, "cpu.cfs_quota_us"), "-1", "{c}");
-        }
-    }
+    assert_cfs(&cg, &[&ctr_cg, &pod_cg], "max", "100000");
     // The limit still gives the shares of its request; on v2 libcontainer converts a
     // container's shares on runc's newer curve, not the pod cgroups' linear one.
     if cg.is_v2() {
@@ -395,14 +396,7 @@ fn memory_hog_is_oom_killed() {
         ),
     );
     let p = a.wait_phase("hog", "Failed", T);
-    let t = container_status(&p, "main")
-        .state
-        .as_ref()
-        .unwrap()
-        .terminated
-        .clone()
-        .unwrap();
-    assert_eq!((t.reason.as_deref(), t.exit_code), (Some("OOMKilled"), 137));
+    assert_oom_killed(&p, "main");
     assert!(!a.logs("hog", "").contains("survived"));
     a.remove("hog.yaml");
     a.wait_gone("hog", T);
@@ -457,14 +451,7 @@ fn kubepods_capped_by_enforce_node_allocatable() {
     // host is busy: a longer wait than the others'.
     let p = a.wait_phase("hog", "Failed", 3 * T);
     assert_eq!(p.status.as_ref().unwrap().qos_class.as_deref(), Some("BestEffort"));
-    let t = container_status(&p, "main")
-        .state
-        .as_ref()
-        .unwrap()
-        .terminated
-        .clone()
-        .unwrap();
-    assert_eq!((t.reason.as_deref(), t.exit_code), (Some("OOMKilled"), 137));
+    assert_oom_killed(&p, "main");
     a.remove("hog.yaml");
     a.wait_gone("hog", T);
 }

@@ -714,14 +714,7 @@ fn pod_cgroup_tree_limits_and_oom_killed() {
         assert_eq!(std::fs::read_to_string(cpu.join("cpu.shares")).unwrap().trim(), "102");
     }
     let o = a.wait_phase("oom", "Failed", T);
-    let t = container_status(&o, "c")
-        .state
-        .as_ref()
-        .unwrap()
-        .terminated
-        .clone()
-        .unwrap();
-    assert_eq!((t.reason.as_deref(), t.exit_code), (Some("OOMKilled"), 137));
+    assert_oom_killed(&o, "c");
     assert_eq!(o.status.as_ref().unwrap().qos_class.as_deref(), Some("Guaranteed"));
     let guaranteed = format!("{kubepods}/pod{}", o.metadata.uid.clone().unwrap());
     let mem_dir = cg.dir_for("memory", &guaranteed).unwrap();

@@ -529,6 +529,21 @@ pub fn container_status<'a>(p: &'a Pod, name: &str) -> &'a k8s_openapi::api::cor
     try_container_status(p, name).unwrap_or_else(|| panic!("no status for container {name}"))
 }
 
+/// Container `name` of `p` ended OOMKilled with exit code 137, as kubelet reports a container
+/// its memory limit killed.
+pub fn assert_oom_killed(p: &Pod, name: &str) {
+    let t = container_status(p, name)
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.clone())
+        .unwrap_or_else(|| panic!("container {name} has not terminated: {:?}", p.status));
+    assert_eq!(
+        (t.reason.as_deref(), t.exit_code),
+        (Some("OOMKilled"), 137),
+        "container {name}"
+    );
+}
+
 pub fn waiting_reason(p: &Pod, name: &str) -> Option<String> {
     try_container_status(p, name)?
         .state
