@@ -483,7 +483,6 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             images: image_gc,
         },
         eviction.clone(),
-        rt.images().dir(),
     )
     .start();
     let state = crate::server::State::new(

@@ -52,7 +52,6 @@ pub struct Manager {
 }
 
 impl Manager {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: Arc<Config>,
         stats: Arc<Stats>,
@@ -61,12 +60,12 @@ impl Manager {
         events: Recorder,
         reclaim: Reclaim,
         shared: Eviction,
-        images_dir: &std::path::Path,
     ) -> Manager {
         let e = &cfg.eviction;
         let thresholds = signals::thresholds(&cfg.eviction_hard, &e.soft, &e.soft_grace_period, &e.minimum_reclaim);
         let dev = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.dev()).ok();
-        let has_imagefs = matches!((dev(&cfg.root_dir), dev(images_dir)), (Some(a), Some(b)) if a != b);
+        let has_imagefs =
+            matches!((dev(&cfg.root_dir), dev(reclaim.images.images_dir())), (Some(a), Some(b)) if a != b);
         info!(
             thresholds = %thresholds.iter().map(|t| format!("{}<{:?}{}", t.signal.name(), t.value, if t.is_hard() { String::new() } else { format!(" for {:?}", t.grace_period) })).collect::<Vec<_>>().join(", "),
             has_imagefs,

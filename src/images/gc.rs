@@ -134,6 +134,11 @@ pub fn fs_usage(dir: &Path) -> Result<(u64, u64), String> {
 }
 
 impl ImageGc {
+    /// The image store's directory (on imagefs).
+    pub fn images_dir(&self) -> &Path {
+        self.store.dir()
+    }
+
     pub fn new(store: Arc<ImageStore>, root_dir: PathBuf, policy: GcPolicy, events: Recorder) -> ImageGc {
         ImageGc {
             store,
