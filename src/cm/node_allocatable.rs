@@ -161,13 +161,7 @@ mod tests {
     use super::*;
 
     fn capacity() -> Resources {
-        Resources {
-            cpu_milli: 4000,
-            memory: 8 << 30,
-            ephemeral_storage: 100 << 30,
-            pods: 110,
-            hugepages: [("hugepages-2Mi".to_string(), 512 << 20)].into(),
-        }
+        crate::node::allocatable::test_capacity()
     }
 
     #[test]

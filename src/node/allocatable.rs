@@ -97,23 +97,30 @@ pub fn hugepage_resource(size_kb: u64) -> String {
     format!("hugepages-{}", binary((size_kb as i64).saturating_mul(1024)))
 }
 
+/// A 4-cpu, 8Gi node with a 512Mi pool of 2Mi pages, for unit tests here and in the container
+/// manager.
+#[cfg(test)]
+pub fn test_capacity() -> Resources {
+    Resources {
+        cpu_milli: 4000,
+        memory: 8 << 30,
+        ephemeral_storage: 100 << 30,
+        pods: 110,
+        hugepages: [
+            ("hugepages-2Mi".to_string(), 512 << 20),
+            ("hugepages-1Gi".to_string(), 0),
+        ]
+        .into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Threshold;
 
     fn capacity() -> Resources {
-        Resources {
-            cpu_milli: 4000,
-            memory: 8 << 30,
-            ephemeral_storage: 100 << 30,
-            pods: 110,
-            hugepages: [
-                ("hugepages-2Mi".to_string(), 512 << 20),
-                ("hugepages-1Gi".to_string(), 0),
-            ]
-            .into(),
-        }
+        test_capacity()
     }
 
     #[test]
