@@ -386,6 +386,41 @@ fn hugepages_limit_the_pod_cgroups() {
     a.wait_gone("plain", T);
 }
 
+/// A node-wide OOM kill (no cgroup limit hit) is a Warning SystemOOM event with the victim, as
+/// kubelet's OOM watcher reports it from the kernel log. It needs a real global OOM, which would
+/// disturb this machine, so it runs only in the cgroup v2 lane's throwaway guest
+/// (FERROLET_VM_GUEST, set by tests/vm/init); the hog volunteers as the victim with
+/// oom_score_adj 1000.
+#[test]
+fn system_oom_is_a_node_event() {
+    if std::env::var_os("FERROLET_VM_GUEST").is_none() {
+        skip_loudly(
+            "system_oom_is_a_node_event",
+            "a node-wide OOM would disturb this machine; it runs in the cgroup v2 lane's guest (tests/vm/run.sh)",
+        );
+        return;
+    }
+    use std::os::unix::process::ExitStatusExt;
+    let a = Agent::start("systemoom", &[]);
+    a.wait_log("watching /dev/kmsg for node OOM kills", T);
+    // A string doubled until the machine has no memory left.
+    let mut hog = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "echo 1000 > /proc/self/oom_score_adj; exec awk 'BEGIN { s = \"x\"; while (1) s = s s }'",
+        ])
+        .spawn()
+        .unwrap();
+    let pid = hog.id();
+    let status = hog.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "the hog was OOM-killed");
+    a.wait_log(&format!("System OOM encountered, victim process: awk, pid: {pid}"), T);
+    assert!(
+        a.agent_log().contains("reason=\"SystemOOM\""),
+        "the SystemOOM event is recorded"
+    );
+}
+
 #[test]
 fn memory_hog_is_oom_killed() {
     let a = Agent::start("oomhog", &[]);
