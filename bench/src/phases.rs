@@ -61,6 +61,9 @@ pub fn read_log(log: &Path) -> HashMap<String, HashMap<String, SystemTime>> {
     out
 }
 
+/// Phase name -> its share (ms) in each start that has it.
+pub type Shares = Vec<(String, Vec<f64>)>;
+
 /// One measured start: the pod's name, when its manifest landed, when its first command ran.
 pub struct Start {
     pub name: String,
@@ -70,7 +73,7 @@ pub struct Start {
 
 /// The per-phase shares (ms) of each start: phase name -> one value per start that has it;
 /// "first instruction" is the container's first command (its mark's mtime) after "started".
-pub fn shares(log: &Path, starts: &[Start]) -> Vec<(String, Vec<f64>)> {
+pub fn shares(log: &Path, starts: &[Start]) -> Shares {
     let events = read_log(log);
     let mut cols: Vec<(String, Vec<f64>)> = PHASES
         .iter()
@@ -111,7 +114,7 @@ pub fn p50(v: &[f64]) -> f64 {
 }
 
 /// The per-phase table as Markdown: one column per set of starts (`(title, shares)`).
-pub fn render(sets: &[(String, Vec<(String, Vec<f64>)>)]) -> String {
+pub fn render(sets: &[(String, Shares)]) -> String {
     let mut out = String::from("| phase (p50, ms) |");
     for (title, _) in sets {
         out.push_str(&format!(" {title} |"));

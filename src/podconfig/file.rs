@@ -709,12 +709,12 @@ mod tests {
         let mut f = std::fs::File::create(&c).unwrap();
         let full = POD.replace("NAME", "c");
         // Half of it: a valid pod already, with the rest of the manifest still to come.
-        f.write_all(full[..full.len() - 10].as_bytes()).unwrap();
+        f.write_all(&full.as_bytes()[..full.len() - 10]).unwrap();
         let mut src = FileSource::new(dir.path().to_path_buf(), "n".into());
         src.changed(vec![(c.clone(), FileEvent::Created)]);
         let snap = src.scan();
         assert!(snap.pods.is_empty() && snap.errors.is_empty(), "{snap:?}");
-        f.write_all(full[full.len() - 10..].as_bytes()).unwrap();
+        f.write_all(&full.as_bytes()[full.len() - 10..]).unwrap();
         drop(f);
         src.changed(vec![(c.clone(), FileEvent::Done)]);
         assert_eq!(names(&src.scan()), ["c-n"]);
