@@ -67,7 +67,11 @@ impl Agent {
             .arg("--hostname-override")
             .arg("bench")
             .args(extra)
-            .env("RUST_LOG", "ferrolet=warn,ferrolet_runtime=warn")
+            // The start phases (docs/start-path.md) go to the log for the per-phase table.
+            .env(
+                "RUST_LOG",
+                "ferrolet=warn,ferrolet_runtime=warn,ferrolet::start_phase=debug",
+            )
             .stdin(Stdio::null())
             .stdout(logf.try_clone()?)
             .stderr(logf)

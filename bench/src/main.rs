@@ -8,6 +8,7 @@
 mod agent;
 mod cluster;
 mod peers;
+mod phases;
 mod procstat;
 mod pull;
 mod stats;
@@ -53,6 +54,15 @@ struct Opts {
     /// Only the image pull figures (a local docker-registry; ferrolet beside skopeo).
     #[arg(long)]
     only_pull: bool,
+    /// Only the start-path figures: latency with N pods already running, and where it goes.
+    #[arg(long)]
+    only_start: bool,
+    /// Pods already running for the start-path figures (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "0,50,100")]
+    running: Vec<usize>,
+    /// Pods started one after another at each count of running pods (start-path figures).
+    #[arg(long, default_value_t = 20)]
+    start_pods: usize,
     /// Skip the image pull figures.
     #[arg(long)]
     skip_pull: bool,
@@ -179,10 +189,21 @@ fn main() -> Result<()> {
         .unwrap_or_else(|_| Err(anyhow!("the benchmark panicked")));
     let _ = cg.cleanup();
     let _ = std::fs::remove_dir_all(&dir);
-    let rows = result?;
+    let (rows, phase_table) = result?;
     let table = render(&rows);
     println!("\n{table}");
-    let md = format!("{}\n{table}\n{}", header(), notes(&opts));
+    let phase_md = match &phase_table {
+        Some(t) => {
+            println!("\nWhere a pod's start goes (the agent's own timestamps, p50 per phase):\n{t}");
+            format!(
+                "\nWhere a pod's start goes: p50 of each phase's share, from the agent's own `ferrolet::start_phase` \
+                 timestamps (docs/start-path.md), {} pods started one after another with N pods already running, no pod network:\n\n{t}",
+                opts.start_pods
+            )
+        }
+        None => String::new(),
+    };
+    let md = format!("{}\n{table}{phase_md}\n{}", header(), notes(&opts));
     std::fs::write(&opts.out, md).with_context(|| format!("writing {}", opts.out.display()))?;
     println!("written to {}", opts.out.display());
     Ok(())
@@ -194,21 +215,27 @@ fn run(
     dir: &Path,
     cgroups: &Cgroups,
     cg: &NestedRoot,
-) -> Result<Vec<Row>> {
+) -> Result<(Vec<Row>, Option<String>)> {
+    if opts.only_start {
+        let bin = std::fs::canonicalize(&opts.ferrolet)
+            .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
+        let (rows, table) = start_rows(opts, &bin, dir, cg)?;
+        return Ok((rows, Some(table)));
+    }
     if opts.only_cluster {
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
-        return cluster_rows(opts, &bin, dir, cg);
+        return Ok((cluster_rows(opts, &bin, dir, cg)?, None));
     }
     if opts.only_stats {
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
-        return stats_rows(opts, &bin, dir, cg);
+        return Ok((stats_rows(opts, &bin, dir, cg)?, None));
     }
     if opts.only_pull {
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
-        return pull_rows(opts, &bin, dir, cg);
+        return Ok((pull_rows(opts, &bin, dir, cg)?, None));
     }
     let mut rows = Vec::new();
     let oci_tar = opts.images.join("busybox.oci.tar");
@@ -444,9 +471,60 @@ fn run(
     if !opts.skip_pull {
         rows.extend(pull_rows(opts, &bin, dir, cg)?);
     }
+    let (start, phase_table) = start_rows(opts, &bin, dir, cg)?;
+    rows.extend(start);
     rows.extend(stats_rows(opts, &bin, dir, cg)?);
     rows.extend(cluster_rows(opts, &bin, dir, cg)?);
-    Ok(rows)
+    Ok((rows, Some(phase_table)))
+}
+
+/// Pod start latency with N pods already running, and the per-phase table of those starts
+/// from the agent's own timestamps.
+fn start_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<(Vec<Row>, String)> {
+    let image = "docker.io/library/busybox:1.35";
+    let log = dir.join("agent-start.log");
+    let a = Agent::start(
+        bin,
+        &dir.join("ferrolet-start"),
+        &format!("{}/start", cg.path()),
+        "none",
+        &log,
+    )?;
+    std::thread::sleep(Duration::from_secs(1));
+    let mut running = opts.running.clone();
+    running.sort_unstable();
+    let mut rows = Vec::new();
+    let mut sets = Vec::new();
+    for n in running {
+        eprintln!(
+            "== ferrolet: {} pods one after another with {n} pods already running",
+            opts.start_pods
+        );
+        let starts = phases::starts_with_running(&a, image, &format!("run{n}s"), n, opts.start_pods)?;
+        wait_until(Duration::from_secs(120), || a.pod_count() == n)?;
+        let v: Vec<f64> = starts.iter().map(|s| ms_between(s.t0, s.first)).collect();
+        let (p50, p90, _) = stats(v);
+        let mut r = Row::new(
+            format!(
+                "pod start latency p50 with {n} pods already running ({} pods, no pod network)",
+                opts.start_pods
+            ),
+            "ms",
+            "none",
+        );
+        r.ferrolet = Some(p50);
+        rows.push(r);
+        let mut r = Row::new(
+            format!("pod start latency p90 with {n} pods already running"),
+            "ms",
+            "none",
+        );
+        r.ferrolet = Some(p90);
+        rows.push(r);
+        sets.push((format!("{n} running"), phases::shares(&log, &starts)));
+    }
+    a.finish();
+    Ok((rows, phases::render(&sets)))
 }
 
 /// Image pulls from a local docker-registry, beside `skopeo copy` to a directory, and the cold

@@ -449,3 +449,31 @@ fn encode(r: &Registry) -> String {
     let _ = TextEncoder::new().encode(&r.gather(), &mut out);
     String::from_utf8(out).unwrap_or_default()
 }
+
+/// The tracing target of the timestamps along a pod's start (docs/start-path.md): enabled with
+/// `RUST_LOG=...,ferrolet::start_phase=debug`, each is one DEBUG event
+/// `pod=<name> phase=<phase> at_us=<µs since the epoch>` at the end of that phase; off, each
+/// costs one check of the filter. The bench reads them from the agent's log into its per-phase
+/// table.
+pub const START_PHASE: &str = "ferrolet::start_phase";
+
+/// Note that pod `name` finished start phase `phase` now.
+pub fn start_phase(name: &str, phase: &'static str) {
+    if tracing::enabled!(target: START_PHASE, tracing::Level::DEBUG) {
+        start_phase_at(name, phase, std::time::SystemTime::now());
+    }
+}
+
+/// Note that pod `name` finished start phase `phase` at `at`.
+pub fn start_phase_at(name: &str, phase: &'static str, at: std::time::SystemTime) {
+    let at_us = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or_default();
+    tracing::debug!(target: START_PHASE, pod = %name, phase, at_us, "start phase");
+}
+
+/// Whether [`start_phase`] records anything (to skip work done only for it).
+pub fn start_phases_enabled() -> bool {
+    tracing::enabled!(target: START_PHASE, tracing::Level::DEBUG)
+}

@@ -43,6 +43,26 @@ impl LocalObjects {
     pub fn read(&self) -> LocalSnapshot {
         LocalSnapshot::from_objects(static_objects(&self.path))
     }
+
+    /// [`LocalSnapshot::volume_objects`] of the path as it is now; a pod whose volumes name no
+    /// ConfigMap or Secret needs no reading at all (blocking otherwise).
+    pub fn volume_objects(&self, p: &Pod) -> VolumeObjects {
+        let (cms, secrets) = references(p);
+        if cms.is_empty() && secrets.is_empty() {
+            return LocalSnapshot::default().volume_objects(p);
+        }
+        self.read().volume_objects(p)
+    }
+
+    /// [`LocalSnapshot::env_objects`] of the path as it is now; nothing is read for a container
+    /// whose env names no ConfigMap or Secret (blocking otherwise).
+    pub fn env_objects(&self, p: &Pod, c: &Container) -> EnvObjects {
+        let (cms, secrets) = container_references(c);
+        if cms.is_empty() && secrets.is_empty() {
+            return LocalSnapshot::default().env_objects(p, c);
+        }
+        self.read().env_objects(p, c)
+    }
 }
 
 fn key(ns: Option<&str>, name: Option<&str>) -> (String, String) {

@@ -4,13 +4,20 @@
 //! 10 MiB, off the async threads. A file that stops parsing keeps its last good pods running (an
 //! editor's half-written save must not kill a pod) and is reported; a directory that cannot be
 //! listed (out of descriptors, say) keeps every pod it had: an error never means "no pods".
+//!
+//! A change is acted on at once and only the files it names are read again: the directory is
+//! listed (cheap) but a file whose identity ([`FileKey`]) is unchanged keeps what it parsed to,
+//! so a pod's start does not cost a parse of every other manifest on the node. A regular file
+//! just created is not taken until its writer closes it (IN_CLOSE_WRITE); a file renamed in
+//! (IN_MOVED_TO) is taken at once. The periodic re-list reads every file again, as the safety
+//! net for whatever inotify cannot see (docs/start-path.md).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -25,10 +32,19 @@ pub struct FileSource {
     node: String,
     /// Last pods read successfully from each file.
     last_good: HashMap<PathBuf, Vec<Arc<Pod>>>,
+    /// What each file parsed to when last read, and the identity it had then.
+    parsed: HashMap<PathBuf, Parsed>,
+    /// Files created and not closed yet by their writer: not taken until they are.
+    writing: HashSet<PathBuf>,
+    /// When inotify reported the change this scan is for (for the start phases).
+    event_at: Option<SystemTime>,
     missing_reported: bool,
     /// Tests make listing fail with this (root cannot be refused a directory listing here).
     #[cfg(test)]
     fail_listing: Option<std::io::ErrorKind>,
+    /// Manifests read so far (tests count them).
+    #[cfg(test)]
+    reads: usize,
 }
 
 impl FileSource {
@@ -37,9 +53,14 @@ impl FileSource {
             path,
             node,
             last_good: HashMap::new(),
+            parsed: HashMap::new(),
+            writing: HashSet::new(),
+            event_at: None,
             missing_reported: false,
             #[cfg(test)]
             fail_listing: None,
+            #[cfg(test)]
+            reads: 0,
         }
     }
 
@@ -94,13 +115,51 @@ impl FileSource {
                 return self.assemble(kept, Vec::new(), errors);
             }
         };
-        self.last_good.retain(|p, _| files.contains(p));
+        // A file its writer has not closed yet is not there as far as pods go.
+        let files: Vec<PathBuf> = files.into_iter().filter(|f| !self.writing.contains(f)).collect();
+        let listed: HashSet<&PathBuf> = files.iter().collect();
+        self.last_good.retain(|p, _| listed.contains(p));
+        self.parsed.retain(|p, _| listed.contains(p));
         let mut fresh = Vec::new();
         for f in &files {
             let loc = f.display().to_string();
-            let (got, err) = match read_manifest(f) {
-                Ok(data) => pods_from_manifest(&data, &Source::File(loc.clone()), &self.node),
-                Err(e) => (Vec::new(), Some(e)),
+            let key = FileKey::of_path(f);
+            let (got, err) = match self.parsed.get(f) {
+                Some(p) if key.is_some_and(|k| p.still_valid(&k)) => (p.pods.clone(), p.error.clone()),
+                _ => {
+                    let read_at = SystemTime::now();
+                    #[cfg(test)]
+                    {
+                        self.reads += 1;
+                    }
+                    let (got, err) = match read_manifest(f) {
+                        Ok(data) => pods_from_manifest(&data, &Source::File(loc.clone()), &self.node),
+                        Err(e) => (Vec::new(), Some(e)),
+                    };
+                    if let Some(at) = self.event_at.filter(|_| crate::metrics::start_phases_enabled()) {
+                        for p in &got {
+                            crate::metrics::start_phase_at(crate::pod::name(p), "inotify", at);
+                            crate::metrics::start_phase(crate::pod::name(p), "parsed");
+                        }
+                    }
+                    match key {
+                        Some(key) => {
+                            self.parsed.insert(
+                                f.clone(),
+                                Parsed {
+                                    key,
+                                    read_at,
+                                    pods: got.clone(),
+                                    error: err.clone(),
+                                },
+                            );
+                        }
+                        None => {
+                            self.parsed.remove(f);
+                        }
+                    }
+                    (got, err)
+                }
             };
             match err {
                 None => {
@@ -190,12 +249,125 @@ impl FileSource {
             if !out.send(snap) {
                 return;
             }
-            watch.next_change(every).await;
+            match watch.next_change(every).await {
+                Change::Files(changed) => {
+                    source.event_at = Some(SystemTime::now());
+                    source.changed(changed);
+                }
+                Change::All => {
+                    source.event_at = None;
+                    source.forget();
+                }
+            }
             if !watch.active() {
                 watch = Watch::new(&source.path);
             }
         }
     }
+
+    /// inotify named these files: they are read again at the next scan (a regular file just
+    /// created waits for its writer to close it).
+    fn changed(&mut self, changed: Vec<(PathBuf, FileEvent)>) {
+        for (path, ev) in changed {
+            self.parsed.remove(&path);
+            match ev {
+                FileEvent::Created => {
+                    // `open(O_CREAT)`: being written. A symlink, a hard link, a FIFO... is
+                    // complete as it appears (no IN_CLOSE_WRITE will come for it).
+                    let being_written = std::fs::symlink_metadata(&path).is_ok_and(|m| {
+                        use std::os::unix::fs::MetadataExt;
+                        m.file_type().is_file() && m.nlink() == 1
+                    });
+                    if being_written {
+                        self.writing.insert(path);
+                    }
+                }
+                FileEvent::Done | FileEvent::Gone => {
+                    self.writing.remove(&path);
+                }
+            }
+        }
+    }
+
+    /// The periodic re-list (or a watch that lost events): every file is read again.
+    fn forget(&mut self) {
+        self.parsed.clear();
+        self.writing.clear();
+    }
+}
+
+/// What a file parsed to when it was last read.
+struct Parsed {
+    key: FileKey,
+    read_at: SystemTime,
+    pods: Vec<Arc<Pod>>,
+    error: Option<String>,
+}
+
+impl Parsed {
+    /// Unchanged since it was read: same identity, and not changed so close to the read that a
+    /// later write could carry the same timestamps (file systems stamp with a coarse clock; a
+    /// second covers the coarsest).
+    fn still_valid(&self, now: &FileKey) -> bool {
+        *now == self.key && now.changed_before(self.read_at - RACY)
+    }
+}
+
+/// How close to a read a file's timestamps make its cached parse untrustworthy.
+const RACY: Duration = Duration::from_secs(1);
+
+/// A file's identity for "has it changed": any write changes its ctime and mtime, a rename
+/// over it its inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileKey {
+    /// The key of what `path` names (symlinks followed), or None when it cannot be looked at.
+    pub(crate) fn of_path(path: &Path) -> Option<FileKey> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(FileKey {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// Both timestamps are before `t`.
+    fn changed_before(&self, t: SystemTime) -> bool {
+        let Ok(t) = t.duration_since(SystemTime::UNIX_EPOCH) else {
+            return false;
+        };
+        let t = (t.as_secs() as i64, t.subsec_nanos() as i64);
+        self.mtime < t && self.ctime < t
+    }
+}
+
+/// What inotify said of one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileEvent {
+    /// IN_CREATE.
+    Created,
+    /// IN_CLOSE_WRITE, IN_MOVED_TO, IN_ATTRIB: complete as it is now.
+    Done,
+    /// IN_DELETE, IN_MOVED_FROM.
+    Gone,
+}
+
+/// What [`Watch::next_change`] saw.
+enum Change {
+    /// These files changed (possibly several times; the last event of each counts).
+    Files(Vec<(PathBuf, FileEvent)>),
+    /// Read everything: the periodic re-list, or the watch lost events or ended.
+    All,
 }
 
 /// A manifest's text. Only regular files are read (a symlink to a FIFO, a device or
@@ -225,6 +397,7 @@ fn read_manifest(path: &Path) -> Result<String, String> {
 
 /// inotify on the manifest directory (or the file's directory), tolerant of its absence.
 struct Watch {
+    dir: PathBuf,
     stream: Option<inotify::EventStream<Vec<u8>>>,
 }
 
@@ -254,9 +427,9 @@ impl Watch {
         match stream {
             Ok(s) => {
                 info!(dir = %dir.display(), "watching static pod path");
-                Watch { stream: Some(s) }
+                Watch { dir, stream: Some(s) }
             }
-            Err(_) => Watch { stream: None },
+            Err(_) => Watch { dir, stream: None },
         }
     }
 
@@ -264,31 +437,78 @@ impl Watch {
         self.stream.is_some()
     }
 
-    /// Return on the next change (debounced), or after `every`.
-    async fn next_change(&mut self, every: Duration) {
+    /// Wait for the next change, or `every`. A change is returned at once, with whatever other
+    /// events are already queued; only when all it saw are creations of files still being
+    /// written does it wait (for their IN_CLOSE_WRITE, up to [`SETTLE`]).
+    async fn next_change(&mut self, every: Duration) -> Change {
         let Some(s) = self.stream.as_mut() else {
             tokio::time::sleep(every).await;
-            return;
+            return Change::All;
         };
-        tokio::select! {
-            ev = s.next() => {
-                match ev {
-                    Some(Ok(e)) if e.mask.contains(inotify::EventMask::DELETE_SELF) || e.mask.contains(inotify::EventMask::MOVE_SELF) || e.mask.contains(inotify::EventMask::IGNORED) => {
-                        self.stream = None;
-                    }
-                    Some(Ok(_)) => {}
-                    _ => self.stream = None,
-                }
-                // Let a burst of events (an editor's save, many files at once) settle.
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                if let Some(s) = self.stream.as_mut() {
-                    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(1), s.next()).await {}
+        let mut seen: Vec<(PathBuf, FileEvent)> = Vec::new();
+        let first = tokio::select! {
+            ev = s.next() => ev,
+            _ = tokio::time::sleep(every) => return Change::All,
+        };
+        let mut lost = self.take(first, &mut seen);
+        // What is queued already comes along, without waiting.
+        while !lost {
+            let Some(s) = self.stream.as_mut() else { break };
+            match s.next().now_or_never() {
+                Some(ev) => lost = self.take(ev, &mut seen),
+                None => break,
+            }
+        }
+        if !lost && !seen.is_empty() && seen.iter().all(|(_, e)| *e == FileEvent::Created) {
+            let deadline = tokio::time::Instant::now() + SETTLE;
+            while !lost && seen.iter().any(|(_, e)| *e == FileEvent::Created) {
+                let Some(s) = self.stream.as_mut() else { break };
+                match tokio::time::timeout_at(deadline, s.next()).await {
+                    Ok(ev) => lost = self.take(ev, &mut seen),
+                    Err(_) => break,
                 }
             }
-            _ = tokio::time::sleep(every) => {}
         }
+        if lost {
+            return Change::All;
+        }
+        Change::Files(seen)
+    }
+
+    /// Note one event in `seen`; true when the watch lost events or ended (read everything).
+    fn take(&mut self, ev: Option<std::io::Result<inotify::EventOwned>>, seen: &mut Vec<(PathBuf, FileEvent)>) -> bool {
+        use inotify::EventMask as E;
+        let e = match ev {
+            Some(Ok(e)) => e,
+            _ => {
+                self.stream = None;
+                return true;
+            }
+        };
+        if e.mask.intersects(E::DELETE_SELF | E::MOVE_SELF | E::IGNORED) {
+            self.stream = None;
+            return true;
+        }
+        if e.mask.contains(E::Q_OVERFLOW) {
+            return true;
+        }
+        let Some(name) = e.name else { return false };
+        let what = if e.mask.contains(E::CREATE) {
+            FileEvent::Created
+        } else if e.mask.intersects(E::DELETE | E::MOVED_FROM) {
+            FileEvent::Gone
+        } else {
+            FileEvent::Done
+        };
+        let path = self.dir.join(name);
+        seen.retain(|(p, _)| *p != path);
+        seen.push((path, what));
+        false
     }
 }
+
+/// How long a burst of only creations waits for the files' writers to close them.
+const SETTLE: Duration = Duration::from_millis(30);
 
 /// The Secrets placed in the static pod path: what static pods' imagePullSecrets name (the
 /// same objects their volumes and environment use, see [`static_objects`]).
@@ -319,17 +539,8 @@ pub fn static_objects(path: &Path) -> StaticObjects {
         Err(_) => Vec::new(),
     };
     let mut out = StaticObjects::default();
-    for f in files {
-        let Ok(data) = read_manifest(&f) else { continue };
-        let docs: Vec<serde_json::Value> = if data.trim_start().starts_with('{') {
-            serde_json::Deserializer::from_str(&data)
-                .into_iter::<serde_json::Value>()
-                .filter_map(Result::ok)
-                .collect()
-        } else {
-            serde_saphyr::from_multiple(&data).unwrap_or_default()
-        };
-        for d in docs {
+    for f in &files {
+        for d in object_documents(f) {
             match d.get("kind").and_then(|k| k.as_str()) {
                 Some("Secret") => match serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(d) {
                     Ok(s) => out.secrets.push(s),
@@ -343,7 +554,63 @@ pub fn static_objects(path: &Path) -> StaticObjects {
             }
         }
     }
+    // Files gone from the path leave the cache.
+    let listed: HashSet<&PathBuf> = files.iter().collect();
+    OBJECT_DOCUMENTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p, _| !p.starts_with(path) || listed.contains(p));
     out
+}
+
+/// The Secret and ConfigMap documents of each manifest read, by file: a pod's volumes and env
+/// are looked up at every sync and container start, and parsing every manifest of the node
+/// each time made a pod's start cost O(pods) (docs/start-path.md). A file is parsed again when
+/// its identity changed, or changed too close to the last read to tell ([`Parsed::still_valid`]).
+#[allow(clippy::type_complexity)]
+static OBJECT_DOCUMENTS: std::sync::LazyLock<
+    Mutex<HashMap<PathBuf, (FileKey, SystemTime, Arc<Vec<serde_json::Value>>)>>,
+> = std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The `kind: Secret` and `kind: ConfigMap` documents of manifest `f` (none when it cannot be
+/// read or parsed).
+fn object_documents(f: &Path) -> Vec<serde_json::Value> {
+    let key = FileKey::of_path(f);
+    if let Some(key) = key {
+        let cache = OBJECT_DOCUMENTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((k, read_at, docs)) = cache.get(f) {
+            if *k == key && key.changed_before(*read_at - RACY) {
+                return docs.as_ref().clone();
+            }
+        }
+    }
+    let read_at = SystemTime::now();
+    let Ok(data) = read_manifest(f) else {
+        OBJECT_DOCUMENTS.lock().unwrap_or_else(|e| e.into_inner()).remove(f);
+        return Vec::new();
+    };
+    let docs: Vec<serde_json::Value> = if data.trim_start().starts_with('{') {
+        serde_json::Deserializer::from_str(&data)
+            .into_iter::<serde_json::Value>()
+            .filter_map(Result::ok)
+            .collect()
+    } else {
+        serde_saphyr::from_multiple(&data).unwrap_or_default()
+    };
+    let docs: Vec<serde_json::Value> = docs
+        .into_iter()
+        .filter(|d| matches!(d.get("kind").and_then(|k| k.as_str()), Some("Secret" | "ConfigMap")))
+        .collect();
+    let mut cache = OBJECT_DOCUMENTS.lock().unwrap_or_else(|e| e.into_inner());
+    match key {
+        Some(key) => {
+            cache.insert(f.to_path_buf(), (key, read_at, Arc::new(docs.clone())));
+        }
+        None => {
+            cache.remove(f);
+        }
+    }
+    docs
 }
 
 /// What [`static_objects`] found, in file order.
@@ -401,6 +668,78 @@ mod tests {
         src.fail_listing = None;
         drop(dir);
         assert!(src.scan().pods.is_empty());
+    }
+
+    #[test]
+    fn only_changed_files_are_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.yaml");
+        std::fs::write(&a, POD.replace("NAME", "a")).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), POD.replace("NAME", "b")).unwrap();
+        // Files changed within RACY of a read are read again whatever their identity says.
+        std::thread::sleep(RACY + Duration::from_millis(100));
+        let mut src = FileSource::new(dir.path().to_path_buf(), "n".into());
+        assert_eq!(names(&src.scan()), ["a-n", "b-n"]);
+        assert_eq!(src.reads, 2);
+        assert_eq!(names(&src.scan()), ["a-n", "b-n"]);
+        assert_eq!(src.reads, 2, "unchanged files were parsed again");
+        // inotify named a.yaml: it alone is read.
+        src.changed(vec![(a.clone(), FileEvent::Done)]);
+        assert_eq!(names(&src.scan()), ["a-n", "b-n"]);
+        assert_eq!(src.reads, 3);
+        // A change inotify did not report shows in the file's identity.
+        std::fs::write(&a, POD.replace("NAME", "c")).unwrap();
+        assert_eq!(names(&src.scan()), ["c-n", "b-n"]);
+        assert_eq!(src.reads, 4);
+        // The periodic re-list reads everything.
+        src.forget();
+        src.scan();
+        assert_eq!(src.reads, 6);
+        // Removed files remove their pods.
+        std::fs::remove_file(&a).unwrap();
+        src.changed(vec![(a, FileEvent::Gone)]);
+        assert_eq!(names(&src.scan()), ["b-n"]);
+    }
+
+    #[test]
+    fn a_file_being_written_is_taken_once_closed() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let c = dir.path().join("c.yaml");
+        let mut f = std::fs::File::create(&c).unwrap();
+        let full = POD.replace("NAME", "c");
+        // Half of it: a valid pod already, with the rest of the manifest still to come.
+        f.write_all(&full.as_bytes()[..full.len() - 10]).unwrap();
+        let mut src = FileSource::new(dir.path().to_path_buf(), "n".into());
+        src.changed(vec![(c.clone(), FileEvent::Created)]);
+        let snap = src.scan();
+        assert!(snap.pods.is_empty() && snap.errors.is_empty(), "{snap:?}");
+        f.write_all(&full.as_bytes()[full.len() - 10..]).unwrap();
+        drop(f);
+        src.changed(vec![(c.clone(), FileEvent::Done)]);
+        assert_eq!(names(&src.scan()), ["c-n"]);
+        // A symlink is complete as it appears: no IN_CLOSE_WRITE comes for it.
+        let l = dir.path().join("l.yaml");
+        let target = dir.path().join(".target");
+        std::fs::write(&target, POD.replace("NAME", "l")).unwrap();
+        std::os::unix::fs::symlink(&target, &l).unwrap();
+        src.changed(vec![(l, FileEvent::Created)]);
+        assert_eq!(names(&src.scan()), ["c-n", "l-n"]);
+    }
+
+    #[tokio::test]
+    async fn a_manifest_renamed_in_is_reported_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Watch::new(dir.path());
+        assert!(w.active());
+        let tmp = dir.path().join(".p.tmp");
+        std::fs::write(&tmp, POD.replace("NAME", "p")).unwrap();
+        let p = dir.path().join("p.yaml");
+        std::fs::rename(&tmp, &p).unwrap();
+        let Change::Files(files) = w.next_change(Duration::from_secs(30)).await else {
+            panic!("a full re-list instead of the file");
+        };
+        assert!(files.contains(&(p, FileEvent::Done)), "{files:?}");
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl PodSetup {
             let (p, pod_dir) = (p.clone(), pod_dir.to_path_buf());
             blocking(move || sandbox::finish(&p, &pod_dir, &own)).await?
         };
+        crate::metrics::start_phase(pod::name(p), "sandbox");
         if let (Some(netns), true) = (sb.net.clone(), self.network.enabled()) {
             match self.network.attach(&sb.id, &netns, p).await {
                 Ok(ips) => {
@@ -146,6 +147,7 @@ impl PodSetup {
                     sb.network = Some(self.network.settings().mode.clone());
                     let (rec, pod_dir) = (sb.clone(), pod_dir.to_path_buf());
                     blocking(move || sandbox::save(&pod_dir, &rec)).await?;
+                    crate::metrics::start_phase(pod::name(p), "network");
                 }
                 Err(e) => {
                     // Setup leaves nothing behind on error; the namespaces go too, and the next
@@ -179,7 +181,7 @@ impl PodSetup {
         let objects = match (&self.local, &self.objects) {
             (Some(local), _) if pod::is_static(p) => {
                 let (local, p) = (local.clone(), p.clone());
-                blocking(move || Ok(local.read().volume_objects(&p))).await?
+                blocking(move || Ok(local.volume_objects(&p))).await?
             }
             (_, Some(o)) => {
                 o.register_pod(p);
@@ -197,7 +199,7 @@ impl PodSetup {
         match (&self.local, &self.objects) {
             (Some(local), _) if pod::is_static(p) => {
                 let (local, p2, c2) = (local.clone(), p.clone(), c.clone());
-                blocking(move || Ok(local.read().env_objects(&p2, &c2)))
+                blocking(move || Ok(local.env_objects(&p2, &c2)))
                     .await
                     .unwrap_or_default()
             }

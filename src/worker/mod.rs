@@ -195,6 +195,7 @@ impl PodWorkers {
         match admitted {
             Ok(()) => {
                 info!(pod = %pod::full_name(&p), "ADD");
+                crate::metrics::start_phase(pod::name(&p), "admitted");
                 let known = self.adoptable.remove(&uid).unwrap_or_default();
                 self.spawn(p, known, Lifecycle::Syncing);
             }

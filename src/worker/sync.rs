@@ -24,6 +24,7 @@ impl PodWorker {
     pub(super) async fn sync_pod(&mut self) -> Option<DateTime<Utc>> {
         if self.report.start_time.is_none() {
             self.report.start_time = Some(Utc::now());
+            crate::metrics::start_phase(pod::name(&self.pod), "worker");
         }
         let deadline = self.check_active_deadline();
         if self.report.killed.is_some() {
@@ -50,6 +51,7 @@ impl PodWorker {
             // A new pod has a status before its first container starts (kubelet's SyncPod
             // publishes before the runtime's): a pod of many containers takes a while.
             self.publish_status(&views).await;
+            crate::metrics::start_phase(pod::name(&self.pod), "status");
         }
         for v in views.all() {
             if v.is_active() {
@@ -89,7 +91,12 @@ impl PodWorker {
     /// files kubelet manages.
     async fn prepare_pod(&mut self) -> anyhow::Result<()> {
         let m = self.m.clone();
+        // The phases of a pod's first start (docs/start-path.md), not of every resync.
+        let first = self.report.last.is_none();
         m.setup.prepare(&self.pod, &self.pod_dir).await?;
+        if first {
+            crate::metrics::start_phase(pod::name(&self.pod), "cgroup");
+        }
         let usable = self
             .resources
             .sandbox
@@ -135,9 +142,15 @@ impl PodWorker {
                 return Err(e);
             }
         };
+        if first {
+            crate::metrics::start_phase(pod::name(&self.pod), "volumes");
+        }
         m.setup
             .write_managed_files(&self.pod, &self.pod_dir, &facts.pod_ips)
             .await?;
+        if first {
+            crate::metrics::start_phase(pod::name(&self.pod), "managed_files");
+        }
         Ok(())
     }
 
@@ -292,6 +305,10 @@ impl PodWorker {
         let image = self.pull_unless_stopped(&c).await;
         m.liveness.busy(&duty, self.round_limit());
         let image_id = image?;
+        let first = s.attempt == 0;
+        if first {
+            crate::metrics::start_phase(pod::name(&self.pod), "image");
+        }
         let pod_cgroup = m.setup.cgroups().pod_path(&self.pod);
         let facts = self.facts();
         let env_objects = m.setup.env_objects(&self.pod, &c).await;
@@ -313,6 +330,9 @@ impl PodWorker {
             env_objects,
         };
         let id = start::create_container(&m.rt, &m.images, input, image_id).await?;
+        if first {
+            crate::metrics::start_phase(pod::name(&self.pod), "created");
+        }
         self.containers.known.insert(id.clone());
         self.event(
             Some(&c.name),
@@ -326,6 +346,9 @@ impl PodWorker {
         if let Err(w) = start::start_created(&m.rt, &m.cfg.container_log_link_dir, &id).await {
             self.containers.known.remove(&id);
             return Err(w);
+        }
+        if first {
+            crate::metrics::start_phase(pod::name(&self.pod), "started");
         }
         self.watch(&id);
         let image = c.image.clone().unwrap_or_default();
