@@ -63,6 +63,9 @@ struct Opts {
     /// Pods started one after another at each count of running pods (start-path figures).
     #[arg(long, default_value_t = 20)]
     start_pods: usize,
+    /// Only the runtime floor (ferrolet's runtime crate beside crun and runc).
+    #[arg(long)]
+    only_floor: bool,
     /// Skip the image pull figures.
     #[arg(long)]
     skip_pull: bool,
@@ -268,26 +271,49 @@ fn run(
             .map_err(anyhow::Error::from)
             .and_then(|r| Ok(serde_json::from_slice(&r?)?))?;
         let mut v = Vec::new();
+        // Each step's own time too: create, start, wait, delete.
+        let mut steps: [Vec<f64>; 4] = Default::default();
         for _ in 0..opts.runs {
             let t = Instant::now();
-            tokio
+            let lap = tokio
                 .block_on(async {
+                    let mut lap = [0.0; 4];
+                    let mut at = Instant::now();
+                    let mut mark = |i: usize| {
+                        lap[i] = at.elapsed().as_secs_f64() * 1000.0;
+                        at = Instant::now();
+                    };
                     let c = rt.create(&cfg).await?;
+                    mark(0);
                     rt.start(c.id()).await?;
+                    mark(1);
                     rt.wait(c.id()).await?;
-                    rt.delete(c.id()).await
+                    mark(2);
+                    rt.delete(c.id()).await?;
+                    mark(3);
+                    Ok::<_, ferrolet_runtime::Error>(lap)
                 })
                 .map_err(anyhow::Error::from)?;
             v.push(t.elapsed().as_secs_f64() * 1000.0);
+            for (s, l) in steps.iter_mut().zip(lap) {
+                s.push(l);
+            }
         }
-        floor.ferrolet = Some(stats(v).0);
+        let (p50, p90, _) = stats(v);
+        let [c, s, w, d] = steps.map(|s| stats(s).0);
+        eprintln!(
+            "   ferrolet: p50 {p50:.1} ms, p90 {p90:.1} ms (p50 of each step: create {c:.1}, start {s:.1}, wait {w:.1}, delete {d:.1} ms)"
+        );
+        floor.ferrolet = Some(p50);
     }
     let rootfs = dir.join("rootfs");
     peers::unpack_rootfs(&oci_tar, &rootfs)?;
     for name in ["crun", "runc"] {
         let r = peers::OciRuntime::new(name, dir, &rootfs, cgroups, cg.path(), &spec).and_then(|rt| {
             let v = (0..opts.runs).map(|i| rt.run_once(i)).collect::<Result<Vec<_>>>()?;
-            Ok(stats(v).0)
+            let (p50, p90, _) = stats(v);
+            eprintln!("   {name}: p50 {p50:.1} ms, p90 {p90:.1} ms");
+            Ok(p50)
         });
         let val = match r {
             Ok(v) => Some(v),
@@ -303,6 +329,9 @@ fn run(
         }
     }
     rows.push(floor);
+    if opts.only_floor {
+        return Ok((rows, None));
+    }
 
     // 2.-6. ferrolet without a pod network: latency, memory, burst, CPU.
     let bin = std::fs::canonicalize(&opts.ferrolet)
