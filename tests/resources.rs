@@ -135,12 +135,7 @@ fn uid(p: &k8s_openapi::api::core::v1::Pod) -> String {
 }
 
 fn container_cgroup(p: &k8s_openapi::api::core::v1::Pod, pod_cgroup: &str) -> String {
-    let id = container_status(p, "main")
-        .container_id
-        .clone()
-        .unwrap()
-        .trim_start_matches("ferrolet://")
-        .to_string();
+    let id = container_id(p, "main");
     format!("{pod_cgroup}/{id}")
 }
 

@@ -206,12 +206,7 @@ fn container_log_links_come_and_go_with_the_containers() {
         ),
     );
     let p = a.wait_for("web", "running", T, |p| running(p, "c"));
-    let id = container_status(&p, "c")
-        .container_id
-        .clone()
-        .unwrap()
-        .trim_start_matches("ferrolet://")
-        .to_string();
+    let id = container_id(&p, "c");
     let name = format!("web-{}_default_c-{id}.log", a.node);
     let link = dir.join(&name);
     let target =

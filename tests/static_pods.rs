@@ -669,12 +669,7 @@ fn pod_cgroup_tree_limits_and_oom_killed() {
     assert_eq!(p.status.as_ref().unwrap().qos_class.as_deref(), Some("Burstable"));
     let cg = ferrolet_runtime::cgroups::Cgroups::detect().unwrap();
     let uid = p.metadata.uid.clone().unwrap();
-    let id = container_status(&p, "c")
-        .container_id
-        .clone()
-        .unwrap()
-        .trim_start_matches("ferrolet://")
-        .to_string();
+    let id = container_id(&p, "c");
     let kubepods = format!("{}/kubepods", a.cgroup.path());
     let pod_cg = format!("{kubepods}/burstable/pod{uid}");
     let ctr_cg = format!("{pod_cg}/{id}");

@@ -544,6 +544,16 @@ pub fn assert_oom_killed(p: &Pod, name: &str) {
     );
 }
 
+/// The runtime's id of container `name` of `p` (its status's containerID without the
+/// `ferrolet://` scheme).
+pub fn container_id(p: &Pod, name: &str) -> String {
+    let id = container_status(p, name)
+        .container_id
+        .clone()
+        .unwrap_or_else(|| panic!("container {name} has no containerID: {:?}", p.status));
+    id.trim_start_matches("ferrolet://").to_string()
+}
+
 pub fn waiting_reason(p: &Pod, name: &str) -> Option<String> {
     try_container_status(p, name)?
         .state
