@@ -1,7 +1,9 @@
 //! State files. Every write of state goes through [`write_atomic`]: temp file, fsync, rename,
 //! fsync of the directory, so a crash leaves either the old or the new content, never a torn
-//! file. Every function here blocks (and the writes fsync): call them from async code through
-//! `spawn_blocking`.
+//! file. Records that mean nothing after a reboot (a process's pids, files regenerated on every
+//! pass) use [`write_atomic_unsynced`]: the same temp file and rename, so a killed writer still
+//! leaves the old or the new content, but no fsync, so a power loss may lose them. Every function
+//! here blocks: call them from async code through `spawn_blocking`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -24,6 +26,40 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 /// exists with wider ones, not even as the temp file).
 pub fn write_atomic_mode(path: &Path, data: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
+    replace(path, data, mode, true)?;
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Write several files of one directory, each as [`write_atomic`] does, with one fsync of the
+/// directory for all of them (a new directory's files: one wait instead of one per file). When
+/// this returns, all of them survive a crash; an error may leave the earlier ones written.
+pub fn write_atomic_in(dir: &Path, files: &[(&str, &[u8])]) -> Result<()> {
+    for (name, data) in files {
+        replace(&dir.join(name), data, 0o644, true)?;
+    }
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Write `data` to `path` so that a reader sees either the old or the new content, never a mix,
+/// even when the writer is killed, but without waiting for the disk: after a power loss or a
+/// kernel crash the file may hold the old content, be empty or be missing. For records whose
+/// meaning ends with the boot (pids, start times of live processes) or that are written again
+/// from their source on every pass.
+pub fn write_atomic_unsynced(path: &Path, data: &[u8]) -> Result<()> {
+    replace(path, data, 0o644, false)
+}
+
+/// [`write_json_atomic`] without the fsyncs: see [`write_atomic_unsynced`].
+pub fn write_json_atomic_unsynced<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<()> {
+    let data = serde_json::to_vec_pretty(value).with_context(|| format!("encoding {}", path.display()))?;
+    write_atomic_unsynced(path, &data)
+}
+
+/// The temp file (fsynced when `sync`) renamed over `path`.
+fn replace(path: &Path, data: &[u8], mode: u32, sync: bool) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -38,10 +74,10 @@ pub fn write_atomic_mode(path: &Path, data: &[u8], mode: u32) -> Result<()> {
             .with_context(|| format!("creating {}", tmp.display()))?;
         f.write_all(data)
             .with_context(|| format!("writing {}", tmp.display()))?;
-        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
-        fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
-        sync_dir(dir);
-        Ok(())
+        if sync {
+            f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+        }
+        fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
     })();
     if res.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -148,6 +184,21 @@ pub fn safe_name(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsynced_and_grouped_writes_replace_content_and_leave_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("monitor.json");
+        write_atomic_unsynced(&f, b"one").unwrap();
+        write_json_atomic_unsynced(&f, &serde_json::json!({"pid": 2})).unwrap();
+        assert_eq!(read_json::<serde_json::Value>(&f).unwrap()["pid"], 2);
+        write_atomic_in(dir.path(), &[("config.json", b"{}"), ("container.json", b"[]")]).unwrap();
+        assert_eq!(fs::read(dir.path().join("config.json")).unwrap(), b"{}");
+        assert_eq!(fs::read(dir.path().join("container.json")).unwrap(), b"[]");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 3);
+        let e = write_atomic_unsynced(&dir.path().join("missing/x.json"), b"x").unwrap_err();
+        assert!(e.to_string().contains("missing/.x.json.tmp"), "{e}");
+    }
 
     #[test]
     fn atomic_write_replaces_content_and_leaves_no_temp() {

@@ -441,6 +441,9 @@ pub(crate) fn load(dir: &Path, cgroups: &Cgroups) -> Result<ContainerInfo> {
             monitor = Some(m);
             state
         }
+        // Written in another boot without a monitor record: monitor.json is not fsynced, so a
+        // power loss may have taken it from a container that ran. Gone, as with a record.
+        Rec::Missing if other_boot && exit_err.is_none() => gone("the node rebooted"),
         // Neither an exit nor a monitor recorded, the record fine: a creation that did not
         // finish (or is under way), as long as the kernel shows nothing alive.
         Rec::Missing if exit_err.is_none() && errors.is_empty() && remaining().is_empty() => ContainerState::Incomplete,

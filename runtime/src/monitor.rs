@@ -28,7 +28,7 @@ use crate::pidfd::process_start_time;
 use crate::process::{detach_stdio, exit, set_name, set_title};
 use crate::proto::{write_reply, CreateArgs, Reply};
 use crate::tty::ConsoleSocket;
-use ferrolet_fsutil::{chain, write_json_atomic};
+use ferrolet_fsutil::{chain, write_json_atomic, write_json_atomic_unsynced};
 
 /// How long output is still collected after the container's init exits, for processes that
 /// inherited its stdout (a host-PID container's daemons).
@@ -117,7 +117,9 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         init_pid: init.as_raw(),
         init_start: process_start_time(init.as_raw()).unwrap_or(0),
     };
-    if let Err(e) = write_json_atomic(&args.bundle.join("monitor.json"), &rec) {
+    // Not fsynced: pids mean nothing after a reboot, and a container of another boot reads as
+    // gone whatever this file says (or whether it survived at all).
+    if let Err(e) = write_json_atomic_unsynced(&args.bundle.join("monitor.json"), &rec) {
         let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
         return fail(format!("recording monitor state: {}", chain(&e)));
     }

@@ -22,7 +22,8 @@ use crate::spec::{build_spec, SpecInput};
 use crate::user::{resolve_user, ImageFiles};
 use crate::zygote::{Replies, ZygoteClient, ZygoteHandle};
 use ferrolet_fsutil::{
-    chain, ensure_dir, ensure_private_dir, random_hex, read_json, remove_tree, write_atomic, write_json_atomic,
+    chain, ensure_dir, ensure_private_dir, random_hex, read_json, remove_tree, write_atomic_in,
+    write_json_atomic_unsynced,
 };
 
 /// The overlay upper directory's name in a container's state directory.
@@ -211,7 +212,9 @@ impl Runtime {
             started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
         };
         let path = self.dir(id).join("started.json");
-        blocking(move || write_json_atomic(&path, &started)).await
+        // Not fsynced: after a reboot the container is gone whether it started or not (the boot
+        // id says so), and while the node is up the page cache holds it for the next reader.
+        blocking(move || write_json_atomic_unsynced(&path, &started)).await
     }
 
     /// Send `signal` to the container's init process. A container that already exited is not
@@ -791,8 +794,9 @@ fn prepare(
     );
     spec.set_annotations(Some(annotations));
     let data = serde_json::to_vec_pretty(&spec).context("encoding config.json")?;
-    write_atomic(&dir.join("config.json"), &data)?;
-    write_json_atomic(&dir.join("container.json"), &record)?;
+    let record_data = serde_json::to_vec_pretty(&record).context("encoding container.json")?;
+    // Both durable, with one fsync of the new directory for the two.
+    write_atomic_in(dir, &[("config.json", &data), ("container.json", &record_data)])?;
     let mut log = cfg.log.clone();
     log.path = log_path;
     let display_name = [&cfg.display_name, &cfg.name]

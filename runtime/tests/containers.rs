@@ -100,6 +100,10 @@ fn main() {
             unreadable_records_of_an_exited_container,
         ),
         trial(
+            "records_of_another_boot_after_a_power_loss",
+            records_of_another_boot_after_a_power_loss,
+        ),
+        trial(
             "container_whose_monitor_died_is_not_exited_while_it_runs",
             container_whose_monitor_died_is_not_exited_while_it_runs,
         ),
@@ -1114,6 +1118,72 @@ fn unreadable_records_of_an_exited_container() -> Result<()> {
                 // wait() on it answers at once.
                 let w = tokio::time::timeout(Duration::from_secs(2), rt.wait(&id)).await??;
                 ensure!(code.is_none_or(|c| w.exit_code == c), "{w:?}");
+                Ok(())
+            }
+            .await
+            .with_context(|| format!("case {name}"));
+            let d = rt.delete(&id).await.with_context(|| format!("case {name}: delete"));
+            r?;
+            d?;
+            ensure_removed(&t).with_context(|| format!("case {name}"))?;
+        }
+        Ok(())
+    })
+}
+
+/// What a power loss may leave of a container's records (monitor.json and started.json are not
+/// fsynced; exit.json and container.json are), read in the next boot: with its exit recorded the
+/// container is exited with that code; without, it is gone with an unknown exit status ("the
+/// node rebooted"), never a creation to retry (`Incomplete`) nor alive.
+fn records_of_another_boot_after_a_power_loss() -> Result<()> {
+    let cases: &[(&str, &[&str], Option<i32>)] = &[
+        (
+            "reboot-lost-monitor-and-started",
+            &["monitor.json", "started.json"],
+            Some(3),
+        ),
+        (
+            "reboot-lost-all-but-the-record",
+            &["monitor.json", "started.json", "exit.json"],
+            None,
+        ),
+        ("reboot-lost-exit", &["exit.json"], None),
+    ];
+    block(async {
+        let rt = &env().rt;
+        for (name, lost, code) in cases {
+            let cfg = labelled(name, &["sh", "-c", "exit 3"]);
+            let info = rt.create(&cfg).await?;
+            let id = info.id().to_string();
+            let t = traces(&id, &info.record.cgroup_path);
+            let r = async {
+                rt.start(&id).await?;
+                let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+                ensure!(e.exit_code == 3, "{e:?}");
+                monitor_gone(&info).await?;
+                // Another boot: the record names a boot id that is not this one.
+                let dir = rt.root().join("containers").join(&id);
+                let path = dir.join("container.json");
+                let mut rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+                rec["bootId"] = "a-boot-before-the-power-loss".into();
+                std::fs::write(&path, serde_json::to_vec(&rec)?)?;
+                for f in *lost {
+                    std::fs::remove_file(dir.join(f))?;
+                }
+                let got = rt.inspect(&id)?;
+                ensure!(got.record.labels == cfg.labels, "labels {:?}", got.record.labels);
+                match code {
+                    Some(c) => ensure!(
+                        matches!(&got.state, ContainerState::Exited(x) if x.exit_code == *c),
+                        "state {:?}",
+                        got.state
+                    ),
+                    None => {
+                        ensure!(state_name(&got.state) == "ExitUnknown", "state {:?}", got.state);
+                        let dbg = format!("{:?}", got.state);
+                        ensure!(dbg.contains("the node rebooted"), "{dbg}");
+                    }
+                }
                 Ok(())
             }
             .await

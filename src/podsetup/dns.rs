@@ -151,11 +151,20 @@ pub fn resolv_conf(p: &Pod, cfg: &Config) -> String {
     r.render()
 }
 
-/// Write the three files (`etc-hosts`, `resolv.conf`, `hostname`) under `dir`.
+/// Write the three files (`etc-hosts`, `resolv.conf`, `hostname`) under `dir`, each only when
+/// its content changed. They are made from the pod and the node's config on every sync, so they
+/// are replaced atomically but not fsynced: whatever a power loss leaves is rewritten by the
+/// next sync.
 pub fn write_files(dir: &Path, p: &Pod, pod_ips: &[String], cfg: &Config) -> anyhow::Result<()> {
     use anyhow::Context;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let w = |name: &str, data: String| ferrolet_fsutil::write_atomic(&dir.join(name), data.as_bytes());
+    let w = |name: &str, data: String| -> ferrolet_fsutil::Result<()> {
+        let path = dir.join(name);
+        if std::fs::read(&path).is_ok_and(|old| old == data.as_bytes()) {
+            return Ok(());
+        }
+        ferrolet_fsutil::write_atomic_unsynced(&path, data.as_bytes())
+    };
     w("etc-hosts", hosts_file(p, pod_ips, &cfg.cluster_domain))?;
     w("resolv.conf", resolv_conf(p, cfg))?;
     w("hostname", format!("{}\n", hostname(p)))?;
@@ -200,6 +209,31 @@ mod tests {
             serde_json::json!({"containers":[],"dnsPolicy":"None","dnsConfig":{"nameservers":["9.9.9.9"],"searches":["x"],"options":[{"name":"ndots","value":"2"}]}}),
         );
         assert_eq!(resolv_conf(&p, &cfg), "nameserver 9.9.9.9\nsearch x\noptions ndots:2\n");
+    }
+
+    #[test]
+    fn files_are_rewritten_only_when_they_change() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            resolv_conf: "/nonexistent".into(),
+            ..Default::default()
+        };
+        let p = pod(serde_json::json!({"containers":[]}));
+        let ino = |n: &str| std::fs::metadata(dir.path().join(n)).unwrap().ino();
+        write_files(dir.path(), &p, &["10.88.0.2".into()], &cfg).unwrap();
+        let (hosts, name) = (ino("etc-hosts"), ino("hostname"));
+        write_files(dir.path(), &p, &["10.88.0.2".into()], &cfg).unwrap();
+        assert_eq!(
+            (ino("etc-hosts"), ino("hostname")),
+            (hosts, name),
+            "unchanged: left alone"
+        );
+        write_files(dir.path(), &p, &["10.88.0.3".into()], &cfg).unwrap();
+        assert_ne!(ino("etc-hosts"), hosts, "a new pod IP replaces the hosts file");
+        assert_eq!(ino("hostname"), name);
+        let h = std::fs::read_to_string(dir.path().join("etc-hosts")).unwrap();
+        assert!(h.contains("10.88.0.3\tweb-node1"), "{h}");
     }
 
     #[test]
