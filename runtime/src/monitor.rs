@@ -131,6 +131,8 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         },
     );
     drop(reply);
+    drop(container);
+    release_free_heap();
 
     let status = pump(init, sources, &mut log, &mut attach);
     let (exit_code, signal, reason) = match status {
@@ -160,6 +162,49 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     match recorded {
         Ok(()) => 0,
         Err(_) => 1,
+    }
+}
+
+/// Give the memory that building the container used and freed back to the kernel: the
+/// monitor lives as long as its container and from here on needs little more than its
+/// buffers, so the heap and stack pages libcontainer's build dirtied would otherwise stay
+/// resident, per container (measured on a debug build: 180 KiB of stack, 16 KiB of heap).
+fn release_free_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    release_unused_stack();
+}
+
+/// Drop the main stack's pages well below the current frame (they fault back in zeroed if a
+/// deeper call ever needs them). 16 KiB below this frame stay, for the calls made from here.
+fn release_unused_stack() {
+    const KEEP: usize = 16 * 1024;
+    let here = std::hint::black_box(0u8);
+    let sp = std::ptr::addr_of!(here) as usize;
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    let Some(bottom) = maps
+        .lines()
+        .find(|l| l.ends_with("[stack]"))
+        .and_then(|l| l.split('-').next())
+        .and_then(|a| usize::from_str_radix(a, 16).ok())
+    else {
+        return;
+    };
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let top = sp.saturating_sub(KEEP) & !(page - 1);
+    if bottom < top && sp < bottom + (64 << 20) {
+        // SAFETY: [bottom, top) is the part of this thread's stack mapping below the frames in
+        // use (the stack grows down from above `sp`); MADV_DONTNEED on private anonymous
+        // memory only replaces its pages with zero-filled ones on the next touch.
+        unsafe {
+            libc::madvise(bottom as *mut libc::c_void, top - bottom, libc::MADV_DONTNEED);
+        }
     }
 }
 
