@@ -76,8 +76,6 @@ pub(crate) enum Request {
     Create(CreateArgs),
     /// Let a created container run (fds: reply).
     Start { id: String, lc_root: PathBuf },
-    /// Kill what is left, remove the cgroup and libcontainer's state (fds: reply).
-    Delete { id: String, lc_root: PathBuf },
     /// Run a process in a running container (fds: reply, stdin, stdout, stderr; or, with
     /// `tty_process`, reply and a unix socket the pty master is sent over).
     Exec(ExecArgs),

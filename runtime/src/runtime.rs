@@ -340,20 +340,11 @@ impl Runtime {
                 ));
             }
         }
-        let lc_deleted = self
-            .zygote
-            .call_ok(&Request::Delete {
-                id: id.to_string(),
-                lc_root: self.lc_root.clone(),
-            })
-            .await;
-        if let Err(e) = &lc_deleted {
-            // libcontainer could not load or delete it (its state is unreadable too): its
-            // cgroup and state are removed by hand below.
-            tracing::warn!(container = %id, error = %chain(e), "libcontainer could not delete the container; removing its cgroup and state directly");
-        }
-        // What libcontainer did not remove (it does not know the container when its state is
-        // gone or unreadable).
+        // What libcontainer's own delete would do for these containers, done here without
+        // forking a worker to load it: its specs carry no hooks and no Intel RDT, so deleting is
+        // removing the cgroup (every hierarchy, named ones too) and libcontainer's state
+        // directory. It would also build a cgroup manager that re-reads the mount table once per
+        // controller (docs/start-path.md), and it cannot delete a container whose state is gone.
         let (cgroups, cg, lc_dir) = (self.cgroups.clone(), cgroup.clone(), self.lc_root.join(id));
         blocking(move || {
             if !cg.trim_matches('/').is_empty() {
@@ -363,10 +354,7 @@ impl Runtime {
             Ok::<_, Error>(())
         })
         .await
-        .map_err(|e2| match &lc_deleted {
-            Err(e) => Error::container(id, format!("delete: {}; then: {}", chain(e), chain(&e2))),
-            Ok(()) => Error::container(id, format!("delete: {}", chain(&e2))),
-        })?;
+        .map_err(|e| Error::container(id, format!("delete: {}", chain(&e))))?;
         let id = id.to_string();
         blocking(move || {
             crate::rootfs::unmount(&dir.join("rootfs")).with_context(|| format!("container {id}"))?;

@@ -105,15 +105,6 @@ fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             let r = Container::load(lc_root.join(&id)).and_then(|mut c| c.start());
             answer(&reply, r.map(|_| Reply::Ok))
         }
-        Request::Delete { id, lc_root } => {
-            let dir = lc_root.join(&id);
-            if !dir.exists() {
-                write_reply(&reply, &Reply::Ok);
-                return 0;
-            }
-            let r = Container::load(dir).and_then(|mut c| c.delete(true));
-            answer(&reply, r.map(|_| Reply::Ok))
-        }
         Request::Exec(args) => exec(args, reply, fds),
         Request::Pin(args) => match pin(&args) {
             Ok(()) => {
