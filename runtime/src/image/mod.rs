@@ -27,6 +27,10 @@ use ferrolet_fsutil::{ensure_dir, ensure_private_dir, read_json, read_json_opt, 
 pub use reference::Reference;
 
 /// One image as the index records it.
+/// How close two uses of an image may be for the second not to be recorded (see
+/// [`ImageStore::mark_used`]).
+pub const LAST_USED_GRANULARITY: chrono::Duration = chrono::Duration::seconds(60);
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageRecord {
@@ -200,7 +204,10 @@ impl ImageStore {
         }
     }
 
-    /// Record that a container was created from image `id` now (`last_used`).
+    /// Record that a container was created from image `id` now (`last_used`). Within
+    /// [`LAST_USED_GRANULARITY`] of the recorded use the index is left as it is: it is rewritten
+    /// (and fsynced) whole, on a container's start path, and image GC, which orders by last use
+    /// and keeps every image a container uses anyway, works in minutes.
     pub fn mark_used(&self, id: &Digest) -> Result<()> {
         let _l = self.lock()?;
         let mut index = self.read_index()?;
@@ -209,7 +216,16 @@ impl ImageStore {
             .iter_mut()
             .find(|i| &i.id == id)
             .ok_or_else(|| Error::ImageNotFound(id.to_string()))?;
-        img.last_used = Some(chrono::Utc::now().to_rfc3339());
+        let now = chrono::Utc::now();
+        let recent = img
+            .last_used
+            .as_deref()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .is_some_and(|t| (now - t.with_timezone(&chrono::Utc)).abs() < LAST_USED_GRANULARITY);
+        if recent {
+            return Ok(());
+        }
+        img.last_used = Some(now.to_rfc3339());
         self.write_index(&index)
     }
 
@@ -705,6 +721,33 @@ mod tests {
         assert_eq!(names(&store.dir().join("blobs/sha256")), before);
         assert_eq!(names(&store.dir().join("layers")), layers_before);
         assert!(store.resolve("localhost/good:1").is_ok());
+    }
+
+    #[test]
+    fn a_use_is_recorded_once_a_minute() {
+        let t = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(t.path().join("images")).unwrap();
+        oci_layout(&t.path().join("img"), "localhost/used:1", &[tar_of(&[("f", b"1")])]);
+        let id = store.import(&t.path().join("img")).unwrap().remove(0).id;
+        let last = || store.find("localhost/used:1").unwrap().last_used;
+        assert_eq!(last(), None);
+        store.mark_used(&id).unwrap();
+        let first = last().expect("recorded");
+        store.mark_used(&id).unwrap();
+        assert_eq!(
+            last().as_ref(),
+            Some(&first),
+            "a second use within a minute is not written"
+        );
+        // A use recorded longer ago is moved to now.
+        let mut index = store.read_index().unwrap();
+        let old = (chrono::Utc::now() - chrono::Duration::seconds(61)).to_rfc3339();
+        index.images[0].last_used = Some(old.clone());
+        store.write_index(&index).unwrap();
+        store.mark_used(&id).unwrap();
+        let moved = last().expect("recorded");
+        assert!(moved > old, "{moved} after {old}");
+        assert!(store.mark_used(&Digest::of(b"none")).is_err());
     }
 
     #[test]
