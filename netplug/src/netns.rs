@@ -28,7 +28,7 @@ pub fn open_netns(path: &Path) -> Result<File> {
         ));
     }
     // SAFETY: NS_GET_NSTYPE takes no argument and returns the CLONE_NEW* type of the namespace.
-    let ty = unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_NSTYPE) };
+    let ty = unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_NSTYPE as _) };
     if ty >= 0 && ty != libc::CLONE_NEWNET {
         return Err(Error::netns(path, "not a network namespace"));
     }

@@ -956,7 +956,7 @@ pub fn parse_kv(s: &str) -> BTreeMap<String, u64> {
 
 fn is_cgroup2(p: &Path) -> bool {
     nix::sys::statfs::statfs(p)
-        .map(|s| s.filesystem_type().0 == CGROUP2_SUPER_MAGIC)
+        .map(|s| s.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC)
         .unwrap_or(false)
 }
 

@@ -54,7 +54,7 @@ fn pinned(p: &Option<PathBuf>) -> bool {
     match p {
         None => true,
         Some(p) => nix::sys::statfs::statfs(p)
-            .map(|s| s.filesystem_type().0 == NSFS_MAGIC)
+            .map(|s| s.filesystem_type().0 as i64 == NSFS_MAGIC)
             .unwrap_or(false),
     }
 }
