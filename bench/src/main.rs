@@ -515,7 +515,9 @@ fn size_row(bin: &Path) -> Row {
     let mb = |p: &Path| std::fs::metadata(p).ok().map(|m| m.len() as f64 / 1e6);
     let peer = |name: &str| {
         let path = std::env::var_os("PATH")?;
-        let found = std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())?;
+        let found = std::env::split_paths(&path)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())?;
         mb(&found)
     };
     let mut row = Row::new("binary size (release build)", "MB", "podman");
