@@ -165,9 +165,9 @@ fn loopback_up() {
         for (i, b) in b"lo\0".iter().enumerate() {
             ifr.ifr_name[i] = *b as libc::c_char;
         }
-        if libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr) == 0 {
+        if libc::ioctl(s, libc::SIOCGIFFLAGS as _, &mut ifr) == 0 {
             ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr);
+            libc::ioctl(s, libc::SIOCSIFFLAGS as _, &ifr);
         }
         libc::close(s);
     }
@@ -504,7 +504,28 @@ fn run(
     rows.extend(start);
     rows.extend(stats_rows(opts, &bin, dir, cg)?);
     rows.extend(cluster_rows(opts, &bin, dir, cg)?);
+    rows.push(size_row(&bin));
     Ok((rows, Some(phase_table)))
+}
+
+/// The size on disk of the ferrolet binary the benchmark ran (Cargo.toml's release profile),
+/// beside the peers' own binaries found on PATH: podman's alone (its conmon
+/// and OCI runtime are more files), crun and runc single binaries.
+fn size_row(bin: &Path) -> Row {
+    let mb = |p: &Path| std::fs::metadata(p).ok().map(|m| m.len() as f64 / 1e6);
+    let peer = |name: &str| {
+        let path = std::env::var_os("PATH")?;
+        let found = std::env::split_paths(&path)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())?;
+        mb(&found)
+    };
+    let mut row = Row::new("binary size (release build)", "MB", "podman");
+    row.ferrolet = mb(bin);
+    row.podman = peer("podman");
+    row.crun = peer("crun");
+    row.runc = peer("runc");
+    row
 }
 
 /// Pod start latency with N pods already running, and the per-phase table of those starts
@@ -884,6 +905,7 @@ fn notes(opts: &Opts) -> String {
 - Stats: {6} pods (bridge network) on one agent sampling at its default 10 s housekeeping interval; one scrape is a GET over the CLI socket from request to last byte, p50/p99 over {7} scrapes of each endpoint; agent CPU is the agent process's user+system time (/proc/PID/stat) over {2}s with no scrapes, then over {2}s with /stats/summary and /metrics/resource scraped every 10 s, scaled to one minute.\n\
 - Pulls: Debian's docker-registry 2.8 on the benchmark namespace's loopback (plain HTTP, filesystem storage) serving the two-layer image of images/build-registry.sh. `ferrolet images pull` into an empty root dir (resolve, fetch both layers and the config with digests verified, unpack into the store) beside `skopeo copy docker://... dir:` into an empty directory (fetch and verify only, no unpacking), alternated, after one warm-up pair; whole processes timed, p50 of {8} each.\n\
 - Pod start with a pull: a static pod whose image is not on the node (every unused image pruned first, the demo image included, so both layers come from the registry), from the manifest landing to its first command, beside the same pod right after with the image present (IfNotPresent); the store is pruned empty between rounds. No peer: podman would need its own registries.conf for an insecure local registry.\n\
+- Binary size: the ferrolet binary the benchmark ran (`cargo build --release`: fat LTO, opt-level s, no symbols or debug info, as Cargo.toml's release profile says; docs/static-build.md has the variants and the static musl build) in MB of 10^6 bytes, beside the podman, crun and runc binaries on PATH (podman alone: it also needs conmon and an OCI runtime, crun or runc, which are not counted in its figure).\n\
 - Everything ran inside a private network namespace; ratios are ferrolet ÷ the named peer (below 1 means ferrolet is faster or smaller).\n",
         opts.pods,
         opts.burst,

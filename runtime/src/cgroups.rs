@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+// statfs' f_type is i64 in glibc and u64 in musl: FsType holds whichever the target has.
+const CGROUP2_SUPER_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x6367_7270);
 
 /// Controllers ferrolet sets limits with or reads stats from.
 const V1_CONTROLLERS: &[&str] = &[
@@ -956,7 +957,7 @@ pub fn parse_kv(s: &str) -> BTreeMap<String, u64> {
 
 fn is_cgroup2(p: &Path) -> bool {
     nix::sys::statfs::statfs(p)
-        .map(|s| s.filesystem_type().0 == CGROUP2_SUPER_MAGIC)
+        .map(|s| s.filesystem_type() == CGROUP2_SUPER_MAGIC)
         .unwrap_or(false)
 }
 

@@ -1324,7 +1324,7 @@ fn read_pty_until(master: &OwnedFd, want: &str, limit: Duration) -> Result<Strin
 fn pty_number(master: &OwnedFd) -> Result<u32> {
     let mut n: libc::c_uint = 0;
     // SAFETY: TIOCGPTN writes one unsigned int.
-    let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTN, &mut n) };
+    let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTN as _, &mut n) };
     ensure!(r == 0, "TIOCGPTN: {}", std::io::Error::last_os_error());
     Ok(n)
 }

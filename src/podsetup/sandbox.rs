@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::pod;
 
-const NSFS_MAGIC: i64 = 0x6e73_6673;
+/// nsfs' statfs magic (FsType: f_type is i64 in glibc, u64 in musl).
+const NSFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x6e73_6673);
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -54,7 +55,7 @@ fn pinned(p: &Option<PathBuf>) -> bool {
     match p {
         None => true,
         Some(p) => nix::sys::statfs::statfs(p)
-            .map(|s| s.filesystem_type().0 == NSFS_MAGIC)
+            .map(|s| s.filesystem_type() == NSFS_MAGIC)
             .unwrap_or(false),
     }
 }

@@ -454,7 +454,7 @@ fn link_fd(src: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<
 
 fn times(mtime: i64) -> [libc::timespec; 2] {
     let t = libc::timespec {
-        tv_sec: mtime as libc::time_t,
+        tv_sec: mtime as _,
         tv_nsec: 0,
     };
     [t, t]

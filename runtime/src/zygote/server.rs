@@ -346,10 +346,10 @@ fn loopback_up() -> std::io::Result<()> {
         for (i, b) in b"lo\0".iter().enumerate() {
             ifr.ifr_name[i] = *b as libc::c_char;
         }
-        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr);
+        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS as _, &mut ifr);
         if r == 0 {
             ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            r = libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr);
+            r = libc::ioctl(s, libc::SIOCSIFFLAGS as _, &ifr);
         }
         let err = std::io::Error::last_os_error();
         libc::close(s);
