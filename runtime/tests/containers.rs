@@ -1081,22 +1081,14 @@ fn unreadable_records_of_an_exited_container() -> Result<()> {
     block(async {
         let rt = &env().rt;
         for (name, files, code) in cases {
-            let cfg = labelled(name, &["sh", "-c", "exit 3"]);
-            let info = rt.create(&cfg).await?;
-            let id = info.id().to_string();
-            let t = traces(&id, &info.record.cgroup_path);
-            let r = async {
-                rt.start(&id).await?;
-                let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
-                ensure!(e.exit_code == 3, "{e:?}");
-                monitor_gone(&info).await?;
-                garble(&id, files)?;
+            with_exited(name, async |id, cfg| {
+                garble(id, files)?;
                 let listed = rt
                     .list()?
                     .into_iter()
                     .find(|c| c.id() == id)
                     .ok_or_else(|| anyhow!("not listed"))?;
-                let got = rt.inspect(&id)?;
+                let got = rt.inspect(id)?;
                 for i in [&listed, &got] {
                     ensure!(i.record.labels == cfg.labels, "labels {:?}", i.record.labels);
                     match code {
@@ -1116,19 +1108,37 @@ fn unreadable_records_of_an_exited_container() -> Result<()> {
                     }
                 }
                 // wait() on it answers at once.
-                let w = tokio::time::timeout(Duration::from_secs(2), rt.wait(&id)).await??;
+                let w = tokio::time::timeout(Duration::from_secs(2), rt.wait(id)).await??;
                 ensure!(code.is_none_or(|c| w.exit_code == c), "{w:?}");
                 Ok(())
-            }
-            .await
-            .with_context(|| format!("case {name}"));
-            let d = rt.delete(&id).await.with_context(|| format!("case {name}: delete"));
-            r?;
-            d?;
-            ensure_removed(&t).with_context(|| format!("case {name}"))?;
+            })
+            .await?;
         }
         Ok(())
     })
+}
+
+/// Run `sh -c "exit 3"` labelled `name` until it has exited and its monitor is gone, hand its
+/// id and config to `check`, then delete it and make sure nothing is left, pass or fail.
+async fn with_exited(name: &str, check: impl AsyncFnOnce(&str, &ContainerConfig) -> Result<()>) -> Result<()> {
+    let rt = &env().rt;
+    let cfg = labelled(name, &["sh", "-c", "exit 3"]);
+    let info = rt.create(&cfg).await?;
+    let id = info.id().to_string();
+    let t = traces(&id, &info.record.cgroup_path);
+    let r = async {
+        rt.start(&id).await?;
+        let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+        ensure!(e.exit_code == 3, "{e:?}");
+        monitor_gone(&info).await?;
+        check(&id, &cfg).await
+    }
+    .await
+    .with_context(|| format!("case {name}"));
+    let d = rt.delete(&id).await.with_context(|| format!("case {name}: delete"));
+    r?;
+    d?;
+    ensure_removed(&t).with_context(|| format!("case {name}"))
 }
 
 /// What a power loss may leave of a container's records (monitor.json and started.json are not
@@ -1152,17 +1162,9 @@ fn records_of_another_boot_after_a_power_loss() -> Result<()> {
     block(async {
         let rt = &env().rt;
         for (name, lost, code) in cases {
-            let cfg = labelled(name, &["sh", "-c", "exit 3"]);
-            let info = rt.create(&cfg).await?;
-            let id = info.id().to_string();
-            let t = traces(&id, &info.record.cgroup_path);
-            let r = async {
-                rt.start(&id).await?;
-                let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
-                ensure!(e.exit_code == 3, "{e:?}");
-                monitor_gone(&info).await?;
+            with_exited(name, async |id, cfg| {
                 // Another boot: the record names a boot id that is not this one.
-                let dir = rt.root().join("containers").join(&id);
+                let dir = rt.root().join("containers").join(id);
                 let path = dir.join("container.json");
                 let mut rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
                 rec["bootId"] = "a-boot-before-the-power-loss".into();
@@ -1170,7 +1172,7 @@ fn records_of_another_boot_after_a_power_loss() -> Result<()> {
                 for f in *lost {
                     std::fs::remove_file(dir.join(f))?;
                 }
-                let got = rt.inspect(&id)?;
+                let got = rt.inspect(id)?;
                 ensure!(got.record.labels == cfg.labels, "labels {:?}", got.record.labels);
                 match code {
                     Some(c) => ensure!(
@@ -1185,13 +1187,8 @@ fn records_of_another_boot_after_a_power_loss() -> Result<()> {
                     }
                 }
                 Ok(())
-            }
-            .await
-            .with_context(|| format!("case {name}"));
-            let d = rt.delete(&id).await.with_context(|| format!("case {name}: delete"));
-            r?;
-            d?;
-            ensure_removed(&t).with_context(|| format!("case {name}"))?;
+            })
+            .await?;
         }
         Ok(())
     })
