@@ -132,7 +132,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     );
     drop(reply);
     drop(container);
-    release_free_heap();
+    release_build_memory();
 
     let status = pump(init, sources, &mut log, &mut attach);
     let (exit_code, signal, reason) = match status {
@@ -169,7 +169,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
 /// monitor lives as long as its container and from here on needs little more than its
 /// buffers, so the heap and stack pages libcontainer's build dirtied would otherwise stay
 /// resident, per container (measured on a debug build: 180 KiB of stack, 16 KiB of heap).
-fn release_free_heap() {
+fn release_build_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the kernel.
     unsafe {

@@ -26,11 +26,11 @@ use crate::error::{p, Context, Error, Result};
 use ferrolet_fsutil::{ensure_dir, ensure_private_dir, read_json, read_json_opt, remove_tree, write_json_atomic};
 pub use reference::Reference;
 
-/// One image as the index records it.
 /// How close two uses of an image may be for the second not to be recorded (see
 /// [`ImageStore::mark_used`]).
 pub const LAST_USED_GRANULARITY: chrono::Duration = chrono::Duration::seconds(60);
 
+/// One image as the index records it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageRecord {
