@@ -367,3 +367,100 @@ fn run_once_runs_the_static_pods_reports_and_exits() {
     assert_eq!(restarts(&p, "c"), 0, "the container runOnce started still runs");
     a.wait_phase("job", "Failed", T);
 }
+
+/// allowPrivilegeEscalation, seccomp and the user decide how a container is confined, as
+/// with containerd or CRI-O: noNewPrivileges only when escalation is refused, no ambient or
+/// inheritable capabilities, no effective ones for a non-root user, the open-files limit the
+/// agent's own; and a process exec'd into the container is confined exactly as its first.
+#[test]
+fn privilege_escalation_seccomp_and_limits_follow_the_security_context() {
+    let a = Agent::start("confine", &[]);
+    let script = "grep -E '^(NoNewPrivs|Seccomp|CapInh|CapEff|CapAmb):' /proc/self/status | tr -d ' \\t'; echo nofile=$(ulimit -H -n); sleep 600";
+    let container =
+        |name: &str, sc: &str| format!("  - name: {name}\n    image: {IMAGE}\n    command: [sh, -c, {script:?}]\n{sc}");
+    a.write(
+        "confine.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: confine}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n{}{}{}",
+            container("plain", ""),
+            container(
+                "locked",
+                "    securityContext:\n      allowPrivilegeEscalation: false\n      seccompProfile: {type: RuntimeDefault}\n"
+            ),
+            container(
+                "user",
+                "    securityContext:\n      runAsUser: 1000\n      seccompProfile: {type: Unconfined}\n"
+            ),
+        ),
+    );
+    a.wait_phase("confine", "Running", T);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", a.pid())).unwrap();
+    let agent_nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .unwrap()
+        .to_string();
+    let default_caps = "CapEff:00000000a80425fb";
+    let expect: [(&str, &[&str]); 3] = [
+        // (seccompDefault is on unless the configuration turns it off)
+        (
+            "plain",
+            &[
+                "NoNewPrivs:0",
+                "Seccomp:2",
+                "CapInh:0000000000000000",
+                default_caps,
+                "CapAmb:0000000000000000",
+            ],
+        ),
+        ("locked", &["NoNewPrivs:1", "Seccomp:2", default_caps]),
+        (
+            "user",
+            &[
+                "NoNewPrivs:0",
+                "Seccomp:0",
+                "CapEff:0000000000000000",
+                "CapAmb:0000000000000000",
+            ],
+        ),
+    ];
+    for (name, want) in expect {
+        let deadline = Instant::now() + T;
+        let out = loop {
+            let out = a.logs("confine", &format!("container={name}"));
+            if out.contains("nofile=") || Instant::now() > deadline {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        for w in want {
+            assert!(out.lines().any(|l| l == *w), "{name}: want {w}: {out}");
+        }
+        assert!(
+            out.contains(&format!("nofile={agent_nofile}\n")),
+            "{name}: the agent's {agent_nofile}: {out}"
+        );
+        // an exec'd process: the same lines as the container's first process
+        let pod = format!("confine-{}", a.node);
+        let exec = a.cli(&[
+            "exec",
+            &pod,
+            "-c",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "grep -E '^(NoNewPrivs|Seccomp|CapInh|CapEff|CapAmb):' /proc/self/status | tr -d ' \\t'",
+        ]);
+        let got = String::from_utf8_lossy(&exec.stdout);
+        assert!(
+            exec.status.success(),
+            "{name}: exec: {got} {}",
+            String::from_utf8_lossy(&exec.stderr)
+        );
+        for w in want {
+            assert!(got.lines().any(|l| l == *w), "{name}: exec'd, want {w}: {got}");
+        }
+    }
+}

@@ -49,16 +49,22 @@ pub(crate) struct CreateArgs {
 pub(crate) struct ExecArgs {
     pub id: String,
     pub lc_root: PathBuf,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub cwd: Option<String>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub additional_gids: Vec<u32>,
-    /// Run on a terminal: the whole OCI process (terminal set) to run, written to a
-    /// process.json for libcontainer; the pty master goes back over the console fd.
-    #[serde(default)]
-    pub tty_process: Option<Box<oci_spec::runtime::Process>>,
+    /// The whole OCI process to run, written to a process.json for libcontainer's tenant
+    /// builder, without capabilities and noNewPrivileges (`confinement` carries them). With
+    /// `terminal` set, libcontainer allocates the terminal and the master goes back over the
+    /// console fd.
+    pub process: Box<oci_spec::runtime::Process>,
+    pub confinement: Confinement,
+}
+
+/// What confines the container's processes and must confine an exec'd one too. libcontainer's
+/// tenant builder drops the container's seccomp profile, so the zygote applies all three
+/// itself just before exec (docs/runtime.md#exec).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Confinement {
+    pub capabilities: Option<oci_spec::runtime::LinuxCapabilities>,
+    pub no_new_privileges: bool,
+    pub seccomp: Option<oci_spec::runtime::LinuxSeccomp>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -77,7 +83,7 @@ pub(crate) enum Request {
     /// Let a created container run (fds: reply).
     Start { id: String, lc_root: PathBuf },
     /// Run a process in a running container (fds: reply, stdin, stdout, stderr; or, with
-    /// `tty_process`, reply and a unix socket the pty master is sent over).
+    /// a terminal `process`, reply and a unix socket the pty master is sent over).
     Exec(ExecArgs),
     /// Create pod namespaces and bind-mount them under a directory (fds: reply).
     Pin(PinArgs),

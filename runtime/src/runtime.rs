@@ -16,7 +16,7 @@ use crate::digest::Digest;
 use crate::error::{p, Context, Error, Result};
 use crate::image::ImageStore;
 use crate::pidfd::{process_matches, PidFd};
-use crate::proto::{CreateArgs, ExecArgs, PinArgs, Reply, Request};
+use crate::proto::{Confinement, CreateArgs, ExecArgs, PinArgs, Reply, Request};
 use crate::rootfs::RootfsSpec;
 use crate::spec::{build_spec, SpecInput};
 use crate::user::{resolve_user, ImageFiles};
@@ -446,7 +446,7 @@ impl Runtime {
 
     /// Start a process in a running container with the given stdio.
     pub async fn exec(&self, id: &str, spec: &ExecSpec, io: ExecIo) -> Result<ExecProcess> {
-        let args = self.exec_args(id, spec)?;
+        let args = self.exec_args(id, spec, false)?;
         let mut replies = self
             .zygote
             .call(&Request::Exec(args), &[&io.stdin, &io.stdout, &io.stderr])?;
@@ -465,8 +465,7 @@ impl Runtime {
     /// close-on-exec): the caller reads the output from it and writes the input to it, and
     /// resizes with [`crate::resize_tty`]. `TERM=xterm` is set unless `spec.env` sets `TERM`.
     pub async fn exec_tty(&self, id: &str, spec: &ExecSpec) -> Result<(ExecProcess, OwnedFd)> {
-        let mut args = self.exec_args(id, spec)?;
-        args.tty_process = Some(Box::new(self.tty_process(id, &args)?));
+        let args = self.exec_args(id, spec, true)?;
         let (ours, theirs) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
             nix::sys::socket::SockType::Stream,
@@ -520,7 +519,12 @@ impl Runtime {
         crate::attach::reopen_log(id, &self.dir(id), timeout)
     }
 
-    fn exec_args(&self, id: &str, spec: &ExecSpec) -> Result<ExecArgs> {
+    /// What the zygote needs to run `spec` in container `id`: the whole OCI process, built the
+    /// way runc builds an exec'd one from the container's (its environment with the exec's on
+    /// top, its user unless `spec.user` says otherwise, its rlimits, OOM score and AppArmor
+    /// profile, `TERM=xterm` on a terminal unless set), and the container's confinement
+    /// (capabilities, noNewPrivileges, seccomp), applied by the zygote right before exec.
+    fn exec_args(&self, id: &str, spec: &ExecSpec, tty: bool) -> Result<ExecArgs> {
         let info = self.inspect(id)?;
         if !info.is_running() {
             return Err(Error::container(id, "cannot exec: the container is not running"));
@@ -529,65 +533,19 @@ impl Runtime {
             return Err(Error::invalid_config("exec.command", "empty"));
         }
         let oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
-        let proc_ = oci.process().clone().unwrap_or_default();
-        let (uid, gid) = spec.user.unwrap_or((proc_.user().uid(), proc_.user().gid()));
+        let base = oci.process().clone().unwrap_or_default();
+        let process = exec_process(&base, spec, tty)?;
+        let confinement = Confinement {
+            capabilities: base.capabilities().clone(),
+            no_new_privileges: base.no_new_privileges() == Some(true),
+            seccomp: oci.linux().as_ref().and_then(|l| l.seccomp().clone()),
+        };
         Ok(ExecArgs {
             id: id.to_string(),
             lc_root: self.lc_root.clone(),
-            args: spec.args.clone(),
-            env: spec.env.clone(),
-            cwd: Some(spec.cwd.clone().unwrap_or_else(|| proc_.cwd().display().to_string())),
-            uid: Some(uid),
-            gid: Some(gid),
-            additional_gids: proc_.user().additional_gids().clone().unwrap_or_default(),
-            tty_process: None,
+            process: Box::new(process),
+            confinement,
         })
-    }
-
-    /// The OCI process of a terminal exec: what libcontainer's tenant builder would make of
-    /// `args` (the container's environment with the exec's on top, its capabilities and
-    /// noNewPrivileges), with `terminal` set. libcontainer only takes a terminal from a whole
-    /// process.json.
-    fn tty_process(&self, id: &str, args: &ExecArgs) -> Result<oci_spec::runtime::Process> {
-        let oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
-        let base = oci.process().clone().unwrap_or_default();
-        let mut env: Vec<(String, String)> = base
-            .env()
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|kv| match kv.split_once('=') {
-                Some((k, v)) => (k.to_string(), v.to_string()),
-                None => (kv, String::new()),
-            })
-            .collect();
-        let mut set = |k: &str, v: &str| match env.iter_mut().find(|(n, _)| n == k) {
-            Some(slot) => slot.1 = v.to_string(),
-            None => env.push((k.to_string(), v.to_string())),
-        };
-        set("TERM", "xterm");
-        for (k, v) in &args.env {
-            set(k, v);
-        }
-        let user = oci_spec::runtime::UserBuilder::default()
-            .uid(args.uid.unwrap_or(0))
-            .gid(args.gid.unwrap_or(0))
-            .additional_gids(args.additional_gids.clone())
-            .build()
-            .map_err(|e| Error::invalid_config("exec.user", e.to_string()))?;
-        let mut p = oci_spec::runtime::ProcessBuilder::default()
-            .terminal(true)
-            .args(args.args.clone())
-            .env(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>())
-            .cwd(args.cwd.clone().unwrap_or_else(|| "/".into()))
-            .user(user);
-        if let Some(caps) = base.capabilities() {
-            p = p.capabilities(caps.clone());
-        }
-        if base.no_new_privileges() == Some(true) {
-            p = p.no_new_privileges(true);
-        }
-        p.build().map_err(|e| Error::invalid_config("exec", e.to_string()))
     }
 
     async fn exec_started(id: &str, replies: &mut Replies) -> Result<i32> {
@@ -862,4 +820,61 @@ fn state_word(s: &ContainerState) -> &'static str {
         ContainerState::Unknown { .. } => "unknown",
         ContainerState::Incomplete => "incomplete",
     }
+}
+
+/// The OCI process of an exec in a container whose own process is `base` (see
+/// [`Runtime::exec_args`]). Capabilities and noNewPrivileges are left out: the zygote applies
+/// them together with seccomp, in the order the kernel allows (docs/runtime.md#exec).
+fn exec_process(base: &oci_spec::runtime::Process, spec: &ExecSpec, tty: bool) -> Result<oci_spec::runtime::Process> {
+    let mut env: Vec<(String, String)> = base
+        .env()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (kv, String::new()),
+        })
+        .collect();
+    let mut set = |k: &str, v: &str| match env.iter_mut().find(|(n, _)| n == k) {
+        Some(slot) => slot.1 = v.to_string(),
+        None => env.push((k.to_string(), v.to_string())),
+    };
+    if tty {
+        set("TERM", "xterm");
+    }
+    for (k, v) in &spec.env {
+        set(k, v);
+    }
+    let (uid, gid) = spec.user.unwrap_or((base.user().uid(), base.user().gid()));
+    let user = oci_spec::runtime::UserBuilder::default()
+        .uid(uid)
+        .gid(gid)
+        .additional_gids(base.user().additional_gids().clone().unwrap_or_default())
+        .build()
+        .map_err(|e| Error::invalid_config("exec.user", e.to_string()))?;
+    let cwd = spec
+        .cwd
+        .clone()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| base.cwd().clone());
+    let mut p = oci_spec::runtime::ProcessBuilder::default()
+        .terminal(tty)
+        .args(spec.args.clone())
+        .env(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>())
+        .cwd(cwd)
+        .user(user);
+    if let Some(rlimits) = base.rlimits() {
+        p = p.rlimits(rlimits.clone());
+    }
+    if let Some(adj) = base.oom_score_adj() {
+        p = p.oom_score_adj(adj);
+    }
+    if let Some(profile) = base.apparmor_profile() {
+        p = p.apparmor_profile(profile.clone());
+    }
+    let mut process = p.build().map_err(|e| Error::invalid_config("exec", e.to_string()))?;
+    // ProcessBuilder's defaults carry capabilities and noNewPrivileges; the zygote applies them.
+    process.set_capabilities(None).set_no_new_privileges(None);
+    Ok(process)
 }

@@ -230,16 +230,13 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
                 .bounding(capset.clone())
                 .effective(capset.clone())
                 .permitted(capset)
+                .inheritable(Capabilities::new())
+                .ambient(Capabilities::new())
                 .build()
                 .context_cfg("capabilities")?,
         );
     if !rlimits.is_empty() {
         process = process.rlimits(rlimits);
-    }
-    // Only ever set it to true: libcontainer reads an explicit `false` as "load seccomp late",
-    // after capabilities are dropped, where loading it is no longer permitted.
-    if cfg.no_new_privileges {
-        process = process.no_new_privileges(true);
     }
     if let Some(adj) = cfg.resources.oom_score_adj {
         process = process.oom_score_adj(allowed_oom_score_adj(adj));
@@ -247,7 +244,18 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
     if let Some(profile) = cfg.apparmor_profile.as_ref().filter(|p| !p.is_empty()) {
         process = process.apparmor_profile(profile.clone());
     }
-    let process = process.build().context_cfg("process")?;
+    let mut process = process.build().context_cfg("process")?;
+    // oci-spec's defaults are not a container runtime's: they set noNewPrivileges, a 1024
+    // RLIMIT_NOFILE and inheritable and ambient capabilities. As containerd's and CRI-O's CRI:
+    // noNewPrivileges only when asked (allowPrivilegeEscalation: false; setuid programs work
+    // otherwise), rlimits inherited from the agent unless set, no inheritable capabilities
+    // (CVE-2022-24769) and no ambient ones (a non-root user gets none). noNewPrivileges is
+    // absent rather than false: libcontainer reads any value as "load seccomp after dropping
+    // capabilities", which only noNewPrivileges permits.
+    process.set_no_new_privileges(cfg.no_new_privileges.then_some(true));
+    if cfg.rlimits.is_empty() {
+        process.set_rlimits(None);
+    }
 
     // Namespaces: always a new mount namespace; cgroup namespace on v2 as containerd does.
     let n = &cfg.namespaces;
@@ -610,6 +618,30 @@ mod tests {
         let p = spec.process().as_ref().unwrap();
         assert_eq!(p.cwd().to_str(), Some("/w"));
         assert_eq!(p.user().uid(), 1);
+        // what a CRI runtime sets, not oci-spec's defaults
+        assert_eq!(p.no_new_privileges(), None, "noNewPrivileges only when asked");
+        assert_eq!(p.rlimits(), &None, "rlimits are inherited unless set");
+        let caps = p.capabilities().as_ref().unwrap();
+        assert_eq!(caps.inheritable().as_ref().map(|c| c.len()), Some(0));
+        assert_eq!(caps.ambient().as_ref().map(|c| c.len()), Some(0));
+        assert!(caps.bounding().as_ref().unwrap().contains(&Capability::Chown));
+        c.no_new_privileges = true;
+        c.rlimits.push(crate::config::Rlimit {
+            kind: "RLIMIT_NOFILE".into(),
+            soft: 10,
+            hard: 20,
+        });
+        let spec = build_spec(&SpecInput {
+            id: "abc",
+            config: &c,
+            image: &img,
+            user: &user,
+            cgroup_v2: false,
+        })
+        .unwrap();
+        let p = spec.process().as_ref().unwrap();
+        assert_eq!(p.no_new_privileges(), Some(true));
+        assert_eq!(p.rlimits().as_ref().unwrap()[0].hard(), 20);
         let data = spec
             .mounts()
             .as_ref()

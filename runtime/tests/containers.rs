@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use ferrolet_runtime::cgroups::NestedRoot;
-use ferrolet_runtime::config::LogConfig;
+use ferrolet_runtime::config::{LogConfig, SeccompProfile};
 use ferrolet_runtime::crilog::{self, Stream};
 use ferrolet_runtime::digest::Digest;
 use ferrolet_runtime::{fork_zygote, AttachOptions, AttachOutput, ContainerConfig, ContainerState, ExecSpec, Runtime};
@@ -110,6 +110,10 @@ fn main() {
         trial(
             "container_without_records_is_found_by_cgroup_and_mount",
             container_without_records_is_found_by_cgroup_and_mount,
+        ),
+        trial(
+            "exec_runs_confined_like_the_container",
+            exec_runs_confined_like_the_container,
         ),
         trial(
             "exec_tty_runs_on_a_container_terminal",
@@ -1344,6 +1348,79 @@ where
     r
 }
 
+/// The lines of /proc/<pid>/status that say how a process is confined.
+const CONFINEMENT: &[&str] = &[
+    "Uid:",
+    "CapInh:",
+    "CapPrm:",
+    "CapEff:",
+    "CapBnd:",
+    "CapAmb:",
+    "NoNewPrivs:",
+    "Seccomp:",
+    "Seccomp_filters:",
+];
+
+/// An exec'd process is confined exactly as the container's first process: the same
+/// capabilities, noNewPrivileges and seccomp filter, with and without noNewPrivileges (which
+/// decides whether the filter is loaded before or after the capabilities are dropped), as
+/// root and as another user, and with Unconfined seccomp too.
+fn exec_runs_confined_like_the_container() -> Result<()> {
+    block(async {
+        let cases: [(&str, bool, Option<u32>, SeccompProfile); 4] = [
+            ("confined-root", false, None, SeccompProfile::RuntimeDefault),
+            ("confined-nnp", true, None, SeccompProfile::RuntimeDefault),
+            ("confined-user", false, Some(1000), SeccompProfile::RuntimeDefault),
+            ("unconfined", false, None, SeccompProfile::Unconfined),
+        ];
+        for (name, nnp, uid, seccomp) in cases {
+            let mut c = config(name, &["sleep", "60"]);
+            c.no_new_privileges = nnp;
+            c.user.uid = uid;
+            c.seccomp = seccomp.clone();
+            with_running(&c, |id| async move {
+                let rt = &env().rt;
+                let status = |pid: &str| ExecSpec {
+                    args: vec!["cat".into(), format!("/proc/{pid}/status")],
+                    ..Default::default()
+                };
+                let lines = |out: &[u8]| -> Vec<String> {
+                    String::from_utf8_lossy(out)
+                        .lines()
+                        .filter(|l| CONFINEMENT.iter().any(|k| l.starts_with(k)))
+                        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                        .collect()
+                };
+                let first = rt
+                    .exec_capture(&id, &status("1"), Some(Duration::from_secs(10)), 1 << 16)
+                    .await?;
+                let own = rt
+                    .exec_capture(&id, &status("self"), Some(Duration::from_secs(10)), 1 << 16)
+                    .await?;
+                ensure!(first.exit_code == 0 && own.exit_code == 0, "{first:?} {own:?}");
+                let (first, own) = (lines(&first.stdout), lines(&own.stdout));
+                ensure!(first.len() == CONFINEMENT.len(), "{name}: /proc/1/status: {first:?}");
+                ensure!(
+                    first == own,
+                    "{name}: the exec'd process is confined differently:\n container: {first:?}\n exec'd:    {own:?}"
+                );
+                let filtered = matches!(seccomp, SeccompProfile::RuntimeDefault);
+                ensure!(
+                    own.contains(&format!("Seccomp: {}", if filtered { 2 } else { 0 })),
+                    "{name}: {own:?}"
+                );
+                ensure!(
+                    own.contains(&format!("NoNewPrivs: {}", u8::from(nnp))),
+                    "{name}: {own:?}"
+                );
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(())
+    })
+}
+
 fn exec_tty_runs_on_a_container_terminal() -> Result<()> {
     block(async {
         with_running(&config("exec-tty", &["sleep", "60"]), |id| async move {
@@ -1353,7 +1430,7 @@ fn exec_tty_runs_on_a_container_terminal() -> Result<()> {
                     "sh".into(),
                     "-c".into(),
                     // tty_nr (field 7 of stat) is the controlling terminal, 0 for none.
-                    "tty; echo term=$TERM ctty=$(cut -d' ' -f7 /proc/$$/stat) sid=$(cut -d' ' -f6 /proc/$$/stat) pid=$$ .; read go; stty size; exit 5".into(),
+                    "tty; echo term=$TERM ctty=$(cut -d' ' -f7 /proc/$$/stat) sid=$(cut -d' ' -f6 /proc/$$/stat) pid=$$ seccomp=$(awk '/^Seccomp:/{print $2}' /proc/$$/status) .; read go; stty size; exit 5".into(),
                 ],
                 ..Default::default()
             };
@@ -1374,6 +1451,7 @@ fn exec_tty_runs_on_a_container_terminal() -> Result<()> {
             };
             ensure!(field("ctty=") != "0" && !field("ctty=").is_empty(), "no controlling tty: {first:?}");
             ensure!(field("sid=") == field("pid="), "the shell is not a session leader: {first:?}");
+            ensure!(field("seccomp=") == "2", "the terminal's shell runs unfiltered: {first:?}");
             ferrolet_runtime::resize_tty(master.as_fd(), 123, 45)?;
             nix::unistd::write(&master, b"go\n")?;
             read_pty_until(&master, "45 123", Duration::from_secs(10))?;

@@ -4,7 +4,6 @@
 //! Workers for `Create` detach (setsid + double fork) and become the container's monitor, which
 //! outlives the agent.
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use libcontainer::container::builder::ContainerBuilder;
@@ -15,6 +14,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 
 use ferrolet_fsutil::chain;
 
+use super::confine::ConfinedExecutor;
 use crate::process::{exit, reset_signals, set_name, set_title};
 use crate::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
 
@@ -137,74 +137,64 @@ fn answer(reply: &OwnedFd, r: Result<Reply, libcontainer::error::LibcontainerErr
     }
 }
 
+/// Run `args.process` in the container as a tenant: libcontainer joins its namespaces and
+/// cgroup from the process.json written here, and [`ConfinedExecutor`] applies the container's
+/// capabilities, noNewPrivileges and seccomp before exec. fds: reply, then stdin, stdout and
+/// stderr; or, on a terminal, reply and the socket the pty master goes back over.
 fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
-    if args.tty_process.is_some() {
-        return exec_tty(args, reply, fds);
-    }
-    let Ok([stdin, stdout, stderr]) = <[OwnedFd; 3]>::try_from(fds) else {
-        write_reply(
-            &reply,
-            &Reply::Failed {
-                error: "exec needs stdin, stdout and stderr".into(),
-            },
-        );
-        return 1;
-    };
-    let env: HashMap<String, String> = args.env.into_iter().collect();
-    let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
-        .with_root_path(&args.lc_root)
-        .map(|b| {
-            b.with_stdin(stdin)
-                .with_stdout(stdout)
-                .with_stderr(stderr)
-                .as_tenant()
-                .with_container_args(args.args.clone())
-                .with_env(env)
-                .with_cwd(args.cwd.clone())
-                .with_user(args.uid)
-                .with_group(args.gid)
-                .with_additional_gids(args.additional_gids.clone())
-                .with_detach(true)
-        })
-        .and_then(|b| b.build());
-    let pid = match built {
-        Ok(pid) => pid,
-        Err(e) => {
-            write_reply(
-                &reply,
-                &Reply::Failed {
-                    error: chain(&e).to_string(),
-                },
-            );
-            return 1;
-        }
-    };
-    write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() });
-    wait_exec(pid, &reply)
-}
-
-/// Exec on a new terminal. libcontainer takes `terminal` only from a whole process.json, and
-/// hands the pty master (allocated in the container's devpts) to a console socket; the
-/// worker listens on one in libcontainer's directory of the container, then passes the master
-/// on to the agent over the socket it sent (fds: reply, console).
-fn exec_tty(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
     let failed = |error: String| {
         write_reply(&reply, &Reply::Failed { error });
         1
     };
-    let Ok([console_out]) = <[OwnedFd; 1]>::try_from(fds) else {
-        return failed("a terminal exec needs the socket for the pty master".into());
-    };
+    let tty = args.process.terminal() == Some(true);
     let dir = args.lc_root.join(&args.id);
     let me = std::process::id();
     let process_json = dir.join(format!("ferrolet-exec-{me}.json"));
-    let data = match serde_json::to_vec(&args.tty_process) {
+    let data = match serde_json::to_vec(&args.process) {
         Ok(d) => d,
         Err(e) => return failed(format!("encoding the exec process: {e}")),
     };
     if let Err(e) = std::fs::write(&process_json, data) {
         return failed(format!("writing {}: {e}", process_json.display()));
     }
+    let executor = ConfinedExecutor {
+        confinement: args.confinement,
+    };
+    let builder = ContainerBuilder::new(args.id.clone(), SyscallType::default())
+        .with_root_path(&args.lc_root)
+        .map(|b| b.with_executor(executor));
+    if !tty {
+        let built = match <[OwnedFd; 3]>::try_from(fds) {
+            Ok([stdin, stdout, stderr]) => builder.and_then(|b| {
+                b.with_stdin(stdin)
+                    .with_stdout(stdout)
+                    .with_stderr(stderr)
+                    .as_tenant()
+                    .with_process(Some(&process_json))
+                    .with_detach(true)
+                    .build()
+            }),
+            Err(_) => {
+                let _ = std::fs::remove_file(&process_json);
+                return failed("exec needs stdin, stdout and stderr".into());
+            }
+        };
+        let _ = std::fs::remove_file(&process_json);
+        return match built {
+            Ok(pid) => {
+                write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() });
+                wait_exec(pid, &reply)
+            }
+            Err(e) => failed(chain(&e).to_string()),
+        };
+    }
+    // libcontainer takes `terminal` only from a whole process.json, and hands the pty master
+    // (allocated in the container's devpts) to a console socket: listen on one in libcontainer's
+    // directory of the container, then pass the master on to the agent.
+    let Ok([console_out]) = <[OwnedFd; 1]>::try_from(fds) else {
+        let _ = std::fs::remove_file(&process_json);
+        return failed("a terminal exec needs the socket for the pty master".into());
+    };
     let console = match crate::tty::ConsoleSocket::bind(&dir, &format!("ferrolet-exec-{me}.sock")) {
         Ok(c) => c,
         Err(e) => {
@@ -212,15 +202,13 @@ fn exec_tty(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             return failed(format!("console socket in {}: {e}", dir.display()));
         }
     };
-    let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
-        .with_root_path(&args.lc_root)
-        .map(|b| {
-            b.with_console_socket(Some(console.path()))
-                .as_tenant()
-                .with_process(Some(&process_json))
-                .with_detach(true)
-        })
-        .and_then(|b| b.build());
+    let built = builder.and_then(|b| {
+        b.with_console_socket(Some(console.path()))
+            .as_tenant()
+            .with_process(Some(&process_json))
+            .with_detach(true)
+            .build()
+    });
     let _ = std::fs::remove_file(&process_json);
     remove_tenant_links(&dir, console.path());
     let pid = match built {
