@@ -170,12 +170,59 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
 /// buffers, so the heap and stack pages libcontainer's build dirtied would otherwise stay
 /// resident, per container (measured on a debug build: 180 KiB of stack, 16 KiB of heap).
 fn release_build_memory() {
+    // The stack first: it reads /proc/self/maps into the heap, which the trim then gives back.
+    release_unused_stack();
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the kernel.
     unsafe {
         libc::malloc_trim(0);
     }
-    release_unused_stack();
+}
+
+/// The buffer output is read into: anonymous memory mapped on its own, so only the reads that
+/// fill its pages make them resident (a quiet container's monitor holds one or two of its 16),
+/// where a zeroed heap buffer is written whole by calloc. A heap buffer if the mapping fails.
+enum OutputBuffer {
+    Mapped(std::ptr::NonNull<u8>, usize),
+    Heap(Vec<u8>),
+}
+
+impl OutputBuffer {
+    fn new(len: usize) -> OutputBuffer {
+        // SAFETY: a fresh private anonymous mapping, owned by the value returned.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        match std::ptr::NonNull::new(p.cast::<u8>()) {
+            Some(ptr) if p != libc::MAP_FAILED => OutputBuffer::Mapped(ptr, len),
+            _ => OutputBuffer::Heap(vec![0u8; len]),
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            // SAFETY: the mapping is `len` bytes, readable and writable, zero-filled by the
+            // kernel, and only this value refers to it.
+            OutputBuffer::Mapped(ptr, len) => unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), *len) },
+            OutputBuffer::Heap(v) => v,
+        }
+    }
+}
+
+impl Drop for OutputBuffer {
+    fn drop(&mut self) {
+        if let OutputBuffer::Mapped(ptr, len) = self {
+            // SAFETY: unmapping the mapping made in `new`; no slice of it outlives `self`.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), *len) };
+        }
+    }
 }
 
 /// Drop the main stack's pages well below the current frame (they fault back in zeroed if a
@@ -218,7 +265,8 @@ fn pump(init: Pid, sources: [Option<File>; 2], log: &mut LogWriter, attach: &mut
     let streams = [Stream::Stdout, Stream::Stderr];
     let mut status: Option<WaitStatus> = None;
     let mut deadline: Option<Instant> = None;
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut output = OutputBuffer::new(64 * 1024);
+    let buf = output.as_mut_slice();
     loop {
         reap(init, &mut status);
         if status.is_some() && deadline.is_none() {
@@ -275,7 +323,7 @@ fn pump(init: Pid, sources: [Option<File>; 2], log: &mut LogWriter, attach: &mut
             if revents[k].is_empty() {
                 continue;
             }
-            let n = pipes[i].as_mut().map(|f| f.read(&mut buf)).unwrap_or(Ok(0));
+            let n = pipes[i].as_mut().map(|f| f.read(buf)).unwrap_or(Ok(0));
             let stream = streams[i];
             let mut emit = |line: &[u8], partial: bool| {
                 let _ = log.write(chrono::Utc::now(), stream, partial, line);
