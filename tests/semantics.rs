@@ -451,7 +451,7 @@ fn privilege_escalation_seccomp_and_limits_follow_the_security_context() {
             "--",
             "sh",
             "-c",
-            "grep -E '^(NoNewPrivs|Seccomp|CapInh|CapEff|CapAmb):' /proc/self/status | tr -d ' \\t'",
+            "grep -E '^(NoNewPrivs|Seccomp|CapInh|CapEff|CapAmb):' /proc/self/status | tr -d ' \\t'; echo nofile=$(ulimit -H -n)",
         ]);
         let got = String::from_utf8_lossy(&exec.stdout);
         assert!(
@@ -462,5 +462,9 @@ fn privilege_escalation_seccomp_and_limits_follow_the_security_context() {
         for w in want {
             assert!(got.lines().any(|l| l == *w), "{name}: exec'd, want {w}: {got}");
         }
+        assert!(
+            got.contains(&format!("nofile={agent_nofile}\n")),
+            "{name}: exec'd: {got}"
+        );
     }
 }

@@ -864,9 +864,6 @@ fn exec_process(base: &oci_spec::runtime::Process, spec: &ExecSpec, tty: bool) -
         .env(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>())
         .cwd(cwd)
         .user(user);
-    if let Some(rlimits) = base.rlimits() {
-        p = p.rlimits(rlimits.clone());
-    }
     if let Some(adj) = base.oom_score_adj() {
         p = p.oom_score_adj(adj);
     }
@@ -874,7 +871,11 @@ fn exec_process(base: &oci_spec::runtime::Process, spec: &ExecSpec, tty: bool) -
         p = p.apparmor_profile(profile.clone());
     }
     let mut process = p.build().map_err(|e| Error::invalid_config("exec", e.to_string()))?;
-    // ProcessBuilder's defaults carry capabilities and noNewPrivileges; the zygote applies them.
-    process.set_capabilities(None).set_no_new_privileges(None);
+    // ProcessBuilder's defaults carry capabilities and noNewPrivileges, which the zygote
+    // applies, and a 1024 RLIMIT_NOFILE: the container's rlimits or none.
+    process
+        .set_capabilities(None)
+        .set_no_new_privileges(None)
+        .set_rlimits(base.rlimits().clone());
     Ok(process)
 }
