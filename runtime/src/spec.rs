@@ -591,14 +591,17 @@ mod tests {
             name: None,
             home: None,
         };
-        let spec = build_spec(&SpecInput {
-            id: "abc",
-            config: &c,
-            image: &img,
-            user: &user,
-            cgroup_v2: false,
-        })
-        .unwrap();
+        let build = |c: &ContainerConfig| {
+            build_spec(&SpecInput {
+                id: "abc",
+                config: c,
+                image: &img,
+                user: &user,
+                cgroup_v2: false,
+            })
+            .unwrap()
+        };
+        let spec = build(&c);
         let linux = spec.linux().as_ref().unwrap();
         assert_eq!(
             linux.cgroups_path().as_ref().unwrap().to_str(),
@@ -631,14 +634,7 @@ mod tests {
             soft: 10,
             hard: 20,
         });
-        let spec = build_spec(&SpecInput {
-            id: "abc",
-            config: &c,
-            image: &img,
-            user: &user,
-            cgroup_v2: false,
-        })
-        .unwrap();
+        let spec = build(&c);
         let p = spec.process().as_ref().unwrap();
         assert_eq!(p.no_new_privileges(), Some(true));
         assert_eq!(p.rlimits().as_ref().unwrap()[0].hard(), 20);
