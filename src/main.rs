@@ -58,26 +58,47 @@ fn tokio_rt(multi: bool) -> Result<tokio::runtime::Runtime> {
 fn real_main() -> Result<i32> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(flags) => {
-            let (cfg, warnings) = config::load(&flags)?;
-            agent::require_root()?;
-            // Before any thread exists (docs/runtime.md#the-zygote).
-            let zygote = ferrolet_runtime::fork_zygote()?;
-            init_logging(cfg.verbosity);
-            tokio_rt(true)?.block_on(agent::run(cfg, zygote, warnings))?;
-            Ok(0)
-        }
-        Command::Reset(a) => {
-            agent::require_root()?;
-            let zygote = ferrolet_runtime::fork_zygote()?;
-            tokio_rt(false)?.block_on(cli::reset::run(&a.root_dir, zygote))
-        }
+        Command::Run(flags) => run_agent(&flags),
+        Command::Reset(a) => reset(&a),
         Command::Pods(a) => tokio_rt(false)?.block_on(cli::pods::run(&a)),
         Command::Logs(a) => tokio_rt(false)?.block_on(cli::logs::run(&a)),
         Command::Exec(a) => cli::exec::run(&a),
         Command::Top(a) => tokio_rt(false)?.block_on(cli::top::run(&a)),
         Command::Images(c) => cli::images::run(&c),
     }
+}
+
+// The zygote is forked from a shallow stack: every frame above `fork_zygote` stays in the
+// zygote, and every page of it the zygote writes later becomes private memory in each
+// container monitor forked from it. So the frames that hold the agent's (large) future are
+// entered only after the fork, and never inlined into the frames that fork.
+
+#[inline(never)]
+fn run_agent(flags: &config::RunFlags) -> Result<i32> {
+    let (cfg, warnings) = config::load(flags)?;
+    agent::require_root()?;
+    // Before any thread exists (docs/runtime.md#the-zygote).
+    let zygote = ferrolet_runtime::fork_zygote()?;
+    serve(cfg, zygote, warnings)
+}
+
+#[inline(never)]
+fn serve(cfg: config::Config, zygote: ferrolet_runtime::ZygoteHandle, warnings: Vec<String>) -> Result<i32> {
+    init_logging(cfg.verbosity);
+    tokio_rt(true)?.block_on(agent::run(cfg, zygote, warnings))?;
+    Ok(0)
+}
+
+#[inline(never)]
+fn reset(a: &cli::RootArg) -> Result<i32> {
+    agent::require_root()?;
+    let zygote = ferrolet_runtime::fork_zygote()?;
+    reset_with(a, zygote)
+}
+
+#[inline(never)]
+fn reset_with(a: &cli::RootArg, zygote: ferrolet_runtime::ZygoteHandle) -> Result<i32> {
+    tokio_rt(false)?.block_on(cli::reset::run(&a.root_dir, zygote))
 }
 
 fn main() {

@@ -46,11 +46,71 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     // SAFETY: plain prctl.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
+    let Some(Created {
+        init,
+        sources,
+        mut log,
+        mut attach,
+        state_dir: _state_dir,
+    }) = create(&args, reply)
+    else {
+        return 1;
+    };
+    // create()'s frame, with libcontainer's build below it, is gone from the stack now.
+    release_build_memory();
+
+    let status = pump(init, sources, &mut log, &mut attach);
+    let (exit_code, signal, reason) = match status {
+        Some(WaitStatus::Exited(_, c)) => (c, None, None),
+        Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32), None),
+        // Reads as an unknown exit, never as a real exit code 255.
+        _ => (
+            255,
+            None,
+            Some("the monitor could not collect init's exit status".to_string()),
+        ),
+    };
+    let oom_killed = crate::cgroups::Cgroups::detect()
+        .ok()
+        .and_then(|c| c.oom_kills(&args.cgroup_path))
+        .is_some_and(|n| n > 0);
+    let exit = ExitRecord {
+        exit_code,
+        signal,
+        oom_killed,
+        finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+        reason,
+    };
+    let recorded = write_json_atomic(&args.bundle.join("exit.json"), &exit);
+    // Attachers see the end of their session only after the exit is recorded.
+    attach.finish(Duration::from_secs(1));
+    match recorded {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// What the monitor keeps of the container it created.
+struct Created {
+    init: Pid,
+    sources: [Option<File>; 2],
+    log: LogWriter,
+    attach: AttachServer,
+    /// Held until the monitor exits (see [`create`]).
+    state_dir: std::io::Result<File>,
+}
+
+/// Open the log, mount the rootfs, build the container through libcontainer, record the
+/// monitor and answer `Created` (or `Failed`, then None). Never inlined: its frame and
+/// libcontainer's below it leave the stack before the monitor settles into its loop, so
+/// [`release_build_memory`] can give all of that back.
+#[inline(never)]
+fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     let fail = |msg: String| {
         write_reply(&reply, &Reply::Failed { error: msg });
-        1
+        None
     };
-    let mut log = match LogWriter::open(&args.log.path, args.log.max_size, args.log.max_files) {
+    let log = match LogWriter::open(&args.log.path, args.log.max_size, args.log.max_files) {
         Ok(l) => l,
         Err(e) => return fail(format!("opening log {}: {e}", args.log.path.display())),
     };
@@ -61,7 +121,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         let _ = crate::rootfs::unmount(&args.rootfs.target);
         return fail(format!("workingDir {}: {e}", args.workdir));
     }
-    let stdio = match Stdio::prepare(&args) {
+    let stdio = match Stdio::prepare(args) {
         Ok(s) => s,
         Err(e) => {
             let _ = crate::rootfs::unmount(&args.rootfs.target);
@@ -96,8 +156,8 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     };
     // Held until the monitor exits: with it the runtime finds this monitor through /proc when
     // monitor.json cannot be read (opened after build(), so the container never inherits it).
-    let _state_dir = File::open(&args.bundle);
-    let (sources, setup) = match stdio.into_sources(&args) {
+    let state_dir = File::open(&args.bundle);
+    let (sources, setup) = match stdio.into_sources(args) {
         Ok(x) => x,
         Err(e) => {
             let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
@@ -109,7 +169,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     // SAFETY: ignoring a signal.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     // A failed bind leaves the container unattachable, not unlogged.
-    let (mut attach, _bind_error) = AttachServer::bind(&args.bundle, setup);
+    let (attach, _bind_error) = AttachServer::bind(&args.bundle, setup);
     let me = std::process::id() as i32;
     let rec = MonitorRecord {
         monitor_pid: me,
@@ -132,37 +192,13 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     );
     drop(reply);
     drop(container);
-    release_build_memory();
-
-    let status = pump(init, sources, &mut log, &mut attach);
-    let (exit_code, signal, reason) = match status {
-        Some(WaitStatus::Exited(_, c)) => (c, None, None),
-        Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32), None),
-        // Reads as an unknown exit, never as a real exit code 255.
-        _ => (
-            255,
-            None,
-            Some("the monitor could not collect init's exit status".to_string()),
-        ),
-    };
-    let oom_killed = crate::cgroups::Cgroups::detect()
-        .ok()
-        .and_then(|c| c.oom_kills(&args.cgroup_path))
-        .is_some_and(|n| n > 0);
-    let exit = ExitRecord {
-        exit_code,
-        signal,
-        oom_killed,
-        finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
-        reason,
-    };
-    let recorded = write_json_atomic(&args.bundle.join("exit.json"), &exit);
-    // Attachers see the end of their session only after the exit is recorded.
-    attach.finish(Duration::from_secs(1));
-    match recorded {
-        Ok(()) => 0,
-        Err(_) => 1,
-    }
+    Some(Created {
+        init,
+        sources,
+        log,
+        attach,
+        state_dir,
+    })
 }
 
 /// Give the memory that building the container used and freed back to the kernel: the

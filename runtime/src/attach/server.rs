@@ -89,6 +89,9 @@ pub(crate) struct AttachServer {
     hangup: bool,
     /// A caller asked for the CRI log to be reopened.
     reopen: bool,
+    /// What a client's frames are read into, allocated at the first read: on the stack it
+    /// would make the monitor's loop frame 32 KiB deeper, resident for the container's life.
+    read_buf: Vec<u8>,
 }
 
 impl AttachServer {
@@ -118,6 +121,7 @@ impl AttachServer {
             close_when_flushed: false,
             hangup: false,
             reopen: false,
+            read_buf: Vec::new(),
         };
         (server, err)
     }
@@ -298,8 +302,10 @@ impl AttachServer {
 
     /// Read once and act on the whole frames; true when there may be more to read.
     fn read_client(&mut self, i: usize) -> bool {
-        let mut buf = [0u8; 32 * 1024];
-        let n = match self.clients[i].sock.read(&mut buf) {
+        if self.read_buf.is_empty() {
+            self.read_buf = vec![0u8; 32 * 1024];
+        }
+        let n = match self.clients[i].sock.read(&mut self.read_buf) {
             Ok(0) => {
                 // End of its input: its stdin ends, its output goes on until it closes.
                 let c = &mut self.clients[i];
@@ -320,7 +326,7 @@ impl AttachServer {
                 return false;
             }
         };
-        self.clients[i].dec.push(&buf[..n]);
+        self.clients[i].dec.push(&self.read_buf[..n]);
         loop {
             let frame = match self.clients[i].dec.next_frame() {
                 Ok(Some(f)) => f,

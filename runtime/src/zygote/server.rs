@@ -80,6 +80,9 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
     }
 }
 
+/// One request, in a fork of the zygote. The handlers are never inlined here: a `Create`
+/// worker becomes the container's monitor below this frame, and every page of stack above the
+/// monitor is memory it holds for as long as its container runs.
 fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
     match req {
         Request::Create(args) => {
@@ -101,10 +104,7 @@ fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
                 }
             }
         }
-        Request::Start { id, lc_root } => {
-            let r = Container::load(lc_root.join(&id)).and_then(|mut c| c.start());
-            answer(&reply, r.map(|_| Reply::Ok))
-        }
+        Request::Start { id, lc_root } => start(&id, &lc_root, &reply),
         Request::Exec(args) => exec(args, reply, fds),
         Request::Pin(args) => match pin(&args) {
             Ok(()) => {
@@ -117,6 +117,12 @@ fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             }
         },
     }
+}
+
+#[inline(never)]
+fn start(id: &str, lc_root: &std::path::Path, reply: &OwnedFd) -> i32 {
+    let r = Container::load(lc_root.join(id)).and_then(|mut c| c.start());
+    answer(reply, r.map(|_| Reply::Ok))
 }
 
 fn answer(reply: &OwnedFd, r: Result<Reply, libcontainer::error::LibcontainerError>) -> i32 {
@@ -141,6 +147,7 @@ fn answer(reply: &OwnedFd, r: Result<Reply, libcontainer::error::LibcontainerErr
 /// cgroup from the process.json written here, and [`ConfinedExecutor`] applies the container's
 /// capabilities, noNewPrivileges and seccomp before exec. fds: reply, then stdin, stdout and
 /// stderr; or, on a terminal, reply and the socket the pty master goes back over.
+#[inline(never)]
 fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
     let failed = |error: String| {
         write_reply(&reply, &Reply::Failed { error });
@@ -282,6 +289,7 @@ fn wait_exec(pid: Pid, reply: &OwnedFd) -> i32 {
 
 /// New network/IPC/UTS namespaces, bind-mounted to files under `dir` so they outlive this
 /// process and containers can join them by path (what CRI-O's pinns does).
+#[inline(never)]
 fn pin(args: &PinArgs) -> Result<(), String> {
     use nix::sched::CloneFlags;
     let mut flags = CloneFlags::empty();
