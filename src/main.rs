@@ -101,7 +101,23 @@ fn reset_with(a: &cli::RootArg, zygote: ferrolet_runtime::ZygoteHandle) -> Resul
     tokio_rt(false)?.block_on(cli::reset::run(&a.root_dir, zygote))
 }
 
+/// glibc gives every thread that contends for the allocator an arena of its own, up to eight
+/// per core, and keeps what each arena once held: the agent's tokio workers and blocking
+/// threads took about 3 MiB more at 50 pods that way than with two arenas (measured
+/// 2026-11-23, docs/runtime.md#measured-costs). Two, unless the environment chose
+/// (`MALLOC_ARENA_MAX`, `GLIBC_TUNABLES`). Set before any thread exists.
+fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() && std::env::var_os("GLIBC_TUNABLES").is_none() {
+        // SAFETY: mallopt only changes a malloc parameter; no thread is running yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
+}
+
 fn main() {
+    limit_malloc_arenas();
     match real_main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {

@@ -193,6 +193,8 @@ impl PodWorker {
         tx
     }
 
+    /// The worker's loop. It lives as long as the pod, mostly waiting: the rounds are boxed, so
+    /// their (large) state exists only while one runs, not in every idle pod's task.
     async fn run(mut self) {
         self.m
             .pods
@@ -206,7 +208,10 @@ impl PodWorker {
             match self.lifecycle {
                 Lifecycle::Syncing => {
                     let started = std::time::Instant::now();
-                    let wake = match std::panic::AssertUnwindSafe(self.sync_pod()).catch_unwind().await {
+                    let wake = match std::panic::AssertUnwindSafe(Box::pin(self.sync_pod()))
+                        .catch_unwind()
+                        .await
+                    {
                         Ok(wake) => wake,
                         Err(p) => {
                             error!(pod = %pod::full_name(&self.pod), "pod sync panicked: {}; retrying", panic_message(p));
@@ -222,7 +227,7 @@ impl PodWorker {
                 }
                 Lifecycle::Terminating => {
                     let started = std::time::Instant::now();
-                    if let Err(p) = std::panic::AssertUnwindSafe(self.sync_terminating_pod())
+                    if let Err(p) = std::panic::AssertUnwindSafe(Box::pin(self.sync_terminating_pod()))
                         .catch_unwind()
                         .await
                     {
@@ -230,12 +235,12 @@ impl PodWorker {
                     }
                     // Its last status: every container stopped.
                     let views = self.views();
-                    self.publish_status(&views).await;
+                    Box::pin(self.publish_status(&views)).await;
                     crate::metrics::global().pod_worker_round("kill", started.elapsed());
                     self.lifecycle = Lifecycle::Terminated;
                 }
                 Lifecycle::Terminated => {
-                    let removed = match std::panic::AssertUnwindSafe(self.sync_terminated_pod())
+                    let removed = match std::panic::AssertUnwindSafe(Box::pin(self.sync_terminated_pod()))
                         .catch_unwind()
                         .await
                     {
