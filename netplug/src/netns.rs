@@ -12,17 +12,13 @@ use rtnetlink::Handle;
 
 use crate::error::{Context, Error, Result};
 
-/// `statfs` magic of nsfs, the filesystem of namespace files (FsType: f_type is i64 in glibc,
-/// u64 in musl).
-const NSFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x6e73_6673);
-
 /// Open a network namespace file, checking that it is one. Errors name the path; a missing
 /// file is an `Fs` error for which [`Error::is_not_found`] is true.
 pub fn open_netns(path: &Path) -> Result<File> {
     let f = File::open(path).with_context(|| format!("opening network namespace {}", path.display()))?;
     let st = nix::sys::statfs::fstatfs(f.as_fd())
         .with_context(|| format!("statfs of network namespace {}", path.display()))?;
-    if st.filesystem_type() != NSFS_MAGIC {
+    if st.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
         return Err(Error::netns(
             path,
             "not a namespace file (expected a bind mount of /proc/<pid>/ns/net)",

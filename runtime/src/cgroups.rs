@@ -12,9 +12,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-// statfs' f_type is i64 in glibc and u64 in musl: FsType holds whichever the target has.
-const CGROUP2_SUPER_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x6367_7270);
-
 /// Controllers ferrolet sets limits with or reads stats from.
 const V1_CONTROLLERS: &[&str] = &[
     "cpu",
@@ -957,7 +954,7 @@ pub fn parse_kv(s: &str) -> BTreeMap<String, u64> {
 
 fn is_cgroup2(p: &Path) -> bool {
     nix::sys::statfs::statfs(p)
-        .map(|s| s.filesystem_type() == CGROUP2_SUPER_MAGIC)
+        .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
         .unwrap_or(false)
 }
 

@@ -16,9 +16,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::pod;
 
-/// nsfs' statfs magic (FsType: f_type is i64 in glibc, u64 in musl).
-const NSFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x6e73_6673);
-
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Sandbox {
@@ -55,7 +52,7 @@ fn pinned(p: &Option<PathBuf>) -> bool {
     match p {
         None => true,
         Some(p) => nix::sys::statfs::statfs(p)
-            .map(|s| s.filesystem_type() == NSFS_MAGIC)
+            .map(|s| s.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
             .unwrap_or(false),
     }
 }
