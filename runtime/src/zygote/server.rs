@@ -153,85 +153,69 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
         write_reply(&reply, &Reply::Failed { error });
         1
     };
-    let tty = args.process.terminal() == Some(true);
     let dir = args.lc_root.join(&args.id);
     let me = std::process::id();
-    let process_json = dir.join(format!("ferrolet-exec-{me}.json"));
-    let data = match serde_json::to_vec(&args.process) {
-        Ok(d) => d,
-        Err(e) => return failed(format!("encoding the exec process: {e}")),
+    // libcontainer takes `terminal` only from a whole process.json, and hands the pty master
+    // (allocated in the container's devpts) to a console socket: listen on one in libcontainer's
+    // directory of the container, then pass the master on to the agent.
+    let (stdio, terminal) = if args.process.terminal() == Some(true) {
+        let Ok([console_out]) = <[OwnedFd; 1]>::try_from(fds) else {
+            return failed("a terminal exec needs the socket for the pty master".into());
+        };
+        match crate::tty::ConsoleSocket::bind(&dir, &format!("ferrolet-exec-{me}.sock")) {
+            Ok(console) => (None, Some((console, console_out))),
+            Err(e) => return failed(format!("console socket in {}: {e}", dir.display())),
+        }
+    } else {
+        match <[OwnedFd; 3]>::try_from(fds) {
+            Ok(stdio) => (Some(stdio), None),
+            Err(_) => return failed("exec needs stdin, stdout and stderr".into()),
+        }
     };
-    if let Err(e) = std::fs::write(&process_json, data) {
-        return failed(format!("writing {}: {e}", process_json.display()));
+    let process_json = dir.join(format!("ferrolet-exec-{me}.json"));
+    let written = serde_json::to_vec(&args.process)
+        .map_err(|e| format!("encoding the exec process: {e}"))
+        .and_then(|data| {
+            std::fs::write(&process_json, data).map_err(|e| format!("writing {}: {e}", process_json.display()))
+        });
+    if let Err(e) = written {
+        return failed(e);
     }
     let executor = ConfinedExecutor {
         confinement: args.confinement,
     };
-    let builder = ContainerBuilder::new(args.id.clone(), SyscallType::default())
+    let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
         .with_root_path(&args.lc_root)
-        .map(|b| b.with_executor(executor));
-    if !tty {
-        let built = match <[OwnedFd; 3]>::try_from(fds) {
-            Ok([stdin, stdout, stderr]) => builder.and_then(|b| {
-                b.with_stdin(stdin)
-                    .with_stdout(stdout)
-                    .with_stderr(stderr)
-                    .as_tenant()
-                    .with_process(Some(&process_json))
-                    .with_detach(true)
-                    .build()
-            }),
-            Err(_) => {
-                let _ = std::fs::remove_file(&process_json);
-                return failed("exec needs stdin, stdout and stderr".into());
-            }
-        };
-        let _ = std::fs::remove_file(&process_json);
-        return match built {
-            Ok(pid) => {
-                write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() });
-                wait_exec(pid, &reply)
-            }
-            Err(e) => failed(chain(&e).to_string()),
-        };
-    }
-    // libcontainer takes `terminal` only from a whole process.json, and hands the pty master
-    // (allocated in the container's devpts) to a console socket: listen on one in libcontainer's
-    // directory of the container, then pass the master on to the agent.
-    let Ok([console_out]) = <[OwnedFd; 1]>::try_from(fds) else {
-        let _ = std::fs::remove_file(&process_json);
-        return failed("a terminal exec needs the socket for the pty master".into());
-    };
-    let console = match crate::tty::ConsoleSocket::bind(&dir, &format!("ferrolet-exec-{me}.sock")) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = std::fs::remove_file(&process_json);
-            return failed(format!("console socket in {}: {e}", dir.display()));
-        }
-    };
-    let built = builder.and_then(|b| {
-        b.with_console_socket(Some(console.path()))
-            .as_tenant()
-            .with_process(Some(&process_json))
-            .with_detach(true)
-            .build()
-    });
+        .and_then(|b| {
+            let b = match (stdio, &terminal) {
+                (Some([i, o, e]), _) => b.with_stdin(i).with_stdout(o).with_stderr(e),
+                (None, Some((console, _))) => b.with_console_socket(Some(console.path())),
+                (None, None) => b,
+            };
+            b.with_executor(executor)
+                .as_tenant()
+                .with_process(Some(&process_json))
+                .with_detach(true)
+                .build()
+        });
     let _ = std::fs::remove_file(&process_json);
-    remove_tenant_links(&dir, console.path());
+    if let Some((console, _)) = &terminal {
+        remove_tenant_links(&dir, console.path());
+    }
     let pid = match built {
         Ok(pid) => pid,
         Err(e) => return failed(chain(&e).to_string()),
     };
-    let sent = console
-        .receive_master(std::time::Duration::from_secs(10))
-        .and_then(|master| crate::tty::send_fd(console_out.as_fd(), master.as_fd()));
-    drop(console);
-    if let Err(e) = sent {
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGKILL);
-        let _ = waitpid(pid, None);
-        return failed(format!("passing on the terminal: {e}"));
+    if let Some((console, console_out)) = terminal {
+        let sent = console
+            .receive_master(std::time::Duration::from_secs(10))
+            .and_then(|master| crate::tty::send_fd(console_out.as_fd(), master.as_fd()));
+        if let Err(e) = sent {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGKILL);
+            let _ = waitpid(pid, None);
+            return failed(format!("passing on the terminal: {e}"));
+        }
     }
-    drop(console_out);
     write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() });
     wait_exec(pid, &reply)
 }
