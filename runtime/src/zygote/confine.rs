@@ -63,7 +63,13 @@ impl ConfinedExecutor {
 
 impl Executor for ConfinedExecutor {
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
-        self.confine().map_err(ExecutorError::Other)?;
+        if let Err(e) = self.confine() {
+            // The exec'd process's own stderr (or terminal) by now: the caller sees why it ended
+            // instead of an exit status alone.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "ferrolet: exec: {e}");
+            return Err(ExecutorError::Other(e));
+        }
         get_executor().exec(spec)
     }
 
