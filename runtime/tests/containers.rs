@@ -77,6 +77,10 @@ fn main() {
         trial("masked_paths_are_unreadable", masked_paths_are_unreadable),
         trial("exec_in_running_container", exec_in_running_container),
         trial("memory_limit_in_cgroup_and_cleanup", memory_limit_in_cgroup_and_cleanup),
+        trial(
+            "priming_cgroup_migrations_moves_nothing",
+            priming_cgroup_migrations_moves_nothing,
+        ),
         trial("stats_of_busy_container", stats_of_busy_container),
         trial(
             "memory_limit_is_enforced_oom_killed",
@@ -495,6 +499,42 @@ fn masked_paths_are_unreadable() -> Result<()> {
     let mut want: Vec<String> = masked.iter().map(|_| "0".to_string()).collect();
     want.push("ro".into());
     ensure!(out == want, "masked {masked:?}: {out:?}");
+    Ok(())
+}
+
+/// Priming writes this (multi-threaded) process into the cgroup it is in: the write must be
+/// accepted on this node's layout, and every thread must stay where it was in every hierarchy,
+/// with containers created right after it as usual.
+fn priming_cgroup_migrations_moves_nothing() -> Result<()> {
+    let cgroups_of = || -> Result<std::collections::BTreeMap<String, String>> {
+        let mut v = std::collections::BTreeMap::new();
+        for t in std::fs::read_dir("/proc/self/task")? {
+            let t = t?.path();
+            // (a thread of the test runner may end meanwhile)
+            if let Ok(c) = std::fs::read_to_string(t.join("cgroup")) {
+                v.insert(t.display().to_string(), c);
+            }
+        }
+        Ok(v)
+    };
+    let before = cgroups_of()?;
+    ensure!(before.len() > 1, "the test process should have several threads");
+    env().rt.cgroups().prime_migration().context("priming")?;
+    env().rt.cgroups().prime_migration().context("priming again")?;
+    let after = cgroups_of()?;
+    let mut compared = 0;
+    for (task, cgroups) in &after {
+        if let Some(was) = before.get(task) {
+            ensure!(was == cgroups, "priming moved {task}: from\n{was}to\n{cgroups}");
+            compared += 1;
+        }
+    }
+    ensure!(compared > 0, "no thread lived through the priming");
+    let (exit, out, _) = block(run(&config("primed", &["echo", "created after priming"])))?;
+    ensure!(
+        exit.exit_code == 0 && out == ["created after priming"],
+        "exit {exit:?}, out {out:?}"
+    );
     Ok(())
 }
 

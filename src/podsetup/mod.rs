@@ -86,6 +86,19 @@ impl PodSetup {
         &self.cgroups
     }
 
+    /// Containers are about to be created: begin the kernel's wait for their first cgroup
+    /// migration now, on a blocking thread, so that it overlaps the work before it
+    /// ([`Cgroups::prime_migration`](ferrolet_runtime::cgroups::Cgroups::prime_migration);
+    /// docs/start-path.md).
+    pub fn prime_cgroup_migration(&self) {
+        let cgroups = self.cgroups.runtime().clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = cgroups.prime_migration() {
+                tracing::debug!(error = %e, "priming cgroup migrations");
+            }
+        });
+    }
+
     pub fn network(&self) -> &PodNetwork {
         &self.network
     }

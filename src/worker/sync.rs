@@ -96,6 +96,8 @@ impl PodWorker {
         m.setup.prepare(&self.pod, &self.pod_dir).await?;
         if first {
             crate::metrics::start_phase(pod::name(&self.pod), "cgroup");
+            // A new pod: its containers come after the sandbox and the rest of this round.
+            self.prime_cgroup_migration();
         }
         let usable = self
             .resources
@@ -215,6 +217,9 @@ impl PodWorker {
                 }
             }
         }
+        if !plan.start.is_empty() {
+            self.prime_cgroup_migration();
+        }
         let mut published = std::time::Instant::now();
         for s in &plan.start {
             // The pod was asked to stop (or killed) while an image was being pulled.
@@ -276,6 +281,16 @@ impl PodWorker {
                     None => return (&mut pull).await,
                 },
             }
+        }
+    }
+
+    /// Containers are about to be created: prime the kernel's cgroup migration lock, unless
+    /// this round did already (a new pod's round primes when its cgroup is made, well before).
+    fn prime_cgroup_migration(&mut self) {
+        let recent = self.primed_at.is_some_and(|t| t.elapsed() < Duration::from_secs(1));
+        if !recent {
+            self.m.setup.prime_cgroup_migration();
+            self.primed_at = Some(std::time::Instant::now());
         }
     }
 
