@@ -24,6 +24,7 @@ pub mod registry;
 pub mod rootfs;
 mod runtime;
 pub mod seccomp;
+mod seccomp_filter;
 pub mod spec;
 mod tty;
 pub mod user;

@@ -142,7 +142,16 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
             (Stdio::Tty { console }, None) => b.with_console_socket(Some(console.path())),
             (Stdio::Pipes { .. }, None) => b,
         };
-        b.as_init(&args.bundle).with_systemd(false).with_detach(true).build()
+        // The confinement is the executor's to apply (proto::Confinement): libcontainer's
+        // bundle has none.
+        let executor = crate::zygote::confine::ConfinedExecutor {
+            confinement: args.confinement.clone(),
+        };
+        b.with_executor(executor)
+            .as_init(&args.lc_bundle)
+            .with_systemd(false)
+            .with_detach(true)
+            .build()
     });
     let container = match built {
         Ok(c) => c,

@@ -35,6 +35,10 @@ pub(crate) struct CreateArgs {
     pub workdir: String,
     pub log: LogConfig,
     pub cgroup_path: String,
+    /// What libcontainer builds from: config.json without the confinement below (see
+    /// [`Confinement`]), in a directory of its own under `bundle`.
+    pub lc_bundle: PathBuf,
+    pub confinement: Confinement,
     /// Keep a stdin for attachers (else /dev/null).
     #[serde(default)]
     pub stdin: bool,
@@ -57,14 +61,44 @@ pub(crate) struct ExecArgs {
     pub confinement: Confinement,
 }
 
-/// What confines the container's processes and must confine an exec'd one too. libcontainer's
-/// tenant builder drops the container's seccomp profile, so the zygote applies all three
-/// itself just before exec (docs/runtime.md#exec).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// What confines the container's processes: its first one and every exec'd one. libcontainer
+/// gets neither (its tenant builder drops the seccomp profile, and it would compile the profile
+/// in every process); the zygote compiles the profile once and [`ConfinedExecutor`] applies all
+/// three just before exec (docs/runtime.md#exec).
+///
+/// [`ConfinedExecutor`]: crate::zygote::confine::ConfinedExecutor
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct Confinement {
     pub capabilities: Option<oci_spec::runtime::LinuxCapabilities>,
     pub no_new_privileges: bool,
     pub seccomp: Option<oci_spec::runtime::LinuxSeccomp>,
+    /// `seccomp` compiled, filled in by the zygote from its cache before it forks.
+    #[serde(skip)]
+    pub compiled: Option<std::sync::Arc<crate::seccomp_filter::Filter>>,
+}
+
+impl Confinement {
+    /// The confinement `spec` describes.
+    pub fn of(spec: &oci_spec::runtime::Spec) -> Confinement {
+        let process = spec.process().as_ref();
+        Confinement {
+            capabilities: process.and_then(|p| p.capabilities().clone()),
+            no_new_privileges: process.and_then(|p| p.no_new_privileges()) == Some(true),
+            seccomp: spec.linux().as_ref().and_then(|l| l.seccomp().clone()),
+            compiled: None,
+        }
+    }
+
+    /// `spec` as libcontainer is to see it: without what this confinement applies.
+    pub fn strip(spec: &mut oci_spec::runtime::Spec) {
+        if let Some(p) = spec.process_mut().as_mut() {
+            p.set_capabilities(None);
+            p.set_no_new_privileges(None);
+        }
+        if let Some(l) = spec.linux_mut().as_mut() {
+            l.set_seccomp(None);
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -79,12 +113,12 @@ pub(crate) struct PinArgs {
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Request {
     /// Fork a monitor that mounts the rootfs and creates the container (fds: reply).
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Let a created container run (fds: reply).
     Start { id: String, lc_root: PathBuf },
     /// Run a process in a running container (fds: reply, stdin, stdout, stderr; or, with
     /// a terminal `process`, reply and a unix socket the pty master is sent over).
-    Exec(ExecArgs),
+    Exec(Box<ExecArgs>),
     /// Create pod namespaces and bind-mount them under a directory (fds: reply).
     Pin(PinArgs),
 }

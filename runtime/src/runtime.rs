@@ -28,6 +28,8 @@ use ferrolet_fsutil::{
 
 /// The overlay upper directory's name in a container's state directory.
 const UPPER_DIR: &str = "upper";
+/// libcontainer's bundle inside a container's directory: its config.json (see `prepare`).
+const LC_BUNDLE_DIR: &str = "lc-bundle";
 
 pub struct Runtime {
     root: PathBuf,
@@ -170,7 +172,7 @@ impl Runtime {
             }
         };
         let target = args.rootfs.target.clone();
-        let mut replies = self.zygote.call(&Request::Create(args), &[])?;
+        let mut replies = self.zygote.call(&Request::Create(Box::new(args)), &[])?;
         // A failed creation leaves no mount and no state behind.
         let undo = |target: PathBuf, dir: PathBuf| {
             blocking(move || {
@@ -449,7 +451,7 @@ impl Runtime {
         let args = self.exec_args(id, spec, false)?;
         let mut replies = self
             .zygote
-            .call(&Request::Exec(args), &[&io.stdin, &io.stdout, &io.stderr])?;
+            .call(&Request::Exec(Box::new(args)), &[&io.stdin, &io.stdout, &io.stderr])?;
         drop(io);
         Self::exec_started(id, &mut replies).await.map(|pid| ExecProcess {
             pid,
@@ -473,7 +475,7 @@ impl Runtime {
             nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         )
         .context("creating the socket for the pty master")?;
-        let mut replies = self.zygote.call(&Request::Exec(args), &[&theirs])?;
+        let mut replies = self.zygote.call(&Request::Exec(Box::new(args)), &[&theirs])?;
         drop(theirs);
         let pid = Self::exec_started(id, &mut replies).await?;
         // The worker sent the master before it replied.
@@ -535,11 +537,7 @@ impl Runtime {
         let oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
         let base = oci.process().clone().unwrap_or_default();
         let process = exec_process(&base, spec, tty)?;
-        let confinement = Confinement {
-            capabilities: base.capabilities().clone(),
-            no_new_privileges: base.no_new_privileges() == Some(true),
-            seccomp: oci.linux().as_ref().and_then(|l| l.seccomp().clone()),
-        };
+        let confinement = Confinement::of(&oci);
         Ok(ExecArgs {
             id: id.to_string(),
             lc_root: self.lc_root.clone(),
@@ -743,6 +741,35 @@ fn prepare(
     let record_data = serde_json::to_vec_pretty(&record).context("encoding container.json")?;
     // Both durable, with one fsync of the new directory for the two.
     write_atomic_in(dir, &[("config.json", &data), ("container.json", &record_data)])?;
+    // libcontainer's copy: without the confinement the zygote applies (Confinement), and with
+    // the rootfs named absolutely, since it sits one directory down. Not fsynced: it is
+    // config.json less three fields, and read only while the container is being built or
+    // exec'd into, in this boot.
+    let confinement = Confinement::of(&spec);
+    if confinement
+        .seccomp
+        .as_ref()
+        .is_some_and(crate::seccomp_filter::has_notify)
+    {
+        return Err(Error::invalid_config(
+            "seccomp",
+            "the profile has a notify action (SCMP_ACT_NOTIFY), which needs a listener; ferrolet runs none",
+        ));
+    }
+    let workdir = spec
+        .process()
+        .as_ref()
+        .map(|p| p.cwd().display().to_string())
+        .unwrap_or_else(|| "/".into());
+    let mut lc_spec = spec;
+    Confinement::strip(&mut lc_spec);
+    if let Some(root) = lc_spec.root_mut().as_mut() {
+        let abs = dir.join(root.path());
+        root.set_path(abs);
+    }
+    let lc_bundle = dir.join(LC_BUNDLE_DIR);
+    ensure_dir(&lc_bundle)?;
+    write_json_atomic_unsynced(&lc_bundle.join("config.json"), &lc_spec)?;
     let mut log = cfg.log.clone();
     log.path = log_path;
     let display_name = [&cfg.display_name, &cfg.name]
@@ -754,6 +781,8 @@ fn prepare(
         id: id.to_string(),
         display_name,
         bundle: dir.to_path_buf(),
+        lc_bundle,
+        confinement,
         lc_root: lc_root.to_path_buf(),
         rootfs: RootfsSpec {
             layers_dir: store.dir().join("layers"),
@@ -769,11 +798,7 @@ fn prepare(
             work: dir.join("work"),
             target: dir.join("rootfs"),
         },
-        workdir: spec
-            .process()
-            .as_ref()
-            .map(|p| p.cwd().display().to_string())
-            .unwrap_or_else(|| "/".into()),
+        workdir,
         log,
         cgroup_path,
         stdin: cfg.stdin,

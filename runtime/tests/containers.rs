@@ -1444,6 +1444,17 @@ fn exec_runs_confined_like_the_container() -> Result<()> {
                     first == own,
                     "{name}: the exec'd process is confined differently:\n container: {first:?}\n exec'd:    {own:?}"
                 );
+                // The container's capabilities, not the full set the agent (and libcontainer's
+                // init until the executor drops them) holds.
+                let host_bounding = std::fs::read_to_string("/proc/self/status")?
+                    .lines()
+                    .find(|l| l.starts_with("CapBnd:"))
+                    .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .unwrap_or_default();
+                ensure!(
+                    first.iter().any(|l| l.starts_with("CapBnd:")) && !first.contains(&host_bounding),
+                    "{name}: the container kept the full bounding set: {first:?}"
+                );
                 let filtered = matches!(seccomp, SeccompProfile::RuntimeDefault);
                 ensure!(
                     own.contains(&format!("Seccomp: {}", if filtered { 2 } else { 0 })),

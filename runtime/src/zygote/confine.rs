@@ -1,12 +1,14 @@
-//! The last steps before an exec'd process runs its program: the container's capabilities,
-//! noNewPrivileges and seccomp filter. libcontainer's tenant builder keeps the container's
-//! namespaces and cgroup but rebuilds the spec's `linux` without `seccomp`, so an exec'd
-//! process would run unfiltered; libcontainer's own init applies the rest. This executor runs in
-//! the tenant's init after it has joined the container and switched user (keeping its
-//! capabilities, since the process.json has none), and applies the three in the order runc uses:
-//! without noNewPrivileges, loading a filter needs CAP_SYS_ADMIN, so the filter goes first and
-//! the capabilities are dropped under it (as for the container's own first process); with
-//! noNewPrivileges, the capabilities go first and the filter is loaded last, closest to exec.
+//! The last steps before a container's process runs its program: the container's
+//! capabilities, noNewPrivileges and seccomp filter, for its first process and for exec'd ones.
+//! libcontainer gets a spec without them: its tenant builder would drop the seccomp profile (an
+//! exec'd process would run unfiltered), and it would compile the profile with libseccomp in
+//! every process, where the zygote compiles each profile once (`seccomp_filter`). This executor
+//! runs in libcontainer's init (the container's or the tenant's) after it has joined the
+//! container and switched user (keeping its capabilities, since the spec it was given has
+//! none), and applies the three in the order runc and libcontainer use: without
+//! noNewPrivileges, loading a filter needs CAP_SYS_ADMIN, so the filter goes first and the
+//! capabilities are dropped under it; with noNewPrivileges, the capabilities go first and the
+//! filter is loaded last, closest to exec.
 
 use std::collections::HashMap;
 
@@ -16,6 +18,7 @@ use libcontainer::workload::{
 use oci_spec::runtime::Spec;
 
 use crate::proto::Confinement;
+use crate::seccomp_filter::Filter;
 
 #[derive(Clone)]
 pub(crate) struct ConfinedExecutor {
@@ -45,19 +48,19 @@ impl ConfinedExecutor {
     }
 
     fn load_seccomp(&self) -> Result<(), String> {
-        let Some(profile) = &self.confinement.seccomp else {
+        let c = &self.confinement;
+        let Some(profile) = &c.seccomp else {
             return Ok(());
         };
-        match libcontainer::seccomp::initialize_seccomp(profile) {
-            // A notify action needs a listener, which ferrolet never configures (the container
-            // could not have been created with one either): refuse rather than hang its calls.
-            Ok(Some(fd)) => {
-                let _ = nix::unistd::close(fd);
-                Err("the seccomp profile asks for a notify listener, which ferrolet does not run".into())
-            }
-            Ok(None) => Ok(()),
-            Err(e) => Err(format!("loading the container's seccomp profile: {e}")),
-        }
+        // (compiled here only if the zygote did not: a profile it could not compile fails
+        // there, before anything is forked)
+        let filter = match &c.compiled {
+            Some(f) => f.clone(),
+            None => std::sync::Arc::new(Filter::compile(profile)?),
+        };
+        filter
+            .load()
+            .map_err(|e| format!("loading the container's seccomp profile: {e}"))
     }
 }
 
@@ -67,7 +70,7 @@ impl Executor for ConfinedExecutor {
             // The exec'd process's own stderr (or terminal) by now: the caller sees why it ended
             // instead of an exit status alone.
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "ferrolet: exec: {e}");
+            let _ = writeln!(std::io::stderr(), "ferrolet: {e}");
             return Err(ExecutorError::Other(e));
         }
         get_executor().exec(spec)

@@ -3,7 +3,7 @@
 //! code and reads the worker's replies from a pipe without blocking a runtime thread. The
 //! zygote's side is [`server`]; what travels between them is [`crate::proto`].
 
-mod confine;
+pub(crate) mod confine;
 mod server;
 
 use std::os::fd::{AsRawFd, OwnedFd};

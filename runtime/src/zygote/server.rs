@@ -17,12 +17,14 @@ use ferrolet_fsutil::chain;
 use super::confine::ConfinedExecutor;
 use crate::process::{exit, reset_signals, set_name, set_title};
 use crate::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
+use crate::seccomp_filter::FilterCache;
 
 /// Serve requests until the agent closes the socket. Never returns.
 pub(crate) fn serve(sock: OwnedFd) -> ! {
     set_name("ferrolet-zygote");
     set_title("ferrolet-zygote");
     let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut filters = FilterCache::default();
     loop {
         reap_children();
         let mut pfd = [nix::poll::PollFd::new(
@@ -59,6 +61,11 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             continue;
         }
         let reply = fds.remove(0);
+        let mut req = req;
+        if let Err(error) = compile_seccomp(&mut filters, &mut req) {
+            write_reply(&reply, &Reply::Failed { error });
+            continue;
+        }
         // SAFETY: this process has one thread, so the child may run arbitrary code.
         match unsafe { fork() } {
             Ok(ForkResult::Child) => {
@@ -80,6 +87,21 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
     }
 }
 
+/// The container's seccomp profile of a `Create` or `Exec`, compiled here once per profile so
+/// that the fork, and the container processes it makes, inherit the program
+/// (docs/runtime.md#exec). The first compilation of a profile takes a few ms of this loop.
+fn compile_seccomp(filters: &mut FilterCache, req: &mut Request) -> Result<(), String> {
+    let confinement = match req {
+        Request::Create(a) => &mut a.confinement,
+        Request::Exec(a) => &mut a.confinement,
+        _ => return Ok(()),
+    };
+    if let Some(profile) = &confinement.seccomp {
+        confinement.compiled = Some(filters.get(profile)?);
+    }
+    Ok(())
+}
+
 /// One request, in a fork of the zygote. The handlers are never inlined here: a `Create`
 /// worker becomes the container's monitor below this frame, and every page of stack above the
 /// monitor is memory it holds for as long as its container runs.
@@ -91,7 +113,7 @@ fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             let _ = nix::unistd::setsid();
             // SAFETY: still single-threaded.
             match unsafe { fork() } {
-                Ok(ForkResult::Child) => crate::monitor::run(args, reply),
+                Ok(ForkResult::Child) => crate::monitor::run(*args, reply),
                 Ok(ForkResult::Parent { .. }) => 0,
                 Err(e) => {
                     write_reply(
@@ -105,7 +127,7 @@ fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             }
         }
         Request::Start { id, lc_root } => start(&id, &lc_root, &reply),
-        Request::Exec(args) => exec(args, reply, fds),
+        Request::Exec(args) => exec(*args, reply, fds),
         Request::Pin(args) => match pin(&args) {
             Ok(()) => {
                 write_reply(&reply, &Reply::Ok);
