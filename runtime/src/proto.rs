@@ -72,7 +72,8 @@ pub(crate) struct Confinement {
     pub capabilities: Option<oci_spec::runtime::LinuxCapabilities>,
     pub no_new_privileges: bool,
     pub seccomp: Option<oci_spec::runtime::LinuxSeccomp>,
-    /// `seccomp` compiled, filled in by the zygote from its cache before it forks.
+    /// `seccomp` compiled, filled in by the zygote from its cache before it forks (it drops
+    /// `seccomp` then).
     #[serde(skip)]
     pub compiled: Option<std::sync::Arc<crate::seccomp_filter::Filter>>,
 }

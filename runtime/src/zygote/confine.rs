@@ -49,14 +49,12 @@ impl ConfinedExecutor {
 
     fn load_seccomp(&self) -> Result<(), String> {
         let c = &self.confinement;
-        let Some(profile) = &c.seccomp else {
-            return Ok(());
-        };
-        // (compiled here only if the zygote did not: a profile it could not compile fails
-        // there, before anything is forked)
-        let filter = match &c.compiled {
-            Some(f) => f.clone(),
-            None => std::sync::Arc::new(Filter::compile(profile)?),
+        // (the zygote compiles the profile and keeps only the program; a profile it could not
+        // compile fails there, before anything is forked)
+        let filter = match (&c.compiled, &c.seccomp) {
+            (Some(f), _) => f.clone(),
+            (None, Some(profile)) => std::sync::Arc::new(Filter::compile(profile)?),
+            (None, None) => return Ok(()),
         };
         filter
             .load()
