@@ -105,7 +105,8 @@ impl Filter {
     /// private memory per monitor). The child exits with all of that.
     pub(crate) fn compile_in_child(profile: &LinuxSeccomp) -> Result<Filter, String> {
         const FLAGS: usize = std::mem::size_of::<libc::c_ulong>();
-        let (r, w) = nix::unistd::pipe().map_err(|e| format!("pipe for the seccomp compiler: {e}"))?;
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| format!("pipe for the seccomp compiler: {e}"))?;
         // SAFETY: the child compiles, writes to the pipe and leaves with _exit; glibc's malloc
         // stays usable after a fork.
         match unsafe { nix::unistd::fork() } {
