@@ -246,6 +246,7 @@ fn run(
     let image = "docker.io/library/busybox:1.35";
 
     // 1. The runtime floor: create+start+wait+delete of `true`.
+    settle_before("the runtime floor");
     eprintln!("== runtime floor ({} runs each)", opts.runs);
     let mut floor = Row::new("container create+start+delete, p50", "ms", "runc");
     let spec: serde_json::Value;
@@ -384,6 +385,7 @@ fn run(
         )?;
         std::thread::sleep(Duration::from_secs(2));
         mem_idle.ferrolet = Some(pss_mib(&a.processes()));
+        settle_before("the pod starts");
         let mut v = Vec::new();
         for i in 0..opts.pods {
             let name = format!("seq{i}");
@@ -403,6 +405,7 @@ fn run(
         }
         wait_until(Duration::from_secs(120), || a.pod_count() == 0)?;
 
+        settle_before("the burst");
         eprintln!("== ferrolet: burst of {}", opts.burst);
         let t0 = SystemTime::now();
         for i in 0..opts.burst {
@@ -445,6 +448,7 @@ fn run(
             "bridge",
             &dir.join("agent-net.log"),
         )?;
+        settle_before("the pod starts with a pod network");
         let mut v = Vec::new();
         for i in 0..opts.pods {
             let name = format!("net{i}");
@@ -580,6 +584,7 @@ fn start_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<(V
 /// Image pulls from a local docker-registry, beside `skopeo copy` to a directory, and the cold
 /// start of a pod whose image must be pulled.
 fn pull_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<Vec<Row>> {
+    settle_before("the pulls");
     eprintln!(
         "== pulls: the two-layer image from a local docker-registry, {} runs each",
         opts.pull_runs
@@ -707,6 +712,7 @@ fn podman(
         }
         Ok(t0)
     };
+    settle_before("podman's pod starts");
     let mut v = Vec::new();
     for i in 0..opts.pods {
         let name = format!("seq{i}");
@@ -723,6 +729,7 @@ fn podman(
     lat[2].podman = Some(p99);
     p.run(&["pod", "rm", "-af", "-t", "0"])?;
 
+    settle_before("podman's burst");
     eprintln!("== podman kube play: burst of {}", opts.burst);
     let all = manifests.join("burst.yaml");
     let docs: Vec<String> = (0..opts.burst)
@@ -750,6 +757,7 @@ fn podman(
         "== podman kube play: {} pods one after another, default pod network",
         opts.pods
     );
+    settle_before("podman's pod starts with a pod network");
     let mut v = Vec::new();
     for i in 0..opts.pods {
         let name = format!("net{i}");
@@ -762,6 +770,15 @@ fn podman(
     lat_net[2].podman = Some(p99);
     p.finish();
     Ok(())
+}
+
+/// Wait (up to a minute) for the machine to go quiet before a latency section, and say so.
+fn settle_before(what: &str) {
+    let waited = procstat::settle(Duration::from_secs(60));
+    eprintln!(
+        "   (waited {:.1} s for a quiet machine before {what})",
+        waited.as_secs_f64()
+    );
 }
 
 fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
@@ -895,6 +912,7 @@ fn cluster_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<
 fn notes(opts: &Opts) -> String {
     format!(
         "Notes:\n\
+- Before each latency section (runtime floor, pod starts, bursts, pulls; podman's as well) the harness waits for a quiet machine: two half-second windows in a row with the CPUs at most 10% busy, up to 60 s. Without it, the kernel's teardown of the previous section's containers (namespaces, mounts, cgroups, ext4 discards) landed in the next section's numbers.\n\
 - Pod start latency: from the manifest landing in the watched directory (ferrolet) or `podman kube play` being invoked, to the container's first command creating a file (its mtime): p50/p90/p99 over {} pods created one after another, each waited for.\n\
 - Burst: {} pods written at once (ferrolet: {0} files; podman: one {0}-document `kube play`), to the last container running; deletion: files removed (ferrolet) or `kube down` (podman), to nothing left.\n\
 - Memory: PSS from /proc/*/smaps_rollup of the agent, its zygote and every container monitor (ferrolet) versus conmon and catatonit (podman has no daemon; its per-pod processes are what stays resident). Per pod: (PSS with {1} pods - idle) / {1} for ferrolet, PSS / {1} for podman.\n\

@@ -165,8 +165,11 @@ pub fn starts_with_running(a: &Agent, image: &str, tag: &str, running: usize, me
     for i in 0..running {
         wait_mark(&a.marks, &format!("fill{i}"), Duration::from_secs(300))?;
     }
-    // Let the burst's after-effects (status writes, probes) settle.
+    // Let the burst's after-effects (status writes, probes, and the kernel's teardown of
+    // the previous round's pods) settle.
     std::thread::sleep(Duration::from_secs(2));
+    let waited = crate::procstat::settle(Duration::from_secs(60));
+    eprintln!("   (waited {:.1} s for a quiet machine)", waited.as_secs_f64());
     let mut out = Vec::new();
     for i in 0..measured {
         let name = format!("{tag}{i}");

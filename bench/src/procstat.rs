@@ -87,3 +87,34 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     let hi = rank.ceil() as usize;
     sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
 }
+
+/// The machine's busy and total CPU time so far, in clock ticks, from /proc/stat's `cpu` line
+/// (busy: everything but idle and iowait).
+fn cpu_busy_total() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// Wait until the machine is quiet before a latency section: two half-second windows in a row
+/// with the CPUs at most 10% busy, or `limit`. What the previous section left (the kernel
+/// tearing down a hundred containers' namespaces, mounts and cgroups, ext4 discards, status
+/// writes) otherwise lands in the next section's numbers. Returns how long it waited.
+pub fn settle(limit: std::time::Duration) -> std::time::Duration {
+    let t0 = std::time::Instant::now();
+    let mut quiet = 0;
+    let mut last = cpu_busy_total();
+    while t0.elapsed() < limit && quiet < 2 {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let now = cpu_busy_total();
+        quiet = match (last, now) {
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 && (b1 - b0) * 10 <= t1 - t0 => quiet + 1,
+            _ => 0,
+        };
+        last = now;
+    }
+    t0.elapsed()
+}
