@@ -517,11 +517,25 @@ fn priming_cgroup_migrations_moves_nothing() -> Result<()> {
         }
         Ok(v)
     };
+    // A second thread of our own, alive across the priming: the agent that primes has many
+    // (and the test runner may run this test on its only one).
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        let _ = wait.recv();
+    });
     let before = cgroups_of()?;
-    ensure!(before.len() > 1, "the test process should have several threads");
-    env().rt.cgroups().prime_migration().context("priming")?;
-    env().rt.cgroups().prime_migration().context("priming again")?;
+    let primed = (|| {
+        env().rt.cgroups().prime_migration().context("priming")?;
+        env().rt.cgroups().prime_migration().context("priming again")
+    })();
     let after = cgroups_of()?;
+    drop(done);
+    let _ = other.join();
+    primed?;
+    ensure!(
+        before.len() > 1,
+        "the test process should have several threads: {before:?}"
+    );
     let mut compared = 0;
     for (task, cgroups) in &after {
         if let Some(was) = before.get(task) {
