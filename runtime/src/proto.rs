@@ -79,26 +79,19 @@ pub(crate) struct Confinement {
 }
 
 impl Confinement {
-    /// The confinement `spec` describes.
-    pub fn of(spec: &oci_spec::runtime::Spec) -> Confinement {
-        let process = spec.process().as_ref();
-        Confinement {
-            capabilities: process.and_then(|p| p.capabilities().clone()),
-            no_new_privileges: process.and_then(|p| p.no_new_privileges()) == Some(true),
-            seccomp: spec.linux().as_ref().and_then(|l| l.seccomp().clone()),
-            compiled: None,
-        }
-    }
-
-    /// `spec` as libcontainer is to see it: without what this confinement applies.
-    pub fn strip(spec: &mut oci_spec::runtime::Spec) {
+    /// Take the confinement out of `spec`, leaving it as libcontainer is to see it.
+    pub fn take(spec: &mut oci_spec::runtime::Spec) -> Confinement {
+        let mut c = Confinement::default();
         if let Some(p) = spec.process_mut().as_mut() {
+            c.capabilities = p.capabilities().clone();
+            c.no_new_privileges = p.no_new_privileges() == Some(true);
             p.set_capabilities(None);
             p.set_no_new_privileges(None);
         }
         if let Some(l) = spec.linux_mut().as_mut() {
-            l.set_seccomp(None);
+            c.seccomp = l.seccomp_mut().take();
         }
+        c
     }
 }
 

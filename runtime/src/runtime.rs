@@ -534,10 +534,10 @@ impl Runtime {
         if spec.args.is_empty() {
             return Err(Error::invalid_config("exec.command", "empty"));
         }
-        let oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
+        let mut oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
+        let confinement = Confinement::take(&mut oci);
         let base = oci.process().clone().unwrap_or_default();
         let process = exec_process(&base, spec, tty)?;
-        let confinement = Confinement::of(&oci);
         Ok(ExecArgs {
             id: id.to_string(),
             lc_root: self.lc_root.clone(),
@@ -698,6 +698,11 @@ fn prepare(
         user: &user,
         cgroup_v2,
     })?;
+    if let Some(profile) = spec.linux().as_ref().and_then(|l| l.seccomp().as_ref()) {
+        if crate::seccomp_filter::has_notify(profile) {
+            return Err(Error::invalid_config("seccomp", crate::seccomp_filter::NOTIFY_REFUSED));
+        }
+    }
     ensure_dir(dir)?;
     let log_path = if cfg.log.path.as_os_str().is_empty() {
         dir.join("container.log")
@@ -745,24 +750,13 @@ fn prepare(
     // the rootfs named absolutely, since it sits one directory down. Not fsynced: it is
     // config.json less three fields, and read only while the container is being built or
     // exec'd into, in this boot.
-    let confinement = Confinement::of(&spec);
-    if confinement
-        .seccomp
-        .as_ref()
-        .is_some_and(crate::seccomp_filter::has_notify)
-    {
-        return Err(Error::invalid_config(
-            "seccomp",
-            "the profile has a notify action (SCMP_ACT_NOTIFY), which needs a listener; ferrolet runs none",
-        ));
-    }
     let workdir = spec
         .process()
         .as_ref()
         .map(|p| p.cwd().display().to_string())
         .unwrap_or_else(|| "/".into());
     let mut lc_spec = spec;
-    Confinement::strip(&mut lc_spec);
+    let confinement = Confinement::take(&mut lc_spec);
     if let Some(root) = lc_spec.root_mut().as_mut() {
         let abs = dir.join(root.path());
         root.set_path(abs);

@@ -35,11 +35,14 @@ pub(crate) struct Filter {
 impl Filter {
     /// Compile `profile` to its BPF program.
     pub(crate) fn compile(profile: &LinuxSeccomp) -> Result<Filter, String> {
+        let (program, flags) = Filter::compile_program(profile)?;
+        Filter::from_bytes(&program, flags)
+    }
+
+    /// The BPF program `profile` compiles to, as the kernel encodes it, and its flags.
+    fn compile_program(profile: &LinuxSeccomp) -> Result<(Vec<u8>, libc::c_ulong), String> {
         if has_notify(profile) {
-            return Err(
-                "the seccomp profile has a notify action (SCMP_ACT_NOTIFY), which needs a listener; ferrolet runs none"
-                    .into(),
-            );
+            return Err(NOTIFY_REFUSED.into());
         }
         let default = action(profile.default_action(), profile.default_errno_ret())?;
         let mut ctx = ScmpFilterContext::new(default).map_err(|e| format!("new seccomp filter: {e}"))?;
@@ -95,7 +98,7 @@ impl Filter {
         std::fs::File::from(r)
             .read_to_end(&mut bytes)
             .map_err(|e| format!("reading the seccomp program: {e}"))?;
-        Filter::from_bytes(&bytes, flags)
+        Ok((bytes, flags))
     }
 
     /// Compile `profile` in a forked child, which sends the program back. libseccomp allocates
@@ -112,11 +115,11 @@ impl Filter {
         match unsafe { nix::unistd::fork() } {
             Ok(nix::unistd::ForkResult::Child) => {
                 drop(r);
-                let out = match Filter::compile(profile) {
-                    Ok(f) => {
+                let out = match Filter::compile_program(profile) {
+                    Ok((program, flags)) => {
                         let mut v = vec![0u8];
-                        v.extend_from_slice(&f.flags.to_ne_bytes());
-                        v.extend_from_slice(&f.to_bytes());
+                        v.extend_from_slice(&flags.to_ne_bytes());
+                        v.extend_from_slice(&program);
                         v
                     }
                     Err(e) => {
@@ -167,6 +170,7 @@ impl Filter {
         Ok(Filter { program, flags })
     }
 
+    #[cfg(test)]
     fn to_bytes(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.program.len() * 8);
         for i in &self.program {
@@ -231,6 +235,10 @@ impl FilterCache {
         Ok(f)
     }
 }
+
+/// Why a profile with a notify action is refused.
+pub(crate) const NOTIFY_REFUSED: &str =
+    "the seccomp profile has a notify action (SCMP_ACT_NOTIFY), which needs a listener; ferrolet runs none";
 
 pub(crate) fn has_notify(profile: &LinuxSeccomp) -> bool {
     profile.default_action() == LinuxSeccompAction::ScmpActNotify
