@@ -75,6 +75,10 @@ fn main() {
         trial("working_dir_and_user", working_dir_and_user),
         trial("readonly_rootfs_refuses_writes", readonly_rootfs_refuses_writes),
         trial("masked_paths_are_unreadable", masked_paths_are_unreadable),
+        trial(
+            "seccomp_notify_profile_is_refused_at_creation",
+            seccomp_notify_profile_is_refused_at_creation,
+        ),
         trial("exec_in_running_container", exec_in_running_container),
         trial("memory_limit_in_cgroup_and_cleanup", memory_limit_in_cgroup_and_cleanup),
         trial(
@@ -478,6 +482,27 @@ fn readonly_rootfs_refuses_writes() -> Result<()> {
     ensure!(out.is_empty(), "must not write: {out:?}");
     ensure!(err.iter().any(|l| l.contains("Read-only file system")), "{err:?}");
     ensure!(exit.exit_code == 0, "{exit:?}");
+    Ok(())
+}
+
+/// A Localhost profile with a notify action needs a listener ferrolet does not run: creation
+/// fails naming `seccomp`, and leaves no container behind.
+fn seccomp_notify_profile_is_refused_at_creation() -> Result<()> {
+    let profile = env().root.join("notify-profile.json");
+    std::fs::write(
+        &profile,
+        r#"{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["mkdir"],"action":"SCMP_ACT_NOTIFY"}]}"#,
+    )?;
+    let mut c = config("notify", &["true"]);
+    c.seccomp = SeccompProfile::Localhost(profile);
+    let before = env().rt.list()?.len();
+    match block(env().rt.create(&c)) {
+        Err(ferrolet_runtime::Error::InvalidConfig { field, reason }) => {
+            ensure!(field == "seccomp" && reason.contains("notify"), "{field}: {reason}")
+        }
+        other => bail!("expected a refusal naming seccomp, got {other:?}"),
+    }
+    ensure!(env().rt.list()?.len() == before, "a refused creation left a container");
     Ok(())
 }
 
