@@ -654,29 +654,19 @@ impl Cgroups {
         }
     }
 
-    /// Start the wait a container's first cgroup migration would otherwise begin: call this
-    /// (on a thread that may block) well before a container is created.
-    ///
-    /// Moving a process into a cgroup (a write to `cgroup.procs`, as libcontainer's
-    /// intermediate process does for every container) takes the kernel's global
-    /// `cgroup_threadgroup_rwsem` for writing. When no migration happened in the last RCU
-    /// grace periods, taking it first waits for a whole grace period (`rcu_sync_enter`):
-    /// 13-25 ms on the 2-core development machine, the largest part of a pod's start (perf:
-    /// `synchronize_rcu` under `cgroup_procs_write_start`). Writers that come while one waits
-    /// wait only for the rest of the same grace period, and for about one grace period after
-    /// the last writer leaves, writers do not wait at all. So a migration that moves nothing
-    /// (this process's own pid written into the cgroup it already is in, in one hierarchy:
-    /// nothing is moved and no controller sees anything) started now overlaps that wait with
-    /// the agent's own work on the pod instead of adding it to the start. The writer holds
-    /// `cgroup_mutex` while it waits, so cgroup creations and removals meanwhile wait with it.
-    /// A node whose hierarchy is mounted with `favordynmods` never waits here.
-    pub fn prime_migration(&self) -> std::io::Result<()> {
+    /// This process's own `cgroup.procs` in one hierarchy (memory on v1, the unified one on
+    /// v2): writing its pid there is a cgroup migration that moves nothing
+    /// ([`MigrationWarmer`](crate::migration_warmer::MigrationWarmer)).
+    pub fn own_procs_file(&self) -> std::io::Result<PathBuf> {
         let mount = match &self.mode {
             CgroupMode::V2 { mount } => mount.clone(),
-            CgroupMode::V1 { mounts, .. } => match mounts.get("memory").or_else(|| mounts.values().next()) {
-                Some(m) => m.clone(),
-                None => return Ok(()),
-            },
+            CgroupMode::V1 { mounts, .. } => mounts
+                .get("memory")
+                .or_else(|| mounts.values().next())
+                .cloned()
+                .ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "no cgroup v1 controller is mounted")
+                })?,
         };
         let own = self.own_path_in(&mount).ok_or_else(|| {
             std::io::Error::new(
@@ -684,8 +674,7 @@ impl Cgroups {
                 "this process's cgroup is not in /proc/self/cgroup",
             )
         })?;
-        let procs = mount.join(own.trim_start_matches('/')).join("cgroup.procs");
-        fs::write(procs, std::process::id().to_string())
+        Ok(mount.join(own.trim_start_matches('/')).join("cgroup.procs"))
     }
 
     /// This process's cgroup in the hierarchy mounted at `mount`.

@@ -15,6 +15,7 @@ pub mod crilog;
 pub mod digest;
 pub mod error;
 pub mod image;
+pub mod migration_warmer;
 mod monitor;
 pub mod pidfd;
 mod probe;

@@ -82,8 +82,8 @@ fn main() {
         trial("exec_in_running_container", exec_in_running_container),
         trial("memory_limit_in_cgroup_and_cleanup", memory_limit_in_cgroup_and_cleanup),
         trial(
-            "priming_cgroup_migrations_moves_nothing",
-            priming_cgroup_migrations_moves_nothing,
+            "warming_cgroup_migrations_moves_nothing",
+            warming_cgroup_migrations_moves_nothing,
         ),
         trial("stats_of_busy_container", stats_of_busy_container),
         trial(
@@ -537,51 +537,82 @@ fn masked_paths_are_unreadable() -> Result<()> {
 /// Priming writes this (multi-threaded) process into the cgroup it is in: the write must be
 /// accepted on this node's layout, and every thread must stay where it was in every hierarchy,
 /// with containers created right after it as usual.
-fn priming_cgroup_migrations_moves_nothing() -> Result<()> {
-    let cgroups_of = || -> Result<std::collections::BTreeMap<String, String>> {
+fn warming_cgroup_migrations_moves_nothing() -> Result<()> {
+    use ferrolet_runtime::migration_warmer::{MigrationWarmer, THREAD_NAME};
+    let tasks = || -> Result<std::collections::BTreeMap<String, (String, String)>> {
         let mut v = std::collections::BTreeMap::new();
         for t in std::fs::read_dir("/proc/self/task")? {
             let t = t?.path();
             // (a thread of the test runner may end meanwhile)
-            if let Ok(c) = std::fs::read_to_string(t.join("cgroup")) {
-                v.insert(t.display().to_string(), c);
+            if let (Ok(comm), Ok(c)) = (
+                std::fs::read_to_string(t.join("comm")),
+                std::fs::read_to_string(t.join("cgroup")),
+            ) {
+                v.insert(t.display().to_string(), (comm.trim().to_string(), c));
             }
         }
         Ok(v)
     };
-    // A second thread of our own, alive across the priming: the agent that primes has many
+    let warm_threads = || -> Result<usize> { Ok(tasks()?.values().filter(|(comm, _)| comm == THREAD_NAME).count()) };
+    let wait_for = |want: usize| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while warm_threads()? != want {
+            ensure!(
+                Instant::now() < deadline,
+                "{} warm threads, not {want}",
+                warm_threads()?
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    };
+    // A second thread of our own, alive across the warming: the agent that warms has many
     // (and the test runner may run this test on its only one).
     let (done, wait) = std::sync::mpsc::channel::<()>();
     let other = std::thread::spawn(move || {
         let _ = wait.recv();
     });
-    let before = cgroups_of()?;
-    let primed = (|| {
-        env().rt.cgroups().prime_migration().context("priming")?;
-        env().rt.cgroups().prime_migration().context("priming again")
+    let r = (|| -> Result<()> {
+        let before = tasks()?;
+        ensure!(
+            before.len() > 1,
+            "the test process should have several threads: {before:?}"
+        );
+        let warmer = MigrationWarmer::new(env().rt.cgroups().clone());
+        let hold = warmer.hold();
+        let second = warmer.hold();
+        wait_for(1)?;
+        // Still writing a while later: a warmer that cannot write gives up at once.
+        std::thread::sleep(Duration::from_millis(100));
+        ensure!(warm_threads()? == 1, "the warm thread stopped while held (or two run)");
+        let (exit, out, _) = block(run(&config("warmed", &["echo", "created while warm"])))?;
+        ensure!(
+            exit.exit_code == 0 && out == ["created while warm"],
+            "exit {exit:?}, out {out:?}"
+        );
+        let after = tasks()?;
+        let mut compared = 0;
+        for (task, (_, cgroups)) in &after {
+            if let Some((_, was)) = before.get(task) {
+                ensure!(was == cgroups, "warming moved {task}: from\n{was}to\n{cgroups}");
+                compared += 1;
+            }
+        }
+        ensure!(compared > 1, "no thread lived through the warming");
+        drop(hold);
+        std::thread::sleep(Duration::from_millis(20));
+        ensure!(warm_threads()? == 1, "the warm thread stopped while one hold is left");
+        drop(second);
+        wait_for(0)?;
+        // A new hold starts a new spell.
+        let again = warmer.hold();
+        wait_for(1)?;
+        drop(again);
+        wait_for(0)
     })();
-    let after = cgroups_of()?;
     drop(done);
     let _ = other.join();
-    primed?;
-    ensure!(
-        before.len() > 1,
-        "the test process should have several threads: {before:?}"
-    );
-    let mut compared = 0;
-    for (task, cgroups) in &after {
-        if let Some(was) = before.get(task) {
-            ensure!(was == cgroups, "priming moved {task}: from\n{was}to\n{cgroups}");
-            compared += 1;
-        }
-    }
-    ensure!(compared > 0, "no thread lived through the priming");
-    let (exit, out, _) = block(run(&config("primed", &["echo", "created after priming"])))?;
-    ensure!(
-        exit.exit_code == 0 && out == ["created after priming"],
-        "exit {exit:?}, out {out:?}"
-    );
-    Ok(())
+    r
 }
 
 fn exec_in_running_container() -> Result<()> {

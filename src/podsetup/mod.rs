@@ -29,6 +29,7 @@ use crate::pod::{self, fieldpath::PodFacts};
 use crate::tasks::blocking;
 use crate::volumemanager::VolumeManager;
 use cgroups::PodCgroups;
+use ferrolet_runtime::migration_warmer::{MigrationWarmer, WarmHold};
 use network::PodNetwork;
 use sandbox::Sandbox;
 use volumes::VolumeHost;
@@ -45,6 +46,7 @@ pub struct PodSetup {
     volumes: Arc<VolumeManager>,
     /// The QoS tiers, updated as pod cgroups come and go.
     qos: Option<Arc<crate::cm::qos::QosManager>>,
+    warmer: MigrationWarmer,
 }
 
 impl PodSetup {
@@ -54,6 +56,7 @@ impl PodSetup {
         let network = PodNetwork::new(&cfg, Arc::new(move || sandbox::recorded_ids(&pods_dir)));
         let local = cfg.static_pod_path.clone().map(LocalObjects::new);
         let volumes = Arc::new(VolumeManager::new(&cfg.pods_dir()));
+        let warmer = MigrationWarmer::new(cgroups.runtime().clone());
         PodSetup {
             cfg,
             rt,
@@ -63,6 +66,7 @@ impl PodSetup {
             local,
             volumes,
             qos: None,
+            warmer,
         }
     }
 
@@ -86,17 +90,11 @@ impl PodSetup {
         &self.cgroups
     }
 
-    /// Containers are about to be created: begin the kernel's wait for their first cgroup
-    /// migration now, on a blocking thread, so that it overlaps the work before it
-    /// ([`Cgroups::prime_migration`](ferrolet_runtime::cgroups::Cgroups::prime_migration);
-    /// docs/start-path.md).
-    pub fn prime_cgroup_migration(&self) {
-        let cgroups = self.cgroups.runtime().clone();
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = cgroups.prime_migration() {
-                tracing::debug!(error = %e, "priming cgroup migrations");
-            }
-        });
+    /// Containers are about to be created: keep the kernel's cgroup migration lock warm
+    /// until the hold is dropped, so that their migrations do not wait for a grace period
+    /// ([`MigrationWarmer`]; docs/start-path.md).
+    pub fn warm_cgroup_migrations(&self) -> WarmHold {
+        self.warmer.hold()
     }
 
     pub fn network(&self) -> &PodNetwork {

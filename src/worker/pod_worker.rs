@@ -118,8 +118,8 @@ pub(super) struct PodWorker {
     /// What the next round is, for kubelet_pod_worker_duration_seconds: create (the first),
     /// update (the pod changed) or sync (a resync, a probe, a container's exit).
     pub round: &'static str,
-    /// When this worker last primed cgroup migrations before creating containers.
-    pub primed_at: Option<std::time::Instant>,
+    /// Containers of this round are still to be created: cgroup migrations kept warm.
+    pub warm: Option<ferrolet_runtime::migration_warmer::WarmHold>,
 }
 
 /// Doubling delays from 1 s up to a minute.
@@ -187,7 +187,7 @@ impl PodWorker {
             probes: Probes::default(),
             teardown_retry: RetryDelay::default(),
             round: "create",
-            primed_at: None,
+            warm: None,
         };
         if let Some(seen) = pod::seen_at(&w.pod) {
             crate::metrics::global().pod_worker_started((Utc::now() - seen).to_std().unwrap_or_default());

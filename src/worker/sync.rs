@@ -22,6 +22,13 @@ use crate::pod::{self};
 impl PodWorker {
     /// One round of SyncPod. Returns when the worker wants to run again (a back-off expiry).
     pub(super) async fn sync_pod(&mut self) -> Option<DateTime<Utc>> {
+        let wake = self.sync_round().await;
+        // Whatever the round created is created.
+        self.warm = None;
+        wake
+    }
+
+    async fn sync_round(&mut self) -> Option<DateTime<Utc>> {
         if self.report.start_time.is_none() {
             self.report.start_time = Some(Utc::now());
             crate::metrics::start_phase(pod::name(&self.pod), "worker");
@@ -97,7 +104,7 @@ impl PodWorker {
         if first {
             crate::metrics::start_phase(pod::name(&self.pod), "cgroup");
             // A new pod: its containers come after the sandbox and the rest of this round.
-            self.prime_cgroup_migration();
+            self.warm_cgroup_migrations();
         }
         let usable = self
             .resources
@@ -218,7 +225,7 @@ impl PodWorker {
             }
         }
         if !plan.start.is_empty() {
-            self.prime_cgroup_migration();
+            self.warm_cgroup_migrations();
         }
         let mut published = std::time::Instant::now();
         for s in &plan.start {
@@ -284,13 +291,11 @@ impl PodWorker {
         }
     }
 
-    /// Containers are about to be created: prime the kernel's cgroup migration lock, unless
-    /// this round did already (a new pod's round primes when its cgroup is made, well before).
-    fn prime_cgroup_migration(&mut self) {
-        let recent = self.primed_at.is_some_and(|t| t.elapsed() < Duration::from_secs(1));
-        if !recent {
-            self.m.setup.prime_cgroup_migration();
-            self.primed_at = Some(std::time::Instant::now());
+    /// Containers are about to be created: keep cgroup migrations warm for the rest of the
+    /// round (docs/start-path.md, "The cgroup migration wait").
+    fn warm_cgroup_migrations(&mut self) {
+        if self.warm.is_none() {
+            self.warm = Some(self.m.setup.warm_cgroup_migrations());
         }
     }
 
