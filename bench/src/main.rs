@@ -60,6 +60,14 @@ struct Opts {
     /// Pods already running for the start-path figures (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "0,50,100")]
     running: Vec<usize>,
+    /// Pause between one measured start and the next in the start-path figures (ms): a start
+    /// is measured alone, as a person would write one manifest; 0 starts the next at once.
+    #[arg(long, default_value_t = 50)]
+    start_gap_ms: u64,
+    /// Pod networks for the start-path figures (comma-separated: none, bridge); each gets its
+    /// own agent and its own columns.
+    #[arg(long, value_delimiter = ',', default_value = "none,bridge")]
+    start_network: Vec<String>,
     /// Pods started one after another at each count of running pods (start-path figures).
     #[arg(long, default_value_t = 20)]
     start_pods: usize,
@@ -200,8 +208,9 @@ fn main() -> Result<()> {
             println!("\nWhere a pod's start goes (the agent's own timestamps, p50 per phase):\n{t}");
             format!(
                 "\nWhere a pod's start goes: p50 of each phase's share, from the agent's own `ferrolet::start_phase` \
-                 timestamps (docs/start-path.md), {} pods started one after another with N pods already running, no pod network:\n\n{t}",
-                opts.start_pods
+                 timestamps (docs/start-path.md), {} pods started one after another with N pods already running (pod networks: {}):\n\n{t}",
+                opts.start_pods,
+                opts.start_network.join(", ")
             )
         }
         None => String::new(),
@@ -536,48 +545,62 @@ fn size_row(bin: &Path) -> Row {
 /// from the agent's own timestamps.
 fn start_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<(Vec<Row>, String)> {
     let image = "docker.io/library/busybox:1.35";
-    let log = dir.join("agent-start.log");
-    let a = Agent::start(
-        bin,
-        &dir.join("ferrolet-start"),
-        &format!("{}/start", cg.path()),
-        "none",
-        &log,
-    )?;
-    std::thread::sleep(Duration::from_secs(1));
     let mut running = opts.running.clone();
     running.sort_unstable();
     let mut rows = Vec::new();
     let mut sets = Vec::new();
-    for n in running {
-        eprintln!(
-            "== ferrolet: {} pods one after another with {n} pods already running",
-            opts.start_pods
-        );
-        let starts = phases::starts_with_running(&a, image, &format!("run{n}s"), n, opts.start_pods)?;
-        wait_until(Duration::from_secs(120), || a.pod_count() == n)?;
-        let v: Vec<f64> = starts.iter().map(|s| ms_between(s.t0, s.first)).collect();
-        let (p50, p90, _) = stats(v);
-        let mut r = Row::new(
-            format!(
-                "pod start latency p50 with {n} pods already running ({} pods, no pod network)",
+    for network in &opts.start_network {
+        let (what, suffix) = match network.as_str() {
+            "none" => ("no pod network", ""),
+            "bridge" => ("built-in bridge", ", bridge"),
+            other => anyhow::bail!("--start-network {other}: none or bridge"),
+        };
+        let log = dir.join(format!("agent-start-{network}.log"));
+        let a = Agent::start(
+            bin,
+            &dir.join(format!("ferrolet-start-{network}")),
+            &format!("{}/start-{network}", cg.path()),
+            network,
+            &log,
+        )?;
+        std::thread::sleep(Duration::from_secs(1));
+        for &n in &running {
+            eprintln!(
+                "== ferrolet: {} pods one after another with {n} pods already running ({what})",
                 opts.start_pods
-            ),
-            "ms",
-            "none",
-        );
-        r.ferrolet = Some(p50);
-        rows.push(r);
-        let mut r = Row::new(
-            format!("pod start latency p90 with {n} pods already running"),
-            "ms",
-            "none",
-        );
-        r.ferrolet = Some(p90);
-        rows.push(r);
-        sets.push((format!("{n} running"), phases::shares(&log, &starts)));
+            );
+            let starts = phases::starts_with_running(
+                &a,
+                image,
+                &format!("run{n}s"),
+                n,
+                opts.start_pods,
+                Duration::from_millis(opts.start_gap_ms),
+            )?;
+            wait_until(Duration::from_secs(120), || a.pod_count() == n)?;
+            let v: Vec<f64> = starts.iter().map(|s| ms_between(s.t0, s.first)).collect();
+            let (p50, p90, _) = stats(v);
+            let mut r = Row::new(
+                format!(
+                    "pod start latency p50 with {n} pods already running ({} pods, {what})",
+                    opts.start_pods
+                ),
+                "ms",
+                "none",
+            );
+            r.ferrolet = Some(p50);
+            rows.push(r);
+            let mut r = Row::new(
+                format!("pod start latency p90 with {n} pods already running{suffix}"),
+                "ms",
+                "none",
+            );
+            r.ferrolet = Some(p90);
+            rows.push(r);
+            sets.push((format!("{n} running{suffix}"), phases::shares(&log, &starts)));
+        }
+        a.finish();
     }
-    a.finish();
     Ok((rows, phases::render(&sets)))
 }
 

@@ -153,7 +153,14 @@ pub fn render(sets: &[(String, Shares)]) -> String {
 
 /// Start `measured` pods one after another on `a` with `running` pods already running (started
 /// first, as a burst, and waited for); returns the measured starts. The filler pods stay.
-pub fn starts_with_running(a: &Agent, image: &str, tag: &str, running: usize, measured: usize) -> Result<Vec<Start>> {
+pub fn starts_with_running(
+    a: &Agent,
+    image: &str,
+    tag: &str,
+    running: usize,
+    measured: usize,
+    gap: Duration,
+) -> Result<Vec<Start>> {
     let have = std::fs::read_dir(&a.manifests)?
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("fill"))
@@ -177,7 +184,7 @@ pub fn starts_with_running(a: &Agent, image: &str, tag: &str, running: usize, me
         let first = wait_mark(&a.marks, &name, Duration::from_secs(60))?;
         out.push(Start { name, t0, first });
         // A start is measured alone, as a person would write one manifest.
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(gap);
     }
     for s in &out {
         a.remove(&s.name)?;
