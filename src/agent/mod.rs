@@ -3,6 +3,7 @@
 //! the main loop ([`sync_loop`]), the background duties, and the servers (HTTP API, CLI socket,
 //! exec socket). Stopping the agent leaves the pods running; the next start adopts them.
 
+mod code_pages;
 pub mod record;
 pub mod run_once;
 mod sync_loop;
@@ -502,6 +503,14 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         manifests = %cfg.static_pod_path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
         "ferrolet started"
     );
+    // The code of starting up is run; what the agent runs from now on is mapped again as
+    // it runs, and what a burst of work mapped is let go a minute later.
+    release_code_pages();
+    spawn_loop("code pages", code_pages::EVERY, || async {
+        tokio::time::sleep(code_pages::EVERY).await;
+        release_code_pages();
+        true
+    });
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -727,4 +736,13 @@ pub fn require_root() -> Result<()> {
         bail!("ferrolet runs containers and needs root");
     }
     Ok(())
+}
+
+/// Unmap the code the agent ran until now from its resident set ([`code_pages`]), on a
+/// blocking thread.
+fn release_code_pages() {
+    tokio::task::spawn_blocking(|| match code_pages::release() {
+        Ok(kib) => tracing::trace!(kib, "released code pages"),
+        Err(e) => tracing::debug!(error = %e, "releasing code pages"),
+    });
 }
