@@ -377,6 +377,15 @@ fn run(
     let mut mem_10 = Row::new("memory (PSS): 10 pods", "MiB", "podman");
     let mut mem_100 = Row::new(format!("memory (PSS): {} pods", opts.burst), "MiB", "podman");
     let mut mem_per_pod = Row::new("memory (PSS) per pod", "KiB", "podman");
+    // The same after the CPU minute: what stays once the burst's after-effects are over.
+    let mut mem_later = [
+        Row::new(
+            format!("memory (PSS): {} pods, after a minute idle", opts.burst),
+            "MiB",
+            "podman",
+        ),
+        Row::new("memory (PSS) per pod, after a minute idle", "KiB", "podman"),
+    ];
     let mut cpu = Row::new(
         format!("CPU per minute, {} idle pods (agent + monitors / conmons)", opts.burst),
         "s",
@@ -434,6 +443,10 @@ fn run(
         }
         eprintln!("== ferrolet: CPU over {}s with {} pods", opts.cpu_seconds, opts.burst);
         cpu.ferrolet = Some(cpu_per_minute(&procs, opts.cpu_seconds));
+        mem_later[0].ferrolet = Some(pss_mib(&a.processes()));
+        if let (Some(idle), Some(full)) = (mem_idle.ferrolet, mem_later[0].ferrolet) {
+            mem_later[1].ferrolet = Some((full - idle) * 1024.0 / opts.burst as f64);
+        }
         let t = Instant::now();
         for i in 0..opts.burst {
             a.remove(&format!("burst{i}"))?;
@@ -501,6 +514,7 @@ fn run(
             &mut mem_10,
             &mut mem_100,
             &mut mem_per_pod,
+            &mut mem_later,
             &mut cpu,
         ) {
             eprintln!("   podman: {e:#}");
@@ -508,7 +522,9 @@ fn run(
     }
     rows.extend(lat);
     rows.extend(lat_net);
-    rows.extend([burst_up, burst_down, mem_idle, mem_10, mem_100, mem_per_pod, cpu]);
+    rows.extend([burst_up, burst_down, mem_idle, mem_10, mem_100, mem_per_pod]);
+    rows.extend(mem_later);
+    rows.push(cpu);
 
     if !opts.skip_pull {
         rows.extend(pull_rows(opts, &bin, dir, cg)?);
@@ -712,6 +728,7 @@ fn podman(
     mem_10: &mut Row,
     mem_100: &mut Row,
     mem_per_pod: &mut Row,
+    mem_later: &mut [Row; 2],
     cpu: &mut Row,
 ) -> Result<()> {
     eprintln!(
@@ -772,6 +789,8 @@ fn podman(
     mem_per_pod.podman = mem_100.podman.map(|m| m * 1024.0 / opts.burst as f64);
     eprintln!("== podman: CPU over {}s with {} pods", opts.cpu_seconds, opts.burst);
     cpu.podman = Some(cpu_per_minute(&procs, opts.cpu_seconds));
+    mem_later[0].podman = Some(pss_mib(&p.processes()));
+    mem_later[1].podman = mem_later[0].podman.map(|m| m * 1024.0 / opts.burst as f64);
     let t = Instant::now();
     p.run(&["kube", "down", &all.display().to_string()])?;
     burst_down.podman = Some(t.elapsed().as_secs_f64());
@@ -938,7 +957,7 @@ fn notes(opts: &Opts) -> String {
 - Before each latency section (runtime floor, pod starts, bursts, pulls; podman's as well) the harness waits for a quiet machine: two half-second windows in a row with the CPUs at most 10% busy, up to 60 s. Without it, the kernel's teardown of the previous section's containers (namespaces, mounts, cgroups, ext4 discards) landed in the next section's numbers.\n\
 - Pod start latency: from the manifest landing in the watched directory (ferrolet) or `podman kube play` being invoked, to the container's first command creating a file (its mtime): p50/p90/p99 over {} pods created one after another, each waited for.\n\
 - Burst: {} pods written at once (ferrolet: {0} files; podman: one {0}-document `kube play`), to the last container running; deletion: files removed (ferrolet) or `kube down` (podman), to nothing left.\n\
-- Memory: PSS from /proc/*/smaps_rollup of the agent, its zygote and every container monitor (ferrolet) versus conmon and catatonit (podman has no daemon; its per-pod processes are what stays resident). Per pod: (PSS with {1} pods - idle) / {1} for ferrolet, PSS / {1} for podman.\n\
+- Memory: PSS from /proc/*/smaps_rollup of the agent, its zygote and every container monitor (ferrolet) versus conmon and catatonit (podman has no daemon; its per-pod processes are what stays resident). Per pod: (PSS with {1} pods - idle) / {1} for ferrolet, PSS / {1} for podman. Idle is 2 s after the agent answers /healthz; {1} pods 2 s after the burst's last container ran, and again after the CPU minute (\"after a minute idle\"). The agent unmaps its executable's read-only pages once started and every minute (docs/agent.md, \"Code pages\"), so the second figure no longer holds the code the burst ran.\n\
 - CPU: user+system time of the same processes over {2}s of steady state, scaled to one minute.\n\
 - Runtime floor: create+start+wait+delete of `/bin/true` in a busybox container: ferrolet's runtime crate in-process versus `crun run` / `runc run` on the OCI spec ferrolet generated for the same container (same namespaces, mounts, capabilities, masked paths and RuntimeDefault seccomp profile; rootfs unpacked read-only instead of an overlay; no device rules, which these runtimes would need a devices cgroup for here), {3} runs, p50. On a hybrid node crun runs in a private mount namespace with the cgroup2 mount hidden (it refuses hybrid layouts), so it uses the same v1 controllers as the others.\n\
 - podman 4.3 runs with runc (crun refuses this machine's hybrid cgroups), the cgroupfs manager, inside a private mount and cgroup namespace rooted below the benchmark's cgroup (its /run, /var/lib and CNI config in the benchmark's directory), with explicit nofile/nproc ulimits (its defaults need CAP_SYS_RESOURCE). Its no-network runs use `--network none`.\n\
