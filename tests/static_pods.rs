@@ -22,6 +22,24 @@ fn add_update_remove_manifests() {
         "file"
     );
     assert!(a.logs("hello", "").contains("v1"));
+    // The pod's worker let go of its cgroup migration hold once its container was created:
+    // the warm thread ends with the last hold, where a hold kept would keep it running for
+    // 5 s after the newest one (docs/start-path.md, "The cgroup migration wait").
+    let warm_threads = || {
+        std::fs::read_dir(format!("/proc/{}/task", a.pid()))
+            .unwrap()
+            .flatten()
+            .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "ferrolet-cgwarm"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while warm_threads() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the cgroup migration warm thread outlived the pod's start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // A changed manifest is a new pod (new UID); the old one is terminated.
     a.write("hello.yaml", &pod_yaml("hello", "Always", "echo v2; sleep 3600"));
     let p2 = a.wait_pod("hello", "the new version running", T, |p| {

@@ -221,6 +221,8 @@ impl PodWorker {
                             Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default())
                         }
                     };
+                    // Whatever the round created is created, a panicked round's included.
+                    self.warm = None;
                     crate::metrics::global().pod_worker_round(self.round, started.elapsed());
                     self.round = "sync";
                     self.m.liveness.done(&duty);

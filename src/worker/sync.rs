@@ -22,13 +22,6 @@ use crate::pod::{self};
 impl PodWorker {
     /// One round of SyncPod. Returns when the worker wants to run again (a back-off expiry).
     pub(super) async fn sync_pod(&mut self) -> Option<DateTime<Utc>> {
-        let wake = self.sync_round().await;
-        // Whatever the round created is created.
-        self.warm = None;
-        wake
-    }
-
-    async fn sync_round(&mut self) -> Option<DateTime<Utc>> {
         if self.report.start_time.is_none() {
             self.report.start_time = Some(Utc::now());
             crate::metrics::start_phase(pod::name(&self.pod), "worker");
