@@ -111,37 +111,30 @@ impl Drop for WarmHold {
 }
 
 /// The warm thread: write, sleep, until no hold is left (or the newest is older than
-/// [`LIMIT`]). The file is opened once per spell.
+/// [`LIMIT`]). The file is opened once per spell; a failure to open or write it gives warming
+/// up for good.
 fn warm(shared: &Shared) {
-    let opened = shared
-        .cgroups
-        .own_procs_file()
-        .and_then(|path| OpenOptions::new().write(true).open(&path));
-    let mut file = match opened {
-        Ok(f) => Some(f),
-        Err(e) => {
-            tracing::debug!(error = %e, "opening this process's cgroup.procs to warm migrations");
-            None
-        }
-    };
     let pid = std::process::id().to_string();
-    loop {
-        {
-            let mut st = shared.lock();
-            let fresh = st.newest.is_some_and(|t| t.elapsed() < LIMIT);
-            if st.holds == 0 || !fresh || file.is_none() {
-                st.running = false;
-                st.disabled |= file.is_none();
-                return;
+    let failed = (|| -> std::io::Result<()> {
+        let mut file = OpenOptions::new().write(true).open(shared.cgroups.own_procs_file()?)?;
+        loop {
+            {
+                let mut st = shared.lock();
+                if st.holds == 0 || st.newest.is_none_or(|t| t.elapsed() >= LIMIT) {
+                    // Under the same lock as the check: a hold taken after it starts a thread.
+                    st.running = false;
+                    return Ok(());
+                }
             }
+            file.write_all(pid.as_bytes())?;
+            std::thread::sleep(INTERVAL);
         }
-        if let Some(f) = file.as_mut() {
-            if let Err(e) = f.write_all(pid.as_bytes()) {
-                tracing::debug!(error = %e, "writing this process's pid to warm cgroup migrations");
-                file = None;
-                continue;
-            }
-        }
-        std::thread::sleep(INTERVAL);
+    })()
+    .err();
+    if let Some(e) = failed {
+        tracing::debug!(error = %e, "writing this process's pid to warm cgroup migrations; warming given up");
+        let mut st = shared.lock();
+        st.running = false;
+        st.disabled = true;
     }
 }
