@@ -33,38 +33,33 @@ pub(crate) struct Mapping {
 pub(crate) fn releasable(smaps: &str, exe: &Path) -> Vec<Mapping> {
     let exe = exe.to_string_lossy();
     let mut out = Vec::new();
-    // The mapping being read: (start, end, read-only mapping of exe, rss, anonymous).
-    let mut cur: Option<(usize, usize, bool, u64, Option<u64>)> = None;
-    let mut finish = |cur: Option<(usize, usize, bool, u64, Option<u64>)>| {
-        if let Some((start, end, true, rss_kib, Some(0))) = cur {
-            out.push(Mapping { start, end, rss_kib });
-        }
-    };
+    // The read-only mapping of exe being read, and its count of private pages once seen.
+    let mut cur: Option<(Mapping, Option<u64>)> = None;
     for line in smaps.lines() {
         let mut fields = line.split_ascii_whitespace();
         let Some(first) = fields.next() else { continue };
         if let Some((a, b)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
-            let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
-                continue;
-            };
-            finish(cur.take());
+            out.extend(cur.take().filter(|(_, anon)| *anon == Some(0)).map(|(m, _)| m));
             let perms = fields.next().unwrap_or("");
             // offset, device, inode, then the path (which may hold spaces).
             let path = line.splitn(6, ' ').nth(5).unwrap_or("").trim_start();
-            let ours = matches!(perms, "r--p" | "r-xp") && path == exe;
-            cur = Some((start, end, ours, 0, None));
+            if matches!(perms, "r--p" | "r-xp") && path == exe {
+                if let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                    cur = Some((Mapping { start, end, rss_kib: 0 }, None));
+                }
+            }
             continue;
         }
         let value = fields.next().and_then(|v| v.parse::<u64>().ok());
-        if let (Some(c), Some(v)) = (cur.as_mut(), value) {
+        if let (Some((m, anon)), Some(v)) = (cur.as_mut(), value) {
             match first {
-                "Rss:" => c.3 = v,
-                "Anonymous:" => c.4 = Some(v),
+                "Rss:" => m.rss_kib = v,
+                "Anonymous:" => *anon = Some(v),
                 _ => {}
             }
         }
     }
-    finish(cur.take());
+    out.extend(cur.filter(|(_, anon)| *anon == Some(0)).map(|(m, _)| m));
     out
 }
 
