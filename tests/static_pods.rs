@@ -283,13 +283,20 @@ spec:
             "trap 'echo term > /marks/trap; exit 0' TERM; while true; do sleep 0.1; done",
         ),
     );
-    // Ignores TERM: killed when its 2s grace period ends.
-    a.write(
-        "stubborn.yaml",
-        &pod("stubborn", 2, "trap '' TERM; while true; do sleep 0.1; done"),
-    );
+    // Keep running after TERM, counting tenths of a second until SIGKILL comes: at the end of
+    // the 2 s grace period, and for grace 0 after 1 s (kubelet's pod workers give a pod's
+    // termination at least 1 s; the 2 s minimum is for containers killed in a running pod).
+    let counting = |file: &str| {
+        format!(
+            "trap 'n=0; while true; do n=$((n+1)); echo $n > /marks/{file}; sleep 0.1; done' TERM; \
+             while true; do sleep 0.1; done"
+        )
+    };
+    a.write("stubborn.yaml", &pod("stubborn", 2, &counting("stubborn")));
+    a.write("brief.yaml", &pod("brief", 0, &counting("brief")));
     a.wait_phase("trap", "Running", T);
     a.wait_phase("stubborn", "Running", T);
+    a.wait_phase("brief", "Running", T);
     let t0 = Instant::now();
     a.remove("trap.yaml");
     a.wait_gone("trap", T);
@@ -310,6 +317,19 @@ spec:
     assert!(
         slow >= Duration::from_millis(1900) && slow < Duration::from_secs(10),
         "killed after the grace period: {slow:?}"
+    );
+    a.remove("brief.yaml");
+    a.wait_gone("brief", T);
+    let ticks = |file: &str| -> u32 {
+        let text = std::fs::read_to_string(marks.join(file)).unwrap_or_default();
+        text.trim().parse().unwrap_or(0)
+    };
+    // About 20 and 10; fewer when the machine is slow, never the other's.
+    let (stubborn, brief) = (ticks("stubborn"), ticks("brief"));
+    assert!(stubborn >= 15, "2 s between TERM and KILL: {stubborn} tenths");
+    assert!(
+        (3..=14).contains(&brief),
+        "1 s between TERM and KILL for grace 0: {brief} tenths"
     );
 }
 

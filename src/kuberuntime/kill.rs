@@ -14,14 +14,22 @@ use crate::lifecycle;
 use crate::pod::reasons;
 use crate::probe::netns::PodTarget;
 
-/// The least time a container gets between its stop signal and SIGKILL (kubelet's
-/// minimumGracePeriodInSeconds).
+/// The least time a container gets between its stop signal and SIGKILL when it is stopped
+/// inside a pod that keeps running (a restart, a failed probe, a changed sandbox, a failed
+/// postStart hook), and after a preStop hook (the documented one-off extension): kubelet's
+/// minimumGracePeriodInSeconds.
 pub const MIN_GRACE: Duration = Duration::from_secs(2);
 
+/// The least time a container gets when its whole pod ends (deleted, evicted, past its active
+/// deadline). kubelet's pod workers hand killContainer the pod's effective grace period as an
+/// override there, never less than 1 s, and an override replaces the 2 s minimum.
+pub const MIN_POD_GRACE: Duration = Duration::from_secs(1);
+
 /// Stop one container (kubelet's killContainer): its preStop hook first (inside the grace
-/// period), then the stop signal, then SIGKILL when the rest of the grace period is over (the
-/// signal always gets at least [`MIN_GRACE`], as in kubelet). Owns its arguments so a pod
-/// worker can run several at once beside its own loop.
+/// period), then the stop signal, then SIGKILL when the rest of the grace period is over. The
+/// signal always gets at least `floor` ([`MIN_GRACE`] or [`MIN_POD_GRACE`]), and at least
+/// [`MIN_GRACE`] after a preStop hook. Owns its arguments so a pod worker can run several at
+/// once beside its own loop.
 pub async fn kill_container(
     rt: Arc<Runtime>,
     spec: Option<Container>,
@@ -29,7 +37,9 @@ pub async fn kill_container(
     pod_name: String,
     v: ContainerView,
     grace: Duration,
+    floor: Duration,
 ) {
+    let mut floor = floor;
     let mut left = grace;
     // preStop only for a running container, and only with a grace period to run in.
     if let (true, Some(c)) = (v.is_running() && !grace.is_zero(), spec) {
@@ -45,10 +55,10 @@ pub async fn kill_container(
                 }
             }
             left = grace.saturating_sub(t0.elapsed());
+            floor = MIN_GRACE;
         }
     }
-    // kubelet's minimumGracePeriodInSeconds: the stop signal always gets 2 seconds.
-    stop_container(rt, v.id.clone(), v.stop_signal.clone(), left.max(MIN_GRACE)).await;
+    stop_container(rt, v.id.clone(), v.stop_signal.clone(), left.max(floor)).await;
 }
 
 /// Signal a container (its image's StopSignal, else SIGTERM), wait up to `grace`, then SIGKILL.

@@ -89,7 +89,8 @@ pub async fn run_post_start(
     let pod_name = pod::full_name(pod);
     if let Err(e) = lifecycle::run(rt, h, id, c, &pod_name, target, timeout).await {
         warn!(pod = %pod_name, container = %c.name, reason = reasons::EVENT_FAILED_POST_START_HOOK, "{e}");
-        let grace = Duration::from_secs(pod::grace_period(pod) as u64);
+        // kubelet kills it without an override: the 2 s minimum applies.
+        let grace = Duration::from_secs(pod::grace_period(pod) as u64).max(super::kill::MIN_GRACE);
         let signal = rt.inspect(id).ok().and_then(|i| i.record.stop_signal);
         stop_container(rt.clone(), id.to_string(), signal, grace).await;
         return Err(Waiting::new(reasons::POST_START_HOOK_ERROR, e.0).retry_in(RETRY));

@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 use super::killed::Killed;
 use super::Managers;
 use crate::backoff::Backoff;
-use crate::kuberuntime::kill::kill_container;
+use crate::kuberuntime::kill::{kill_container, MIN_GRACE};
 use crate::kuberuntime::labels;
 use crate::kuberuntime::views::{ContainerView, PodContainers};
 use crate::pod::fieldpath::PodFacts;
@@ -484,8 +484,14 @@ impl PodWorker {
             .collect()
     }
 
-    /// Stop one container (preStop, signal, grace period); runs beside the worker's loop.
-    pub fn kill_one(&self, v: ContainerView, grace: Duration) -> impl std::future::Future<Output = ()> + 'static {
+    /// Stop one container (preStop, signal, grace period of at least `floor`); runs beside the
+    /// worker's loop.
+    pub fn kill_one(
+        &self,
+        v: ContainerView,
+        grace: Duration,
+        floor: Duration,
+    ) -> impl std::future::Future<Output = ()> + 'static {
         kill_container(
             self.m.rt.clone(),
             pod::container(&self.pod, &v.name).cloned(),
@@ -493,6 +499,7 @@ impl PodWorker {
             pod::full_name(&self.pod),
             v,
             grace,
+            floor,
         )
     }
 
@@ -505,7 +512,7 @@ impl PodWorker {
             .filter(|v| v.is_active())
             .map(|v| {
                 info!(pod = %pod::full_name(&self.pod), container = %v.name, "stopping: {why}");
-                self.kill_one(v.clone(), grace)
+                self.kill_one(v.clone(), grace, MIN_GRACE)
             })
             .collect::<Vec<_>>();
         futures::future::join_all(stops).await;

@@ -12,6 +12,7 @@ use tracing::warn;
 use super::plan::{self, Plan, PlanInput, Start};
 use super::pod_worker::{Lifecycle, PodWorker, RETRY};
 use crate::kuberuntime::container::BuildInput;
+use crate::kuberuntime::kill::MIN_GRACE;
 use crate::kuberuntime::labels::{self, ContainerKind};
 use crate::kuberuntime::start;
 use crate::kuberuntime::views::PodContainers;
@@ -182,7 +183,7 @@ impl PodWorker {
                     Some(g) if k.reason.contains("probe") => g.max(1) as u64,
                     _ => pod::grace_period(&self.pod) as u64,
                 };
-                Some(self.kill_one(v, Duration::from_secs(grace)))
+                Some(self.kill_one(v, Duration::from_secs(grace), MIN_GRACE))
             })
             .collect();
         futures::future::join_all(kills).await;

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use super::pod_worker::{Msg, PodWorker};
 use crate::kuberuntime::container::pod_log_dir;
-use crate::kuberuntime::kill::kill_container;
+use crate::kuberuntime::kill::{kill_container, MIN_POD_GRACE};
 use crate::pod::{self};
 use crate::prober;
 use crate::tasks::blocking;
@@ -27,7 +27,9 @@ impl PodWorker {
     /// probes first (no kill may come from them now; readiness keeps running so the pod can turn
     /// not-ready while its containers wind down), then the app containers (and any running
     /// regular init container) all at once, then the sidecars in reverse order with what is
-    /// left of the grace period. Messages arriving meanwhile are applied.
+    /// left of the grace period. Each stop signal gets at least [`MIN_POD_GRACE`] (1 s), not the
+    /// 2 s a container killed inside a running pod gets: kubelet passes a pod's termination its
+    /// effective grace period as an override. Messages arriving meanwhile are applied.
     pub(super) async fn stop_containers(&mut self, grace: Duration) {
         let name = pod::full_name(&self.pod);
         self.probes.stop_kinds(&[prober::Kind::Liveness, prober::Kind::Startup]);
@@ -36,7 +38,7 @@ impl PodWorker {
         let first: Vec<_> = views
             .all()
             .filter(|v| v.is_active() && !pod::is_sidecar_name(&self.pod, &v.name))
-            .map(|v| self.kill_one(v.clone(), grace))
+            .map(|v| self.kill_one(v.clone(), grace, MIN_POD_GRACE))
             .collect();
         // ...then sidecars in reverse order with what is left of the grace period.
         let sidecars: Vec<_> = pod::init_containers(&self.pod)
@@ -59,7 +61,16 @@ impl PodWorker {
             futures::future::join_all(first).await;
             for (v, spec) in sidecars {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                kill_container(rt.clone(), spec, target.clone(), pod_name.clone(), v, left).await;
+                kill_container(
+                    rt.clone(),
+                    spec,
+                    target.clone(),
+                    pod_name.clone(),
+                    v,
+                    left,
+                    MIN_POD_GRACE,
+                )
+                .await;
             }
         };
         tokio::pin!(stopping);
