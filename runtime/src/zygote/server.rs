@@ -70,6 +70,7 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
         match unsafe { fork() } {
             Ok(ForkResult::Child) => {
                 drop(sock);
+                discard_pages(&mut buf);
                 reset_signals();
                 let code = worker(req, reply, fds);
                 exit(code)
@@ -84,6 +85,21 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
                 },
             ),
         }
+    }
+}
+
+/// Let the kernel take back the pages of `buf` (the request buffer, already parsed): the
+/// zygote writes its next request into them, which would leave this fork holding its own copy
+/// of the pages for as long as it lives (a monitor: as long as its container). Freeing the
+/// buffer instead would raise glibc's mmap threshold in the fork.
+fn discard_pages(buf: &mut [u8]) {
+    let page = 4096;
+    let start = (buf.as_mut_ptr() as usize).next_multiple_of(page);
+    let end = (buf.as_mut_ptr() as usize + buf.len()) & !(page - 1);
+    if start < end {
+        // SAFETY: [start, end) lies inside `buf`, which this function borrows mutably; on
+        // private anonymous memory MADV_DONTNEED only makes the pages read back as zeros.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
     }
 }
 
