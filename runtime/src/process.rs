@@ -107,7 +107,10 @@ pub(crate) fn set_title(title: &str) -> bool {
     if mem[..shown.len()] != shown[..] {
         return false;
     }
-    move_environment_to_heap();
+    // A fork of a process that did this already (a monitor of the zygote) has nothing to move.
+    if area.holds_environment() {
+        move_environment_to_heap();
+    }
 
     let clean: String = title.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
     // The kernel shows at most one page of a rewritten command line.
@@ -137,7 +140,29 @@ struct ArgvArea {
     total_len: usize,
 }
 
+extern "C" {
+    /// glibc's environment: a null-terminated array of "NAME=value" strings.
+    static environ: *const *const libc::c_char;
+}
+
 impl ArgvArea {
+    /// Whether the environment's strings are still where the kernel put them, in this area.
+    fn holds_environment(&self) -> bool {
+        // SAFETY: single-threaded (checked by the caller), so `environ` is not changing; its
+        // entries up to the null one are valid pointers.
+        unsafe {
+            let mut e = environ;
+            while !e.is_null() && !(*e).is_null() {
+                let at = *e as usize;
+                if (self.start..self.start + self.total_len).contains(&at) {
+                    return true;
+                }
+                e = e.add(1);
+            }
+        }
+        false
+    }
+
     fn of_self() -> Option<ArgvArea> {
         let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
         // Fields after the command name (which may contain spaces) start at field 3.
@@ -196,6 +221,15 @@ mod tests {
         // SAFETY: reading this process's own argument strings.
         let mem = unsafe { std::slice::from_raw_parts(a.start as *const u8, shown.len()) };
         assert_eq!(mem, &shown[..]);
+    }
+
+    #[test]
+    fn the_environment_starts_in_the_argv_area() {
+        let a = ArgvArea::of_self().expect("argv area");
+        assert!(
+            a.holds_environment(),
+            "a fresh process's environment strings are in its argv area"
+        );
     }
 
     #[test]
