@@ -56,6 +56,11 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     else {
         return 1;
     };
+    // The request goes before the trim (its capability lists and seccomp program are heap the
+    // monitor would otherwise hold for as long as the container runs): two paths are all the
+    // end needs.
+    let (cgroup_path, exit_path) = (args.cgroup_path.clone(), args.bundle.join("exit.json"));
+    drop(args);
     // create()'s frame, with libcontainer's build below it, is gone from the stack now.
     release_build_memory();
 
@@ -72,7 +77,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     };
     let oom_killed = crate::cgroups::Cgroups::detect()
         .ok()
-        .and_then(|c| c.oom_kills(&args.cgroup_path))
+        .and_then(|c| c.oom_kills(&cgroup_path))
         .is_some_and(|n| n > 0);
     let exit = ExitRecord {
         exit_code,
@@ -81,7 +86,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
         reason,
     };
-    let recorded = write_json_atomic(&args.bundle.join("exit.json"), &exit);
+    let recorded = write_json_atomic(&exit_path, &exit);
     // Attachers see the end of their session only after the exit is recorded.
     attach.finish(Duration::from_secs(1));
     match recorded {
@@ -273,7 +278,7 @@ impl Drop for OutputBuffer {
 /// Drop the main stack's pages well below the current frame (they fault back in zeroed if a
 /// deeper call ever needs them). 16 KiB below this frame stay, for the calls made from here.
 fn release_unused_stack() {
-    const KEEP: usize = 16 * 1024;
+    const KEEP: usize = 8 * 1024;
     let here = std::hint::black_box(0u8);
     let sp = std::ptr::addr_of!(here) as usize;
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
