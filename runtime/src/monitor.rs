@@ -276,7 +276,7 @@ impl Drop for OutputBuffer {
 }
 
 /// Drop the main stack's pages well below the current frame (they fault back in zeroed if a
-/// deeper call ever needs them). 16 KiB below this frame stay, for the calls made from here.
+/// deeper call ever needs them). 8 KiB below this frame stay, for the calls made from here.
 fn release_unused_stack() {
     const KEEP: usize = 8 * 1024;
     let here = std::hint::black_box(0u8);

@@ -37,9 +37,8 @@ pub async fn kill_container(
     pod_name: String,
     v: ContainerView,
     grace: Duration,
-    floor: Duration,
+    mut floor: Duration,
 ) {
-    let mut floor = floor;
     let mut left = grace;
     // preStop only for a running container, and only with a grace period to run in.
     if let (true, Some(c)) = (v.is_running() && !grace.is_zero(), spec) {
