@@ -292,8 +292,7 @@ fn release_unused_stack() {
     else {
         return;
     };
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let page = crate::process::page_size();
     let top = sp.saturating_sub(KEEP) & !(page - 1);
     if bottom < top && sp < bottom + (64 << 20) {
         // SAFETY: [bottom, top) is the part of this thread's stack mapping below the frames in

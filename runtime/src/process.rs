@@ -114,8 +114,7 @@ pub(crate) fn set_title(title: &str) -> bool {
 
     let clean: String = title.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
     // The kernel shows at most one page of a rewritten command line.
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let page = page_size();
     let mut n = clean.len().min(mem.len() - 1).min(page.max(2) - 1);
     while !clean.is_char_boundary(n) {
         n -= 1;
@@ -129,6 +128,12 @@ pub(crate) fn set_title(title: &str) -> bool {
         mem[last] = b' ';
     }
     true
+}
+
+/// The kernel's page size (4 KiB on x86_64; 16 or 64 KiB on some arm64 kernels).
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
 }
 
 /// Where the kernel keeps this process's argument and environment strings (fields 48-51 of

@@ -93,7 +93,7 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
 /// of the pages for as long as it lives (a monitor: as long as its container). Freeing the
 /// buffer instead would raise glibc's mmap threshold in the fork.
 fn discard_pages(buf: &mut [u8]) {
-    let page = 4096;
+    let page = crate::process::page_size();
     let start = (buf.as_mut_ptr() as usize).next_multiple_of(page);
     let end = (buf.as_mut_ptr() as usize + buf.len()) & !(page - 1);
     if start < end {
