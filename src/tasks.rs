@@ -78,6 +78,33 @@ where
     });
 }
 
+/// Runs an action once, a while after things stopped changing: each [`AfterQuiet::changed`]
+/// (re)starts a wait of `quiet`, and the action runs when a wait ends with no change in it.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct AfterQuiet(std::sync::Arc<tokio::sync::Notify>);
+
+impl AfterQuiet {
+    /// Start the waiting task (within the async runtime).
+    pub fn spawn(quiet: Duration, action: impl Fn() + Send + 'static) -> AfterQuiet {
+        let changes = std::sync::Arc::new(tokio::sync::Notify::new());
+        let c = changes.clone();
+        tokio::spawn(async move {
+            loop {
+                c.notified().await;
+                while tokio::time::timeout(quiet, c.notified()).await.is_ok() {}
+                action();
+            }
+        });
+        AfterQuiet(changes)
+    }
+
+    /// Something changed: the action runs `quiet` after the last change.
+    pub fn changed(&self) {
+        self.0.notify_one();
+    }
+}
+
 /// The main loop's duty name in [`Liveness`] (kubelet's healthz check of the same name).
 pub const SYNC_LOOP: &str = "syncloop";
 /// Each pod worker's duty name starts with this, then the pod's full name.
@@ -157,6 +184,33 @@ impl Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn after_quiet_runs_once_when_changes_stop() {
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r = runs.clone();
+        let q = AfterQuiet::spawn(Duration::from_secs(1), move || {
+            r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let count = || runs.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(count(), 0, "nothing changed yet");
+        // A change every 0.6 s for 3 s keeps it waiting.
+        for _ in 0..5 {
+            q.changed();
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert_eq!(count(), 0, "changes less than a second apart");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(count(), 1, "a second after the last change");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(count(), 1, "once per quiet spell");
+        // Changes at once count as one.
+        q.changed();
+        q.changed();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(count(), 2);
+    }
 
     #[test]
     fn liveness_fails_late_beats_and_long_rounds_only() {

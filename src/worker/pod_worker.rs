@@ -224,6 +224,9 @@ impl PodWorker {
                     // Whatever the round created is created, a panicked round's included.
                     self.warm = None;
                     crate::metrics::global().pod_worker_round(self.round, started.elapsed());
+                    if self.round != "sync" {
+                        self.m.pods_settled.changed();
+                    }
                     self.round = "sync";
                     self.m.liveness.done(&duty);
                     if !self.wait_for_work(wake).await {
@@ -242,6 +245,7 @@ impl PodWorker {
                     let views = self.views();
                     Box::pin(self.publish_status(&views)).await;
                     crate::metrics::global().pod_worker_round("kill", started.elapsed());
+                    self.m.pods_settled.changed();
                     self.lifecycle = Lifecycle::Terminated;
                 }
                 Lifecycle::Terminated => {
@@ -263,6 +267,7 @@ impl PodWorker {
                             }
                         }
                         self.m.liveness.done(&duty);
+                        self.m.pods_settled.changed();
                         return;
                     }
                     // Not gone yet: the pod stays (terminating) and the removal is retried.
