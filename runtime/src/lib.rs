@@ -35,6 +35,7 @@ pub use attach::{Attach, AttachOptions, AttachOutput, AttachReader, AttachWriter
 pub use config::ContainerConfig;
 pub use container::{ContainerInfo, ContainerState, ExitRecord, ProcessUser};
 pub use error::{Error, Result};
+pub use process::trim_heap;
 pub use runtime::{ExecIo, ExecOutput, ExecProcess, ExecSpec, Runtime};
 pub use tty::resize_tty;
 pub use zygote::{fork_zygote, ZygoteHandle};

@@ -223,13 +223,8 @@ fn release_build_memory() {
     // The stack first: it reads /proc/self/maps into the heap, which the trim then gives back.
     release_unused_stack();
     #[cfg(target_env = "gnu")]
-    {
-        crate::process::empty_thread_cache();
-        // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the kernel.
-        unsafe {
-            libc::malloc_trim(0);
-        }
-    }
+    crate::process::empty_thread_cache();
+    crate::process::trim_heap();
 }
 
 /// The buffer output is read into: anonymous memory mapped on its own, so only the reads that

@@ -214,6 +214,17 @@ fn move_environment_to_heap() {
     }
 }
 
+/// Return the whole free pages of this process's heaps to the kernel (glibc's `malloc_trim`,
+/// which also merges freed chunks first; on its own glibc gives back only the top of a heap).
+/// Other C libraries: nothing.
+pub fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Give the chunks glibc keeps in this thread's cache back to the heap, where they merge with
 /// their free neighbours and the trim can release their pages.
 ///

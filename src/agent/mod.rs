@@ -336,7 +336,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         mirrors: mirrors.clone(),
         node_api: node_handle,
         eviction: eviction.clone(),
-        pods_settled: AfterQuiet::spawn(code_pages::SETTLE, release_unused_memory),
+        pods_settled: AfterQuiet::spawn(code_pages::SETTLE, || release_unused_memory("pods settled")),
     });
 
     // Sources -> pod config -> pod workers.
@@ -507,10 +507,10 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     // The code of starting up is run; what the agent runs from now on is mapped again as
     // it runs. What a burst of pod starts and stops mapped and allocated is let go once they
     // settle (`pods_settled`), and whatever else ran, every minute.
-    release_unused_memory();
+    release_unused_memory("started");
     spawn_loop("unused memory", code_pages::EVERY, || async {
         tokio::time::sleep(code_pages::EVERY).await;
-        release_unused_memory();
+        release_unused_memory("every minute");
         true
     });
 
@@ -742,21 +742,18 @@ pub fn require_root() -> Result<()> {
 
 /// Give back what the agent holds and does not use, on a blocking thread: the code it ran
 /// until now ([`code_pages`]) and the free pages inside its heap. Once started, every minute,
-/// and [`code_pages::SETTLE`] after pods last started, changed, stopped or went.
-fn release_unused_memory() {
-    tokio::task::spawn_blocking(|| {
-        match code_pages::release() {
-            Ok(kib) => tracing::trace!(kib, "released code pages"),
-            Err(e) => tracing::debug!(error = %e, "releasing code pages"),
-        }
+/// and [`code_pages::SETTLE`] after pods last started, changed, stopped or went (`why` says
+/// which).
+fn release_unused_memory(why: &'static str) {
+    tokio::task::spawn_blocking(move || {
+        let code_kib = code_pages::release().unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "releasing code pages");
+            0
+        });
         // Pods come and go in bursts, and what a burst allocated and freed leaves whole free
-        // pages between live allocations, which only malloc_trim gives back (glibc returns
-        // only the top of a heap on its own): 1.9 MiB of the agent's 11.6 MiB of heap with
-        // 100 pods running, measured.
-        #[cfg(target_env = "gnu")]
-        // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the kernel.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        // pages between live allocations: 1.9 MiB of the agent's 11.6 MiB of heap with 100
+        // pods running, measured.
+        ferrolet_runtime::trim_heap();
+        tracing::debug!(code_kib, "released unused memory: {why}");
     });
 }
