@@ -38,7 +38,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         total += n * mult;
         rest = &rest[unit_end..];
     }
-    Ok(Duration::from_secs_f64(total))
+    // Go's ParseDuration refuses what does not fit its int64 of nanoseconds (about 292
+    // years); from_secs_f64 would panic on what does not fit a Duration.
+    if total > i64::MAX as f64 / 1e9 {
+        return Err(format!("invalid duration {s:?}: out of range"));
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| format!("invalid duration {s:?}"))
 }
 
 /// Format like Go's `Duration.String()` for the common cases (`10s`, `5m0s`, `1h0m0s`).
@@ -111,6 +116,15 @@ pub fn bytes(s: &str) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_past_go_s_range_is_an_error_not_a_panic() {
+        // Found by the kubelet_config fuzz target (syncFrequency).
+        let e = parse_duration("1m111111111111111111111000s").unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
+        assert!(parse_duration("2562047h").is_ok(), "Go's largest whole hour fits");
+        assert!(parse_duration("2562048h").is_err());
+    }
 
     #[test]
     fn millicores_are_exact() {
