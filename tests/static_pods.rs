@@ -550,10 +550,7 @@ fn raise_nofile() {
 
 #[test]
 fn http_pods_endpoint_and_config_errors() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let a = Agent::start_with_config("http", &[], &format!("readOnlyPort: {port}\n"));
     a.write("web.yaml", &pod_yaml("web", "Always", "sleep 3600"));
     a.wait_phase("web", "Running", T);

@@ -52,12 +52,39 @@ pub fn has_field(config: &str, name: &str) -> bool {
         .any(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(':')))
 }
 
-/// A TCP port free on 127.0.0.1 right now.
+/// A TCP port free on this machine right now, handed out once per test process.
+///
+/// The port comes from below the kernel's ephemeral range: a port the kernel picked for
+/// `bind(:0)` goes back into the pool the moment the probe closes, and any outgoing
+/// connection (the agent's own, another test's client) may take it before the agent binds
+/// it. Below the range only an explicit bind can take it, and the counter never hands the
+/// same one out twice in a process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    // Leave the well-known ports and the kubelet's own (10250-10255) alone.
+    let (first, span) = (20000u32, low.saturating_sub(20000));
+    if span < 1000 {
+        return std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+    }
+    // Processes that run at once (test binaries, a bench) start at different places.
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let port = (first + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok()
+            && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free port in {first}..{}", first + span)
 }
 
 /// Make `cmd` enter the network namespace pinned at `ns` before exec.
