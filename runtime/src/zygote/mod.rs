@@ -72,7 +72,7 @@ pub fn fork_zygote() -> Result<ZygoteHandle> {
 /// A chunk counts as a hole when taking it leaves the top of the heap as it was (mallinfo2
 /// reports the main arena, which is this single thread's). Never more than the heap's size is
 /// taken, whatever mallinfo2 says.
-fn fill_heap_holes() {
+pub(crate) fn fill_heap_holes() {
     #[cfg(target_env = "gnu")]
     {
         // SAFETY: mallinfo2 only reads the allocator's statistics.
