@@ -25,7 +25,8 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
     set_title("ferrolet-zygote");
     let mut buf = vec![0u8; MAX_MESSAGE];
     let mut filters = FilterCache::default();
-    let mut filled = false;
+    // The most profiles the cache has held when the zygote last took its holes (None: not yet).
+    let mut filled_at: Option<usize> = None;
     loop {
         reap_children();
         let mut pfd = [nix::poll::PollFd::new(
@@ -63,7 +64,6 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
         }
         let reply = fds.remove(0);
         let mut req = req;
-        let profiles = filters.len();
         if let Err(error) = compile_seccomp(&mut filters, &mut req) {
             write_reply(&reply, &Reply::Failed { error });
             continue;
@@ -85,16 +85,19 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             }
             Ok(ForkResult::Parent { .. }) => {
                 // The worker holds its own copies; ours close here.
-                // The first request, and each that compiled a profile, leave long-lived
+                // The first request, and each that compiled a new profile, leave long-lived
                 // values (the cache's entries) among freed chunks in pages the zygote shares
                 // with every monitor; the next requests' allocations would land there, and
                 // each page they write becomes private to a monitor. Taking those holes for
                 // good sends later requests to the top of the heap, which a monitor trims
                 // (a monitor's private heap 52 -> 38 KiB; docs/runtime.md).
-                if !filled || filters.len() != profiles {
+                // Only when the cache holds more profiles than ever before: a node cycling
+                // through more than the cache keeps would otherwise take holes (and keep
+                // them) on every recompilation.
+                if filled_at.is_none_or(|most| filters.len() > most) {
                     drop(req);
                     super::fill_heap_holes();
-                    filled = true;
+                    filled_at = Some(filters.len());
                 }
             }
             Err(e) => write_reply(
