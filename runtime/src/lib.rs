@@ -7,6 +7,7 @@
 //! Start-up order matters: call [`fork_zygote`] first thing in `main`, before any thread
 //! exists, then build the async runtime and [`Runtime::new`].
 
+mod anon_buffer;
 mod attach;
 pub mod cgroups;
 pub mod config;

@@ -227,52 +227,6 @@ fn release_build_memory() {
     crate::process::trim_heap();
 }
 
-/// The buffer output is read into: anonymous memory mapped on its own, so only the reads that
-/// fill its pages make them resident (a quiet container's monitor holds one or two of its 16),
-/// where a zeroed heap buffer is written whole by calloc. A heap buffer if the mapping fails.
-enum OutputBuffer {
-    Mapped(std::ptr::NonNull<u8>, usize),
-    Heap(Vec<u8>),
-}
-
-impl OutputBuffer {
-    fn new(len: usize) -> OutputBuffer {
-        // SAFETY: a fresh private anonymous mapping, owned by the value returned.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        match std::ptr::NonNull::new(p.cast::<u8>()) {
-            Some(ptr) if p != libc::MAP_FAILED => OutputBuffer::Mapped(ptr, len),
-            _ => OutputBuffer::Heap(vec![0u8; len]),
-        }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        match self {
-            // SAFETY: the mapping is `len` bytes, readable and writable, zero-filled by the
-            // kernel, and only this value refers to it.
-            OutputBuffer::Mapped(ptr, len) => unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), *len) },
-            OutputBuffer::Heap(v) => v,
-        }
-    }
-}
-
-impl Drop for OutputBuffer {
-    fn drop(&mut self) {
-        if let OutputBuffer::Mapped(ptr, len) = self {
-            // SAFETY: unmapping the mapping made in `new`; no slice of it outlives `self`.
-            unsafe { libc::munmap(ptr.as_ptr().cast(), *len) };
-        }
-    }
-}
-
 /// Drop the main stack's pages well below the current frame (they fault back in zeroed if a
 /// deeper call ever needs them). 8 KiB below this frame stay, for the calls made from here.
 fn release_unused_stack() {
@@ -312,7 +266,9 @@ fn pump(init: Pid, sources: [Option<File>; 2], log: &mut LogWriter, attach: &mut
     let streams = [Stream::Stdout, Stream::Stderr];
     let mut status: Option<WaitStatus> = None;
     let mut deadline: Option<Instant> = None;
-    let mut output = OutputBuffer::new(64 * 1024);
+    // Output is read into a mapping of its own: a quiet container's monitor holds one or two of
+    // its 16 pages (crate::anon_buffer).
+    let mut output = crate::anon_buffer::AnonBuffer::new(64 * 1024);
     let buf = output.as_mut_slice();
     loop {
         reap(init, &mut status);

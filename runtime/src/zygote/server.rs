@@ -15,6 +15,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use ferrolet_fsutil::chain;
 
 use super::confine::ConfinedExecutor;
+use crate::anon_buffer::AnonBuffer;
 use crate::process::{exit, reset_signals, set_name, set_title};
 use crate::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
 use crate::seccomp_filter::FilterCache;
@@ -23,7 +24,7 @@ use crate::seccomp_filter::FilterCache;
 pub(crate) fn serve(sock: OwnedFd) -> ! {
     set_name("ferrolet-zygote");
     set_title("ferrolet-zygote");
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut buf = AnonBuffer::new(MAX_MESSAGE);
     let mut filters = FilterCache::default();
     // The most profiles the cache has held when the zygote last took its holes (None: not yet).
     let mut filled_at: Option<usize> = None;
@@ -49,7 +50,7 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
                 exit(1);
             }
         }
-        let (req, mut fds) = match recv_request(sock.as_raw_fd(), &mut buf) {
+        let (req, mut fds) = match recv_request(sock.as_raw_fd(), buf.as_mut_slice()) {
             Ok(Some(x)) => x,
             Ok(None) => exit(0),
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -78,7 +79,10 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
         match unsafe { fork() } {
             Ok(ForkResult::Child) => {
                 drop(sock);
-                discard_pages(&mut buf);
+                // The request is parsed: the zygote writes its next one into these pages,
+                // which would leave this fork holding its own copy of each for as long as it
+                // lives (a monitor: as long as its container).
+                buf.release_in_fork();
                 reset_signals();
                 let code = worker(req, reply, fds);
                 exit(code)
@@ -107,21 +111,6 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
                 },
             ),
         }
-    }
-}
-
-/// Let the kernel take back the pages of `buf` (the request buffer, already parsed): the
-/// zygote writes its next request into them, which would leave this fork holding its own copy
-/// of the pages for as long as it lives (a monitor: as long as its container). Freeing the
-/// buffer instead would raise glibc's mmap threshold in the fork.
-fn discard_pages(buf: &mut [u8]) {
-    let page = crate::process::page_size();
-    let start = (buf.as_mut_ptr() as usize).next_multiple_of(page);
-    let end = (buf.as_mut_ptr() as usize + buf.len()) & !(page - 1);
-    if start < end {
-        // SAFETY: [start, end) lies inside `buf`, which this function borrows mutably; on
-        // private anonymous memory MADV_DONTNEED only makes the pages read back as zeros.
-        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
     }
 }
 
