@@ -32,11 +32,21 @@ pub fn random_hex(bytes: usize) -> String {
 }
 
 /// This boot's id (empty if unreadable); state recorded under another boot id is from before
-/// a reboot.
+/// a reboot. Read once per process (no process outlives a reboot): listing containers asks
+/// for it once per container.
 pub fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+    static BOOT_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(id) = BOOT_ID.get() {
+        return id.clone();
+    }
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if !id.is_empty() {
+        // A read that failed is tried again next time.
+        let _ = BOOT_ID.set(id.clone());
+    }
+    id
 }
 
 #[cfg(test)]
@@ -61,6 +71,8 @@ mod tests {
     fn boot_id_is_stable() {
         let b = boot_id();
         assert_eq!(b.len(), 36, "{b:?}");
-        assert_eq!(b, boot_id());
+        assert_eq!(b, boot_id(), "the cached id");
+        let file = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+        assert_eq!(b, file.trim());
     }
 }
