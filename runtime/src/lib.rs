@@ -18,6 +18,7 @@ pub mod error;
 pub mod image;
 pub mod migration_warmer;
 mod monitor;
+pub mod mount_ns;
 pub mod pidfd;
 mod probe;
 mod process;

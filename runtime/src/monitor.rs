@@ -119,6 +119,14 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         Ok(l) => l,
         Err(e) => return fail(format!("opening log {}: {e}", args.log.path.display())),
     };
+    // The rootfs is the host's mount (the agent unmounts it): a fork of an isolated zygote
+    // mounts it there, then builds the container in a namespace of its own (crate::mount_ns).
+    let isolated = crate::zygote::isolated();
+    if let Some(iso) = &isolated {
+        if let Err(e) = crate::mount_ns::enter_host(iso) {
+            return fail(format!("entering the host's mount namespace: {e}"));
+        }
+    }
     if let Err(e) = crate::rootfs::mount_overlay(&args.rootfs) {
         return fail(format!("rootfs: {e}"));
     }
@@ -140,6 +148,14 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
             return fail(e);
         }
     };
+    if let (Some(iso), Some(paths)) = (&isolated, &args.host_paths) {
+        if let Err(e) = crate::mount_ns::enter_private(iso, paths) {
+            // Back in the host's namespace (if not there already) to undo the rootfs mount.
+            let _ = crate::mount_ns::enter_host(iso);
+            let _ = crate::rootfs::unmount(&args.rootfs.target);
+            return fail(format!("mount namespace: {e}"));
+        }
+    }
     let builder = ContainerBuilder::new(args.id.clone(), SyscallType::default()).with_root_path(&args.lc_root);
     let built = builder.and_then(|b| {
         let b = match (&stdio, ends) {
@@ -161,10 +177,16 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     let container = match built {
         Ok(c) => c,
         Err(e) => {
+            // The host's rootfs mount (the agent unmounts it too on this answer).
+            if let Some(iso) = &isolated {
+                let _ = crate::mount_ns::enter_host(iso);
+            }
             let _ = crate::rootfs::unmount(&args.rootfs.target);
             return fail(chain(&e).to_string());
         }
     };
+    drop(isolated);
+    crate::zygote::forget_isolation();
     let Some(init) = container.pid() else {
         return fail("libcontainer reported no init pid".into());
     };

@@ -47,6 +47,11 @@ pub(crate) struct CreateArgs {
     /// Run on a terminal: libcontainer allocates it and sends the master back.
     #[serde(default)]
     pub tty: bool,
+    /// What the spec names on the host (rootfs, namespace files, bind mount sources): the
+    /// monitor of an isolated zygote brings the mounts they are on into a mount namespace of
+    /// its own (crate::mount_ns). None: build the container in the host's namespace.
+    #[serde(default)]
+    pub host_paths: Option<Vec<PathBuf>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -115,6 +120,9 @@ pub(crate) enum Request {
     Exec(Box<ExecArgs>),
     /// Create pod namespaces and bind-mount them under a directory (fds: reply).
     Pin(PinArgs),
+    /// Move the zygote into a mount namespace of its own without the (private) mount of the
+    /// runtime's root (fds: reply). Served by the zygote itself, not a fork.
+    Isolate { root: PathBuf },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -636,6 +636,79 @@ impl Runtime {
             .map_err(|e| Error::container(dir.display().to_string(), format!("pinning namespaces: {}", chain(&e))))
     }
 
+    /// Build containers from now on in mount namespaces without the other pods' mounts
+    /// (crate::mount_ns): make the root a private mount (a bind mount of itself if need be),
+    /// then move the zygote into a namespace of its own. Call once, before the first pod.
+    /// An error leaves containers built in the host's namespace, as before: the agent runs on.
+    /// [`crate::mount_ns::release_root`] undoes the root's bind mount.
+    pub async fn isolate_mounts(&self) -> Result<()> {
+        let root = self.root.clone();
+        blocking(move || crate::mount_ns::make_root_private(&root).context("the root's mount")).await?;
+        self.zygote
+            .call_ok(&Request::Isolate {
+                root: self.root.clone(),
+            })
+            .await
+            .map_err(|e| Error::Zygote(format!("the zygote's mount namespace: {}", chain(&e))))
+    }
+
+    /// Keep the zygote's mount namespace ([`isolate_mounts`](Self::isolate_mounts)) in step
+    /// with the host's mounts outside the root, for as long as the agent runs: mounts made on
+    /// the host under a mount that does not propagate (a host whose `/` is private) would
+    /// otherwise be missing from containers built later (a hostPath on a disk mounted after
+    /// the agent started). Reads the host's mount table when it changes (pods' own mounts
+    /// included, at most every 50 ms), and asks the zygote for a new copy when a line outside
+    /// the root changed. Returns only on an error.
+    pub async fn follow_host_mounts(&self) -> Result<()> {
+        use std::io::{Read, Seek};
+        let root = std::fs::canonicalize(&self.root).with_context(|| format!("resolving {}", p(&self.root)))?;
+        let read = |f: &mut std::fs::File| -> std::io::Result<String> {
+            let mut text = String::new();
+            f.seek(std::io::SeekFrom::Start(0))?;
+            f.read_to_string(&mut text)?;
+            Ok(text)
+        };
+        let mut file = std::fs::File::open("/proc/self/mountinfo").context("opening /proc/self/mountinfo")?;
+        let mut seen =
+            crate::mount_ns::mounts_outside(&read(&mut file).context("reading /proc/self/mountinfo")?, &root);
+        loop {
+            // A second at most per wait, so the agent's shutdown never waits on it for long.
+            let (f, changed) = blocking(move || {
+                let changed = {
+                    let mut pfd = [nix::poll::PollFd::new(
+                        std::os::fd::AsFd::as_fd(&file),
+                        nix::poll::PollFlags::POLLPRI,
+                    )];
+                    matches!(nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16)), Ok(n) if n > 0)
+                };
+                if changed {
+                    // The changes of one pod's start come together.
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Ok::<_, Error>((file, changed))
+            })
+            .await?;
+            file = f;
+            if !changed {
+                continue;
+            }
+            let now = crate::mount_ns::mounts_outside(&read(&mut file).context("reading /proc/self/mountinfo")?, &root);
+            if now != seen {
+                self.zygote
+                    .call_ok(&Request::Isolate {
+                        root: self.root.clone(),
+                    })
+                    .await
+                    .map_err(|e| Error::Zygote(format!("a new copy of the host's mounts: {}", chain(&e))))?;
+                tracing::info!(
+                    mounts = now.len(),
+                    "the host's mounts outside the root changed: containers are built from a new copy"
+                );
+                seen = now;
+            }
+        }
+    }
+
     /// Undo [`pin_namespaces`](Self::pin_namespaces): unmount and remove the files.
     pub fn unpin_namespaces(dir: &Path) -> Result<()> {
         for name in ["net", "ipc", "uts"] {
@@ -761,6 +834,7 @@ fn prepare(
         let abs = dir.join(root.path());
         root.set_path(abs);
     }
+    let host_paths = host_paths(&lc_spec);
     let lc_bundle = dir.join(LC_BUNDLE_DIR);
     ensure_dir(&lc_bundle)?;
     write_json_atomic_unsynced(&lc_bundle.join("config.json"), &lc_spec)?;
@@ -798,7 +872,43 @@ fn prepare(
         stdin: cfg.stdin,
         stdin_once: cfg.stdin_once,
         tty: cfg.tty,
+        host_paths,
     })
+}
+
+/// The host paths a container's spec names: its rootfs, the namespaces it joins, the sources of
+/// its bind mounts. A monitor building it in a mount namespace of its own brings along the
+/// mounts these are on (crate::mount_ns). None for a container whose mounts must propagate
+/// back to the host (`shared` or `rshared`: Kubernetes' Bidirectional), which only the host's
+/// namespace can give: it is built there.
+fn host_paths(spec: &oci_spec::runtime::Spec) -> Option<Vec<PathBuf>> {
+    let shared = |o: &str| o == "rshared" || o == "shared";
+    let mut out = Vec::new();
+    if let Some(root) = spec.root() {
+        out.push(root.path().clone());
+    }
+    if let Some(linux) = spec.linux() {
+        if linux.rootfs_propagation().as_deref().is_some_and(shared) {
+            return None;
+        }
+        for ns in linux.namespaces().iter().flatten() {
+            if let Some(p) = ns.path() {
+                out.push(p.clone());
+            }
+        }
+    }
+    for m in spec.mounts().iter().flatten() {
+        let options = m.options().as_deref().unwrap_or_default();
+        if options.iter().any(|o| shared(o)) {
+            return None;
+        }
+        let bind = m.typ().as_deref() == Some("bind") || options.iter().any(|o| o == "bind" || o == "rbind");
+        if let Some(src) = m.source().as_ref().filter(|s| bind && s.is_absolute()) {
+            out.push(src.clone());
+        }
+    }
+    out.retain(|p| p.is_absolute());
+    Some(out)
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd)> {

@@ -50,6 +50,8 @@ fn main() {
     let images = ensure_images();
     let root = std::env::temp_dir().join(format!("ferrolet-rt-test-{}", std::process::id()));
     let rt = Runtime::new(&root, zygote).expect("runtime");
+    // As the agent does: every container here is built in a mount namespace of its own.
+    block(rt.isolate_mounts()).expect("isolating the zygote's mounts");
     let cgroup = NestedRoot::create(rt.cgroups(), &format!("ferrolet-rt-test-{}", std::process::id()))
         .expect("nested cgroup root");
     rt.images()
@@ -60,6 +62,12 @@ fn main() {
         root,
         cgroup,
         images,
+    });
+    // As the agent does, for as long as the tests run.
+    std::thread::spawn(|| {
+        if let Err(e) = block(env().rt.follow_host_mounts()) {
+            eprintln!("following the host's mounts: {}", ferrolet_fsutil::chain(&e));
+        }
     });
 
     let tests = vec![
@@ -138,6 +146,10 @@ fn main() {
         ),
         trial("attach_refusals", attach_refusals),
         trial(
+            "containers_are_built_without_the_other_containers_mounts",
+            containers_are_built_without_the_other_containers_mounts,
+        ),
+        trial(
             "attach_stdin_once_on_a_terminal_hangs_up_on_detach",
             attach_stdin_once_on_a_terminal_hangs_up_on_detach,
         ),
@@ -174,6 +186,9 @@ fn teardown() {
     });
     if let Err(err) = e.cgroup.cleanup() {
         eprintln!("teardown: cgroup: {err}");
+    }
+    if let Err(err) = ferrolet_runtime::mount_ns::release_root(&e.root) {
+        eprintln!("teardown: the root's bind mount: {err}");
     }
     let _ = std::fs::remove_dir_all(&e.root);
 }
@@ -877,6 +892,7 @@ fn child_main(spec: &str) -> ! {
     let zygote = fork_zygote().expect("zygote");
     let parts: Vec<&str> = spec.split('|').collect();
     let rt = Runtime::new(parts[0], zygote).expect("runtime");
+    block(rt.isolate_mounts()).expect("isolating the zygote's mounts");
     let mk = |name: &str, script: &str| ContainerConfig {
         name: name.into(),
         image: IMAGE.into(),
@@ -1871,4 +1887,193 @@ fn slow_attacher_does_not_stall_the_log() -> Result<()> {
         })
         .await
     })
+}
+
+fn mount_points(pid: i32) -> Result<Vec<String>> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(str::to_string)
+        .collect())
+}
+
+/// An isolated zygote's containers are built in mount namespaces of their own (mount_ns): a
+/// monitor's table has its container's mounts under the root (rootfs, namespace pins, a tmpfs
+/// volume), not another container's, and is no longer than the host's; the container joins the
+/// pinned network namespace and sees the volume's files, written before or after it started.
+/// A container with a Bidirectional (rshared) mount is built in the host's namespace. A mount
+/// the host makes outside the root later, even under a mount that does not propagate, reaches
+/// the containers built after it.
+fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
+    use ferrolet_runtime::config::{Mount, MountKind, NamespaceMode, Propagation};
+    let e = env();
+    let pod = e
+        .root
+        .join("pods")
+        .join(format!("iso-{}", ferrolet_fsutil::random_hex(4)));
+    let sandbox = pod.join("sandbox");
+    let vol = pod.join("volumes").join("mem");
+    let shared = pod.join("volumes").join("shared");
+    std::fs::create_dir_all(&vol)?;
+    std::fs::create_dir_all(&shared)?;
+    block(e.rt.pin_namespaces(&sandbox, Some("iso"), true, true, true))?;
+    nix::mount::mount(
+        Some("tmpfs"),
+        &vol,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )?;
+    let mut ids = Vec::new();
+    let r = (|| -> Result<()> {
+        std::fs::write(vol.join("before"), "written before\n")?;
+        let in_pod = |name: &str, script: &str, propagation: Propagation| {
+            let mut c = config(name, &["sh", "-c", script]);
+            c.namespaces.network = NamespaceMode::Path(sandbox.join("net"));
+            c.namespaces.ipc = NamespaceMode::Path(sandbox.join("ipc"));
+            c.namespaces.uts = NamespaceMode::Path(sandbox.join("uts"));
+            c.mounts.push(Mount {
+                destination: "/vol".into(),
+                source: vol.clone(),
+                kind: MountKind::Bind,
+                readonly: false,
+                propagation: Propagation::Private,
+                options: Vec::new(),
+            });
+            if propagation == Propagation::Bidirectional {
+                c.privileged = true;
+                c.mounts.push(Mount {
+                    destination: "/shared".into(),
+                    source: shared.clone(),
+                    kind: MountKind::Bind,
+                    readonly: false,
+                    propagation,
+                    options: Vec::new(),
+                });
+            }
+            c
+        };
+        let a = in_pod(
+            "iso-a",
+            "cat /vol/before; while [ ! -e /vol/after ]; do sleep 0.05; done; cat /vol/after; \
+             readlink /proc/self/ns/net; hostname; exec sleep 1000",
+            Propagation::Private,
+        );
+        let b = in_pod("iso-b", "exec sleep 1000", Propagation::Private);
+        let c = in_pod("iso-c", "exec sleep 1000", Propagation::Bidirectional);
+        block(async {
+            for cfg in [&a, &b, &c] {
+                let info = e.rt.create(cfg).await?;
+                ids.push(info.id().to_string());
+                e.rt.start(info.id()).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        })?;
+        let monitor = |id: &str| -> Result<i32> {
+            let m = e.rt.inspect(id)?.monitor.ok_or_else(|| anyhow!("{id}: no monitor"))?;
+            Ok(m.monitor_pid)
+        };
+        let rootfs = |id: &str| {
+            std::fs::canonicalize(e.root.join("containers").join(id).join("rootfs"))
+                .unwrap_or_default()
+                .display()
+                .to_string()
+        };
+        let host = mount_points(std::process::id() as i32)?;
+        let (ma, mb) = (mount_points(monitor(&ids[0])?)?, mount_points(monitor(&ids[1])?)?);
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_default().display().to_string();
+        for want in [
+            rootfs(&ids[0]),
+            canon(&sandbox.join("net")),
+            canon(&sandbox.join("ipc")),
+            canon(&sandbox.join("uts")),
+            canon(&vol),
+        ] {
+            ensure!(ma.contains(&want), "container a's monitor lacks {want}: {ma:?}");
+        }
+        ensure!(!ma.contains(&rootfs(&ids[1])), "a's monitor has b's rootfs");
+        ensure!(!mb.contains(&rootfs(&ids[0])), "b's monitor has a's rootfs");
+        ensure!(mb.contains(&rootfs(&ids[1])), "b's monitor lacks its rootfs: {mb:?}");
+        ensure!(host.contains(&rootfs(&ids[0])) && host.contains(&rootfs(&ids[1])));
+        ensure!(
+            ma.len() < host.len(),
+            "a's monitor: {} mounts, the host {}",
+            ma.len(),
+            host.len()
+        );
+        // Bidirectional: the host's own namespace.
+        let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap_or_default();
+        ensure!(
+            ns(monitor(&ids[2])?) == ns(std::process::id() as i32),
+            "c is built in the host's namespace"
+        );
+        ensure!(ns(monitor(&ids[0])?) != ns(std::process::id() as i32));
+
+        std::fs::write(vol.join("after"), "written after\n")?;
+        let net = std::fs::metadata(sandbox.join("net"))?;
+        let want_net = format!("net:[{}]", std::os::unix::fs::MetadataExt::ino(&net));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (out, _) = output(&a.log.path)?;
+            if out.len() >= 4 {
+                ensure!(
+                    out == ["written before", "written after", want_net.as_str(), "iso"],
+                    "container a printed {out:?}"
+                );
+                break;
+            }
+            ensure!(Instant::now() < deadline, "container a printed only {out:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    })();
+    block(async {
+        for id in &ids {
+            let _ = e.rt.delete(id).await;
+        }
+    });
+    let _ = nix::mount::umount(&vol);
+    let _ = Runtime::unpin_namespaces(&sandbox);
+    let _ = std::fs::remove_dir_all(&pod);
+    r?;
+
+    // A disk the host mounts outside the root after the zygote took its copy (a tmpfs under
+    // the temp dir, on a mount that may well not propagate).
+    let outside = std::env::temp_dir().join(format!("ferrolet-rt-outside-{}", std::process::id()));
+    std::fs::create_dir_all(&outside)?;
+    nix::mount::mount(
+        Some("tmpfs"),
+        &outside,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )?;
+    let r = (|| -> Result<()> {
+        std::fs::write(outside.join("file"), "on the new disk\n")?;
+        let seen = outside.display().to_string();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !mount_points(e.rt.zygote_pid())?.contains(&seen) {
+            ensure!(Instant::now() < deadline, "the zygote's copy never got {seen}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut cfg = config("iso-d", &["cat", "/outside/file"]);
+        cfg.mounts.push(Mount {
+            destination: "/outside".into(),
+            source: outside.clone(),
+            kind: MountKind::Bind,
+            readonly: true,
+            propagation: Propagation::Private,
+            options: Vec::new(),
+        });
+        let (exit, out, err) = block(run(&cfg))?;
+        ensure!(
+            exit.exit_code == 0 && out == ["on the new disk"],
+            "{exit:?} {out:?} {err:?}"
+        );
+        Ok(())
+    })();
+    let _ = nix::mount::umount(&outside);
+    let _ = std::fs::remove_dir(&outside);
+    r
 }

@@ -155,6 +155,21 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
 
     let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote)?);
+    // Before the first pod: containers are then built without the other pods' mounts in their
+    // mount table, so a start does not grow with the pods running (docs/start-path.md).
+    match rt.isolate_mounts().await {
+        Ok(()) => {
+            info!(root = %cfg.root_dir.display(), "containers are built in mount namespaces without the pods' mounts");
+            let rt = rt.clone();
+            tokio::spawn(async move {
+                if let Err(e) = rt.follow_host_mounts().await {
+                    // A failed refresh leaves the zygote in the host's namespace (or its last copy).
+                    warn!(error = %ferrolet_fsutil::chain(&e), "no longer following the host's mounts");
+                }
+            });
+        }
+        Err(e) => warn!(error = %ferrolet_fsutil::chain(&e), "containers are built in the host's mount namespace"),
+    }
     let (n, adoptable) = {
         let rt = rt.clone();
         blocking(move || Ok((rt.remove_orphans()?, containers_by_pod(&rt)?))).await?

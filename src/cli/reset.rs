@@ -259,6 +259,16 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
     for f in ["ferrolet.sock", "exec.sock"] {
         let _ = std::fs::remove_file(root.join(f));
     }
+    // The agent's bind mount of the root dir on itself (Runtime::isolate_mounts), last, once
+    // nothing is mounted below it: what is left stays in sight for the next reset.
+    let top = std::fs::canonicalize(root).unwrap_or(root.to_path_buf());
+    if ferrolet_runtime::rootfs::mounts_under(root).iter().all(|m| *m == top) {
+        match ferrolet_runtime::mount_ns::release_root(root) {
+            Ok(true) => unmounted += 1,
+            Ok(false) => {}
+            Err(e) => failed.add(format!("the root dir's bind mount on itself: {e}")),
+        }
+    }
     // A readable record stays while something is left, so reset can be run again; an
     // unreadable one can teach the next run nothing: it is moved aside (and reported above).
     if rec.is_none() {

@@ -5,6 +5,7 @@
 
 pub(crate) mod confine;
 mod server;
+pub(crate) use server::{forget_isolation, isolated};
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;

@@ -64,6 +64,10 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             continue;
         }
         let reply = fds.remove(0);
+        if let Request::Isolate { root } = &req {
+            write_reply(&reply, &isolate(root));
+            continue;
+        }
         let mut req = req;
         if let Err(error) = compile_seccomp(&mut filters, &mut req) {
             write_reply(&reply, &Reply::Failed { error });
@@ -156,6 +160,15 @@ fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             }
         }
         Request::Start { id, lc_root } => start(&id, &lc_root, &reply),
+        Request::Isolate { .. } => {
+            write_reply(
+                &reply,
+                &Reply::Failed {
+                    error: "isolate is the zygote's own request".into(),
+                },
+            );
+            1
+        }
         Request::Exec(args) => exec(*args, reply, fds),
         Request::Pin(args) => match pin(&args) {
             Ok(()) => {
@@ -322,6 +335,50 @@ fn wait_exec(pid: Pid, reply: &OwnedFd) -> i32 {
     }
 }
 
+/// The zygote's own mount namespace, once the agent asked for it (crate::mount_ns): its forks
+/// go between it and the host's. Replaced when the agent asks again (the host's mounts outside
+/// the root changed). The zygote is one thread: the lock is never contended, nor held at a fork.
+static ISOLATED: std::sync::Mutex<Option<std::sync::Arc<crate::mount_ns::Isolated>>> = std::sync::Mutex::new(None);
+
+fn isolated_slot() -> std::sync::MutexGuard<'static, Option<std::sync::Arc<crate::mount_ns::Isolated>>> {
+    ISOLATED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The isolation of this zygote's forks, if the agent asked for it and it succeeded.
+pub(crate) fn isolated() -> Option<std::sync::Arc<crate::mount_ns::Isolated>> {
+    isolated_slot().clone()
+}
+
+/// In a fork that is done with namespaces (a monitor, once its container is built): close the
+/// namespace fds it inherited, which would otherwise keep an old namespace of the zygote alive
+/// for as long as the container runs.
+pub(crate) fn forget_isolation() {
+    isolated_slot().take();
+}
+
+/// Isolate the zygote, or take a fresh copy of the host's namespace when it is isolated already.
+fn isolate(root: &std::path::Path) -> Reply {
+    let mut slot = isolated_slot();
+    if let Some(iso) = slot.as_ref() {
+        // A refresh starts from the host's namespace; if it cannot, the old copy stays.
+        if let Err(e) = crate::mount_ns::enter_host(iso) {
+            return Reply::Failed { error: e.to_string() };
+        }
+    }
+    match crate::mount_ns::isolate(root) {
+        Ok(iso) => {
+            *slot = Some(std::sync::Arc::new(iso));
+            Reply::Ok
+        }
+        Err(e) => {
+            // Back in the host's namespace, as crate::mount_ns::isolate leaves it on failure:
+            // forks build in the host's namespace, as without isolation.
+            *slot = None;
+            Reply::Failed { error: e.to_string() }
+        }
+    }
+}
+
 /// New network/IPC/UTS namespaces, bind-mounted to files under `dir` so they outlive this
 /// process and containers can join them by path (what CRI-O's pinns does).
 #[inline(never)]
@@ -336,6 +393,10 @@ fn pin(args: &PinArgs) -> Result<(), String> {
     }
     if args.uts {
         flags |= CloneFlags::CLONE_NEWUTS;
+    }
+    // The pins are the host's mounts: the agent unmounts them, monitors copy them.
+    if let Some(iso) = isolated() {
+        crate::mount_ns::enter_host(&iso).map_err(|e| e.to_string())?;
     }
     std::fs::create_dir_all(&args.dir).map_err(|e| format!("creating {}: {e}", args.dir.display()))?;
     nix::sched::unshare(flags).map_err(|e| format!("unshare: {e}"))?;

@@ -1,0 +1,354 @@
+//! Containers built in a mount namespace that holds none of the other pods' mounts.
+//!
+//! Every pod adds mounts under the runtime's root directory (its namespace pins, its /dev/shm,
+//! an overlay per container, memory-backed volumes): a node with 100 pods has some 500 more
+//! mount table entries than an empty one. Building a container reads and copies that table
+//! several times over: libcontainer's cgroup v1 manager parses `/proc/self/mountinfo` once per
+//! controller it looks up (the whole table for each controller the node does not mount), the
+//! container's init parses it again, and the kernel copies it into the new mount namespace and
+//! detaches it after `pivot_root`. A pod's start grew with the pods already running
+//! (docs/start-path.md).
+//!
+//! So, when the agent asks for it ([`crate::Runtime::isolate_mounts`]):
+//! - the root directory is a mount of its own with private propagation (a bind mount of itself
+//!   if it is not a mount point yet, made only while nothing is mounted below it): the pods'
+//!   mounts under it no longer propagate into any other mount namespace;
+//! - the zygote moves into a mount namespace of its own, a slave of the host's (mounts made
+//!   elsewhere on the host still reach it, and through it the containers), where the root is
+//!   a copy of the root's mount alone: it sees the root's files, none of the pods' mounts;
+//! - a monitor mounts its container's rootfs in the host's namespace as before, takes detached
+//!   copies (`open_tree`) of the mounts its container's spec names under the root (rootfs,
+//!   namespace pins, /dev/shm, volumes), then enters a namespace of its own made from the
+//!   zygote's and attaches them (`move_mount`) at the same paths. libcontainer then builds the
+//!   container from a table of a few dozen entries, whatever the node runs.
+//!
+//! A container whose mounts must propagate back to the host (`rshared`, Kubernetes'
+//! Bidirectional) is built in the host's namespace, as are all containers when the kernel
+//! lacks `open_tree` (Linux < 5.2) or the setup fails.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+
+/// Marks a root directory whose mount is a bind mount of itself made by
+/// [`make_root_private`]: [`release_root`] undoes only that.
+const SELF_BIND_MARK: &str = ".self-bind";
+
+fn cstr(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))
+}
+
+fn with_path(e: io::Error, what: &str, p: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", p.display()))
+}
+
+/// The mount id of the mount `p` is on (statx `STATX_MNT_ID`), following symlinks.
+pub(crate) fn mount_id(p: &Path) -> io::Result<u64> {
+    let c = cstr(p)?;
+    // SAFETY: statx fills the zeroed struct; the path is a valid C string.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MNT_ID, &mut st) };
+    if r != 0 {
+        return Err(with_path(io::Error::last_os_error(), "statx", p));
+    }
+    if st.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "statx gives no mount id"));
+    }
+    Ok(st.stx_mnt_id)
+}
+
+/// Make `root` a mount with private propagation: a bind mount of itself if it is not a mount
+/// point (marked, so [`release_root`] can undo it), else the mount it is. Refused while
+/// something is mounted below a root that is not a mount point: a bind made over them would
+/// hide them from the agent (their unmounts and the reset would miss them).
+pub fn make_root_private(root: &Path) -> io::Result<()> {
+    let root = std::fs::canonicalize(root).map_err(|e| with_path(e, "resolving", root))?;
+    let parent = root.parent().unwrap_or(Path::new("/"));
+    let is_mount_point = mount_id(&root)? != mount_id(parent)?;
+    if !is_mount_point {
+        let below = crate::rootfs::mounts_under(&root);
+        if !below.is_empty() {
+            return Err(io::Error::other(format!(
+                "{} mounts are below {} (the first: {}), which is not a mount point of its own; pods' mounts go on being made in the host's mount namespace until an agent starts with none",
+                below.len(),
+                root.display(),
+                below[0].display()
+            )));
+        }
+        // The mark first: an agent killed in between leaves a mark without a bind mount, which
+        // release_root passes over, never a bind mount it would not undo.
+        std::fs::write(root.join(SELF_BIND_MARK), b"").map_err(|e| with_path(e, "marking", &root))?;
+        nix::mount::mount(
+            Some(root.as_path()),
+            root.as_path(),
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| with_path(e.into(), "bind-mounting on itself", &root))?;
+    }
+    nix::mount::mount(
+        None::<&str>,
+        root.as_path(),
+        None::<&str>,
+        nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| with_path(e.into(), "making private the mount of", &root))
+}
+
+/// Undo [`make_root_private`]'s bind mount, once nothing is mounted below it any more.
+/// Returns whether there was one to undo.
+pub fn release_root(root: &Path) -> io::Result<bool> {
+    let mark = root.join(SELF_BIND_MARK);
+    if !mark.exists() {
+        return Ok(false);
+    }
+    let root = std::fs::canonicalize(root).map_err(|e| with_path(e, "resolving", root))?;
+    let parent = root.parent().unwrap_or(Path::new("/"));
+    if mount_id(&root)? != mount_id(parent)? {
+        // Busy (a process's working directory in it): detached instead, which hides nothing,
+        // as the mount shows the very directory it covers.
+        nix::mount::umount(root.as_path())
+            .or_else(|e| match e {
+                nix::errno::Errno::EBUSY => nix::mount::umount2(root.as_path(), nix::mount::MntFlags::MNT_DETACH),
+                e => Err(e),
+            })
+            .map_err(|e| with_path(e.into(), "unmounting", &root))?;
+    }
+    // The mark is in the directory itself, seen with or without the bind mount.
+    std::fs::remove_file(&mark).map_err(|e| with_path(e, "removing", &mark))?;
+    Ok(true)
+}
+
+/// The lines of a mountinfo text for mounts neither at nor below `root`: what the zygote's
+/// copy must follow. Mounts that propagate reach the copy by themselves; the others (made
+/// under a private mount, as on a host whose `/` is private) only with a new copy, which the
+/// runtime asks for when these lines change ([`crate::Runtime::follow_host_mounts`]).
+pub(crate) fn mounts_outside(mountinfo: &str, root: &Path) -> Vec<String> {
+    mountinfo
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|m| !Path::new(&crate::cgroups::unescape(m)).starts_with(root))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// What the zygote keeps once it has its own mount namespace: the host's and its own, for
+/// its forks to go between.
+pub(crate) struct Isolated {
+    pub host: OwnedFd,
+    pub own: OwnedFd,
+    pub root: PathBuf,
+}
+
+fn open_ns(path: &str) -> io::Result<OwnedFd> {
+    let f = std::fs::File::open(path).map_err(|e| with_path(e, "opening", Path::new(path)))?;
+    Ok(f.into())
+}
+
+fn setns(fd: &OwnedFd) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    nix::sched::setns(fd.as_fd(), nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("setns (mount): {e}")))
+}
+
+/// In the zygote (one thread): leave the host's mount namespace for a slave copy of it without
+/// the root directory's mount. The root must be a private mount already
+/// ([`make_root_private`]). Called in the host's namespace; on failure the zygote is back in
+/// it.
+pub(crate) fn isolate(root: &Path) -> io::Result<Isolated> {
+    // The kernel must have open_tree for the monitors (Linux 5.2): ask it with a harmless call.
+    open_tree(Path::new("/"), 0).map_err(|e| io::Error::new(e.kind(), format!("open_tree: {e}")))?;
+    let host = open_ns("/proc/self/ns/mnt")?;
+    let root = std::fs::canonicalize(root).map_err(|e| with_path(e, "resolving", root))?;
+    let parent = root.parent().unwrap_or(Path::new("/"));
+    if mount_id(&root)? == mount_id(parent)? {
+        return Err(io::Error::other(format!("{} is not a mount point", root.display())));
+    }
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(|e| io::Error::other(format!("unshare (mount): {e}")))?;
+    let undo = |e: io::Error| {
+        let _ = setns(&host);
+        e
+    };
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(|e| undo(io::Error::other(format!("making / a slave mount: {e}"))))?;
+    // The root's own mount without what is mounted below it: a copy of it alone replaces it
+    // with everything below. (A root that is a disk of its own shows its files; a bind mount
+    // of itself, the same directory the host's `/` has there.)
+    let alone = open_tree(&root, OPEN_TREE_CLONE).map_err(|e| undo(with_path(e, "copying the mount", &root)))?;
+    nix::mount::umount2(root.as_path(), nix::mount::MntFlags::MNT_DETACH)
+        .map_err(|e| undo(with_path(e.into(), "detaching", &root)))?;
+    move_mount(&alone, &root).map_err(|e| undo(with_path(e, "attaching the mount copy at", &root)))?;
+    let own = open_ns("/proc/self/ns/mnt").map_err(undo)?;
+    Ok(Isolated { host, own, root })
+}
+
+fn open_tree(p: &Path, flags: libc::c_uint) -> io::Result<OwnedFd> {
+    let c = cstr(p)?;
+    // SAFETY: open_tree takes a dirfd, a C string and flags, and returns a new fd or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            flags | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new fd the kernel returned, owned from here on.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn move_mount(tree: &OwnedFd, to: &Path) -> io::Result<()> {
+    let c = cstr(to)?;
+    let empty = c"";
+    // SAFETY: move_mount takes (fd, "", dirfd, path, flags); both strings are valid.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Of `paths` (what a container's spec names: rootfs, namespace files, mount sources), the
+/// mounts below `root` to bring along: for each path under the root that is not on the root's
+/// own mount, the outermost mount point between the root and it. Without duplicates, and none
+/// inside another.
+fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
+    let root_id = mount_id(root)?;
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in paths {
+        // Resolved as the root is (symlinks, `..`): the spec names paths as it was given them.
+        // A namespace file under /proc resolves to no path: its directory does.
+        let p = std::fs::canonicalize(p)
+            .or_else(|_| match (p.parent(), p.file_name()) {
+                (Some(dir), Some(name)) => std::fs::canonicalize(dir).map(|d| d.join(name)),
+                _ => Ok(p.clone()),
+            })
+            .unwrap_or_else(|_| p.clone());
+        let Ok(rel) = p.strip_prefix(root) else { continue };
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        // The outermost ancestor (or the path itself) whose mount is not the root's.
+        let mut at = root.to_path_buf();
+        for part in rel.components() {
+            at.push(part);
+            match mount_id(&at) {
+                Ok(id) if id != root_id => {
+                    if !out.iter().any(|o| at.starts_with(o)) {
+                        out.retain(|o| !o.starts_with(&at));
+                        out.push(at.clone());
+                    }
+                    break;
+                }
+                Ok(_) => {}
+                // Missing: nothing to bring (libcontainer reports the path if it matters).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// In a monitor forked from an isolated zygote, before libcontainer builds the container:
+/// copy the mounts below the root that `paths` need (taken in the host's namespace, where the
+/// rootfs was just mounted), then move into a namespace of this process's own, made from the
+/// zygote's, and attach them at the same paths. Called in the host's namespace; on error the
+/// process may be in either, and the container must not be built.
+pub(crate) fn enter_private(iso: &Isolated, paths: &[PathBuf]) -> io::Result<()> {
+    let needed = mounts_needed(&iso.root, paths)?;
+    let mut trees = Vec::with_capacity(needed.len());
+    for m in &needed {
+        let fd = open_tree(m, OPEN_TREE_CLONE | AT_RECURSIVE).map_err(|e| with_path(e, "copying the mount", m))?;
+        trees.push(fd);
+    }
+    setns(&iso.own)?;
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(|e| io::Error::other(format!("unshare (mount): {e}")))?;
+    for (m, fd) in needed.iter().zip(&trees) {
+        move_mount(fd, m).map_err(|e| with_path(e, "attaching the mount copy at", m))?;
+    }
+    Ok(())
+}
+
+/// Enter the host's mount namespace (a fork of an isolated zygote that mounts for the host:
+/// a monitor's rootfs, a pod's namespace pins).
+pub(crate) fn enter_host(iso: &Isolated) -> io::Result<()> {
+    setns(&iso.host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_of_mounts_outside_the_root() {
+        let info = "22 1 8:1 / / rw - ext4 /dev/sda rw\n\
+                    30 22 0:40 / /var/lib/ferrolet rw - ext4 /dev/sda rw\n\
+                    31 30 0:41 / /var/lib/ferrolet/containers/a/rootfs rw - overlay overlay rw\n\
+                    32 22 0:42 / /var/lib/ferrolet-other rw - tmpfs t rw\n\
+                    33 22 0:43 / /mnt/with\\040space rw - tmpfs t rw\n";
+        let out = mounts_outside(info, Path::new("/var/lib/ferrolet"));
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert!(out[0].starts_with("22 ") && out[1].starts_with("32 ") && out[2].starts_with("33 "));
+    }
+
+    #[test]
+    fn mount_ids_tell_mounts_apart() {
+        assert_eq!(mount_id(Path::new("/")).unwrap(), mount_id(Path::new("/")).unwrap());
+        assert_ne!(mount_id(Path::new("/")).unwrap(), mount_id(Path::new("/proc")).unwrap());
+        assert_eq!(
+            mount_id(Path::new("/proc/self")).unwrap(),
+            mount_id(Path::new("/proc")).unwrap()
+        );
+        assert!(mount_id(Path::new("/no/such/path")).is_err());
+    }
+
+    #[test]
+    fn only_paths_below_the_root_on_other_mounts_are_needed() {
+        // /proc stands for a mount below the root "/".
+        let root = Path::new("/");
+        let paths = [
+            PathBuf::from("/proc/self/ns/net"),
+            PathBuf::from("/proc/self/ns/ipc"),
+            PathBuf::from("/proc"),
+            PathBuf::from("/etc/hostname"),
+            PathBuf::from("/no/such/path"),
+            PathBuf::from("/elsewhere").join(".."),
+            PathBuf::from("/etc/../proc/self/ns/uts"),
+        ];
+        let needed = mounts_needed(root, &paths).unwrap();
+        assert_eq!(needed, vec![PathBuf::from("/proc")]);
+    }
+}
