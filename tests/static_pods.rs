@@ -408,6 +408,88 @@ fn missing_image_is_reported() {
     assert!(msg.contains("127.0.0.1:1/nothing:1") && msg.contains("Never"), "{msg}");
 }
 
+/// The pods' monitors, by pod name (`ferrolet-monitor <ns>/<pod>/<container>`).
+fn monitor_pids(node: &str) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd);
+        if let Some(name) = cmd.trim_end_matches('\0').strip_prefix("ferrolet-monitor ") {
+            if name.contains(&format!("-{node}/")) {
+                out.push((name.to_string(), pid));
+            }
+        }
+    }
+    out
+}
+
+fn mount_ns(pid: i32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// The agent builds containers in mount namespaces of their own (ferrolet_runtime::mount_ns),
+/// except when pods' mounts are below a root dir that is not a mount point yet (an upgrade
+/// with pods running): then it says so and builds them in its own namespace, as before. Either
+/// way the pods run, and reset leaves no mount behind.
+#[test]
+fn containers_are_built_in_their_own_mount_namespace_unless_the_root_has_mounts() {
+    let mut a = Agent::start("mntns", &[]);
+    a.write("iso.yaml", &pod_yaml("iso", "Always", "sleep 3600"));
+    a.wait_phase("iso", "Running", T);
+    let agent_ns = mount_ns(a.pid() as i32);
+    let mons = monitor_pids(&a.node);
+    assert_eq!(mons.len(), 1, "{mons:?}");
+    assert_ne!(mount_ns(mons[0].1), agent_ns, "a namespace of its own");
+    assert!(a
+        .agent_log()
+        .contains("containers are built in mount namespaces without the pods' mounts"));
+    a.stop();
+    let out = a.reset().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // What an older agent left: a mount below a root that is not a mount point.
+    let leftover = a.root.join("pods").join("leftover");
+    std::fs::create_dir_all(&leftover).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &leftover,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    a.restart();
+    a.write("legacy.yaml", &pod_yaml("legacy", "Always", "sleep 3600"));
+    a.wait_phase("legacy", "Running", T);
+    a.wait_log("containers are built in the host's mount namespace", T);
+    let mons = monitor_pids(&a.node);
+    assert_eq!(mons.len(), 2, "{mons:?}");
+    for (name, pid) in &mons {
+        assert_eq!(
+            mount_ns(*pid),
+            mount_ns(a.pid() as i32),
+            "{name}: the agent's namespace"
+        );
+    }
+    a.stop();
+    let out = a.reset().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let root = format!("{}", std::fs::canonicalize(&a.root).unwrap().display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts
+        .lines()
+        .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&root)))
+        .collect();
+    assert!(left.is_empty(), "mounts left behind: {left:#?}");
+}
+
 #[test]
 fn agent_kill9_and_restart_keeps_containers() {
     let mut a = Agent::start("kill9", &[]);

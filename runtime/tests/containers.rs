@@ -150,6 +150,10 @@ fn main() {
             containers_are_built_without_the_other_containers_mounts,
         ),
         trial(
+            "the_root_becomes_a_private_mount_only_with_nothing_below",
+            the_root_becomes_a_private_mount_only_with_nothing_below,
+        ),
+        trial(
             "attach_stdin_once_on_a_terminal_hangs_up_on_detach",
             attach_stdin_once_on_a_terminal_hangs_up_on_detach,
         ),
@@ -2075,5 +2079,69 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
     })();
     let _ = nix::mount::umount(&outside);
     let _ = std::fs::remove_dir(&outside);
+    r
+}
+
+/// `make_root_private` bind-mounts a root dir on itself (private), once, and refuses while
+/// something is mounted below a root that is not a mount point (the bind would hide it);
+/// `release_root` undoes only its own bind mount. A root that is a mount already is kept.
+fn the_root_becomes_a_private_mount_only_with_nothing_below() -> Result<()> {
+    use ferrolet_runtime::mount_ns::{make_root_private, release_root};
+    let dir = std::env::temp_dir().join(format!("ferrolet-rt-rootmount-{}", std::process::id()));
+    let root = dir.join("root");
+    let below = root.join("pods").join("left");
+    std::fs::create_dir_all(&below)?;
+    let root_s = std::fs::canonicalize(&root)?.display().to_string();
+    let lines_at = |path: &str| -> Result<Vec<String>> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+        Ok(info
+            .lines()
+            .filter(|l| l.split(' ').nth(4) == Some(path))
+            .map(str::to_string)
+            .collect())
+    };
+    let tmpfs = |at: &Path| {
+        nix::mount::mount(
+            Some("tmpfs"),
+            at,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=1m"),
+        )
+    };
+    let r = (|| -> Result<()> {
+        tmpfs(&below)?;
+        let refused = make_root_private(&root)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        ensure!(refused.contains("mounts are below"), "{refused:?}");
+        ensure!(lines_at(&root_s)?.is_empty(), "nothing was mounted at the root");
+        nix::mount::umount(&below)?;
+
+        make_root_private(&root)?;
+        make_root_private(&root)?;
+        let at = lines_at(&root_s)?;
+        ensure!(at.len() == 1, "one bind mount, private: {at:?}");
+        ensure!(!at[0].contains("shared:"), "{at:?}");
+        ensure!(root.join(".self-bind").exists());
+        ensure!(release_root(&root)?, "its own bind mount is undone");
+        ensure!(lines_at(&root_s)?.is_empty() && !root.join(".self-bind").exists());
+        ensure!(!release_root(&root)?, "nothing left to undo");
+
+        // A root that is a mount already (a disk of its own) is made private, never unmounted.
+        tmpfs(&root)?;
+        make_root_private(&root)?;
+        ensure!(!release_root(&root)?, "not ours to unmount");
+        ensure!(lines_at(&root_s)?.len() == 1);
+        Ok(())
+    })();
+    let _ = nix::mount::umount2(&below, nix::mount::MntFlags::MNT_DETACH);
+    while !lines_at(&root_s).unwrap_or_default().is_empty() {
+        if nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH).is_err() {
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     r
 }
