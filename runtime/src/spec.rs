@@ -95,11 +95,27 @@ pub fn all_capabilities() -> Vec<String> {
     v
 }
 
+/// What a privileged container gets: every capability the agent has itself, as containerd's
+/// `WithAllCurrentCapabilities`. Every known one would not do: the kernel grants no process a
+/// capability outside the bounding set it inherits (root on these machines lacks
+/// CAP_SYS_RESOURCE), and the container's start failed in capset.
+pub fn current_capabilities() -> Vec<String> {
+    let Ok(current) = caps::read(None, caps::CapSet::Effective) else {
+        return all_capabilities();
+    };
+    let mut v: Vec<String> = all_capabilities()
+        .into_iter()
+        .filter(|name| current.iter().any(|c| c.to_string() == *name))
+        .collect();
+    v.sort();
+    v
+}
+
 /// The capability set after Kubernetes' add/drop rules: drop ALL empties the defaults, add ALL
-/// grants every one, privileged grants every one.
+/// grants every one, privileged grants every one the agent has ([`current_capabilities`]).
 pub fn effective_capabilities(cfg: &ContainerConfig) -> Vec<String> {
     if cfg.privileged {
-        return all_capabilities();
+        return current_capabilities();
     }
     let add: Vec<String> = cfg.capabilities.add.iter().map(|c| cap_name(c)).collect();
     let drop: Vec<String> = cfg.capabilities.drop.iter().map(|c| cap_name(c)).collect();
@@ -565,6 +581,22 @@ mod tests {
             drop: s(&["ALL"]),
         };
         assert_eq!(effective_capabilities(&c), s(&["CAP_NET_BIND_SERVICE"]));
+    }
+
+    #[test]
+    fn a_privileged_container_gets_the_capabilities_the_agent_has() {
+        let c = ContainerConfig {
+            privileged: true,
+            ..Default::default()
+        };
+        let mut ours: Vec<String> = caps::read(None, caps::CapSet::Effective)
+            .unwrap()
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        ours.sort();
+        assert_eq!(effective_capabilities(&c), ours);
+        // (a non-root test process has none: then a privileged container asks for none)
     }
 
     #[test]
