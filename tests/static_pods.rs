@@ -457,14 +457,7 @@ fn containers_are_built_in_their_own_mount_namespace_unless_the_root_has_mounts(
     // What an older agent left: a mount below a root that is not a mount point.
     let leftover = a.root.join("pods").join("leftover");
     std::fs::create_dir_all(&leftover).unwrap();
-    nix::mount::mount(
-        Some("tmpfs"),
-        &leftover,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1m"),
-    )
-    .unwrap();
+    mount_tmpfs(&leftover);
     a.restart();
     a.write("legacy.yaml", &pod_yaml("legacy", "Always", "sleep 3600"));
     a.wait_phase("legacy", "Running", T);
@@ -976,14 +969,7 @@ fn a_pod_whose_removal_fails_stays_until_it_is_gone() {
         .join(&uid)
         .join("volumes/kubernetes.io~empty-dir/scratch/busy");
     std::fs::create_dir_all(&busy).unwrap();
-    nix::mount::mount(
-        Some("tmpfs"),
-        &busy,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .unwrap();
+    mount_tmpfs(&busy);
     struct Unmount(std::path::PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {

@@ -1893,6 +1893,17 @@ fn slow_attacher_does_not_stall_the_log() -> Result<()> {
     })
 }
 
+/// A small tmpfs mounted at `at` (the caller unmounts it).
+fn mount_tmpfs(at: &Path) -> nix::Result<()> {
+    nix::mount::mount(
+        Some("tmpfs"),
+        at,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+}
+
 fn mount_points(pid: i32) -> Result<Vec<String>> {
     let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
     Ok(info
@@ -1922,13 +1933,7 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
     std::fs::create_dir_all(&vol)?;
     std::fs::create_dir_all(&shared)?;
     block(e.rt.pin_namespaces(&sandbox, Some("iso"), true, true, true))?;
-    nix::mount::mount(
-        Some("tmpfs"),
-        &vol,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1m"),
-    )?;
+    mount_tmpfs(&vol)?;
     let mut ids = Vec::new();
     let r = (|| -> Result<()> {
         std::fs::write(vol.join("before"), "written before\n")?;
@@ -2008,9 +2013,13 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
         );
         // Bidirectional: the host's own namespace.
         let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap_or_default();
+        let (mc, me) = (ns(monitor(&ids[2])?), ns(std::process::id() as i32));
         ensure!(
-            ns(monitor(&ids[2])?) == ns(std::process::id() as i32),
-            "c is built in the host's namespace"
+            mc == me,
+            "c is built in the host's namespace: its monitor's {mc:?}, ours {me:?}, the zygote's {:?}; c: {:?} {:?}",
+            ns(e.rt.zygote_pid()),
+            e.rt.inspect(&ids[2])?.state,
+            output(&c.log.path)
         );
         ensure!(ns(monitor(&ids[0])?) != ns(std::process::id() as i32));
 
@@ -2046,13 +2055,7 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
     // the temp dir, on a mount that may well not propagate).
     let outside = std::env::temp_dir().join(format!("ferrolet-rt-outside-{}", std::process::id()));
     std::fs::create_dir_all(&outside)?;
-    nix::mount::mount(
-        Some("tmpfs"),
-        &outside,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1m"),
-    )?;
+    mount_tmpfs(&outside)?;
     let r = (|| -> Result<()> {
         std::fs::write(outside.join("file"), "on the new disk\n")?;
         let seen = outside.display().to_string();
@@ -2100,17 +2103,8 @@ fn the_root_becomes_a_private_mount_only_with_nothing_below() -> Result<()> {
             .map(str::to_string)
             .collect())
     };
-    let tmpfs = |at: &Path| {
-        nix::mount::mount(
-            Some("tmpfs"),
-            at,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some("size=1m"),
-        )
-    };
     let r = (|| -> Result<()> {
-        tmpfs(&below)?;
+        mount_tmpfs(&below)?;
         let refused = make_root_private(&root)
             .err()
             .map(|e| e.to_string())
@@ -2130,7 +2124,7 @@ fn the_root_becomes_a_private_mount_only_with_nothing_below() -> Result<()> {
         ensure!(!release_root(&root)?, "nothing left to undo");
 
         // A root that is a mount already (a disk of its own) is made private, never unmounted.
-        tmpfs(&root)?;
+        mount_tmpfs(&root)?;
         make_root_private(&root)?;
         ensure!(!release_root(&root)?, "not ours to unmount");
         ensure!(lines_at(&root_s)?.len() == 1);

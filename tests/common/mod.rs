@@ -669,3 +669,15 @@ pub fn curl_with(mut curl: Command, args: &[&str], url: &str) -> (u16, String) {
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
+
+/// A small tmpfs mounted at `at` (the caller unmounts it).
+pub fn mount_tmpfs(at: &Path) {
+    nix::mount::mount(
+        Some("tmpfs"),
+        at,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap_or_else(|e| panic!("mounting a tmpfs at {}: {e}", at.display()));
+}
