@@ -668,9 +668,19 @@ impl Runtime {
             f.read_to_string(&mut text)?;
             Ok(text)
         };
+        let refresh = || async {
+            self.zygote
+                .call_ok(&Request::Isolate {
+                    root: self.root.clone(),
+                })
+                .await
+                .map_err(|e| Error::Zygote(format!("a new copy of the host's mounts: {}", chain(&e))))
+        };
         let mut file = std::fs::File::open("/proc/self/mountinfo").context("opening /proc/self/mountinfo")?;
         let mut seen =
             crate::mount_ns::mounts_outside(&read(&mut file).context("reading /proc/self/mountinfo")?, &root);
+        // Whatever changed between the zygote's first copy and this first read would go unseen.
+        refresh().await?;
         loop {
             // A second at most per wait, so the agent's shutdown never waits on it for long.
             let (f, changed) = blocking(move || {
@@ -694,12 +704,7 @@ impl Runtime {
             }
             let now = crate::mount_ns::mounts_outside(&read(&mut file).context("reading /proc/self/mountinfo")?, &root);
             if now != seen {
-                self.zygote
-                    .call_ok(&Request::Isolate {
-                        root: self.root.clone(),
-                    })
-                    .await
-                    .map_err(|e| Error::Zygote(format!("a new copy of the host's mounts: {}", chain(&e))))?;
+                refresh().await?;
                 tracing::info!(
                     mounts = now.len(),
                     "the host's mounts outside the root changed: containers are built from a new copy"
