@@ -149,9 +149,8 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         }
     };
     if let (Some(iso), Some(paths)) = (&isolated, &args.host_paths) {
+        // Ok(false): built in the host's namespace after all (crate::mount_ns::enter_private).
         if let Err(e) = crate::mount_ns::enter_private(iso, paths) {
-            // Back in the host's namespace (if not there already) to undo the rootfs mount.
-            let _ = crate::mount_ns::enter_host(iso);
             let _ = crate::rootfs::unmount(&args.rootfs.target);
             return fail(format!("mount namespace: {e}"));
         }

@@ -17,14 +17,16 @@
 //!   elsewhere on the host still reach it, and through it the containers), where the root is
 //!   a copy of the root's mount alone: it sees the root's files, none of the pods' mounts;
 //! - a monitor mounts its container's rootfs in the host's namespace as before, takes detached
-//!   copies (`open_tree`) of the mounts its container's spec names under the root (rootfs,
-//!   namespace pins, /dev/shm, volumes), then enters a namespace of its own made from the
-//!   zygote's and attaches them (`move_mount`) at the same paths. libcontainer then builds the
-//!   container from a table of a few dozen entries, whatever the node runs.
+//!   copies (`open_tree`) of the host's mounts its container's spec names (under the root:
+//!   rootfs, namespace pins, /dev/shm, volumes; elsewhere: the sources of bind mounts, as the
+//!   host has them now), then enters a namespace of its own made from the zygote's and
+//!   attaches them (`move_mount`) at the same paths. libcontainer then builds the container
+//!   from a table of a few dozen entries, whatever the node runs.
 //!
 //! A container whose mounts must propagate back to the host (`rshared`, Kubernetes'
 //! Bidirectional) is built in the host's namespace, as are all containers when the kernel
-//! lacks `open_tree` (Linux < 5.2) or the setup fails.
+//! lacks `open_tree` (Linux < 5.2) or the setup fails, and a container whose mounts cannot all
+//! be copied (a bind mount of `/`, a path inside a mount newer than the zygote's copy).
 
 use std::ffi::CString;
 use std::io;
@@ -128,22 +130,6 @@ pub fn release_root(root: &Path) -> io::Result<bool> {
     Ok(true)
 }
 
-/// The lines of a mountinfo text for mounts neither at nor below `root`: what the zygote's
-/// copy must follow. Mounts that propagate reach the copy by themselves; the others (made
-/// under a private mount, as on a host whose `/` is private) only with a new copy, which the
-/// runtime asks for when these lines change ([`crate::Runtime::follow_host_mounts`]).
-pub(crate) fn mounts_outside(mountinfo: &str, root: &Path) -> Vec<String> {
-    mountinfo
-        .lines()
-        .filter(|l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|m| !Path::new(&crate::cgroups::unescape(m)).starts_with(root))
-        })
-        .map(str::to_string)
-        .collect()
-}
-
 /// What the zygote keeps once it has its own mount namespace: the host's and its own, for
 /// its forks to go between.
 pub(crate) struct Isolated {
@@ -240,12 +226,22 @@ fn move_mount(tree: &OwnedFd, to: &Path) -> io::Result<()> {
 }
 
 /// Of `paths` (what a container's spec names: rootfs, namespace files, mount sources), the
-/// mounts below `root` to bring along: for each path under the root that is not on the root's
-/// own mount, the outermost mount point between the root and it. Without duplicates, and none
-/// inside another.
+/// host's mounts to bring along, as they are now: below `root`, for each path that is not on
+/// the root's own mount, the outermost mount point between the root and it; elsewhere, the
+/// path itself with whatever is mounted below it (the zygote's copy may predate a disk the
+/// host mounted since under a mount that does not propagate). Paths under /proc (another
+/// container's namespaces) are the same everywhere and need nothing. Without duplicates, and
+/// none inside another. `/` itself is refused: a copy of everything, which could not be
+/// attached over the namespace's root anyway.
 fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
     let root_id = mount_id(root)?;
     let mut out: Vec<PathBuf> = Vec::new();
+    let mut add = |at: &Path| {
+        if !out.iter().any(|o| at.starts_with(o)) {
+            out.retain(|o| !o.starts_with(at));
+            out.push(at.to_path_buf());
+        }
+    };
     for p in paths {
         // Resolved as the root is (symlinks, `..`): the spec names paths as it was given them.
         // A namespace file under /proc resolves to no path: its directory does.
@@ -255,7 +251,15 @@ fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
                 _ => Ok(p.clone()),
             })
             .unwrap_or_else(|_| p.clone());
-        let Ok(rel) = p.strip_prefix(root) else { continue };
+        let Ok(rel) = p.strip_prefix(root) else {
+            if p == Path::new("/") {
+                return Err(io::Error::new(io::ErrorKind::Unsupported, "a bind mount of /"));
+            }
+            if !p.starts_with("/proc") && p.symlink_metadata().is_ok() {
+                add(&p);
+            }
+            continue;
+        };
         if rel.as_os_str().is_empty() {
             continue;
         }
@@ -265,10 +269,7 @@ fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
             at.push(part);
             match mount_id(&at) {
                 Ok(id) if id != root_id => {
-                    if !out.iter().any(|o| at.starts_with(o)) {
-                        out.retain(|o| !o.starts_with(&at));
-                        out.push(at.clone());
-                    }
+                    add(&at);
                     break;
                 }
                 Ok(_) => {}
@@ -282,24 +283,38 @@ fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
 }
 
 /// In a monitor forked from an isolated zygote, before libcontainer builds the container:
-/// copy the mounts below the root that `paths` need (taken in the host's namespace, where the
-/// rootfs was just mounted), then move into a namespace of this process's own, made from the
-/// zygote's, and attach them at the same paths. Called in the host's namespace; on error the
-/// process may be in either, and the container must not be built.
-pub(crate) fn enter_private(iso: &Isolated, paths: &[PathBuf]) -> io::Result<()> {
-    let needed = mounts_needed(&iso.root, paths)?;
-    let mut trees = Vec::with_capacity(needed.len());
-    for m in &needed {
-        let fd = open_tree(m, OPEN_TREE_CLONE | AT_RECURSIVE).map_err(|e| with_path(e, "copying the mount", m))?;
-        trees.push(fd);
+/// copy the host's mounts that `paths` need ([`mounts_needed`]; taken in the host's
+/// namespace, where the rootfs was just mounted), then move into a namespace of this process's
+/// own, made from the zygote's, and attach them at the same paths. Called in the host's
+/// namespace. Ok(false): something could not be copied or attached (a path inside a mount the
+/// zygote's copy lacks, say), and the process is back in the host's namespace, to build the
+/// container there as without isolation. An error only when it could not get back.
+pub(crate) fn enter_private(iso: &Isolated, paths: &[PathBuf]) -> io::Result<bool> {
+    let trees = || -> io::Result<Vec<(PathBuf, OwnedFd)>> {
+        let mut trees = Vec::new();
+        for m in mounts_needed(&iso.root, paths)? {
+            let fd =
+                open_tree(&m, OPEN_TREE_CLONE | AT_RECURSIVE).map_err(|e| with_path(e, "copying the mount", &m))?;
+            trees.push((m, fd));
+        }
+        Ok(trees)
+    };
+    let Ok(trees) = trees() else {
+        return Ok(false);
+    };
+    let attached = (|| -> io::Result<()> {
+        setns(&iso.own)?;
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+            .map_err(|e| io::Error::other(format!("unshare (mount): {e}")))?;
+        for (m, fd) in &trees {
+            move_mount(fd, m).map_err(|e| with_path(e, "attaching the mount copy at", m))?;
+        }
+        Ok(())
+    })();
+    match attached {
+        Ok(()) => Ok(true),
+        Err(_) => enter_host(iso).map(|()| false),
     }
-    setns(&iso.own)?;
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(|e| io::Error::other(format!("unshare (mount): {e}")))?;
-    for (m, fd) in needed.iter().zip(&trees) {
-        move_mount(fd, m).map_err(|e| with_path(e, "attaching the mount copy at", m))?;
-    }
-    Ok(())
 }
 
 /// Enter the host's mount namespace (a fork of an isolated zygote that mounts for the host:
@@ -313,18 +328,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lines_of_mounts_outside_the_root() {
-        let info = "22 1 8:1 / / rw - ext4 /dev/sda rw\n\
-                    30 22 0:40 / /var/lib/ferrolet rw - ext4 /dev/sda rw\n\
-                    31 30 0:41 / /var/lib/ferrolet/containers/a/rootfs rw - overlay overlay rw\n\
-                    32 22 0:42 / /var/lib/ferrolet-other rw - tmpfs t rw\n\
-                    33 22 0:43 / /mnt/with\\040space rw - tmpfs t rw\n";
-        let out = mounts_outside(info, Path::new("/var/lib/ferrolet"));
-        assert_eq!(out.len(), 3, "{out:?}");
-        assert!(out[0].starts_with("22 ") && out[1].starts_with("32 ") && out[2].starts_with("33 "));
-    }
-
-    #[test]
     fn mount_ids_tell_mounts_apart() {
         assert_eq!(mount_id(Path::new("/")).unwrap(), mount_id(Path::new("/")).unwrap());
         assert_ne!(mount_id(Path::new("/")).unwrap(), mount_id(Path::new("/proc")).unwrap());
@@ -336,7 +339,7 @@ mod tests {
     }
 
     #[test]
-    fn only_paths_below_the_root_on_other_mounts_are_needed() {
+    fn the_mounts_a_container_needs_copied() {
         // /proc stands for a mount below the root "/".
         let root = Path::new("/");
         let paths = [
@@ -350,5 +353,16 @@ mod tests {
         ];
         let needed = mounts_needed(root, &paths).unwrap();
         assert_eq!(needed, vec![PathBuf::from("/proc")]);
+        // Outside the root: the path itself with what is below it, except under /proc.
+        let elsewhere = Path::new("/proc/self");
+        let paths = [
+            PathBuf::from("/etc/hostname"),
+            PathBuf::from("/etc"),
+            PathBuf::from("/proc/self/ns/net"),
+            PathBuf::from("/no/such/path"),
+        ];
+        assert_eq!(mounts_needed(elsewhere, &paths).unwrap(), vec![PathBuf::from("/etc")]);
+        let all = [PathBuf::from("/")];
+        assert!(mounts_needed(elsewhere, &all).is_err(), "a bind mount of / is refused");
     }
 }

@@ -652,68 +652,6 @@ impl Runtime {
             .map_err(|e| Error::Zygote(format!("the zygote's mount namespace: {}", chain(&e))))
     }
 
-    /// Keep the zygote's mount namespace ([`isolate_mounts`](Self::isolate_mounts)) in step
-    /// with the host's mounts outside the root, for as long as the agent runs: mounts made on
-    /// the host under a mount that does not propagate (a host whose `/` is private) would
-    /// otherwise be missing from containers built later (a hostPath on a disk mounted after
-    /// the agent started). Reads the host's mount table when it changes (pods' own mounts
-    /// included, at most every 50 ms), and asks the zygote for a new copy when a line outside
-    /// the root changed. Returns only on an error.
-    pub async fn follow_host_mounts(&self) -> Result<()> {
-        use std::io::{Read, Seek};
-        let root = std::fs::canonicalize(&self.root).with_context(|| format!("resolving {}", p(&self.root)))?;
-        let read = |f: &mut std::fs::File| -> std::io::Result<String> {
-            let mut text = String::new();
-            f.seek(std::io::SeekFrom::Start(0))?;
-            f.read_to_string(&mut text)?;
-            Ok(text)
-        };
-        let refresh = || async {
-            self.zygote
-                .call_ok(&Request::Isolate {
-                    root: self.root.clone(),
-                })
-                .await
-                .map_err(|e| Error::Zygote(format!("a new copy of the host's mounts: {}", chain(&e))))
-        };
-        let mut file = std::fs::File::open("/proc/self/mountinfo").context("opening /proc/self/mountinfo")?;
-        let mut seen =
-            crate::mount_ns::mounts_outside(&read(&mut file).context("reading /proc/self/mountinfo")?, &root);
-        // Whatever changed between the zygote's first copy and this first read would go unseen.
-        refresh().await?;
-        loop {
-            // A second at most per wait, so the agent's shutdown never waits on it for long.
-            let (f, changed) = blocking(move || {
-                let changed = {
-                    let mut pfd = [nix::poll::PollFd::new(
-                        std::os::fd::AsFd::as_fd(&file),
-                        nix::poll::PollFlags::POLLPRI,
-                    )];
-                    matches!(nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16)), Ok(n) if n > 0)
-                };
-                if changed {
-                    // The changes of one pod's start come together.
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Ok::<_, Error>((file, changed))
-            })
-            .await?;
-            file = f;
-            if !changed {
-                continue;
-            }
-            let now = crate::mount_ns::mounts_outside(&read(&mut file).context("reading /proc/self/mountinfo")?, &root);
-            if now != seen {
-                refresh().await?;
-                tracing::info!(
-                    mounts = now.len(),
-                    "the host's mounts outside the root changed: containers are built from a new copy"
-                );
-                seen = now;
-            }
-        }
-    }
-
     /// Undo [`pin_namespaces`](Self::pin_namespaces): unmount and remove the files.
     pub fn unpin_namespaces(dir: &Path) -> Result<()> {
         for name in ["net", "ipc", "uts"] {

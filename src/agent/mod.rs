@@ -159,14 +159,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     // mount table, so a start does not grow with the pods running (docs/start-path.md).
     match rt.isolate_mounts().await {
         Ok(()) => {
-            info!(root = %cfg.root_dir.display(), "containers are built in mount namespaces without the pods' mounts");
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                if let Err(e) = rt.follow_host_mounts().await {
-                    // A failed refresh leaves the zygote in the host's namespace (or its last copy).
-                    warn!(error = %ferrolet_fsutil::chain(&e), "no longer following the host's mounts");
-                }
-            });
+            info!(root = %cfg.root_dir.display(), "containers are built in mount namespaces without the pods' mounts")
         }
         Err(e) => warn!(error = %ferrolet_fsutil::chain(&e), "containers are built in the host's mount namespace"),
     }
