@@ -52,6 +52,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         mut log,
         mut attach,
         state_dir: _state_dir,
+        host_ns,
     }) = create(&args, reply)
     else {
         return 1;
@@ -65,6 +66,13 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     release_build_memory();
 
     let status = pump(init, sources, &mut log, &mut attach);
+    // The container is gone: leave the namespace it was built in before its exit is recorded,
+    // so that none of its mounts (a memory-backed volume's pages) outlive that record here. The
+    // agent unmounts the host's after it, and the kernel then frees them at once, as when this
+    // monitor had no namespace of its own.
+    if let Some(host) = &host_ns {
+        let _ = nix::sched::setns(host, nix::sched::CloneFlags::CLONE_NEWNS);
+    }
     let (exit_code, signal, reason) = match status {
         Some(WaitStatus::Exited(_, c)) => (c, None, None),
         Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32), None),
@@ -103,6 +111,8 @@ struct Created {
     attach: AttachServer,
     /// Held until the monitor exits (see [`create`]).
     state_dir: std::io::Result<File>,
+    /// The host's mount namespace, when the container was built in one of the monitor's own.
+    host_ns: Option<OwnedFd>,
 }
 
 /// Open the log, mount the rootfs, build the container through libcontainer, record the
@@ -148,11 +158,16 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
             return fail(e);
         }
     };
+    let mut host_ns = None;
     if let (Some(iso), Some(paths)) = (&isolated, &args.host_paths) {
         // Ok(false): built in the host's namespace after all (crate::mount_ns::enter_private).
-        if let Err(e) = crate::mount_ns::enter_private(iso, paths) {
-            let _ = crate::rootfs::unmount(&args.rootfs.target);
-            return fail(format!("mount namespace: {e}"));
+        match crate::mount_ns::enter_private(iso, paths) {
+            Ok(true) => host_ns = iso.host.try_clone().ok(),
+            Ok(false) => {}
+            Err(e) => {
+                let _ = crate::rootfs::unmount(&args.rootfs.target);
+                return fail(format!("mount namespace: {e}"));
+            }
         }
     }
     let builder = ContainerBuilder::new(args.id.clone(), SyscallType::default()).with_root_path(&args.lc_root);
@@ -233,6 +248,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         log,
         attach,
         state_dir,
+        host_ns,
     })
 }
 
