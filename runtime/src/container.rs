@@ -64,6 +64,10 @@ pub struct MonitorRecord {
     pub monitor_start: u64,
     pub init_pid: i32,
     pub init_start: u64,
+    /// When the container was built in a mount namespace of the monitor's own
+    /// (crate::mount_ns): how many mounts that namespace had. None: built in the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_mounts: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -477,6 +481,7 @@ pub(crate) fn load(dir: &Path, cgroups: &Cgroups) -> Result<ContainerInfo> {
                         monitor_start: process_start_time(mpid).unwrap_or(0),
                         init_pid,
                         init_start: init.and_then(process_start_time).unwrap_or(0),
+                        build_mounts: None,
                     });
                     errors.push(format!(
                         "monitor found through the kernel: pid {mpid}, container init {}",

@@ -52,7 +52,6 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
         mut log,
         mut attach,
         state_dir: _state_dir,
-        host_ns,
     }) = create(&args, reply)
     else {
         return 1;
@@ -66,13 +65,6 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     release_build_memory();
 
     let status = pump(init, sources, &mut log, &mut attach);
-    // The container is gone: leave the namespace it was built in before its exit is recorded,
-    // so that none of its mounts (a memory-backed volume's pages) outlive that record here. The
-    // agent unmounts the host's after it, and the kernel then frees them at once, as when this
-    // monitor had no namespace of its own.
-    if let Some(host) = &host_ns {
-        let _ = nix::sched::setns(host, nix::sched::CloneFlags::CLONE_NEWNS);
-    }
     let (exit_code, signal, reason) = match status {
         Some(WaitStatus::Exited(_, c)) => (c, None, None),
         Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32), None),
@@ -111,8 +103,6 @@ struct Created {
     attach: AttachServer,
     /// Held until the monitor exits (see [`create`]).
     state_dir: std::io::Result<File>,
-    /// The host's mount namespace, when the container was built in one of the monitor's own.
-    host_ns: Option<OwnedFd>,
 }
 
 /// Open the log, mount the rootfs, build the container through libcontainer, record the
@@ -158,11 +148,11 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
             return fail(e);
         }
     };
-    let mut host_ns = None;
+    let mut private = false;
     if let (Some(iso), Some(paths)) = (&isolated, &args.host_paths) {
         // Ok(false): built in the host's namespace after all (crate::mount_ns::enter_private).
         match crate::mount_ns::enter_private(iso, paths) {
-            Ok(true) => host_ns = iso.host.try_clone().ok(),
+            Ok(true) => private = true,
             Ok(false) => {}
             Err(e) => {
                 let _ = crate::rootfs::unmount(&args.rootfs.target);
@@ -199,11 +189,25 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
             return fail(chain(&e).to_string());
         }
     };
-    drop(isolated);
-    crate::zygote::forget_isolation();
     let Some(init) = container.pid() else {
         return fail("libcontainer reported no init pid".into());
     };
+    // Built: the container's init has a namespace of its own (a copy, pivoted into its
+    // rootfs). The monitor goes back to the host's, where its log is rotated and reopened and
+    // its state is written, and holds none of the copies (a memory-backed volume's pages
+    // would live as long as it does).
+    let mut build_mounts = None;
+    if let (Some(iso), true) = (&isolated, private) {
+        build_mounts = std::fs::read("/proc/self/mountinfo")
+            .ok()
+            .map(|t| t.iter().filter(|&&b| b == b'\n').count() as u32);
+        if let Err(e) = crate::mount_ns::enter_host(iso) {
+            let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
+            return fail(format!("back to the host's mount namespace: {e}"));
+        }
+    }
+    drop(isolated);
+    crate::zygote::forget_isolation();
     // Held until the monitor exits: with it the runtime finds this monitor through /proc when
     // monitor.json cannot be read (opened after build(), so the container never inherits it).
     let state_dir = File::open(&args.bundle);
@@ -226,6 +230,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         monitor_start: process_start_time(me).unwrap_or(0),
         init_pid: init.as_raw(),
         init_start: process_start_time(init.as_raw()).unwrap_or(0),
+        build_mounts,
     };
     // Not fsynced: pids mean nothing after a reboot, and a container of another boot reads as
     // gone whatever this file says (or whether it survived at all).
@@ -248,7 +253,6 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         log,
         attach,
         state_dir,
-        host_ns,
     })
 }
 

@@ -15,18 +15,21 @@
 //!   mounts under it no longer propagate into any other mount namespace;
 //! - the zygote moves into a mount namespace of its own, a slave of the host's (mounts made
 //!   elsewhere on the host still reach it, and through it the containers), where the root is
-//!   a copy of the root's mount alone: it sees the root's files, none of the pods' mounts;
+//!   a copy of the root's mount alone: it sees the root's files, none of the pods' mounts; and
+//!   of the host's other mounts it keeps only `/`, /proc, /sys, /dev and the mounts the root
+//!   lies on (`kept_in_copy`), so that it holds no disk or tmpfs the host unmounts;
 //! - a monitor mounts its container's rootfs in the host's namespace as before, takes detached
 //!   copies (`open_tree`) of the host's mounts its container's spec names (under the root:
 //!   rootfs, namespace pins, /dev/shm, volumes; elsewhere: the sources of bind mounts, as the
 //!   host has them now), then enters a namespace of its own made from the zygote's and
 //!   attaches them (`move_mount`) at the same paths. libcontainer then builds the container
-//!   from a table of a few dozen entries, whatever the node runs.
+//!   from a table of a few dozen entries, whatever the node runs, and the monitor goes back to
+//!   the host's namespace.
 //!
 //! A container whose mounts must propagate back to the host (`rshared`, Kubernetes'
 //! Bidirectional) is built in the host's namespace, as are all containers when the kernel
 //! lacks `open_tree` (Linux < 5.2) or the setup fails, and a container whose mounts cannot all
-//! be copied (a bind mount of `/`, a path inside a mount newer than the zygote's copy).
+//! be copied (a bind mount of `/`, a path whose directory the zygote's copy lacks).
 
 use std::ffi::CString;
 use std::io;
@@ -66,15 +69,30 @@ pub(crate) fn mount_id(p: &Path) -> io::Result<u64> {
     Ok(st.stx_mnt_id)
 }
 
+/// Whether `p` (resolved) is a mount point: its mount is not its parent directory's.
+fn is_mount_point(p: &Path) -> io::Result<bool> {
+    match p.parent() {
+        Some(parent) => Ok(mount_id(p)? != mount_id(parent)?),
+        None => Ok(true),
+    }
+}
+
+/// The host's mounts the zygote's copy of its namespace keeps, besides the root's own mount
+/// (alone): what the namespace a container is built in must have, /proc, /sys with the cgroup
+/// hierarchies, /dev with its pts, shm and mqueue, and the mounts the root dir lies on (`/`
+/// among them). Every other mount is detached from the copy: held there, a disk or a tmpfs
+/// the host unmounts would live on (other roots' pods' mounts, private by design, among them).
+fn kept_in_copy(root: &Path, at: &Path) -> bool {
+    ["/proc", "/sys", "/dev"].iter().any(|k| at.starts_with(k)) || root.starts_with(at)
+}
+
 /// Make `root` a mount with private propagation: a bind mount of itself if it is not a mount
 /// point (marked, so [`release_root`] can undo it), else the mount it is. Refused while
 /// something is mounted below a root that is not a mount point: a bind made over them would
 /// hide them from the agent (their unmounts and the reset would miss them).
 pub fn make_root_private(root: &Path) -> io::Result<()> {
     let root = std::fs::canonicalize(root).map_err(|e| with_path(e, "resolving", root))?;
-    let parent = root.parent().unwrap_or(Path::new("/"));
-    let is_mount_point = mount_id(&root)? != mount_id(parent)?;
-    if !is_mount_point {
+    if !is_mount_point(&root)? {
         let below = crate::rootfs::mounts_under(&root);
         if !below.is_empty() {
             return Err(io::Error::other(format!(
@@ -114,8 +132,7 @@ pub fn release_root(root: &Path) -> io::Result<bool> {
         return Ok(false);
     }
     let root = std::fs::canonicalize(root).map_err(|e| with_path(e, "resolving", root))?;
-    let parent = root.parent().unwrap_or(Path::new("/"));
-    if mount_id(&root)? != mount_id(parent)? {
+    if is_mount_point(&root)? {
         // Busy (a process's working directory in it): detached instead, which hides nothing,
         // as the mount shows the very directory it covers.
         nix::mount::umount(root.as_path())
@@ -158,8 +175,7 @@ pub(crate) fn isolate(root: &Path) -> io::Result<Isolated> {
     open_tree(Path::new("/"), 0).map_err(|e| io::Error::new(e.kind(), format!("open_tree: {e}")))?;
     let host = open_ns("/proc/self/ns/mnt")?;
     let root = std::fs::canonicalize(root).map_err(|e| with_path(e, "resolving", root))?;
-    let parent = root.parent().unwrap_or(Path::new("/"));
-    if mount_id(&root)? == mount_id(parent)? {
+    if !is_mount_point(&root)? {
         return Err(io::Error::other(format!("{} is not a mount point", root.display())));
     }
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
@@ -183,8 +199,30 @@ pub(crate) fn isolate(root: &Path) -> io::Result<Isolated> {
     nix::mount::umount2(root.as_path(), nix::mount::MntFlags::MNT_DETACH)
         .map_err(|e| undo(with_path(e.into(), "detaching", &root)))?;
     move_mount(&alone, &root).map_err(|e| undo(with_path(e, "attaching the mount copy at", &root)))?;
+    detach_unkept(&root).map_err(undo)?;
     let own = open_ns("/proc/self/ns/mnt").map_err(undo)?;
     Ok(Isolated { host, own, root })
+}
+
+/// In the zygote's new namespace: detach every mount [`kept_in_copy`] does not keep, outermost
+/// first (a detach takes what is below it along). A slave's unmounts do not reach the host.
+fn detach_unkept(root: &Path) -> io::Result<()> {
+    let mut points = crate::rootfs::mounts_under(Path::new("/"));
+    points.reverse();
+    let mut gone: Vec<PathBuf> = Vec::new();
+    for m in points {
+        if kept_in_copy(root, &m) || m.starts_with(root) || gone.iter().any(|g| m.starts_with(g)) {
+            continue;
+        }
+        match nix::mount::umount2(m.as_path(), nix::mount::MntFlags::MNT_DETACH) {
+            Ok(()) => gone.push(m),
+            // Not a mount point at that path any more: a mount hidden under a later one at
+            // the same place, or one that went with an ancestor.
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(with_path(e.into(), "detaching from the zygote's copy", &m)),
+        }
+    }
+    Ok(())
 }
 
 fn open_tree(p: &Path, flags: libc::c_uint) -> io::Result<OwnedFd> {
@@ -225,22 +263,43 @@ fn move_mount(tree: &OwnedFd, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// A host mount a container's namespace needs a copy of.
+#[derive(Debug, PartialEq)]
+struct Needed {
+    at: PathBuf,
+    /// With whatever is mounted below it (else the mount alone).
+    below: bool,
+}
+
 /// Of `paths` (what a container's spec names: rootfs, namespace files, mount sources), the
-/// host's mounts to bring along, as they are now: below `root`, for each path that is not on
-/// the root's own mount, the outermost mount point between the root and it; elsewhere, the
-/// path itself with whatever is mounted below it (the zygote's copy may predate a disk the
-/// host mounted since under a mount that does not propagate). Paths under /proc (another
-/// container's namespaces) are the same everywhere and need nothing. Without duplicates, and
-/// none inside another. `/` itself is refused: a copy of everything, which could not be
-/// attached over the namespace's root anyway.
-fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
+/// host's mounts to bring along, as they are now, outermost first:
+/// - below `root`, for each path that is not on the root's own mount, the outermost mount point
+///   between the root and it, with what is below it;
+/// - elsewhere, the path itself with whatever is mounted below it (the zygote's copy may
+///   predate a disk the host mounted since), after each mount it lies in that the zygote's copy
+///   lacks ([`kept_in_copy`]), alone: a hostPath on a disk of its own needs that disk's mount
+///   for its directory to be there.
+///
+/// Paths under /proc (another container's namespaces) are the same everywhere and need
+/// nothing. `/` itself is refused: a copy of everything, which could not be attached over the
+/// namespace's root anyway.
+fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<Needed>> {
     let root_id = mount_id(root)?;
-    let mut out: Vec<PathBuf> = Vec::new();
-    let mut add = |at: &Path| {
-        if !out.iter().any(|o| at.starts_with(o)) {
-            out.retain(|o| !o.starts_with(at));
-            out.push(at.to_path_buf());
+    let mut out: Vec<Needed> = Vec::new();
+    let mut add = |at: &Path, below: bool| {
+        if out
+            .iter()
+            .any(|o| (o.below && at.starts_with(&o.at)) || (!below && o.at == at))
+        {
+            return;
         }
+        if below {
+            out.retain(|o| !o.at.starts_with(at));
+        }
+        out.push(Needed {
+            at: at.to_path_buf(),
+            below,
+        });
     };
     for p in paths {
         // Resolved as the root is (symlinks, `..`): the spec names paths as it was given them.
@@ -255,9 +314,20 @@ fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
             if p == Path::new("/") {
                 return Err(io::Error::new(io::ErrorKind::Unsupported, "a bind mount of /"));
             }
-            if !p.starts_with("/proc") && p.symlink_metadata().is_ok() {
-                add(&p);
+            if p.starts_with("/proc") || p.symlink_metadata().is_err() {
+                continue;
             }
+            let mut at = PathBuf::from("/");
+            let mut outer = mount_id(&at)?;
+            for part in p.parent().into_iter().flat_map(Path::components).skip(1) {
+                at.push(part);
+                let id = mount_id(&at)?;
+                if id != outer && !kept_in_copy(root, &at) {
+                    add(&at, false);
+                }
+                outer = id;
+            }
+            add(&p, true);
             continue;
         };
         if rel.as_os_str().is_empty() {
@@ -269,7 +339,7 @@ fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
             at.push(part);
             match mount_id(&at) {
                 Ok(id) if id != root_id => {
-                    add(&at);
+                    add(&at, true);
                     break;
                 }
                 Ok(_) => {}
@@ -279,6 +349,7 @@ fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
             }
         }
     }
+    out.sort_by_key(|n| n.at.components().count());
     Ok(out)
 }
 
@@ -293,9 +364,9 @@ pub(crate) fn enter_private(iso: &Isolated, paths: &[PathBuf]) -> io::Result<boo
     let trees = || -> io::Result<Vec<(PathBuf, OwnedFd)>> {
         let mut trees = Vec::new();
         for m in mounts_needed(&iso.root, paths)? {
-            let fd =
-                open_tree(&m, OPEN_TREE_CLONE | AT_RECURSIVE).map_err(|e| with_path(e, "copying the mount", &m))?;
-            trees.push((m, fd));
+            let flags = OPEN_TREE_CLONE | if m.below { AT_RECURSIVE } else { 0 };
+            let fd = open_tree(&m.at, flags).map_err(|e| with_path(e, "copying the mount", &m.at))?;
+            trees.push((m.at, fd));
         }
         Ok(trees)
     };
@@ -339,6 +410,47 @@ mod tests {
     }
 
     #[test]
+    fn the_zygotes_copy_keeps_what_containers_are_built_from() {
+        let root = Path::new("/var/lib/ferrolet");
+        for kept in [
+            "/",
+            "/var",
+            "/var/lib",
+            root.to_str().unwrap(),
+            "/proc",
+            "/proc/sys/fs/binfmt_misc",
+        ] {
+            assert!(kept_in_copy(root, Path::new(kept)), "{kept}");
+        }
+        for kept in [
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/memory",
+            "/dev",
+            "/dev/shm",
+            "/dev/pts",
+        ] {
+            assert!(kept_in_copy(root, Path::new(kept)), "{kept}");
+        }
+        for gone in [
+            "/var/log",
+            "/data",
+            "/devices",
+            "/mnt/disk",
+            "/run",
+            "/var/lib/other-root",
+        ] {
+            assert!(!kept_in_copy(root, Path::new(gone)), "{gone}");
+        }
+    }
+
+    #[test]
+    fn mount_points_are_told_from_directories() {
+        assert!(is_mount_point(Path::new("/")).unwrap());
+        assert!(is_mount_point(Path::new("/proc")).unwrap());
+        assert!(!is_mount_point(Path::new("/proc/self")).unwrap());
+    }
+
+    #[test]
     fn the_mounts_a_container_needs_copied() {
         // /proc stands for a mount below the root "/".
         let root = Path::new("/");
@@ -352,7 +464,11 @@ mod tests {
             PathBuf::from("/etc/../proc/self/ns/uts"),
         ];
         let needed = mounts_needed(root, &paths).unwrap();
-        assert_eq!(needed, vec![PathBuf::from("/proc")]);
+        let whole = |at: &str| Needed {
+            at: PathBuf::from(at),
+            below: true,
+        };
+        assert_eq!(needed, vec![whole("/proc")]);
         // Outside the root: the path itself with what is below it, except under /proc.
         let elsewhere = Path::new("/proc/self");
         let paths = [
@@ -361,7 +477,7 @@ mod tests {
             PathBuf::from("/proc/self/ns/net"),
             PathBuf::from("/no/such/path"),
         ];
-        assert_eq!(mounts_needed(elsewhere, &paths).unwrap(), vec![PathBuf::from("/etc")]);
+        assert_eq!(mounts_needed(elsewhere, &paths).unwrap(), vec![whole("/etc")]);
         let all = [PathBuf::from("/")];
         assert!(mounts_needed(elsewhere, &all).is_err(), "a bind mount of / is refused");
     }

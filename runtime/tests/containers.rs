@@ -26,6 +26,8 @@ struct Env {
     root: PathBuf,
     cgroup: NestedRoot,
     images: PathBuf,
+    /// A tmpfs mounted outside the root before the zygote isolated: its copy must not hold it.
+    premount: PathBuf,
 }
 
 static ENV: OnceLock<Env> = OnceLock::new();
@@ -50,6 +52,9 @@ fn main() {
     let images = ensure_images();
     let root = std::env::temp_dir().join(format!("ferrolet-rt-test-{}", std::process::id()));
     let rt = Runtime::new(&root, zygote).expect("runtime");
+    let premount = std::env::temp_dir().join(format!("ferrolet-rt-premount-{}", std::process::id()));
+    std::fs::create_dir_all(&premount).expect("premount dir");
+    mount_tmpfs(&premount).expect("premount tmpfs");
     // As the agent does: every container here is built in a mount namespace of its own.
     block(rt.isolate_mounts()).expect("isolating the zygote's mounts");
     let cgroup = NestedRoot::create(rt.cgroups(), &format!("ferrolet-rt-test-{}", std::process::id()))
@@ -62,6 +67,7 @@ fn main() {
         root,
         cgroup,
         images,
+        premount,
     });
 
     let tests = vec![
@@ -188,6 +194,10 @@ fn teardown() {
     if let Err(err) = ferrolet_runtime::mount_ns::release_root(&e.root) {
         eprintln!("teardown: the root's bind mount: {err}");
     }
+    if let Err(err) = nix::mount::umount(&e.premount) {
+        eprintln!("teardown: {}: {err}", e.premount.display());
+    }
+    let _ = std::fs::remove_dir(&e.premount);
     let _ = std::fs::remove_dir_all(&e.root);
 }
 
@@ -1155,7 +1165,15 @@ fn unreadable_records_of_a_running_container() -> Result<()> {
                 if *name == "empty-monitor-json" {
                     // The monitor found through the kernel still signals and reports.
                     let m = got.monitor.clone().ok_or_else(|| anyhow!("no monitor"))?;
-                    ensure!(Some(&m) == info.monitor.as_ref(), "{m:?} vs {:?}", info.monitor);
+                    // The same processes; how the container was built is only in the file.
+                    let recorded = info
+                        .monitor
+                        .clone()
+                        .map(|r| ferrolet_runtime::container::MonitorRecord {
+                            build_mounts: None,
+                            ..r
+                        });
+                    ensure!(Some(&m) == recorded.as_ref(), "{m:?} vs {:?}", info.monitor);
                     ensure!(
                         rt.exec_capture(
                             &id,
@@ -1973,9 +1991,9 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
             }
             Ok::<_, anyhow::Error>(())
         })?;
-        let monitor = |id: &str| -> Result<i32> {
+        let build_mounts = |id: &str| -> Result<Option<u32>> {
             let m = e.rt.inspect(id)?.monitor.ok_or_else(|| anyhow!("{id}: no monitor"))?;
-            Ok(m.monitor_pid)
+            Ok(m.build_mounts)
         };
         let rootfs = |id: &str| {
             std::fs::canonicalize(e.root.join("containers").join(id).join("rootfs"))
@@ -1983,39 +2001,47 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
                 .display()
                 .to_string()
         };
-        let host = mount_points(std::process::id() as i32)?;
-        let (ma, mb) = (mount_points(monitor(&ids[0])?)?, mount_points(monitor(&ids[1])?)?);
         let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_default().display().to_string();
-        for want in [
+        let host = mount_points(std::process::id() as i32)?;
+        let zygote = mount_points(e.rt.zygote_pid())?;
+        // The zygote's copy: none of the pods' mounts, nor a mount the host had outside the
+        // root when it was taken.
+        for unwanted in [
             rootfs(&ids[0]),
+            rootfs(&ids[1]),
             canon(&sandbox.join("net")),
-            canon(&sandbox.join("ipc")),
-            canon(&sandbox.join("uts")),
             canon(&vol),
+            canon(&e.premount),
         ] {
-            ensure!(ma.contains(&want), "container a's monitor lacks {want}: {ma:?}");
+            ensure!(host.contains(&unwanted), "the host lacks {unwanted}");
+            ensure!(
+                !zygote.contains(&unwanted),
+                "the zygote's copy holds {unwanted}: {zygote:?}"
+            );
         }
-        ensure!(!ma.contains(&rootfs(&ids[1])), "a's monitor has b's rootfs");
-        ensure!(!mb.contains(&rootfs(&ids[0])), "b's monitor has a's rootfs");
-        ensure!(mb.contains(&rootfs(&ids[1])), "b's monitor lacks its rootfs: {mb:?}");
-        ensure!(host.contains(&rootfs(&ids[0])) && host.contains(&rootfs(&ids[1])));
+        ensure!(zygote.contains(&canon(&e.root)), "{zygote:?}");
+        // a and b were built in namespaces of their own, from a few dozen mounts; c, with a
+        // Bidirectional (rshared) mount, in the host's.
+        for id in &ids[..2] {
+            let n = build_mounts(id)?.ok_or_else(|| anyhow!("{id} was built in the host's namespace"))? as usize;
+            ensure!(
+                n < host.len() && n < 60,
+                "{id}: built from {n} mounts, the host has {}",
+                host.len()
+            );
+        }
         ensure!(
-            ma.len() < host.len(),
-            "a's monitor: {} mounts, the host {}",
-            ma.len(),
-            host.len()
-        );
-        // Bidirectional: the host's own namespace.
-        let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap_or_default();
-        let (mc, me) = (ns(monitor(&ids[2])?), ns(std::process::id() as i32));
-        ensure!(
-            mc == me,
-            "c is built in the host's namespace: its monitor's {mc:?}, ours {me:?}, the zygote's {:?}; c: {:?} {:?}",
-            ns(e.rt.zygote_pid()),
+            build_mounts(&ids[2])?.is_none(),
+            "c is built in the host's namespace; c: {:?} {:?}",
             e.rt.inspect(&ids[2])?.state,
             output(&c.log.path)
         );
-        ensure!(ns(monitor(&ids[0])?) != ns(std::process::id() as i32));
+        // Every monitor is back in the host's namespace once its container is built.
+        let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap_or_default();
+        for id in &ids {
+            let m = e.rt.inspect(id)?.monitor.ok_or_else(|| anyhow!("{id}: no monitor"))?;
+            ensure!(ns(m.monitor_pid) == ns(std::process::id() as i32), "{id}'s monitor");
+        }
 
         std::fs::write(vol.join("after"), "written after\n")?;
         let net = std::fs::metadata(sandbox.join("net"))?;
@@ -2067,7 +2093,40 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
             exit.exit_code == 0 && out == ["on the new disk"],
             "{exit:?} {out:?} {err:?}"
         );
-        Ok(())
+
+        // A directory inside a disk the zygote's copy detached (mounted before it was taken):
+        // the disk's mount comes along, alone, for the directory to be there.
+        let sub = e.premount.join("sub");
+        std::fs::create_dir_all(&sub)?;
+        std::fs::write(sub.join("file"), "on the early disk\n")?;
+        let mut cfg = config("iso-e", &["cat", "/early/file"]);
+        cfg.mounts.push(Mount {
+            destination: "/early".into(),
+            source: sub.clone(),
+            kind: MountKind::Bind,
+            readonly: true,
+            propagation: Propagation::Private,
+            options: Vec::new(),
+        });
+        let id = block(e.rt.create(&cfg))?.id().to_string();
+        let built = (|| -> Result<()> {
+            let m = e.rt.inspect(&id)?.monitor.ok_or_else(|| anyhow!("no monitor"))?;
+            ensure!(m.build_mounts.is_some(), "built in the host's namespace");
+            block(e.rt.start(&id))?;
+            let exit = block(async {
+                tokio::time::timeout(Duration::from_secs(30), e.rt.wait(&id))
+                    .await
+                    .map_err(|_| anyhow!("container did not exit in 30s"))
+            })??;
+            let (out, err) = output(&cfg.log.path)?;
+            ensure!(
+                exit.exit_code == 0 && out == ["on the early disk"],
+                "{exit:?} {out:?} {err:?}"
+            );
+            Ok(())
+        })();
+        block(e.rt.delete(&id))?;
+        built
     })();
     let _ = nix::mount::umount(&outside);
     let _ = std::fs::remove_dir(&outside);

@@ -336,8 +336,8 @@ fn wait_exec(pid: Pid, reply: &OwnedFd) -> i32 {
 }
 
 /// The zygote's own mount namespace, once the agent asked for it (crate::mount_ns): its forks
-/// go between it and the host's. Replaced when the agent asks again (the host's mounts outside
-/// the root changed). The zygote is one thread: the lock is never contended, nor held at a fork.
+/// go between it and the host's. Set once. The zygote is one thread: the lock is never
+/// contended, nor held at a fork.
 static ISOLATED: std::sync::Mutex<Option<std::sync::Arc<crate::mount_ns::Isolated>>> = std::sync::Mutex::new(None);
 
 fn isolated_slot() -> std::sync::MutexGuard<'static, Option<std::sync::Arc<crate::mount_ns::Isolated>>> {
@@ -356,26 +356,26 @@ pub(crate) fn forget_isolation() {
     isolated_slot().take();
 }
 
-/// Isolate the zygote, or take a fresh copy of the host's namespace when it is isolated already.
+/// Isolate the zygote, once: a second request for the root it isolated from is answered as
+/// done, for another root refused.
 fn isolate(root: &std::path::Path) -> Reply {
     let mut slot = isolated_slot();
     if let Some(iso) = slot.as_ref() {
-        // A refresh starts from the host's namespace; if it cannot, the old copy stays.
-        if let Err(e) = crate::mount_ns::enter_host(iso) {
-            return Reply::Failed { error: e.to_string() };
-        }
+        return match std::fs::canonicalize(root) {
+            Ok(r) if r == iso.root => Reply::Ok,
+            _ => Reply::Failed {
+                error: format!("the zygote is isolated already, for {}", iso.root.display()),
+            },
+        };
     }
     match crate::mount_ns::isolate(root) {
         Ok(iso) => {
             *slot = Some(std::sync::Arc::new(iso));
             Reply::Ok
         }
-        Err(e) => {
-            // Back in the host's namespace, as crate::mount_ns::isolate leaves it on failure:
-            // forks build in the host's namespace, as without isolation.
-            *slot = None;
-            Reply::Failed { error: e.to_string() }
-        }
+        // Back in the host's namespace, as crate::mount_ns::isolate leaves it on failure:
+        // forks build in the host's namespace, as without isolation.
+        Err(e) => Reply::Failed { error: e.to_string() },
     }
 }
 
