@@ -408,6 +408,68 @@ fn missing_image_is_reported() {
     assert!(msg.contains("127.0.0.1:1/nothing:1") && msg.contains("Never"), "{msg}");
 }
 
+/// Each container's `buildMounts` from its monitor.json: how many mounts the namespace it was
+/// built in had, absent when it was built in the host's.
+fn build_mounts(root: &std::path::Path) -> Vec<(String, Option<u64>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root.join("containers")).unwrap().flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path().join("monitor.json")) else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        out.push((
+            e.file_name().to_string_lossy().into_owned(),
+            v.get("buildMounts").and_then(|n| n.as_u64()),
+        ));
+    }
+    out
+}
+
+/// The agent builds containers in mount namespaces of their own (ferrolet_runtime::mount_ns),
+/// except when pods' mounts are below a root dir that is not a mount point yet (an upgrade
+/// with pods running): then it says so and builds them in its own namespace, as before. Either
+/// way the pods run, and reset leaves no mount behind.
+#[test]
+fn containers_are_built_in_their_own_mount_namespace_unless_the_root_has_mounts() {
+    let mut a = Agent::start("mntns", &[]);
+    a.write("iso.yaml", &pod_yaml("iso", "Always", "sleep 3600"));
+    a.wait_phase("iso", "Running", T);
+    let built = build_mounts(&a.root);
+    assert_eq!(built.len(), 1, "{built:?}");
+    assert!(built[0].1.is_some(), "a namespace of its own: {built:?}");
+    assert!(a
+        .agent_log()
+        .contains("containers are built in mount namespaces without the pods' mounts"));
+    a.stop();
+    let out = a.reset().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // What an older agent left: a mount below a root that is not a mount point.
+    let leftover = a.root.join("pods").join("leftover");
+    std::fs::create_dir_all(&leftover).unwrap();
+    mount_tmpfs(&leftover);
+    a.restart();
+    a.write("legacy.yaml", &pod_yaml("legacy", "Always", "sleep 3600"));
+    a.wait_phase("legacy", "Running", T);
+    a.wait_log("containers are built in the host's mount namespace", T);
+    let built = build_mounts(&a.root);
+    assert_eq!(built.len(), 2, "{built:?}");
+    assert!(
+        built.iter().all(|(_, n)| n.is_none()),
+        "the agent's namespace: {built:?}"
+    );
+    a.stop();
+    let out = a.reset().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let root = format!("{}", std::fs::canonicalize(&a.root).unwrap().display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts
+        .lines()
+        .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&root)))
+        .collect();
+    assert!(left.is_empty(), "mounts left behind: {left:#?}");
+}
+
 #[test]
 fn agent_kill9_and_restart_keeps_containers() {
     let mut a = Agent::start("kill9", &[]);

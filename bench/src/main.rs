@@ -199,6 +199,7 @@ fn main() -> Result<()> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&opts, zygote, &dir, &cgroups, &cg)))
         .unwrap_or_else(|_| Err(anyhow!("the benchmark panicked")));
     let _ = cg.cleanup();
+    let _ = ferrolet_runtime::mount_ns::release_root(&dir.join("rt"));
     let _ = std::fs::remove_dir_all(&dir);
     let (rows, phase_table) = result?;
     let table = render(&rows);
@@ -263,6 +264,8 @@ fn run(
         let rt = Runtime::new(dir.join("rt"), zygote).map_err(anyhow::Error::from)?;
         rt.images().import(&oci_tar).map_err(anyhow::Error::from)?;
         let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        // Containers built as the agent builds them: in mount namespaces of their own.
+        tokio.block_on(rt.isolate_mounts()).map_err(anyhow::Error::from)?;
         let cfg = ContainerConfig {
             name: "floor".into(),
             image: image.into(),

@@ -155,10 +155,14 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
 
     let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote)?);
-    // Not yet: Runtime::isolate_mounts would build containers without the other pods' mounts
-    // (a start that does not grow with the pods running), but the zygote's copy of the host's
-    // namespace pins every mount it copied, other agents' pods' volumes included
-    // (docs/runtime.md#mount-namespaces-the-zygotes-and-each-monitors).
+    // Before the first pod: containers are then built without the other pods' mounts in their
+    // mount table, so a start does not grow with the pods running (docs/start-path.md).
+    match rt.isolate_mounts().await {
+        Ok(()) => {
+            info!(root = %cfg.root_dir.display(), "containers are built in mount namespaces without the pods' mounts")
+        }
+        Err(e) => warn!(error = %ferrolet_fsutil::chain(&e), "containers are built in the host's mount namespace"),
+    }
     let (n, adoptable) = {
         let rt = rt.clone();
         blocking(move || Ok((rt.remove_orphans()?, containers_by_pod(&rt)?))).await?
