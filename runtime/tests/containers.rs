@@ -1925,13 +1925,15 @@ fn mount_points(pid: i32) -> Result<Vec<String>> {
         .collect())
 }
 
-/// An isolated zygote's containers are built in mount namespaces of their own (mount_ns): a
-/// monitor's table has its container's mounts under the root (rootfs, namespace pins, a tmpfs
-/// volume), not another container's, and is no longer than the host's; the container joins the
+/// An isolated zygote's containers are built in mount namespaces of their own (mount_ns): the
+/// zygote's table has none of the pods' mounts (rootfs, namespace pins, a tmpfs volume) nor a
+/// tmpfs the host had outside the root before it isolated; containers are built from a few
+/// dozen mounts and their monitors are back in the host's namespace; the container joins the
 /// pinned network namespace and sees the volume's files, written before or after it started.
-/// A container with a Bidirectional (rshared) mount is built in the host's namespace. A mount
-/// the host makes outside the root later, even under a mount that does not propagate, is in
-/// the containers built after it.
+/// A container with a Bidirectional (rshared) mount, or a bind mount of `/`, is built in the
+/// host's namespace. A mount the host makes outside the root later, even under a mount that
+/// does not propagate, is in the containers built after it, and so is a hostPath inside the
+/// tmpfs the zygote's copy detached.
 fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
     use ferrolet_runtime::config::{Mount, MountKind, NamespaceMode, Propagation};
     let e = env();
@@ -2123,6 +2125,32 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
                 exit.exit_code == 0 && out == ["on the early disk"],
                 "{exit:?} {out:?} {err:?}"
             );
+            Ok(())
+        })();
+        block(e.rt.delete(&id))?;
+        built?;
+
+        // A bind mount of the host's `/` cannot be copied: built in the host's namespace.
+        let mut cfg = config("iso-f", &["test", "-d", "/host/etc"]);
+        cfg.mounts.push(Mount {
+            destination: "/host".into(),
+            source: "/".into(),
+            kind: MountKind::Bind,
+            readonly: true,
+            propagation: Propagation::Private,
+            options: Vec::new(),
+        });
+        let id = block(e.rt.create(&cfg))?.id().to_string();
+        let built = (|| -> Result<()> {
+            let m = e.rt.inspect(&id)?.monitor.ok_or_else(|| anyhow!("no monitor"))?;
+            ensure!(m.build_mounts.is_none(), "built from {:?} mounts", m.build_mounts);
+            block(e.rt.start(&id))?;
+            let exit = block(async {
+                tokio::time::timeout(Duration::from_secs(30), e.rt.wait(&id))
+                    .await
+                    .map_err(|_| anyhow!("container did not exit in 30s"))
+            })??;
+            ensure!(exit.exit_code == 0, "{exit:?} {:?}", output(&cfg.log.path));
             Ok(())
         })();
         block(e.rt.delete(&id))?;
