@@ -79,11 +79,15 @@ fn is_mount_point(p: &Path) -> io::Result<bool> {
 
 /// The host's mounts the zygote's copy of its namespace keeps, besides the root's own mount
 /// (alone): what the namespace a container is built in must have, /proc, /sys with the cgroup
-/// hierarchies, /dev with its pts, shm and mqueue, and the mounts the root dir lies on (`/`
-/// among them). Every other mount is detached from the copy: held there, a disk or a tmpfs
-/// the host unmounts would live on (other roots' pods' mounts, private by design, among them).
-fn kept_in_copy(root: &Path, at: &Path) -> bool {
-    ["/proc", "/sys", "/dev"].iter().any(|k| at.starts_with(k)) || root.starts_with(at)
+/// hierarchies, /dev with its pts, shm and mqueue, the mounts the root dir lies on (`/` among
+/// them), and those the zygote's working directory lies on (the agent's, which holds them
+/// anyway; libcontainer asks for it, and a detached one has no path). Every other mount is
+/// detached from the copy: held there, a disk or a tmpfs the host unmounts would live on
+/// (other roots' pods' mounts, private by design, among them).
+fn kept_in_copy(root: &Path, cwd: Option<&Path>, at: &Path) -> bool {
+    ["/proc", "/sys", "/dev"].iter().any(|k| at.starts_with(k))
+        || root.starts_with(at)
+        || cwd.is_some_and(|c| c.starts_with(at))
 }
 
 /// Make `root` a mount with private propagation: a bind mount of itself if it is not a mount
@@ -153,6 +157,8 @@ pub(crate) struct Isolated {
     pub host: OwnedFd,
     pub own: OwnedFd,
     pub root: PathBuf,
+    /// The working directory the zygote had (and its forks have), resolved.
+    pub cwd: Option<PathBuf>,
 }
 
 fn open_ns(path: &str) -> io::Result<OwnedFd> {
@@ -199,19 +205,20 @@ pub(crate) fn isolate(root: &Path) -> io::Result<Isolated> {
     nix::mount::umount2(root.as_path(), nix::mount::MntFlags::MNT_DETACH)
         .map_err(|e| undo(with_path(e.into(), "detaching", &root)))?;
     move_mount(&alone, &root).map_err(|e| undo(with_path(e, "attaching the mount copy at", &root)))?;
-    detach_unkept(&root).map_err(undo)?;
+    let cwd = std::env::current_dir().ok();
+    detach_unkept(&root, cwd.as_deref()).map_err(undo)?;
     let own = open_ns("/proc/self/ns/mnt").map_err(undo)?;
-    Ok(Isolated { host, own, root })
+    Ok(Isolated { host, own, root, cwd })
 }
 
 /// In the zygote's new namespace: detach every mount [`kept_in_copy`] does not keep, outermost
 /// first (a detach takes what is below it along). A slave's unmounts do not reach the host.
-fn detach_unkept(root: &Path) -> io::Result<()> {
+fn detach_unkept(root: &Path, cwd: Option<&Path>) -> io::Result<()> {
     let mut points = crate::rootfs::mounts_under(Path::new("/"));
     points.reverse();
     let mut gone: Vec<PathBuf> = Vec::new();
     for m in points {
-        if kept_in_copy(root, &m) || m.starts_with(root) || gone.iter().any(|g| m.starts_with(g)) {
+        if kept_in_copy(root, cwd, &m) || m.starts_with(root) || gone.iter().any(|g| m.starts_with(g)) {
             continue;
         }
         match nix::mount::umount2(m.as_path(), nix::mount::MntFlags::MNT_DETACH) {
@@ -283,7 +290,7 @@ struct Needed {
 /// Paths under /proc (another container's namespaces) are the same everywhere and need
 /// nothing. `/` itself is refused: a copy of everything, which could not be attached over the
 /// namespace's root anyway.
-fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<Needed>> {
+fn mounts_needed(root: &Path, cwd: Option<&Path>, paths: &[PathBuf]) -> io::Result<Vec<Needed>> {
     let root_id = mount_id(root)?;
     let mut out: Vec<Needed> = Vec::new();
     let mut add = |at: &Path, below: bool| {
@@ -322,7 +329,7 @@ fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<Needed>> {
             for part in p.parent().into_iter().flat_map(Path::components).skip(1) {
                 at.push(part);
                 let id = mount_id(&at)?;
-                if id != outer && !kept_in_copy(root, &at) {
+                if id != outer && !kept_in_copy(root, cwd, &at) {
                     add(&at, false);
                 }
                 outer = id;
@@ -363,7 +370,7 @@ fn mounts_needed(root: &Path, paths: &[PathBuf]) -> io::Result<Vec<Needed>> {
 pub(crate) fn enter_private(iso: &Isolated, paths: &[PathBuf]) -> io::Result<bool> {
     let trees = || -> io::Result<Vec<(PathBuf, OwnedFd)>> {
         let mut trees = Vec::new();
-        for m in mounts_needed(&iso.root, paths)? {
+        for m in mounts_needed(&iso.root, iso.cwd.as_deref(), paths)? {
             let flags = OPEN_TREE_CLONE | if m.below { AT_RECURSIVE } else { 0 };
             let fd = open_tree(&m.at, flags).map_err(|e| with_path(e, "copying the mount", &m.at))?;
             trees.push((m.at, fd));
@@ -420,7 +427,7 @@ mod tests {
             "/proc",
             "/proc/sys/fs/binfmt_misc",
         ] {
-            assert!(kept_in_copy(root, Path::new(kept)), "{kept}");
+            assert!(kept_in_copy(root, None, Path::new(kept)), "{kept}");
         }
         for kept in [
             "/sys/fs/cgroup",
@@ -429,7 +436,7 @@ mod tests {
             "/dev/shm",
             "/dev/pts",
         ] {
-            assert!(kept_in_copy(root, Path::new(kept)), "{kept}");
+            assert!(kept_in_copy(root, None, Path::new(kept)), "{kept}");
         }
         for gone in [
             "/var/log",
@@ -439,8 +446,13 @@ mod tests {
             "/run",
             "/var/lib/other-root",
         ] {
-            assert!(!kept_in_copy(root, Path::new(gone)), "{gone}");
+            assert!(!kept_in_copy(root, None, Path::new(gone)), "{gone}");
         }
+        let cwd = Some(Path::new("/data/build/repo"));
+        for kept in ["/data", "/data/build/repo"] {
+            assert!(kept_in_copy(root, cwd, Path::new(kept)), "{kept}");
+        }
+        assert!(!kept_in_copy(root, cwd, Path::new("/data/other")));
     }
 
     #[test]
@@ -463,7 +475,7 @@ mod tests {
             PathBuf::from("/elsewhere").join(".."),
             PathBuf::from("/etc/../proc/self/ns/uts"),
         ];
-        let needed = mounts_needed(root, &paths).unwrap();
+        let needed = mounts_needed(root, None, &paths).unwrap();
         let whole = |at: &str| Needed {
             at: PathBuf::from(at),
             below: true,
@@ -477,8 +489,11 @@ mod tests {
             PathBuf::from("/proc/self/ns/net"),
             PathBuf::from("/no/such/path"),
         ];
-        assert_eq!(mounts_needed(elsewhere, &paths).unwrap(), vec![whole("/etc")]);
+        assert_eq!(mounts_needed(elsewhere, None, &paths).unwrap(), vec![whole("/etc")]);
         let all = [PathBuf::from("/")];
-        assert!(mounts_needed(elsewhere, &all).is_err(), "a bind mount of / is refused");
+        assert!(
+            mounts_needed(elsewhere, None, &all).is_err(),
+            "a bind mount of / is refused"
+        );
     }
 }
