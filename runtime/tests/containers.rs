@@ -251,10 +251,26 @@ fn output(log: &Path) -> Result<(Vec<String>, Vec<String>)> {
 
 /// Create, start, wait and delete; the container is deleted whatever happens.
 async fn run(cfg: &ContainerConfig) -> Result<(ferrolet_runtime::ExitRecord, Vec<String>, Vec<String>)> {
+    run_built(cfg, None).await
+}
+
+/// [`run`], checking first, when `private` says which, that the container was built in a
+/// mount namespace of its own (monitor.json's buildMounts) or in the host's.
+async fn run_built(
+    cfg: &ContainerConfig,
+    private: Option<bool>,
+) -> Result<(ferrolet_runtime::ExitRecord, Vec<String>, Vec<String>)> {
     let rt = &env().rt;
     let info = rt.create(cfg).await?;
     let id = info.id().to_string();
     let res = async {
+        if let Some(private) = private {
+            let built = rt.inspect(&id)?.monitor.and_then(|m| m.build_mounts);
+            ensure!(
+                built.is_some() == private,
+                "built from {built:?} mounts; wanted a namespace of its own: {private}"
+            );
+        }
         rt.start(&id).await?;
         let exit = tokio::time::timeout(Duration::from_secs(30), rt.wait(&id))
             .await
@@ -1916,6 +1932,17 @@ fn mount_tmpfs(at: &Path) -> nix::Result<()> {
     )
 }
 
+fn read_only_bind(destination: &str, source: &Path) -> ferrolet_runtime::config::Mount {
+    ferrolet_runtime::config::Mount {
+        destination: destination.into(),
+        source: source.to_path_buf(),
+        kind: ferrolet_runtime::config::MountKind::Bind,
+        readonly: true,
+        propagation: ferrolet_runtime::config::Propagation::Private,
+        options: Vec::new(),
+    }
+}
+
 fn mount_points(pid: i32) -> Result<Vec<String>> {
     let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
     Ok(info
@@ -2082,15 +2109,8 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
         std::fs::write(outside.join("file"), "on the new disk\n")?;
         // At once: the monitor copies the host's mount as it is now.
         let mut cfg = config("iso-d", &["cat", "/outside/file"]);
-        cfg.mounts.push(Mount {
-            destination: "/outside".into(),
-            source: outside.clone(),
-            kind: MountKind::Bind,
-            readonly: true,
-            propagation: Propagation::Private,
-            options: Vec::new(),
-        });
-        let (exit, out, err) = block(run(&cfg))?;
+        cfg.mounts.push(read_only_bind("/outside", &outside));
+        let (exit, out, err) = block(run_built(&cfg, Some(true)))?;
         ensure!(
             exit.exit_code == 0 && out == ["on the new disk"],
             "{exit:?} {out:?} {err:?}"
@@ -2102,59 +2122,19 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
         std::fs::create_dir_all(&sub)?;
         std::fs::write(sub.join("file"), "on the early disk\n")?;
         let mut cfg = config("iso-e", &["cat", "/early/file"]);
-        cfg.mounts.push(Mount {
-            destination: "/early".into(),
-            source: sub.clone(),
-            kind: MountKind::Bind,
-            readonly: true,
-            propagation: Propagation::Private,
-            options: Vec::new(),
-        });
-        let id = block(e.rt.create(&cfg))?.id().to_string();
-        let built = (|| -> Result<()> {
-            let m = e.rt.inspect(&id)?.monitor.ok_or_else(|| anyhow!("no monitor"))?;
-            ensure!(m.build_mounts.is_some(), "built in the host's namespace");
-            block(e.rt.start(&id))?;
-            let exit = block(async {
-                tokio::time::timeout(Duration::from_secs(30), e.rt.wait(&id))
-                    .await
-                    .map_err(|_| anyhow!("container did not exit in 30s"))
-            })??;
-            let (out, err) = output(&cfg.log.path)?;
-            ensure!(
-                exit.exit_code == 0 && out == ["on the early disk"],
-                "{exit:?} {out:?} {err:?}"
-            );
-            Ok(())
-        })();
-        block(e.rt.delete(&id))?;
-        built?;
+        cfg.mounts.push(read_only_bind("/early", &sub));
+        let (exit, out, err) = block(run_built(&cfg, Some(true)))?;
+        ensure!(
+            exit.exit_code == 0 && out == ["on the early disk"],
+            "{exit:?} {out:?} {err:?}"
+        );
 
         // A bind mount of the host's `/` cannot be copied: built in the host's namespace.
         let mut cfg = config("iso-f", &["test", "-d", "/host/etc"]);
-        cfg.mounts.push(Mount {
-            destination: "/host".into(),
-            source: "/".into(),
-            kind: MountKind::Bind,
-            readonly: true,
-            propagation: Propagation::Private,
-            options: Vec::new(),
-        });
-        let id = block(e.rt.create(&cfg))?.id().to_string();
-        let built = (|| -> Result<()> {
-            let m = e.rt.inspect(&id)?.monitor.ok_or_else(|| anyhow!("no monitor"))?;
-            ensure!(m.build_mounts.is_none(), "built from {:?} mounts", m.build_mounts);
-            block(e.rt.start(&id))?;
-            let exit = block(async {
-                tokio::time::timeout(Duration::from_secs(30), e.rt.wait(&id))
-                    .await
-                    .map_err(|_| anyhow!("container did not exit in 30s"))
-            })??;
-            ensure!(exit.exit_code == 0, "{exit:?} {:?}", output(&cfg.log.path));
-            Ok(())
-        })();
-        block(e.rt.delete(&id))?;
-        built
+        cfg.mounts.push(read_only_bind("/host", Path::new("/")));
+        let (exit, out, err) = block(run_built(&cfg, Some(false)))?;
+        ensure!(exit.exit_code == 0, "{exit:?} {out:?} {err:?}");
+        Ok(())
     })();
     let _ = nix::mount::umount(&outside);
     let _ = std::fs::remove_dir(&outside);
