@@ -214,7 +214,8 @@ pub(crate) fn isolate(root: &Path) -> io::Result<Isolated> {
 /// In the zygote's new namespace: detach every mount [`kept_in_copy`] does not keep, outermost
 /// first (a detach takes what is below it along). A slave's unmounts do not reach the host.
 fn detach_unkept(root: &Path, cwd: Option<&Path>) -> io::Result<()> {
-    let mut points = crate::rootfs::mounts_under(Path::new("/"));
+    let mut points = crate::rootfs::try_mounts_under(Path::new("/"))
+        .map_err(|e| io::Error::new(e.kind(), format!("reading the zygote's mount table: {e}")))?;
     points.reverse();
     let mut gone: Vec<PathBuf> = Vec::new();
     for m in points {

@@ -75,10 +75,13 @@ pub fn unmount(target: &Path) -> io::Result<()> {
 /// `/proc/self/mountinfo`), deepest first, so they can be unmounted in that order. Finds what a
 /// state directory still has mounted when no record says so (`ferrolet reset`).
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let Ok(base) = fs::canonicalize(dir) else {
-        return Vec::new();
-    };
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    try_mounts_under(dir).unwrap_or_default()
+}
+
+/// [`mounts_under`], with the error when `dir` cannot be resolved or the mount table read.
+pub(crate) fn try_mounts_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let base = fs::canonicalize(dir)?;
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
     let mut out: Vec<PathBuf> = info
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
@@ -92,7 +95,7 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
             .then_with(|| a.cmp(b))
     });
     out.dedup();
-    out
+    Ok(out)
 }
 
 /// Create `dir` (absolute in the container) inside `rootfs` if missing, as runc does for a
