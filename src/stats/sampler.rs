@@ -145,8 +145,10 @@ fn read_node(now: Time) -> NodeReading {
     let mi = procfs::Meminfo::current().ok();
     let vm = procfs::vmstat().ok();
     let capacity_bytes = mi.as_ref().map_or(0, |m| m.mem_total);
+    // Pages on the kernel's per-cpu lists are free too, though MemFree leaves them out.
+    let per_cpu_free = crate::node::machine::per_cpu_free_bytes();
     let memory = mi.map(|m| {
-        let usage = m.mem_total.saturating_sub(m.mem_free);
+        let usage = m.mem_total.saturating_sub(m.mem_free.saturating_add(per_cpu_free));
         let ws = working_set(usage, m.inactive_file);
         let vmv = |k: &str| vm.as_ref().and_then(|v| v.get(k)).map(|v| *v as u64);
         MemoryStats {
