@@ -72,6 +72,12 @@ impl PodManager {
         self.pods.read().unwrap_or_else(|e| e.into_inner()).get(uid).cloned()
     }
 
+    /// The phase of a pod's latest status, read in place (no copy of the status).
+    pub fn phase(&self, uid: &str) -> Option<crate::status::Phase> {
+        let pods = self.pods.read().unwrap_or_else(|e| e.into_inner());
+        crate::status::Phase::of(&pods.get(uid)?.status)
+    }
+
     pub fn entries(&self) -> Vec<PodEntry> {
         self.pods
             .read()

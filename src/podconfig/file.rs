@@ -7,7 +7,8 @@
 //!
 //! A change is acted on at once and only the files it names are read again: the directory is
 //! listed (cheap) but a file whose identity ([`FileKey`]) is unchanged keeps what it parsed to,
-//! so a pod's start does not cost a parse of every other manifest on the node. A regular file
+//! so a pod's start does not cost a parse of every other manifest on the node (nor of the ones
+//! written in the last second, which only a re-list distrusts, see [`FileSource::reported`]). A regular file
 //! just created is not taken until its writer closes it (IN_CLOSE_WRITE); a file renamed in
 //! (IN_MOVED_TO) is taken at once. The periodic re-list reads every file again, as the safety
 //! net for whatever inotify cannot see (docs/start-path.md).
@@ -38,6 +39,11 @@ pub struct FileSource {
     writing: HashSet<PathBuf>,
     /// When inotify reported the change this scan is for (for the start phases).
     event_at: Option<SystemTime>,
+    /// This scan follows inotify's report of what changed since the files were read: a later
+    /// write to a file would have been reported too, so an unchanged identity is trusted even
+    /// when the file was written within [`RACY`] of its read. False for the first scan and
+    /// after a re-list.
+    reported: bool,
     missing_reported: bool,
     /// Tests make listing fail with this (root cannot be refused a directory listing here).
     #[cfg(test)]
@@ -56,6 +62,7 @@ impl FileSource {
             parsed: HashMap::new(),
             writing: HashSet::new(),
             event_at: None,
+            reported: false,
             missing_reported: false,
             #[cfg(test)]
             fail_listing: None,
@@ -125,7 +132,9 @@ impl FileSource {
             let loc = f.display().to_string();
             let key = FileKey::of_path(f);
             let (got, err) = match self.parsed.get(f) {
-                Some(p) if key.is_some_and(|k| p.still_valid(&k)) => (p.pods.clone(), p.error.clone()),
+                Some(p) if key.is_some_and(|k| k == p.key && (self.reported || p.still_valid(&k))) => {
+                    (p.pods.clone(), p.error.clone())
+                }
                 _ => {
                     let read_at = SystemTime::now();
                     #[cfg(test)]
@@ -268,6 +277,7 @@ impl FileSource {
     /// inotify named these files: they are read again at the next scan (a regular file just
     /// created waits for its writer to close it).
     fn changed(&mut self, changed: Vec<(PathBuf, FileEvent)>) {
+        self.reported = true;
         for (path, ev) in changed {
             self.parsed.remove(&path);
             match ev {
@@ -291,6 +301,7 @@ impl FileSource {
 
     /// The periodic re-list (or a watch that lost events): every file is read again.
     fn forget(&mut self) {
+        self.reported = false;
         self.parsed.clear();
         self.writing.clear();
     }
@@ -699,6 +710,36 @@ mod tests {
         std::fs::remove_file(&a).unwrap();
         src.changed(vec![(a, FileEvent::Gone)]);
         assert_eq!(names(&src.scan()), ["b-n"]);
+    }
+
+    #[test]
+    fn recent_files_inotify_did_not_name_are_not_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.yaml");
+        std::fs::write(&a, POD.replace("NAME", "a")).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), POD.replace("NAME", "b")).unwrap();
+        let mut src = FileSource::new(dir.path().to_path_buf(), "n".into());
+        assert_eq!(names(&src.scan()), ["a-n", "b-n"]);
+        assert_eq!(src.reads, 2);
+        // Written within RACY of their read: without inotify's word, their identity could hide
+        // a later write, and both are read again.
+        src.scan();
+        assert_eq!(src.reads, 4);
+        // After inotify's report, a later write would have been named: a.yaml alone is read,
+        // and b.yaml, however recent, is not.
+        src.changed(vec![(a.clone(), FileEvent::Done)]);
+        assert_eq!(names(&src.scan()), ["a-n", "b-n"]);
+        assert_eq!(src.reads, 5);
+        // A change whose report has not come yet shows in the file's identity.
+        std::fs::write(&a, POD.replace("NAME", "longer")).unwrap();
+        assert_eq!(names(&src.scan()), ["longer-n", "b-n"]);
+        assert_eq!(src.reads, 6);
+        // The re-list trusts nothing it did not read just now.
+        src.forget();
+        src.scan();
+        assert_eq!(src.reads, 8);
+        src.scan();
+        assert_eq!(src.reads, 10);
     }
 
     #[test]

@@ -43,20 +43,24 @@ const LOCAL_ANNOTATIONS: [&str; 3] = [pod::CONFIG_SOURCE, pod::CONFIG_SEEN, pod:
 
 /// kubelet's podsDifferSemantically: spec, labels, deletion and annotations (but its own).
 pub fn differ_semantically(a: &Pod, b: &Pod) -> bool {
-    let ann = |p: &Pod| -> BTreeMap<String, String> {
-        p.metadata
-            .annotations
-            .iter()
-            .flatten()
-            .filter(|(k, _)| !LOCAL_ANNOTATIONS.contains(&k.as_str()))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    };
+    // A source hands on the very object it parsed while its manifest is unchanged.
+    if std::ptr::eq(a, b) {
+        return false;
+    }
     a.spec != b.spec
         || a.metadata.labels.as_ref().filter(|l| !l.is_empty()) != b.metadata.labels.as_ref().filter(|l| !l.is_empty())
         || a.metadata.deletion_timestamp != b.metadata.deletion_timestamp
         || a.metadata.deletion_grace_period_seconds != b.metadata.deletion_grace_period_seconds
-        || ann(a) != ann(b)
+        || !own_annotations(a).eq(own_annotations(b))
+}
+
+/// A pod's annotations but kubelet's local ones, in key order.
+fn own_annotations(p: &Pod) -> impl Iterator<Item = (&String, &String)> {
+    p.metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !LOCAL_ANNOTATIONS.contains(&k.as_str()))
 }
 
 /// The merged desired pods of every source.
@@ -92,6 +96,8 @@ impl PodConfig {
         let mut next = BTreeMap::new();
         for (uid, new) in merged {
             let kept = match self.desired.get(&uid) {
+                // The same object as last time: nothing to compare.
+                Some(old) if Arc::ptr_eq(old, &new) => new,
                 None => {
                     ops.push(PodOp::Add(new.clone()));
                     new
@@ -131,7 +137,7 @@ impl PodConfig {
         let mut names = HashSet::new();
         for s in self.snapshots.values() {
             for p in &s.pods {
-                if names.insert((pod::namespace(p).to_string(), pod::name(p).to_string())) {
+                if names.insert((pod::namespace(p), pod::name(p))) {
                     out.insert(pod::uid(p).to_string(), p.clone());
                 }
             }
@@ -196,6 +202,27 @@ mod tests {
         c.apply(snap("file", vec![first.clone()]));
         c.apply(snap("file", vec![pod("a", "1", "x")]));
         assert!(Arc::ptr_eq(&c.desired()["1"], &first));
+    }
+
+    #[test]
+    fn annotations_differ_but_for_kubelets_own() {
+        let a = pod("a", "1", "x");
+        assert!(!differ_semantically(&a, &a));
+        let mut b = (*a).clone();
+        let ann = b.metadata.annotations.get_or_insert_with(Default::default);
+        ann.insert(pod::CONFIG_SEEN.into(), "later".into());
+        ann.insert(pod::CONFIG_SOURCE.into(), "http".into());
+        assert!(!differ_semantically(&a, &b));
+        b.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "x".into());
+        assert!(differ_semantically(&a, &b));
+        // No annotations and none but kubelet's own are the same.
+        let mut c = (*a).clone();
+        c.metadata.annotations = None;
+        assert!(!differ_semantically(&a, &c));
     }
 
     #[test]

@@ -320,10 +320,7 @@ impl PodWorkers {
                 } => Some((uid, pod)),
                 _ => None,
             })
-            .filter(|(uid, _)| {
-                let phase = self.m.pods.get(uid).and_then(|e| Phase::of(&e.status));
-                !phase.is_some_and(Phase::is_terminal)
-            })
+            .filter(|(uid, _)| !self.m.pods.phase(uid).is_some_and(Phase::is_terminal))
             .map(|(_, p)| p.clone())
             .collect()
     }
