@@ -74,6 +74,10 @@ struct Opts {
     /// Only the runtime floor (ferrolet's runtime crate beside crun and runc).
     #[arg(long)]
     only_floor: bool,
+    /// Only ferrolet's memory: idle, a burst of `--burst` pods 2 s after it and after
+    /// `--cpu-seconds` idle, split by process (agent code and data, zygote, monitors).
+    #[arg(long)]
+    only_memory: bool,
     /// Skip the image pull figures.
     #[arg(long)]
     skip_pull: bool,
@@ -244,6 +248,11 @@ fn run(
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
         return Ok((stats_rows(opts, &bin, dir, cg)?, None));
+    }
+    if opts.only_memory {
+        let bin = std::fs::canonicalize(&opts.ferrolet)
+            .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
+        return Ok((memory_rows(opts, &bin, dir, cg)?, None));
     }
     if opts.only_pull {
         let bin = std::fs::canonicalize(&opts.ferrolet)
@@ -841,6 +850,50 @@ fn container_count(root: &Path) -> usize {
     std::fs::read_dir(root.join("containers"))
         .map(|d| d.count())
         .unwrap_or(0)
+}
+
+/// ferrolet's memory alone, split by process: what the per-pod figure is made of.
+fn memory_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<Vec<Row>> {
+    let image = "docker.io/library/busybox:1.35";
+    let a = Agent::start(
+        bin,
+        &dir.join("ferrolet-memory"),
+        &format!("{}/memory", cg.path()),
+        "none",
+        &dir.join("agent-memory.log"),
+    )?;
+    std::thread::sleep(Duration::from_secs(2));
+    let mut rows = Vec::new();
+    let n = opts.burst as f64;
+    let idle = procstat::Split::of(&a);
+    rows.extend(idle.rows("idle agent", None));
+    settle_before("the burst");
+    eprintln!("== ferrolet: burst of {}, memory", opts.burst);
+    for i in 0..opts.burst {
+        let name = format!("mem{i}");
+        a.add(&name, &pod_manifest(&name, &a.marks, image))?;
+    }
+    for i in 0..opts.burst {
+        wait_mark(&a.marks, &format!("mem{i}"), Duration::from_secs(300))?;
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let full = procstat::Split::of(&a);
+    rows.extend(full.rows(&format!("{} pods, 2 s after the burst", opts.burst), Some((&idle, n))));
+    eprintln!("== ferrolet: {}s idle with {} pods", opts.cpu_seconds, opts.burst);
+    std::thread::sleep(Duration::from_secs(opts.cpu_seconds));
+    let later = procstat::Split::of(&a);
+    rows.extend(later.rows(
+        &format!("{} pods, after {} s idle", opts.burst, opts.cpu_seconds),
+        Some((&idle, n)),
+    ));
+    for i in 0..opts.burst {
+        a.remove(&format!("mem{i}"))?;
+    }
+    wait_until(Duration::from_secs(300), || {
+        a.pod_count() == 0 && container_count(&a.root) == 0
+    })?;
+    a.finish();
+    Ok(rows)
 }
 
 fn pss_mib(pids: &[i32]) -> f64 {

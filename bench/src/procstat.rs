@@ -118,3 +118,95 @@ pub fn settle(limit: std::time::Duration) -> std::time::Duration {
     }
     t0.elapsed()
 }
+
+/// The fields of `/proc/<pid>/smaps_rollup` in KiB (empty if it is gone).
+pub fn rollup(pid: i32) -> std::collections::HashMap<String, u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.to_string(), v.split_whitespace().next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// An agent's PSS split by process, in KiB: the agent's file-backed (its code, mostly) and
+/// anonymous pages, its zygote, its container monitors.
+pub struct Split {
+    pub agent_file: u64,
+    pub agent_anon: u64,
+    pub zygote: u64,
+    pub monitors: u64,
+    pub monitor_count: usize,
+}
+
+impl Split {
+    pub fn of(a: &crate::agent::Agent) -> Split {
+        let procs = a.processes();
+        let agent = rollup(a.pid());
+        let get = |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+        let mons = monitors(&a.root);
+        let zygote: u64 = procs[1..]
+            .iter()
+            .filter(|p| !mons.contains(p))
+            .map(|p| pss_kib(*p))
+            .sum();
+        Split {
+            agent_file: get(&agent, "Pss_File"),
+            agent_anon: get(&agent, "Pss_Anon") + get(&agent, "Pss_Shmem"),
+            zygote,
+            monitors: mons.iter().map(|p| pss_kib(*p)).sum(),
+            monitor_count: mons.len(),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.agent_file + self.agent_anon + self.zygote + self.monitors
+    }
+
+    /// Rows for `what`: the total, and with `per` (the idle split and the pod count) each
+    /// part's growth per pod.
+    pub fn rows(&self, what: &str, per: Option<(&Split, f64)>) -> Vec<crate::Row> {
+        let mib = |k: u64| k as f64 / 1024.0;
+        let mut out = Vec::new();
+        let mut r = crate::Row::new(format!("memory (PSS): {what}"), "MiB", "podman");
+        r.ferrolet = Some(mib(self.total()));
+        out.push(r);
+        let parts = [
+            (
+                "agent code and other file pages",
+                self.agent_file,
+                per.map(|(i, _)| i.agent_file),
+            ),
+            (
+                "agent data (anonymous)",
+                self.agent_anon,
+                per.map(|(i, _)| i.agent_anon),
+            ),
+            ("zygote", self.zygote, per.map(|(i, _)| i.zygote)),
+            ("monitors", self.monitors, per.map(|(i, _)| i.monitors)),
+        ];
+        for (name, now, before) in parts {
+            let mut r = crate::Row::new(format!("  {what}: {name}"), "MiB", "podman");
+            r.ferrolet = Some(mib(now));
+            out.push(r);
+            if let (Some(b), Some((_, n))) = (before, per) {
+                let mut r = crate::Row::new(format!("  {what}: {name}, per pod"), "KiB", "podman");
+                r.ferrolet = Some((now as f64 - b as f64) / n);
+                out.push(r);
+            }
+        }
+        if let Some((i, n)) = per {
+            let mut r = crate::Row::new(format!("memory (PSS) per pod: {what}"), "KiB", "podman");
+            r.ferrolet = Some((self.total() as f64 - i.total() as f64) / n);
+            out.push(r);
+        }
+        if self.monitor_count > 0 {
+            let mut r = crate::Row::new(format!("  {what}: one monitor, mean"), "KiB", "podman");
+            r.ferrolet = Some(self.monitors as f64 / self.monitor_count as f64);
+            out.push(r);
+        }
+        out
+    }
+}
