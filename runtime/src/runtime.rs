@@ -173,24 +173,46 @@ impl Runtime {
         };
         let target = args.rootfs.target.clone();
         let mut replies = self.zygote.call(&Request::Create(Box::new(args)), &[])?;
-        // A failed creation leaves no mount and no state behind.
-        let undo = |target: PathBuf, dir: PathBuf| {
-            blocking(move || {
-                let _ = crate::rootfs::unmount(&target);
-                remove_tree(&dir)
-            })
-        };
         match replies.next().await {
             Ok(Reply::Created { .. }) => container::load(&self.dir(&id), &self.cgroups),
             Ok(Reply::Failed { error }) => {
-                let _ = undo(target, self.dir(&id)).await;
+                self.undo_create(&id, target).await;
                 Err(Error::container(&id, error))
             }
             Ok(other) => Err(Error::container(&id, format!("unexpected reply {other:?}"))),
             Err(e) => {
-                let _ = undo(target, self.dir(&id)).await;
+                self.undo_create(&id, target).await;
                 Err(e)
             }
+        }
+    }
+
+    /// A failed creation leaves nothing behind: its rootfs mount and directory, and when the
+    /// monitor failed after libcontainer had built the container (its state could not be
+    /// recorded, say, on a full disk), the container's cgroup and libcontainer's state too.
+    async fn undo_create(&self, id: &str, target: PathBuf) {
+        let cgroup = container::load(&self.dir(id), &self.cgroups)
+            .map(|i| i.record.cgroup_path)
+            .unwrap_or_default();
+        let (cgroups, lc_dir, dir) = (self.cgroups.clone(), self.lc_root.join(id), self.dir(id));
+        let undone = blocking(move || {
+            // The monitor killed the container's init before answering.
+            if !cgroup.trim_matches('/').is_empty() {
+                let left = cgroups.kill_all(&cgroup, Duration::from_secs(5));
+                if !left.is_empty() {
+                    return Err(Error::Zygote(format!(
+                        "processes {left:?} of cgroup {cgroup} survived SIGKILL"
+                    )));
+                }
+            }
+            remove_built(&cgroups, &cgroup, &lc_dir)?;
+            let _ = crate::rootfs::unmount(&target);
+            remove_tree(&dir)?;
+            Ok(())
+        })
+        .await;
+        if let Err(e) = undone {
+            tracing::warn!(container = id, error = %chain(&e), "cleaning up after a failed creation");
         }
     }
 
@@ -348,15 +370,9 @@ impl Runtime {
         // directory. It would also build a cgroup manager that re-reads the mount table once per
         // controller (docs/start-path.md), and it cannot delete a container whose state is gone.
         let (cgroups, cg, lc_dir) = (self.cgroups.clone(), cgroup.clone(), self.lc_root.join(id));
-        blocking(move || {
-            if !cg.trim_matches('/').is_empty() {
-                cgroups.remove(&cg)?;
-            }
-            remove_tree(&lc_dir)?;
-            Ok::<_, Error>(())
-        })
-        .await
-        .map_err(|e| Error::container(id, format!("delete: {}", chain(&e))))?;
+        blocking(move || remove_built(&cgroups, &cg, &lc_dir))
+            .await
+            .map_err(|e| Error::container(id, format!("delete: {}", chain(&e))))?;
         let id = id.to_string();
         blocking(move || {
             crate::rootfs::unmount(&dir.join("rootfs")).with_context(|| format!("container {id}"))?;
@@ -673,6 +689,17 @@ where
     F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
 {
     ferrolet_fsutil::blocking(move || f().map_err(Into::into)).await
+}
+
+/// What libcontainer leaves of a container it built, removed once nothing runs in it: its
+/// cgroup (every hierarchy) and its state directory. Its specs carry no hooks and no Intel
+/// RDT, so that is all its own delete would do.
+fn remove_built(cgroups: &Cgroups, cgroup: &str, lc_dir: &Path) -> Result<()> {
+    if !cgroup.trim_matches('/').is_empty() {
+        cgroups.remove(cgroup)?;
+    }
+    remove_tree(lc_dir)?;
+    Ok(())
 }
 
 /// Everything before the zygote: image, user, spec, state files. Runs on a blocking thread.
