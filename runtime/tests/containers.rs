@@ -32,6 +32,10 @@ struct Env {
 
 static ENV: OnceLock<Env> = OnceLock::new();
 
+/// A second zygote, forked while the process was single-threaded, for the test that needs a
+/// runtime of its own (a root on a filesystem it can fill).
+static SPARE_ZYGOTE: std::sync::Mutex<Option<ferrolet_runtime::ZygoteHandle>> = std::sync::Mutex::new(None);
+
 fn env() -> &'static Env {
     ENV.get().expect("env initialised in main")
 }
@@ -43,6 +47,8 @@ fn main() {
         child_main(&spec);
     }
     let zygote = fork_zygote().expect("fork zygote (must be single-threaded here)");
+    let spare = fork_zygote().expect("fork the spare zygote");
+    *SPARE_ZYGOTE.lock().unwrap() = Some(spare);
     // Arguments first: a bad one must not leave a root dir or cgroups behind.
     let args = Arguments::from_args();
     if !nix::unistd::geteuid().is_root() {
@@ -160,6 +166,10 @@ fn main() {
         trial(
             "slow_attacher_does_not_stall_the_log",
             slow_attacher_does_not_stall_the_log,
+        ),
+        trial(
+            "creations_failing_at_every_step_leave_nothing_behind",
+            creations_failing_at_every_step_leave_nothing_behind,
         ),
     ];
     let conclusion = libtest_mimic::run(&args, tests);
@@ -2194,4 +2204,107 @@ fn the_root_becomes_a_private_mount_only_with_nothing_below() -> Result<()> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     r
+}
+
+/// Inodes in use on the filesystem of `p`.
+fn inodes_used(p: &Path) -> Result<u64> {
+    let st = nix::sys::statvfs::statvfs(p)?;
+    Ok(st.files() - st.files_free())
+}
+
+/// A runtime whose root is a tmpfs with room for `k` more inodes, for k = 0, 1, 2...: each
+/// creation fails at a later step (the log, the container's records, the rootfs, libcontainer's
+/// state, the monitor's record after the build) until one succeeds. Every failed one must leave
+/// nothing: no directory, mount, cgroup or libcontainer state, and every inode back.
+fn creations_failing_at_every_step_leave_nothing_behind() -> Result<()> {
+    let zygote = SPARE_ZYGOTE
+        .lock()
+        .unwrap()
+        .take()
+        .context("the spare zygote was taken")?;
+    let root = std::env::temp_dir().join(format!("ferrolet-rt-inodes-{}", std::process::id()));
+    std::fs::create_dir_all(&root)?;
+    nix::mount::mount(
+        Some("tmpfs"),
+        &root,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=64m"),
+    )?;
+    let result = (|| -> Result<(usize, Vec<String>)> {
+        let rt = Runtime::new(&root, zygote)?;
+        rt.images().import(&env().images.join("busybox.oci.tar"))?;
+        let parent = NestedRoot::create(rt.cgroups(), &format!("ferrolet-rt-inodes-{}", std::process::id()))?;
+        let checked = (|| -> Result<(usize, Vec<String>)> {
+            std::fs::create_dir_all(root.join("logs"))?;
+            let baseline = inodes_used(&root)?;
+            let mut errors = Vec::new();
+            for k in 0..400u64 {
+                nix::mount::mount(
+                    None::<&str>,
+                    &root,
+                    None::<&str>,
+                    nix::mount::MsFlags::MS_REMOUNT,
+                    Some(format!("size=64m,nr_inodes={}", baseline + k).as_str()),
+                )?;
+                let cfg = ContainerConfig {
+                    name: "inodes".into(),
+                    image: IMAGE.into(),
+                    command: vec!["true".into()],
+                    cgroup_parent: parent.path().to_string(),
+                    log: LogConfig {
+                        path: root.join("logs").join(format!("inodes-{k}.log")),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                let created = block(rt.create(&cfg));
+                if let Ok(info) = &created {
+                    block(rt.delete(info.id()))?;
+                }
+                // What is left (a log file of a creation that got that far is the caller's).
+                let _ = std::fs::remove_file(&cfg.log.path);
+                let left: Vec<String> = ["containers", "libcontainer"]
+                    .iter()
+                    .flat_map(|d| std::fs::read_dir(root.join(d)).into_iter().flatten().flatten())
+                    .map(|e| e.path().display().to_string())
+                    .collect();
+                ensure!(left.is_empty(), "k={k}: {created:?} left {left:?}");
+                let cgroups: Vec<PathBuf> = rt
+                    .cgroups()
+                    .dirs(parent.path())
+                    .iter()
+                    .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path())
+                    .collect();
+                ensure!(cgroups.is_empty(), "k={k}: {created:?} left cgroups {cgroups:?}");
+                let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+                let under = root.join("containers").display().to_string();
+                ensure!(
+                    !mounts.contains(&under),
+                    "k={k}: {created:?} left a mount under {under}"
+                );
+                let used = inodes_used(&root)?;
+                ensure!(used == baseline, "k={k}: {created:?} left {} inodes", used - baseline);
+                match created {
+                    Ok(_) => return Ok((k as usize, errors)),
+                    Err(e) => errors.push(ferrolet_fsutil::chain(&e).to_string()),
+                }
+            }
+            bail!("no creation succeeded with up to 400 inodes: {errors:#?}")
+        })();
+        let _ = parent.cleanup();
+        checked
+    })();
+    // Detached: the spare zygote may not have gone yet.
+    let _ = nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir(&root);
+    let (failures, errors) = result?;
+    ensure!(failures >= 5, "only {failures} creations failed: {errors:#?}");
+    ensure!(
+        errors.iter().any(|e| e.contains("recording monitor state")),
+        "no creation failed after the build: {errors:#?}"
+    );
+    Ok(())
 }
