@@ -196,19 +196,10 @@ impl Runtime {
             .unwrap_or_default();
         let (cgroups, lc_dir, dir) = (self.cgroups.clone(), self.lc_root.join(id), self.dir(id));
         let undone = blocking(move || {
-            // The monitor killed the container's init before answering.
-            if !cgroup.trim_matches('/').is_empty() {
-                let left = cgroups.kill_all(&cgroup, Duration::from_secs(5));
-                if !left.is_empty() {
-                    return Err(Error::Zygote(format!(
-                        "processes {left:?} of cgroup {cgroup} survived SIGKILL"
-                    )));
-                }
-            }
             remove_built(&cgroups, &cgroup, &lc_dir)?;
             let _ = crate::rootfs::unmount(&target);
             remove_tree(&dir)?;
-            Ok(())
+            Ok::<_, Error>(())
         })
         .await;
         if let Err(e) = undone {
@@ -352,23 +343,10 @@ impl Runtime {
             // The monitor records the exit; do not wait forever on a wedged one.
             let _ = tokio::time::timeout(Duration::from_secs(10), self.wait(id)).await;
         }
-        // What is left in its cgroup (a shared pid namespace's processes, a container whose
-        // monitor is gone).
-        if !cgroup.is_empty() {
-            let (cgroups, cg) = (self.cgroups.clone(), cgroup.clone());
-            let left = blocking(move || Ok::<_, Error>(cgroups.kill_all(&cg, Duration::from_secs(5)))).await?;
-            if !left.is_empty() {
-                return Err(Error::container(
-                    id,
-                    format!("processes {left:?} of cgroup {cgroup} survived SIGKILL"),
-                ));
-            }
-        }
         // What libcontainer's own delete would do for these containers, done here without
-        // forking a worker to load it: its specs carry no hooks and no Intel RDT, so deleting is
-        // removing the cgroup (every hierarchy, named ones too) and libcontainer's state
-        // directory. It would also build a cgroup manager that re-reads the mount table once per
-        // controller (docs/start-path.md), and it cannot delete a container whose state is gone.
+        // forking a worker to load it (`remove_built`). It would also build a cgroup manager that
+        // re-reads the mount table once per controller (docs/start-path.md), and it cannot
+        // delete a container whose state is gone.
         let (cgroups, cg, lc_dir) = (self.cgroups.clone(), cgroup.clone(), self.lc_root.join(id));
         blocking(move || remove_built(&cgroups, &cg, &lc_dir))
             .await
@@ -691,11 +669,20 @@ where
     ferrolet_fsutil::blocking(move || f().map_err(Into::into)).await
 }
 
-/// What libcontainer leaves of a container it built, removed once nothing runs in it: its
-/// cgroup (every hierarchy) and its state directory. Its specs carry no hooks and no Intel
-/// RDT, so that is all its own delete would do.
+/// What libcontainer leaves of a container it built, removed: whatever still runs in its
+/// cgroup is killed (a shared pid namespace's processes, a container whose monitor is gone, an
+/// init its monitor could not record), then the cgroup (every hierarchy, named ones too) and
+/// libcontainer's state directory go. Its specs carry no hooks and no Intel RDT, so that is
+/// all its own delete would do.
 fn remove_built(cgroups: &Cgroups, cgroup: &str, lc_dir: &Path) -> Result<()> {
     if !cgroup.trim_matches('/').is_empty() {
+        let left = cgroups.kill_all(cgroup, Duration::from_secs(5));
+        if !left.is_empty() {
+            return Err(Error::Cgroup {
+                path: cgroup.to_string(),
+                reason: format!("processes {left:?} survived SIGKILL"),
+            });
+        }
         cgroups.remove(cgroup)?;
     }
     remove_tree(lc_dir)?;
