@@ -132,16 +132,6 @@ fn nodefs_pressure_reclaims_then_evicts_the_largest_user() {
 /// memory.available as the agent computes it (the stats summary's node memory): MemTotal less
 /// the working set, MemFree + the free pages on the per-cpu lists + Inactive(file).
 fn memory_available() -> i64 {
-    // The per-cpu lists' pages: the only `count:` lines of /proc/zoneinfo.
-    let zoneinfo = std::fs::read_to_string("/proc/zoneinfo").unwrap();
-    let per_cpu_pages: i64 = zoneinfo
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("count:"))
-        .map(|n| n.trim().parse::<i64>().unwrap())
-        .sum();
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .unwrap()
-        .unwrap();
     let mi = std::fs::read_to_string("/proc/meminfo").unwrap();
     let kb = |k: &str| -> i64 {
         mi.lines()
@@ -152,7 +142,7 @@ fn memory_available() -> i64 {
             .unwrap()
             * 1024
     };
-    kb("MemFree:") + per_cpu_pages * page + kb("Inactive(file):")
+    kb("MemFree:") + ferrolet::node::machine::per_cpu_free_bytes() as i64 + kb("Inactive(file):")
 }
 
 #[test]
