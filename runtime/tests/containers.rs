@@ -9,38 +9,22 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use ferrolet_runtime::cgroups::NestedRoot;
 use ferrolet_runtime::config::{LogConfig, SeccompProfile};
-use ferrolet_runtime::crilog::{self, Stream};
 use ferrolet_runtime::digest::Digest;
 use ferrolet_runtime::{fork_zygote, AttachOptions, AttachOutput, ContainerConfig, ContainerState, ExecSpec, Runtime};
-use libtest_mimic::{Arguments, Failed, Trial};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-struct Env {
-    rt: Runtime,
-    root: PathBuf,
-    cgroup: NestedRoot,
-    images: PathBuf,
-    /// A tmpfs mounted outside the root before the zygote isolated: its copy must not hold it.
-    premount: PathBuf,
-}
+mod common;
 
-static ENV: OnceLock<Env> = OnceLock::new();
+use common::{block, config, env, mount_tmpfs, output, read_only_bind, run, run_built, trial, IMAGE};
 
 /// A second zygote, forked while the process was single-threaded, for the test that needs a
 /// runtime of its own (a root on a filesystem it can fill).
 static SPARE_ZYGOTE: std::sync::Mutex<Option<ferrolet_runtime::ZygoteHandle>> = std::sync::Mutex::new(None);
-
-fn env() -> &'static Env {
-    ENV.get().expect("env initialised in main")
-}
-
-const IMAGE: &str = "busybox:1.35";
 
 fn main() {
     if let Ok(spec) = std::env::var("FERROLET_TEST_CHILD") {
@@ -49,32 +33,7 @@ fn main() {
     let zygote = fork_zygote().expect("fork zygote (must be single-threaded here)");
     let spare = fork_zygote().expect("fork the spare zygote");
     *SPARE_ZYGOTE.lock().unwrap() = Some(spare);
-    // Arguments first: a bad one must not leave a root dir or cgroups behind.
-    let args = Arguments::from_args();
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("these tests run real containers and need root");
-        std::process::exit(1);
-    }
-    let images = ensure_images();
-    let root = std::env::temp_dir().join(format!("ferrolet-rt-test-{}", std::process::id()));
-    let rt = Runtime::new(&root, zygote).expect("runtime");
-    let premount = std::env::temp_dir().join(format!("ferrolet-rt-premount-{}", std::process::id()));
-    std::fs::create_dir_all(&premount).expect("premount dir");
-    mount_tmpfs(&premount).expect("premount tmpfs");
-    // As the agent does: every container here is built in a mount namespace of its own.
-    block(rt.isolate_mounts()).expect("isolating the zygote's mounts");
-    let cgroup = NestedRoot::create(rt.cgroups(), &format!("ferrolet-rt-test-{}", std::process::id()))
-        .expect("nested cgroup root");
-    rt.images()
-        .import(&images.join("busybox.oci.tar"))
-        .expect("import busybox");
-    let _ = ENV.set(Env {
-        rt,
-        root,
-        cgroup,
-        images,
-        premount,
-    });
+    let args = common::setup("rt-test", zygote);
 
     let tests = vec![
         trial("images_import_oci_and_docker_save", images_import_oci_and_docker_save),
@@ -172,125 +131,7 @@ fn main() {
             creations_failing_at_every_step_leave_nothing_behind,
         ),
     ];
-    let conclusion = libtest_mimic::run(&args, tests);
-    teardown();
-    conclusion.exit();
-}
-
-fn trial(name: &'static str, f: fn() -> Result<()>) -> Trial {
-    Trial::test(name, move || f().map_err(|e| Failed::from(format!("{e:#}"))))
-}
-
-fn block<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio")
-        .block_on(f)
-}
-
-fn teardown() {
-    let e = env();
-    block(async {
-        for c in e.rt.list().unwrap_or_default() {
-            if let Err(err) = e.rt.delete(c.id()).await {
-                eprintln!("teardown: deleting {}: {}", c.id(), ferrolet_fsutil::chain(&err));
-            }
-        }
-    });
-    if let Err(err) = e.cgroup.cleanup() {
-        eprintln!("teardown: cgroup: {err}");
-    }
-    if let Err(err) = ferrolet_runtime::mount_ns::release_root(&e.root) {
-        eprintln!("teardown: the root's bind mount: {err}");
-    }
-    if let Err(err) = nix::mount::umount(&e.premount) {
-        eprintln!("teardown: {}: {err}", e.premount.display());
-    }
-    let _ = std::fs::remove_dir(&e.premount);
-    let _ = std::fs::remove_dir_all(&e.root);
-}
-
-/// The demo image archives, built by images/build-busybox.sh if missing.
-fn ensure_images() -> PathBuf {
-    let dir = std::env::var_os("FERROLET_IMAGES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/out"));
-    if !dir.join("busybox.oci.tar").exists() || !dir.join("busybox.docker.tar").exists() {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/build-busybox.sh");
-        let st = Command::new(&script)
-            .arg(&dir)
-            .status()
-            .expect("run images/build-busybox.sh");
-        assert!(st.success(), "images/build-busybox.sh failed");
-    }
-    dir
-}
-
-fn config(name: &str, command: &[&str]) -> ContainerConfig {
-    let e = env();
-    ContainerConfig {
-        name: name.to_string(),
-        image: IMAGE.to_string(),
-        command: command.iter().map(|s| s.to_string()).collect(),
-        cgroup_parent: e.cgroup.path().to_string(),
-        log: LogConfig {
-            path: e
-                .root
-                .join("logs")
-                .join(format!("{name}-{}.log", ferrolet_fsutil::random_hex(4))),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
-/// Output of a finished container: (stdout lines, stderr lines).
-fn output(log: &Path) -> Result<(Vec<String>, Vec<String>)> {
-    let data = std::fs::read(log).with_context(|| format!("reading {}", log.display()))?;
-    let mut out = (Vec::new(), Vec::new());
-    for r in crilog::read_records(&data) {
-        let s = String::from_utf8_lossy(&r.message).into_owned();
-        match r.stream {
-            Stream::Stdout => out.0.push(s),
-            Stream::Stderr => out.1.push(s),
-        }
-    }
-    Ok(out)
-}
-
-/// Create, start, wait and delete; the container is deleted whatever happens.
-async fn run(cfg: &ContainerConfig) -> Result<(ferrolet_runtime::ExitRecord, Vec<String>, Vec<String>)> {
-    run_built(cfg, None).await
-}
-
-/// [`run`], checking first, when `private` says which, that the container was built in a
-/// mount namespace of its own (monitor.json's buildMounts) or in the host's.
-async fn run_built(
-    cfg: &ContainerConfig,
-    private: Option<bool>,
-) -> Result<(ferrolet_runtime::ExitRecord, Vec<String>, Vec<String>)> {
-    let rt = &env().rt;
-    let info = rt.create(cfg).await?;
-    let id = info.id().to_string();
-    let res = async {
-        if let Some(private) = private {
-            let built = rt.inspect(&id)?.monitor.and_then(|m| m.build_mounts);
-            ensure!(
-                built.is_some() == private,
-                "built from {built:?} mounts; wanted a namespace of its own: {private}"
-            );
-        }
-        rt.start(&id).await?;
-        let exit = tokio::time::timeout(Duration::from_secs(30), rt.wait(&id))
-            .await
-            .map_err(|_| anyhow!("container did not exit in 30s"))??;
-        let (o, e) = output(&cfg.log.path)?;
-        Ok::<_, anyhow::Error>((exit, o, e))
-    }
-    .await;
-    rt.delete(&id).await?;
-    res
+    common::finish(&args, tests);
 }
 
 fn images_import_oci_and_docker_save() -> Result<()> {
@@ -1932,27 +1773,6 @@ fn slow_attacher_does_not_stall_the_log() -> Result<()> {
 }
 
 /// A small tmpfs mounted at `at` (the caller unmounts it).
-fn mount_tmpfs(at: &Path) -> nix::Result<()> {
-    nix::mount::mount(
-        Some("tmpfs"),
-        at,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1m"),
-    )
-}
-
-fn read_only_bind(destination: &str, source: &Path) -> ferrolet_runtime::config::Mount {
-    ferrolet_runtime::config::Mount {
-        destination: destination.into(),
-        source: source.to_path_buf(),
-        kind: ferrolet_runtime::config::MountKind::Bind,
-        readonly: true,
-        propagation: ferrolet_runtime::config::Propagation::Private,
-        options: Vec::new(),
-    }
-}
-
 fn mount_points(pid: i32) -> Result<Vec<String>> {
     let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
     Ok(info
