@@ -50,6 +50,9 @@ pub struct ContainerConfig {
     pub cgroup_parent: String,
     pub resources: Resources,
     pub mounts: Vec<Mount>,
+    /// Host device nodes the container gets besides the defaults (what a device plugin
+    /// allocates; CRI's `Device`), each created in its /dev and allowed by its device rules.
+    pub devices: Vec<Device>,
     pub sysctls: BTreeMap<String, String>,
     /// Caller's labels, kept with the container and returned by `list` (the agent stores the
     /// pod uid, container name and restart count here to find its containers after a restart).
@@ -173,6 +176,18 @@ pub struct Mount {
     /// Extra mount options (e.g. `size=64m` for tmpfs).
     #[serde(default)]
     pub options: Vec<String>,
+}
+
+/// A host device node given to a container (CRI's `Device`, a device plugin's `DeviceSpec`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    /// The node on the host (symlinks followed).
+    pub host_path: PathBuf,
+    /// Where it appears in the container, under /dev.
+    pub container_path: String,
+    /// Some of `r`, `w`, `m` (read, write, mknod), as the cgroup rule grants them.
+    pub permissions: String,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]

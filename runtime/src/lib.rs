@@ -13,6 +13,7 @@ pub mod cgroups;
 pub mod config;
 pub mod container;
 pub mod crilog;
+pub mod devices;
 pub mod digest;
 pub mod error;
 pub mod image;

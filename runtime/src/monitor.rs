@@ -208,6 +208,14 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     }
     drop(isolated);
     crate::zygote::forget_isolation();
+    // cgroup v2 has no devices controller: the rules become a program on the container's
+    // cgroup, attached before anything of the container's own can run (it waits for Start).
+    if let Some((policy, cgroup)) = &args.device_program {
+        if let Err(e) = crate::devices::bpf::enforce(policy, cgroup) {
+            let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
+            return fail(format!("device rules: {e}"));
+        }
+    }
     // Held until the monitor exits: with it the runtime finds this monitor through /proc when
     // monitor.json cannot be read (opened after build(), so the container never inherits it).
     let state_dir = File::open(&args.bundle);

@@ -52,6 +52,12 @@ pub(crate) struct CreateArgs {
     /// its own (crate::mount_ns). None: build the container in the host's namespace.
     #[serde(default)]
     pub host_paths: Option<Vec<PathBuf>>,
+    /// On cgroup v2: the device policy the monitor attaches to the container's cgroup (this
+    /// directory) as an eBPF program before it reports the container created. None on v1,
+    /// where libcgroups writes the rules to the devices controller, and for a container that
+    /// may use every device.
+    #[serde(default)]
+    pub device_program: Option<(crate::devices::Policy, PathBuf)>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -158,8 +158,8 @@ impl Runtime {
             let images_dir = self.images.dir().to_path_buf();
             let dir = self.dir(&id);
             let lc_root = self.lc_root.clone();
-            let v2 = self.cgroups.is_v2();
-            tokio::task::spawn_blocking(move || prepare(&id, &cfg, &images_dir, &dir, &lc_root, v2))
+            let cgroups = self.cgroups.clone();
+            tokio::task::spawn_blocking(move || prepare(&id, &cfg, &images_dir, &dir, &lc_root, &cgroups))
                 .await
                 .map_err(|e| Error::Zygote(format!("prepare task: {e}")))?
         };
@@ -696,8 +696,9 @@ fn prepare(
     images_dir: &Path,
     dir: &Path,
     lc_root: &Path,
-    cgroup_v2: bool,
+    cgroups: &Cgroups,
 ) -> Result<CreateArgs> {
+    let cgroup_v2 = cgroups.is_v2();
     if cfg.cgroup_parent.is_empty() {
         return Err(Error::invalid_config("cgroupParent", "required"));
     }
@@ -792,6 +793,11 @@ fn prepare(
         root.set_path(abs);
     }
     let host_paths = host_paths(&lc_spec);
+    let device_program = if cgroup_v2 {
+        device_program(&lc_spec, cgroups, &cgroup_path)?
+    } else {
+        None
+    };
     let lc_bundle = dir.join(LC_BUNDLE_DIR);
     ensure_dir(&lc_bundle)?;
     write_json_atomic_unsynced(&lc_bundle.join("config.json"), &lc_spec)?;
@@ -830,7 +836,37 @@ fn prepare(
         stdin_once: cfg.stdin_once,
         tty: cfg.tty,
         host_paths,
+        device_program,
     })
+}
+
+/// What cgroup v2 enforces of the spec's device rules, as cgroup v1 would: libcgroups writes
+/// the spec's rules to the v1 devices controller and then its default allow rules (the same as
+/// [`crate::devices::default_rules`] less the deny-all), so the policy is read from both.
+/// None when it allows every device.
+fn device_program(
+    spec: &oci_spec::runtime::Spec,
+    cgroups: &Cgroups,
+    cgroup_path: &str,
+) -> Result<Option<(crate::devices::Policy, PathBuf)>> {
+    let rules = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.resources().as_ref())
+        .and_then(|r| r.devices().clone())
+        .unwrap_or_default();
+    let defaults = crate::devices::default_rules();
+    let policy = crate::devices::Policy::from_rules(rules.iter().chain(defaults.iter().skip(1)))
+        .map_err(|e| Error::invalid_config("devices", e))?;
+    if policy.allows_all() {
+        return Ok(None);
+    }
+    let dir = cgroups
+        .dirs(cgroup_path)
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::invalid_config("cgroupParent", "no cgroup v2 hierarchy"))?;
+    Ok(Some((policy, dir)))
 }
 
 /// The host paths a container's spec names: its rootfs, the namespaces it joins, the sources of

@@ -7,10 +7,9 @@ use std::path::Path;
 
 use oci_spec::image::ImageConfiguration;
 use oci_spec::runtime::{
-    Capabilities, Capability, LinuxBuilder, LinuxCpuBuilder, LinuxDeviceCgroupBuilder, LinuxMemoryBuilder,
-    LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp,
-    Mount as OciMount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec,
-    SpecBuilder, UserBuilder,
+    Capabilities, Capability, LinuxBuilder, LinuxCpuBuilder, LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder,
+    LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp, Mount as OciMount, MountBuilder,
+    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
 use crate::config::{ContainerConfig, MountKind, NamespaceMode, Propagation, SeccompProfile};
@@ -340,20 +339,8 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
             "1".to_string(),
         )]));
     }
-    let devices = if cfg.privileged {
-        vec![LinuxDeviceCgroupBuilder::default()
-            .allow(true)
-            .access("rwm")
-            .build()
-            .context_cfg("devices")?]
-    } else {
-        vec![LinuxDeviceCgroupBuilder::default()
-            .allow(false)
-            .access("rwm")
-            .build()
-            .context_cfg("devices")?]
-    };
-    resources = resources.devices(devices);
+    let (device_rules, device_nodes) = devices(cfg)?;
+    resources = resources.devices(device_rules);
 
     let cgroups_path = format!("{}/{}", cfg.cgroup_parent.trim_end_matches('/'), input.id);
     if !cgroups_path.starts_with('/') {
@@ -363,6 +350,7 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
         ));
     }
     let mut linux = LinuxBuilder::default()
+        .devices(device_nodes)
         .namespaces(namespaces)
         .cgroups_path(cgroups_path)
         .resources(resources.build().context_cfg("resources")?);
@@ -388,8 +376,11 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
                 .collect::<std::collections::HashMap<_, _>>(),
         );
     }
+    // A privileged container runs unconfined whatever profile it names, as containerd's CRI
+    // has it and Kubernetes documents (docs/seccomp.md).
     match &cfg.seccomp {
-        SeccompProfile::RuntimeDefault if !cfg.privileged => {
+        _ if cfg.privileged => {}
+        SeccompProfile::RuntimeDefault => {
             linux = linux.seccomp(crate::seccomp::runtime_default(&caps));
         }
         SeccompProfile::Localhost(path) => {
@@ -423,6 +414,45 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
     let private_uts = matches!(n.uts, NamespaceMode::Private);
     spec.set_hostname(cfg.hostname.clone().filter(|_| private_uts));
     Ok(spec)
+}
+
+/// The device rules and extra device nodes: a privileged container gets every device and
+/// every node of the host's /dev (containerd's `WithHostDevices` and allow-all); any other the
+/// default rules ([`crate::devices::default_rules`]) and one allow rule and node per device its
+/// config names, with exactly the access it names.
+fn devices(
+    cfg: &ContainerConfig,
+) -> Result<(
+    Vec<oci_spec::runtime::LinuxDeviceCgroup>,
+    Vec<oci_spec::runtime::LinuxDevice>,
+)> {
+    use crate::devices::{self, nodes};
+    if cfg.privileged {
+        let mut host = nodes::host_devices();
+        for d in &cfg.devices {
+            if !host.iter().any(|h| h.path() == Path::new(&d.container_path)) {
+                let node = nodes::host_node(&d.host_path).map_err(|e| Error::invalid_config("devices", e))?;
+                host.push(nodes::oci_device(&d.container_path, &node));
+            }
+        }
+        return Ok((devices::allow_all_rules(), host));
+    }
+    let mut rules = devices::default_rules();
+    let mut added = Vec::new();
+    for (i, d) in cfg.devices.iter().enumerate() {
+        let field = |what: &str| format!("devices[{i}].{what}");
+        if !d.container_path.starts_with("/dev/") || d.container_path.split('/').any(|c| c == "..") {
+            return Err(Error::invalid_config(
+                field("containerPath"),
+                format!("{:?} is not a path under /dev", d.container_path),
+            ));
+        }
+        devices::parse_access(&d.permissions).map_err(|e| Error::invalid_config(field("permissions"), e))?;
+        let node = nodes::host_node(&d.host_path).map_err(|e| Error::invalid_config(field("hostPath"), e))?;
+        rules.push(devices::device_rule(node.kind, node.major, node.minor, &d.permissions));
+        added.push(nodes::oci_device(&d.container_path, &node));
+    }
+    Ok((rules, added))
 }
 
 /// Lowering oom_score_adj below this process's own needs CAP_SYS_RESOURCE; without it (some

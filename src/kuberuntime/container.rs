@@ -218,6 +218,8 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         cgroup_parent: input.pod_cgroup.clone(),
         resources,
         mounts,
+        // Device plugins' allocations come here (none yet).
+        devices: Vec::new(),
         sysctls,
         labels,
         annotations,
