@@ -75,7 +75,18 @@ fn real_main() -> Result<i32> {
 
 #[inline(never)]
 fn run_agent(flags: &config::RunFlags) -> Result<i32> {
-    let (cfg, warnings) = config::load(flags)?;
+    // Re-executes from a copy of the binary no container can write to, before anything else
+    // runs twice (docs/runtime.md#a-sealed-binary).
+    let sealed = ferrolet_runtime::exe_seal::reexec_sealed()
+        .context("running the agent from a sealed copy of its binary (docs/runtime.md#a-sealed-binary)")?;
+    let (cfg, mut warnings) = config::load(flags)?;
+    if sealed == ferrolet_runtime::exe_seal::Sealed::Memfd {
+        warnings.push(
+            "overlayfs could not present the binary read-only: the agent runs from a sealed memfd copy, \
+             which holds the binary's size in memory"
+                .into(),
+        );
+    }
     agent::require_root()?;
     // Before any thread exists (docs/runtime.md#the-zygote).
     let zygote = ferrolet_runtime::fork_zygote()?;

@@ -16,6 +16,7 @@ pub mod crilog;
 pub mod devices;
 pub mod digest;
 pub mod error;
+pub mod exe_seal;
 pub mod image;
 pub mod migration_warmer;
 mod monitor;

@@ -16,9 +16,17 @@ use anyhow::{ensure, Context, Result};
 use common::{block, config, env, run, trial};
 use ferrolet_runtime::config::Device;
 use ferrolet_runtime::devices::{self, bpf, program, Policy};
-use ferrolet_runtime::fork_zygote;
+use ferrolet_runtime::{fork_zygote, ExecIo, ExecSpec};
+use std::time::Duration;
 
 fn main() {
+    // The hold of the sealed-binary test: this binary, started inside a container as the
+    // interpreter of a `#!/proc/self/exe` script, waits there for the test to try it.
+    if std::env::var_os("FERROLET_TEST_HOLD").is_some() {
+        hold();
+    }
+    // As the agent: the zygote runs from a sealed copy of the binary.
+    ferrolet_runtime::exe_seal::reexec_sealed().expect("re-executing from a sealed copy");
     let zygote = fork_zygote().expect("fork zygote (must be single-threaded here)");
     let args = common::setup("boundary", zygote);
     let tests = vec![
@@ -37,6 +45,10 @@ fn main() {
         trial(
             "a_privileged_container_reads_the_disk",
             a_privileged_container_reads_the_disk,
+        ),
+        trial(
+            "the_runtime_binary_cannot_be_written_from_a_container",
+            the_runtime_binary_cannot_be_written_from_a_container,
         ),
     ];
     common::finish(&args, tests);
@@ -314,3 +326,158 @@ fn a_privileged_container_reads_the_disk() -> Result<()> {
     Ok(())
 }
 
+/// In a container, as the interpreter of `#!/proc/self/exe`: say so, then wait for stdin to
+/// close.
+fn hold() -> ! {
+    use std::io::{Read, Write};
+    let _ = writeln!(std::io::stdout(), "held");
+    let _ = std::io::stdout().flush();
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    std::process::exit(0);
+}
+
+/// The host file this test binary was started from (before it re-executed from its sealed
+/// copy), and a digest of its contents.
+fn own_binary() -> Result<(PathBuf, Vec<u8>)> {
+    use sha2::Digest;
+    let path = std::fs::canonicalize(std::env::args_os().next().context("argv[0]")?)?;
+    let digest = sha2::Sha256::digest(std::fs::read(&path)?).to_vec();
+    Ok((path, digest))
+}
+
+/// The read-only binds that let this (dynamically linked) binary run in the busybox image: the
+/// directories of the libraries `ldd` names, at the same paths, as an image with a C library
+/// would have them.
+fn library_binds(binary: &Path) -> Result<Vec<ferrolet_runtime::config::Mount>> {
+    let out = Command::new("ldd").arg(binary).output().context("ldd")?;
+    let mut dirs: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+        .filter_map(|w| Path::new(w).parent().map(Path::to_path_buf))
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    Ok(dirs
+        .iter()
+        .map(|d| common::read_only_bind(&d.to_string_lossy(), &std::fs::canonicalize(d).unwrap_or(d.clone())))
+        .collect())
+}
+
+/// CVE-2019-5736 as it was done to runc: the container holds a script starting
+/// `#!/proc/self/exe`; exec'ing it makes the kernel run the runtime's own binary (what the
+/// exec'd process was) inside the container, where an attacker process finds it by
+/// `/proc/<pid>/exe`, opens it, and writes through the link while it runs and, through an fd
+/// kept open, after it has exited. Every write must fail and the host's file stay as it was.
+fn the_runtime_binary_cannot_be_written_from_a_container() -> Result<()> {
+    let (host_binary, before) = own_binary()?;
+    let rt = &env().rt;
+    let mut cfg = config(
+        "exe-attack",
+        &[
+            "sh",
+            "-c",
+            "printf '#!/proc/self/exe\\n' > /evil && chmod +x /evil && exec sleep 600",
+        ],
+    );
+    cfg.mounts = library_binds(&host_binary)?;
+    block(async {
+        let id = rt.create(&cfg).await?.id().to_string();
+        let res = async {
+            rt.start(&id).await?;
+            // the script is there once the container runs
+            let mut ready = false;
+            for _ in 0..100 {
+                let o = rt
+                    .exec_capture(&id, &exec(&["test", "-x", "/evil"]), Some(Duration::from_secs(10)), 1024)
+                    .await?;
+                if o.exit_code == 0 {
+                    ready = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            ensure!(ready, "the container did not write /evil");
+            // 1. the runtime's binary, running in the container, held there
+            let (stdin_r, stdin_w) = nix::unistd::pipe()?;
+            let (out_r, out_w) = nix::unistd::pipe()?;
+            let devnull = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+            let mut evil = exec(&["/evil"]);
+            evil.env.push(("FERROLET_TEST_HOLD".into(), "1".into()));
+            let held = rt
+                .exec(
+                    &id,
+                    &evil,
+                    ExecIo {
+                        stdin: stdin_r,
+                        stdout: out_w,
+                        stderr: devnull.into(),
+                    },
+                )
+                .await?;
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(std::fs::File::from(out_r)), &mut line)?;
+            ensure!(line.trim() == "held", "the interpreter did not start: {line:?}");
+            // 2. the attacker: find it, write through its exe link, keep an fd for later
+            let attack = r#"
+                for p in /proc/[0-9]*; do
+                  exe=$(readlink $p/exe) || continue
+                  case "$exe" in /bin/busybox) continue;; esac
+                  echo "target ${p#/proc/} $exe $(head -c 4 $p/exe | od -An -c | tr -d ' ')"
+                  if (echo x >> $p/exe) 2>/tmp/now.err; then echo WROTE-WHILE-RUNNING; fi
+                  cat /tmp/now.err
+                  (exec 3< $p/exe
+                   while [ ! -e /tmp/released ]; do sleep 0.05; done
+                   if (echo x >> /proc/self/fd/3) 2>/tmp/late.err; then echo WROTE-AFTER-EXIT; else cat /tmp/late.err; fi > /tmp/late.out
+                  ) </dev/null >/dev/null 2>&1 &
+                done
+            "#;
+            let o = rt
+                .exec_capture(&id, &exec(&["sh", "-c", attack]), Some(Duration::from_secs(20)), 1 << 16)
+                .await?;
+            let first = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+            // 3. the interpreter exits; the kept fd is tried
+            drop(stdin_w);
+            let code = tokio::time::timeout(Duration::from_secs(20), held.wait()).await??;
+            ensure!(code == 0, "the held interpreter exited {code}");
+            rt.exec_capture(&id, &exec(&["touch", "/tmp/released"]), Some(Duration::from_secs(10)), 1024)
+                .await?;
+            let mut late = String::new();
+            for _ in 0..200 {
+                let o = rt
+                    .exec_capture(&id, &exec(&["cat", "/tmp/late.out"]), Some(Duration::from_secs(10)), 1 << 12)
+                    .await?;
+                if o.exit_code == 0 && !o.stdout.is_empty() {
+                    late = String::from_utf8_lossy(&o.stdout).into_owned();
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok::<_, anyhow::Error>((first, late))
+        }
+        .await;
+        rt.delete(&id).await?;
+        let (first, late) = res?;
+        eprintln!("attack while running:\n{first}after exit: {late}");
+        ensure!(
+            first.contains("target ") && first.contains("177ELF"),
+            "the attacker never reached the binary (the attack would prove nothing): {first}"
+        );
+        ensure!(!first.contains("WROTE") && !late.contains("WROTE"), "{first}\n{late}");
+        let refused = |t: &str| t.contains("Read-only file system") || t.contains("Operation not permitted");
+        ensure!(
+            refused(&first) && refused(&late),
+            "not refused as a sealed copy refuses: {first}\n{late}"
+        );
+        let (_, after) = own_binary()?;
+        ensure!(before == after, "{} changed", host_binary.display());
+        Ok(())
+    })
+}
+
+fn exec(args: &[&str]) -> ExecSpec {
+    ExecSpec {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
