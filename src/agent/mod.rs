@@ -345,6 +345,8 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         node_api: node_handle,
         eviction: eviction.clone(),
         pods_settled: AfterQuiet::spawn(code_pages::SETTLE, || release_unused_memory("pods settled")),
+        sysctls: crate::pod::sysctl::Allowlist::new(&cfg.allowed_unsafe_sysctls)
+            .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
     });
 
     // Sources -> pod config -> pod workers.

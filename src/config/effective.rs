@@ -86,6 +86,7 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
     let node = json!({
         "clusterDomain": cfg.cluster_domain,
         "clusterDNS": cfg.cluster_dns.iter().map(|i| i.to_string()).collect::<Vec<_>>(),
+        "allowedUnsafeSysctls": cfg.allowed_unsafe_sysctls,
         "cgroupRoot": cfg.cgroup_root,
         "cgroupsPerQOS": cfg.cgroups_per_qos,
         "cgroupDriver": "cgroupfs",

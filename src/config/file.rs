@@ -43,7 +43,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "configMapAndSecretChangeDetectionStrategy",
     "reservedSystemCPUs",
     "showHiddenMetricsForVersion",
-    "allowedUnsafeSysctls",
     "volumePluginDir",
     "providerID",
     "kernelMemcgNotification",
@@ -149,6 +148,12 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
                     .as_array()
                     .ok_or_else(|| anyhow!("{f}: expected a list of IP addresses"))?;
                 cfg.cluster_dns = list.iter().map(|x| ip(f, x)).collect::<Result<_>>()?;
+            }
+            "allowedUnsafeSysctls" => {
+                let list = v
+                    .as_array()
+                    .ok_or_else(|| anyhow!("{f}: expected a list of sysctl names or patterns"))?;
+                cfg.allowed_unsafe_sysctls = list.iter().map(|x| string(f, x)).collect::<Result<_>>()?;
             }
             "cgroupRoot" => cfg.cgroup_root = string(f, v)?,
             "cgroupsPerQOS" => cfg.cgroups_per_qos = boolean(f, v)?,

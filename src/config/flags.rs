@@ -86,6 +86,9 @@ pub struct RunFlags {
     pub address: Option<std::net::IpAddr>,
     #[arg(long = "cluster-dns", value_delimiter = ',')]
     pub cluster_dns: Vec<std::net::IpAddr>,
+    /// Comma-separated unsafe sysctls or patterns (ending in `*`) pods may set.
+    #[arg(long = "allowed-unsafe-sysctls", value_delimiter = ',')]
+    pub allowed_unsafe_sysctls: Vec<String>,
     #[arg(long = "cluster-domain")]
     pub cluster_domain: Option<String>,
     #[arg(long = "resolv-conf")]
@@ -418,6 +421,9 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if !f.cluster_dns.is_empty() {
         cfg.cluster_dns = f.cluster_dns.clone();
+    }
+    if !f.allowed_unsafe_sysctls.is_empty() {
+        cfg.allowed_unsafe_sysctls = f.allowed_unsafe_sysctls.clone();
     }
     if let Some(d) = &f.cluster_domain {
         cfg.cluster_domain = d.clone();

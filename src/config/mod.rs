@@ -500,6 +500,9 @@ pub struct Config {
     pub read_only_port: u16,
     pub cluster_dns: Vec<IpAddr>,
     pub cluster_domain: String,
+    /// Sysctls (names, or prefixes ending in `*`) pods may set beyond kubelet's safe set
+    /// (allowedUnsafeSysctls); each must be namespaced ([`crate::pod::sysctl`]).
+    pub allowed_unsafe_sysctls: Vec<String>,
     pub resolv_conf: PathBuf,
     pub pod_cidr: Option<String>,
     pub node_ip: Option<IpAddr>,
@@ -570,6 +573,7 @@ impl Default for Config {
             read_only_port: 0,
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
+            allowed_unsafe_sysctls: Vec::new(),
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             pod_cidr: None,
             node_ip: None,
@@ -667,6 +671,8 @@ impl Config {
             bail!("cgroupRoot: {:?} must be an absolute cgroup path", self.cgroup_root);
         }
         self.cm.validate(self.cgroups_per_qos)?;
+        crate::pod::sysctl::Allowlist::new(&self.allowed_unsafe_sysctls)
+            .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?;
         if self.max_pods == 0 {
             bail!("maxPods: must be at least 1");
         }

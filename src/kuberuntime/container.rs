@@ -160,11 +160,12 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         mounts.push(bind(&tm_path, tm_file.clone(), false));
     }
 
+    // In the dotted form, as kubelet sends them (sysctl.d's slash form converted).
     let sysctls: BTreeMap<String, String> = psc
         .sysctls
         .iter()
         .flatten()
-        .map(|s| (s.name.clone(), s.value.clone()))
+        .map(|s| (crate::pod::sysctl::to_dots(&s.name), s.value.clone()))
         .collect();
 
     let labels = container_labels(p, c);

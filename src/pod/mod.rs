@@ -11,6 +11,7 @@ pub mod manager;
 pub mod manifest;
 pub mod qos;
 pub mod reasons;
+pub mod sysctl;
 pub mod units;
 pub mod validation;
 

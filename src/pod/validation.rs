@@ -63,6 +63,27 @@ pub fn validate(pod: &Pod) -> Vec<String> {
             errs.push(format!("spec.hostname: Invalid value: {h:?}: must be a DNS label"));
         }
     }
+    super::sysctl::validate(pod, &mut errs);
+    if spec.share_process_namespace == Some(true) && spec.host_pid == Some(true) {
+        errs.push(
+            "spec.securityContext.shareProcessNamespace: Invalid value: true: ShareProcessNamespace and HostPID cannot both be enabled"
+                .into(),
+        );
+    }
+    // hostUsers: false (a user namespace of the pod's own) excludes the node's namespaces.
+    // Every volume type is allowed, as Kubernetes allows them since 1.28 (1.26's alpha took
+    // only emptyDir, configMap, secret, downwardAPI and projected): docs/userns.md.
+    if spec.host_users == Some(false) {
+        for (field, on) in [
+            ("hostNetwork", spec.host_network),
+            ("HostPID", spec.host_pid),
+            ("HostIPC", spec.host_ipc),
+        ] {
+            if on == Some(true) {
+                errs.push(format!("spec.{field}: Forbidden: when `pod.Spec.HostUsers` is false"));
+            }
+        }
+    }
     let mut vol_names = HashSet::new();
     for (i, v) in spec.volumes.iter().flatten().enumerate() {
         let p = format!("spec.volumes[{i}]");
@@ -292,9 +313,6 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
     }
     if spec.os.as_ref().is_some_and(|o| o.name != "linux") {
         return Some("spec.os.name: only linux pods run on this node".into());
-    }
-    if spec.share_process_namespace == Some(true) && spec.host_pid == Some(true) {
-        return Some("spec.shareProcessNamespace: may not be combined with hostPID".into());
     }
     None
 }

@@ -19,6 +19,29 @@ pub struct Rejection {
     pub message: String,
 }
 
+impl Rejection {
+    /// The message the pod's status carries: kubelet's rejectPod prefixes what a (hard) admit
+    /// handler said with "Pod was rejected: "; the AppArmor and SELinux checks are kubelet's
+    /// soft admission (canRunPod), whose message stands alone.
+    pub fn status_message(&self) -> String {
+        if self.reason == super::lsm::REASON_APPARMOR || self.reason == super::lsm::REASON_SELINUX {
+            self.message.clone()
+        } else {
+            format!("Pod was rejected: {}", self.message)
+        }
+    }
+}
+
+/// kubelet's sysctl admit handler, which runs right after the eviction one: a sysctl outside
+/// the safe set and allowedUnsafeSysctls, or in a namespace the pod shares with the node, is
+/// `SysctlForbidden`.
+pub fn sysctls(p: &Pod, allowed: &crate::pod::sysctl::Allowlist) -> Result<(), Rejection> {
+    allowed.admit(p).map_err(|message| Rejection {
+        reason: crate::pod::sysctl::REASON.into(),
+        message,
+    })
+}
+
 /// Can the node (`node`, its Node object `node_object`) take `p` beside the `active` pods
 /// (admitted, not terminating, not finished)?
 pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo, node_object: &Node) -> Result<(), Rejection> {

@@ -56,6 +56,9 @@ pub struct Managers {
     /// Told when a pod started, changed, stopped or went: the agent gives back the memory a
     /// burst of them used once they settle.
     pub pods_settled: crate::tasks::AfterQuiet,
+    /// The sysctls pods may set (the safe set and allowedUnsafeSysctls), for the sysctl admit
+    /// handler.
+    pub sysctls: crate::pod::sysctl::Allowlist,
 }
 
 impl Managers {
@@ -194,6 +197,7 @@ impl PodWorkers {
             .m
             .eviction
             .admit(&p)
+            .and_then(|()| admission::sysctls(&p, &self.m.sysctls))
             .and_then(|()| admission::admit(&p, &self.active_pods(), &self.m.node, &self.m.node_object()));
         match admitted {
             Ok(()) => {
@@ -208,7 +212,10 @@ impl PodWorkers {
 
     fn reject(&mut self, uid: String, p: Arc<Pod>, r: Rejection) {
         warn!(pod = %pod::full_name(&p), reason = %r.reason, "pod rejected: {}", r.message);
-        let st = crate::status::rejected(&p, &r.reason, &r.message, &self.m.node.ip_strings());
+        self.m
+            .events
+            .pod(&p, None, crate::events::Kind::Warning, &r.reason, &r.message);
+        let st = crate::status::rejected(&p, &r.reason, &r.status_message(), &self.m.node.ip_strings());
         self.m.status.set_refused(&p, st);
         self.slots.insert(uid, Slot::Inert { pod: p });
     }
