@@ -51,20 +51,23 @@ cd "$repo"
 images/build-busybox.sh >/dev/null
 cargo build --quiet
 mapfile -t tests < <(cargo test --no-run --message-format=json --workspace 2>/dev/null |
-  grep '"executable":"' | grep -E '"name":"(containers|static_pods|stats|resources|eviction)"' |
+  grep '"executable":"' | grep -E '"name":"(containers|boundary|static_pods|stats|resources|eviction)"' |
   sed -E 's/.*"name":"([a-z_]+)".*"executable":"([^"]+)".*/\1 \2/')
-[ ${#tests[@]} -eq 5 ] || { echo "vm: test binaries not found: ${tests[*]}" >&2; exit 1; }
+[ ${#tests[@]} -eq 6 ] || { echo "vm: test binaries not found: ${tests[*]}" >&2; exit 1; }
 containers=$(printf '%s\n' "${tests[@]}" | awk '$1=="containers"{print $2}')
+boundary=$(printf '%s\n' "${tests[@]}" | awk '$1=="boundary"{print $2}')
 static_pods=$(printf '%s\n' "${tests[@]}" | awk '$1=="static_pods"{print $2}')
 stats=$(printf '%s\n' "${tests[@]}" | awk '$1=="stats"{print $2}')
 resources=$(printf '%s\n' "${tests[@]}" | awk '$1=="resources"{print $2}')
 eviction=$(printf '%s\n' "${tests[@]}" | awk '$1=="eviction"{print $2}')
 
-# The guest suite: all the runtime's container tests, and the agent tests that exercise
+# The guest suite: all the runtime's container tests, the boundary tests from inside containers
+# (with their root on the guest's disk, an ext4: the guest's root is a tmpfs), and the agent tests that exercise
 # cgroups, adoption and the pod lifecycle, the stats read from cgroup v2, and memory eviction
 # (the working set from v2's memory.stat).
 cat >"$results/plan" <<PLAN
 runtime-containers $containers --test-threads 1
+runtime-boundary env TMPDIR=/disk/tmp $boundary --test-threads 1
 agent-static-pods $static_pods --test-threads 1 add_update_remove_manifests init_containers_run_in_order_then_app pod_cgroup_tree_limits_and_oom_killed agent_kill9_and_restart_keeps_containers default_cgroup_root restart_policies_exit_0_and_1 reset_removes_what_the_agent_made reset_finds_containers_without_their_records
 agent-stats $stats --test-threads 1 stats_of_real_pods_without_a_network
 agent-resources $resources --test-threads 1
@@ -94,11 +97,11 @@ add_mod() {
   case "$f" in *.xz) xz -dc "$f" >"$root/modules/$name.ko" ;; *) cp "$f" "$root/modules/$name.ko" ;; esac
   order+=("$name")
 }
-for m in virtio_pci 9pnet_virtio 9p overlay veth bridge br_netfilter nf_tables nft_chain_nat nft_masq nft_ct nf_nat; do
+for m in virtio_pci virtio_blk ext4 crc32c_generic 9pnet_virtio 9p overlay veth bridge br_netfilter nf_tables nft_chain_nat nft_masq nft_ct nf_nat; do
   add_mod "$m"
 done
 printf '%s\n' "${order[@]}" >"$root/modules/order"
-for bin in "$containers" "$static_pods" "$stats" "$repo/target/debug/ferrolet"; do
+for bin in "$containers" "$boundary" "$static_pods" "$stats" "$repo/target/debug/ferrolet"; do
   ldd "$bin" | awk '/=> \//{print $3} /^\t\/lib64/{print $1}' | while read -r lib; do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"
@@ -106,7 +109,13 @@ for bin in "$containers" "$static_pods" "$stats" "$repo/target/debug/ferrolet"; 
 done
 (cd "$root" && find . | cpio -o -H newc --quiet) | gzip -1 >"$work/initrd.gz"
 
-# 4. Boot.
+# 4. The guest's disk: an empty ext4 the guest mounts at /disk (sparse, made anew each run).
+# The device tests read it and try to reach it from containers.
+rm -f "$work/disk.img"
+truncate -s 8G "$work/disk.img"
+mkfs.ext4 -q -F -L ferrolet-vm "$work/disk.img"
+
+# 5. Boot.
 echo "vm: booting Linux $kver with cgroup v2 only (software emulation)"
 start=$(date +%s)
 set +e
@@ -114,13 +123,14 @@ timeout "${VM_TIMEOUT:-1500}" qemu-system-x86_64 -cpu max -m 2048 -smp 2 -nograp
   -kernel "$vmlinux" -initrd "$work/initrd.gz" \
   -append "console=ttyS0 quiet cgroup_no_v1=all panic=-1 ferrolet.repo=$repo" \
   -virtfs "local,path=$repo,mount_tag=host0,security_model=none,id=host0" \
+  -drive "file=$work/disk.img,format=raw,if=virtio,cache=unsafe" \
   </dev/null >"$results/console.log" 2>&1
 qemu_rc=$?
 set -e
 elapsed=$(($(date +%s) - start))
 grep '^VM:' "$results/console.log" || true
 
-# 5. Summary.
+# 6. Summary.
 fail=0
 while read -r name _; do
   [ -z "$name" ] && continue
@@ -137,6 +147,7 @@ if [ -s "$results/cgroups-left" ]; then
   sed 's/^/  /' "$results/cgroups-left"
   fail=1
 fi
+rm -f "$work/disk.img"
 echo "vm: guest ran ${elapsed}s (qemu exit $qemu_rc); logs in $results"
 if [ "$qemu_rc" = 124 ]; then
   echo "vm: the guest did not finish within ${VM_TIMEOUT:-1500}s" >&2
