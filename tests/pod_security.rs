@@ -168,3 +168,109 @@ fn an_unsafe_sysctl_that_is_not_namespaced_stops_the_agent() {
         );
     }
 }
+
+/// The processes whose command line starts with `prefix`, by pid.
+fn processes(prefix: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| c.starts_with(prefix.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// shareProcessNamespace: one pid namespace for the pod, held by an init of its own as PID 1.
+/// A container sees the other's processes, an orphan it leaves is reaped, and what it tries
+/// against PID 1 (kill it, read through /proc/1) is refused; an exit code is the container's
+/// own; an agent restart keeps the pod as it is; deleting the pod ends its init. A pod without
+/// it keeps a pid namespace per container.
+#[test]
+fn share_process_namespace_gives_the_pod_one_pid_namespace_with_an_init() {
+    let mut a = Agent::start("sharepid", &[]);
+    let probe = "echo pid1=$(cat /proc/1/comm); ps -o comm | sort | tr '\\n' ' '; echo; \
+        (sleep 0.3 &); sleep 1; ps -o pid,ppid,stat,comm; echo zombies=$(ps -o stat | grep -c Z); \
+        kill -9 1; sleep 0.2; echo pid1-after-kill=$(cat /proc/1/comm); \
+        ls /proc/1/root/ >/dev/null 2>&1 || echo root-refused; \
+        cat /proc/1/environ >/dev/null 2>&1 || echo environ-refused; \
+        readlink /proc/1/exe >/dev/null 2>&1 || echo exe-refused; \
+        echo limit=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null); \
+        echo done; exec sleep 600";
+    a.write(
+        "shared.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: shared}}\nspec:\n  shareProcessNamespace: true\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: sleeper\n    image: {IMAGE}\n    command: [sleep, \"600\"]\n  - name: probe\n    image: {IMAGE}\n    command: [sh, -c, {probe:?}]\n    resources: {{limits: {{memory: 64Mi}}}}\n  - name: quitter\n    image: {IMAGE}\n    command: [sh, -c, \"sleep 1; exit 3\"]\n"
+        ),
+    );
+    a.write(
+        "private.yaml",
+        &pod_yaml(
+            "private",
+            "",
+            "echo pid1=$(cat /proc/1/comm); ps -o comm | sort | tr '\\n' ' '; echo; echo done; exec sleep 600",
+        ),
+    );
+    a.wait_phase("shared", "Running", T);
+    let out = log_with_container(&a, "shared", "probe", "done");
+    assert!(out.contains("pid1=ferrolet-init\n"), "the pod's init is PID 1: {out}");
+    assert!(
+        out.contains("ferrolet-init ") && out.contains("sleep ") && out.contains("ps "),
+        "the probe sees the sleeper and the init: {out}"
+    );
+    assert!(out.contains("zombies=0\n"), "the orphan was reaped: {out}");
+    assert!(out.contains("pid1-after-kill=ferrolet-init\n"), "{out}");
+    assert!(
+        out.contains("limit=67108864\n"),
+        "the container's own cgroup at /sys/fs/cgroup: {out}"
+    );
+    for refused in ["root-refused", "environ-refused", "exe-refused"] {
+        assert!(out.contains(refused), "{refused}: {out}");
+    }
+    let own = log_with(&a, "private", "done");
+    assert!(own.contains("pid1=sh\n") && own.contains("ps sh "), "{own}");
+    assert!(!own.contains("ferrolet-init"), "{own}");
+
+    // the quitter's exit code is its own
+    let p = a.wait_for("shared", "the quitter exited", T, |p| {
+        try_container_status(p, "quitter").is_some_and(|s| s.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+    });
+    let t = container_status(&p, "quitter")
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!((t.exit_code, t.reason.as_deref()), (3, Some("Error")));
+
+    // one init per sharing pod, in the pod's cgroup, surviving an agent restart
+    let init_title = format!("ferrolet-pod-init default/shared-{}\0", a.node);
+    let inits = processes(&init_title);
+    assert_eq!(inits.len(), 1, "{inits:?}");
+    let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", inits[0])).unwrap();
+    assert!(cgroup.contains("/pod-init"), "{cgroup}");
+    let sleeper = container_id(&a.pod("shared").unwrap(), "sleeper");
+    a.restart();
+    a.wait_log("ADD", T);
+    std::thread::sleep(Duration::from_secs(2));
+    let p = a.wait_phase("shared", "Running", T);
+    assert_eq!(container_id(&p, "sleeper"), sleeper, "the restart kept the container");
+    assert_eq!(processes(&init_title), inits);
+
+    a.remove("shared.yaml");
+    a.wait_gone("shared", T);
+    assert!(processes(&init_title).is_empty(), "the pod's init outlived it");
+}
+
+fn log_with_container(a: &Agent, pod: &str, container: &str, marker: &str) -> String {
+    let deadline = Instant::now() + T;
+    loop {
+        let out = a.logs(pod, &format!("container={container}"));
+        if out.contains(marker) || Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -21,6 +21,7 @@ pub mod image;
 pub mod migration_warmer;
 mod monitor;
 pub mod mount_ns;
+pub mod namespaces;
 pub mod pidfd;
 mod probe;
 mod process;

@@ -60,11 +60,15 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     // monitor would otherwise hold for as long as the container runs): two paths are all the
     // end needs.
     let (cgroup_path, exit_path) = (args.cgroup_path.clone(), args.bundle.join("exit.json"));
+    // A container in a pid namespace it does not own (the pod's, the node's) has nothing that
+    // ends its other processes with its init: they are killed when it exits, as containerd's
+    // shim does (ShouldKillAllOnExit).
+    let kill_all = args.kill_all_on_exit.then(|| cgroup_path.clone());
     drop(args);
     // create()'s frame, with libcontainer's build below it, is gone from the stack now.
     release_build_memory();
 
-    let status = pump(init, sources, &mut log, &mut attach);
+    let status = pump(init, sources, &mut log, &mut attach, kill_all.as_deref());
     let (exit_code, signal, reason) = match status {
         Some(WaitStatus::Exited(_, c)) => (c, None, None),
         Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32), None),
@@ -308,7 +312,13 @@ fn release_unused_stack() {
 /// Copy output into the log (and to attachers) until the container has exited and its
 /// output is drained, serving the attach socket meanwhile. Returns the init process's wait
 /// status.
-fn pump(init: Pid, sources: [Option<File>; 2], log: &mut LogWriter, attach: &mut AttachServer) -> Option<WaitStatus> {
+fn pump(
+    init: Pid,
+    sources: [Option<File>; 2],
+    log: &mut LogWriter,
+    attach: &mut AttachServer,
+    kill_all: Option<&str>,
+) -> Option<WaitStatus> {
     let pidfd = crate::pidfd::PidFd::open(init.as_raw()).ok().map(|p| p.into_fd());
     let mut pipes = sources;
     let mut split = [LineSplitter::default(), LineSplitter::default()];
@@ -323,6 +333,11 @@ fn pump(init: Pid, sources: [Option<File>; 2], log: &mut LogWriter, attach: &mut
         reap(init, &mut status);
         if status.is_some() && deadline.is_none() {
             deadline = Some(Instant::now() + DRAIN);
+            if let Some(cgroup) = kill_all {
+                if let Ok(c) = crate::cgroups::Cgroups::detect() {
+                    c.signal_all(cgroup, libc::SIGKILL);
+                }
+            }
         }
         if pipes.iter().all(Option::is_none) && status.is_some() {
             break;

@@ -58,6 +58,10 @@ pub(crate) struct CreateArgs {
     /// may use every device.
     #[serde(default)]
     pub device_program: Option<(crate::devices::Policy, PathBuf)>,
+    /// Kill what is left in the container's cgroup when its init exits: it shares a pid
+    /// namespace (the pod's or the node's), so nothing else would.
+    #[serde(default)]
+    pub kill_all_on_exit: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -109,10 +113,7 @@ impl Confinement {
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct PinArgs {
     pub dir: PathBuf,
-    pub hostname: Option<String>,
-    pub net: bool,
-    pub ipc: bool,
-    pub uts: bool,
+    pub pins: crate::namespaces::Pins,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -137,6 +138,7 @@ pub(crate) enum Reply {
     Created { init_pid: i32, monitor_pid: i32 },
     ExecStarted { pid: i32 },
     Exited { exit_code: i32, signal: Option<i32> },
+    Pinned(crate::namespaces::Pinned),
     Failed { error: String },
 }
 

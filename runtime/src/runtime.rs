@@ -609,25 +609,27 @@ impl Runtime {
         })
     }
 
-    /// Create new network/IPC/UTS namespaces pinned under `dir` (files `net`, `ipc`, `uts`).
+    /// Create a pod's namespaces pinned under `dir` (crate::namespaces: files `net`, `ipc`,
+    /// `uts`, `pid`, `user`), with the init of its pid namespace when it has one.
     pub async fn pin_namespaces(
         &self,
         dir: &Path,
-        hostname: Option<&str>,
-        net: bool,
-        ipc: bool,
-        uts: bool,
-    ) -> Result<()> {
-        self.zygote
-            .call_ok(&Request::Pin(PinArgs {
+        pins: &crate::namespaces::Pins,
+    ) -> Result<crate::namespaces::Pinned> {
+        let mut replies = self.zygote.call(
+            &Request::Pin(PinArgs {
                 dir: dir.to_path_buf(),
-                hostname: hostname.map(str::to_string),
-                net,
-                ipc,
-                uts,
-            }))
-            .await
-            .map_err(|e| Error::container(dir.display().to_string(), format!("pinning namespaces: {}", chain(&e))))
+                pins: pins.clone(),
+            }),
+            &[],
+        )?;
+        let fail = |e: String| Error::container(dir.display().to_string(), format!("pinning namespaces: {e}"));
+        match replies.next().await {
+            Ok(Reply::Pinned(p)) => Ok(p),
+            Ok(Reply::Failed { error }) => Err(fail(error)),
+            Ok(other) => Err(fail(format!("unexpected reply {other:?}"))),
+            Err(e) => Err(fail(chain(&e).to_string())),
+        }
     }
 
     /// Build containers from now on in mount namespaces without the other pods' mounts
@@ -646,16 +648,10 @@ impl Runtime {
             .map_err(|e| Error::Zygote(format!("the zygote's mount namespace: {}", chain(&e))))
     }
 
-    /// Undo [`pin_namespaces`](Self::pin_namespaces): unmount and remove the files.
+    /// Undo [`pin_namespaces`](Self::pin_namespaces): unmount and remove the files. A pod init
+    /// is the caller's to stop first.
     pub fn unpin_namespaces(dir: &Path) -> Result<()> {
-        for name in ["net", "ipc", "uts"] {
-            let f = dir.join(name);
-            if f.exists() {
-                crate::rootfs::unmount(&f).with_context(|| format!("unpinning {}", p(&f)))?;
-                let _ = std::fs::remove_file(&f);
-            }
-        }
-        Ok(())
+        crate::namespaces::unpin(dir)
     }
 }
 
@@ -728,6 +724,7 @@ fn prepare(
         image: &image.config,
         user: &user,
         cgroup_v2,
+        cgroup_v1_mounts: if cgroup_v2 { Vec::new() } else { cgroups.dirs("/") },
     })?;
     if let Some(profile) = spec.linux().as_ref().and_then(|l| l.seccomp().as_ref()) {
         if crate::seccomp_filter::has_notify(profile) {
@@ -837,6 +834,7 @@ fn prepare(
         tty: cfg.tty,
         host_paths,
         device_program,
+        kill_all_on_exit: !matches!(cfg.namespaces.pid, crate::config::NamespaceMode::Private),
     })
 }
 
@@ -896,7 +894,10 @@ fn host_paths(spec: &oci_spec::runtime::Spec) -> Option<Vec<PathBuf>> {
             return None;
         }
         let bind = m.typ().as_deref() == Some("bind") || options.iter().any(|o| o == "bind" || o == "rbind");
-        if let Some(src) = m.source().as_ref().filter(|s| bind && s.is_absolute()) {
+        // A container's own cgroup (spec::cgroup_v1_binds) exists only once libcontainer made
+        // it, and lies in the cgroup hierarchies the zygote's copy has: nothing to bring.
+        let cgroup = |s: &Path| s.starts_with("/sys/fs/cgroup");
+        if let Some(src) = m.source().as_ref().filter(|s| bind && s.is_absolute() && !cgroup(s)) {
             out.push(src.clone());
         }
     }

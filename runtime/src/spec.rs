@@ -161,6 +161,8 @@ pub struct SpecInput<'a> {
     pub image: &'a ImageConfiguration,
     pub user: &'a ResolvedUser,
     pub cgroup_v2: bool,
+    /// On cgroup v1: the mount point of each controller's hierarchy.
+    pub cgroup_v1_mounts: Vec<std::path::PathBuf>,
 }
 
 pub fn build_spec(input: &SpecInput) -> Result<Spec> {
@@ -352,7 +354,7 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
     let mut linux = LinuxBuilder::default()
         .devices(device_nodes)
         .namespaces(namespaces)
-        .cgroups_path(cgroups_path)
+        .cgroups_path(cgroups_path.clone())
         .resources(resources.build().context_cfg("resources")?);
     if cfg.privileged || cfg.unmasked_proc {
         linux = linux
@@ -399,7 +401,7 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
         .version("1.0.2")
         .process(process)
         .root(root)
-        .mounts(mounts(cfg)?)
+        .mounts(cgroup_v1_binds(mounts(cfg)?, input, &cgroups_path)?)
         .linux(linux.build().context_cfg("linux")?)
         .annotations(
             cfg.annotations
@@ -546,6 +548,53 @@ fn mounts(cfg: &ContainerConfig) -> Result<Vec<OciMount>> {
     Ok(out)
 }
 
+/// On cgroup v1, a container that does not own its pid namespace (the pod's shared one, the
+/// node's) gets its own cgroup of each hierarchy bound read-only under a tmpfs at
+/// /sys/fs/cgroup, as runc mounts it, instead of libcontainer's `cgroup` mount: to find its
+/// own cgroup that reads `/proc/<its pid in the container's namespace>` in the host's /proc
+/// (libcontainer 0.7, `mount_cgroup_v1`), which names another process, or none, when the
+/// namespace is not its own, and the container fails to start.
+fn cgroup_v1_binds(mounts: Vec<OciMount>, input: &SpecInput, cgroups_path: &str) -> Result<Vec<OciMount>> {
+    let shared_pid = !matches!(input.config.namespaces.pid, NamespaceMode::Private);
+    if input.cgroup_v2 || !shared_pid || input.cgroup_v1_mounts.is_empty() {
+        return Ok(mounts);
+    }
+    let mut out = Vec::with_capacity(mounts.len() + input.cgroup_v1_mounts.len());
+    for m in mounts {
+        if m.typ().as_deref() != Some("cgroup") {
+            out.push(m);
+            continue;
+        }
+        let at = m.destination().clone();
+        out.push(
+            MountBuilder::default()
+                .destination(at.clone())
+                .typ("tmpfs")
+                .source("tmpfs")
+                .options(
+                    ["nosuid", "noexec", "nodev", "mode=755", "size=64k"]
+                        .map(String::from)
+                        .to_vec(),
+                )
+                .build()
+                .context_cfg("mounts")?,
+        );
+        for h in &input.cgroup_v1_mounts {
+            let Some(name) = h.file_name() else { continue };
+            out.push(
+                MountBuilder::default()
+                    .destination(at.join(name))
+                    .typ("bind")
+                    .source(h.join(cgroups_path.trim_start_matches('/')))
+                    .options(["rbind", "ro", "nosuid", "noexec", "nodev"].map(String::from).to_vec())
+                    .build()
+                    .context_cfg("mounts")?,
+            );
+        }
+    }
+    Ok(out)
+}
+
 /// A Localhost seccomp profile: OCI/docker JSON (`defaultAction`, `syscalls`...).
 fn load_localhost_profile(path: &Path) -> Result<LinuxSeccomp> {
     let data = std::fs::read(path).with_context(|| format!("reading seccomp profile {}", path.display()))?;
@@ -660,6 +709,7 @@ mod tests {
                 image: &img,
                 user: &user,
                 cgroup_v2: false,
+                cgroup_v1_mounts: vec![],
             })
             .unwrap()
         };
@@ -731,6 +781,7 @@ mod tests {
             image: &img,
             user: &user,
             cgroup_v2: true,
+            cgroup_v1_mounts: vec![],
         })
         .unwrap_err();
         assert!(e.to_string().contains("command"), "{e}");

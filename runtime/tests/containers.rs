@@ -1803,7 +1803,14 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
     let shared = pod.join("volumes").join("shared");
     std::fs::create_dir_all(&vol)?;
     std::fs::create_dir_all(&shared)?;
-    block(e.rt.pin_namespaces(&sandbox, Some("iso"), true, true, true))?;
+    let pins = ferrolet_runtime::namespaces::Pins {
+        hostname: Some("iso".into()),
+        net: true,
+        ipc: true,
+        uts: true,
+        ..Default::default()
+    };
+    block(e.rt.pin_namespaces(&sandbox, &pins))?;
     mount_tmpfs(&vol)?;
     let mut ids = Vec::new();
     let r = (|| -> Result<()> {

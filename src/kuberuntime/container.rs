@@ -98,10 +98,11 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         network: ns_of(&input.sandbox.net),
         ipc: ns_of(&input.sandbox.ipc),
         uts: ns_of(&input.sandbox.uts),
-        pid: if spec.host_pid.unwrap_or(false) {
-            NamespaceMode::Host
-        } else {
-            NamespaceMode::Private
+        // shareProcessNamespace: the pod's, held by its init (docs/sandbox.md)
+        pid: match (&input.sandbox.pid, spec.host_pid.unwrap_or(false)) {
+            (_, true) => NamespaceMode::Host,
+            (Some(pin), false) => NamespaceMode::Path(pin.clone()),
+            (None, false) => NamespaceMode::Private,
         },
     };
 

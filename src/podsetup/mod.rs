@@ -135,20 +135,30 @@ impl PodSetup {
             let pod_dir = pod_dir.to_path_buf();
             blocking(move || sandbox::prepare_dir(&pod_dir)).await?
         };
-        if own.net || own.ipc || own.uts {
-            let hostname = dns::hostname(p);
+        let mut init = None;
+        if own.net || own.ipc || own.uts || own.pid {
+            let pod_init = if own.pid {
+                Some(self.pod_init(p, pod_dir).await?)
+            } else {
+                None
+            };
+            let pins = ferrolet_runtime::namespaces::Pins {
+                hostname: Some(dns::hostname(p)),
+                net: own.net,
+                ipc: own.ipc,
+                uts: own.uts,
+                pid: pod_init,
+                user: None,
+            };
             let pinned = crate::metrics::global()
-                .time_runtime(
-                    "run_podsandbox",
-                    self.rt.pin_namespaces(&dir, Some(&hostname), own.net, own.ipc, own.uts),
-                )
+                .time_runtime("run_podsandbox", self.rt.pin_namespaces(&dir, &pins))
                 .await;
             crate::metrics::global().pod_sandbox_started(pinned.is_ok());
-            pinned.context("creating pod namespaces")?;
+            init = pinned.context("creating pod namespaces")?.init;
         }
         let mut sb = {
             let (p, pod_dir) = (p.clone(), pod_dir.to_path_buf());
-            blocking(move || sandbox::finish(&p, &pod_dir, &own)).await?
+            blocking(move || sandbox::finish(&p, &pod_dir, &own, init)).await?
         };
         crate::metrics::start_phase(pod::name(p), "sandbox");
         if let (Some(netns), true) = (sb.net.clone(), self.network.enabled()) {
@@ -170,6 +180,33 @@ impl PodSetup {
             }
         }
         Ok(sb)
+    }
+
+    /// What the init of a pod's shared pid namespace needs: its empty root and its cgroup, a
+    /// leaf of the pod's.
+    async fn pod_init(&self, p: &Arc<Pod>, pod_dir: &Path) -> Result<ferrolet_runtime::namespaces::PodInit> {
+        let root = sandbox::init_root(pod_dir);
+        let cgroup = format!("{}/{}", self.cgroups.pod_path(p), sandbox::INIT_CGROUP);
+        let (cgroups, root2, cgroup2) = (self.cgroups.runtime().clone(), root.clone(), cgroup.clone());
+        let procs = blocking(move || {
+            std::fs::create_dir_all(&root2).with_context(|| format!("creating {}", root2.display()))?;
+            std::fs::set_permissions(&root2, std::os::unix::fs::PermissionsExt::from_mode(0o555))?;
+            cgroups
+                .create(&cgroup2, &Default::default())
+                .with_context(|| format!("creating the pod init's cgroup {cgroup2}"))?;
+            Ok(cgroups
+                .all_dirs(&cgroup2)
+                .into_iter()
+                .map(|d| d.join("cgroup.procs"))
+                .filter(|f| f.exists())
+                .collect::<Vec<_>>())
+        })
+        .await?;
+        Ok(ferrolet_runtime::namespaces::PodInit {
+            display_name: format!("{}/{}", pod::namespace(p), pod::name(p)),
+            cgroup_procs: procs,
+            root,
+        })
     }
 
     /// Release a sandbox's network (IPs, interfaces, hostPorts) when it had one.

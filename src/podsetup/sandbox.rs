@@ -1,6 +1,7 @@
 //! The pod sandbox without a pause container (docs/sandbox.md): network, IPC and UTS
-//! namespaces created once per pod and pinned by bind mounts under the pod's directory, and a
-//! /dev/shm tmpfs shared by its containers. Containers join the namespaces by path. The record
+//! namespaces created once per pod and pinned by bind mounts under the pod's directory, a pid
+//! namespace with an init of its own for a pod that shares one, and a /dev/shm tmpfs shared by
+//! its containers. Containers join the namespaces by path. The record
 //! (`sandbox.json`) also holds the pod's network attachment, which [`super::PodSetup`] adds.
 //! After a reboot the pins are gone: the sandbox is recreated and the pod's containers with it,
 //! as kubelet does when a sandbox changes. Everything here blocks (mounts, fsync'd writes):
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use ferrolet_fsutil::{read_json_opt, write_json_atomic};
+use ferrolet_runtime::namespaces::ProcessRef;
 use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
@@ -26,6 +28,11 @@ pub struct Sandbox {
     pub ipc: Option<PathBuf>,
     pub uts: Option<PathBuf>,
     pub shm: PathBuf,
+    /// The pod's pid namespace (shareProcessNamespace), and the init process holding it.
+    #[serde(default)]
+    pub pid: Option<PathBuf>,
+    #[serde(default)]
+    pub init: Option<ProcessRef>,
     pub pod_ips: Vec<String>,
     pub boot_id: String,
     /// The pod network mode the sandbox is attached to ("bridge", "cni"); none when it has no
@@ -58,34 +65,51 @@ fn pinned(p: &Option<PathBuf>) -> bool {
 }
 
 impl Sandbox {
-    /// Still usable: same boot, namespaces still pinned, attached to the network it needs
-    /// (`network`: the current mode when pods get a network).
+    /// Still usable: same boot, namespaces still pinned, the pid namespace's init still
+    /// running (without it no process can join), attached to the network it needs (`network`:
+    /// the current mode when pods get a network).
     pub fn is_live(&self, network: Option<&str>) -> bool {
         let net_ok = self.net.is_none() || self.network.as_deref() == network;
+        let init_ok = self.pid.is_none() || self.init.is_some_and(|i| i.alive());
         net_ok
+            && init_ok
             && self.boot_id == ferrolet_fsutil::boot_id()
             && pinned(&self.net)
             && pinned(&self.ipc)
             && pinned(&self.uts)
+            && pinned(&self.pid)
             && (!self.shm.starts_with("/dev") || self.shm == Path::new("/dev/shm"))
     }
 }
 
-/// The namespaces the sandbox of `p` gets of its own (the rest are the node's).
+/// The namespaces the sandbox of `p` gets of its own (the rest are the node's, and every
+/// container has a pid namespace of its own unless `pid`).
 pub struct OwnNamespaces {
     pub net: bool,
     pub ipc: bool,
     pub uts: bool,
+    /// shareProcessNamespace: one pid namespace for the pod.
+    pub pid: bool,
 }
 
 pub fn own_namespaces(p: &Pod) -> OwnNamespaces {
     let host_net = pod::host_network(p);
+    let spec = pod::spec(p);
     OwnNamespaces {
         net: !host_net,
-        ipc: !pod::spec(p).host_ipc.unwrap_or(false),
+        ipc: !spec.host_ipc.unwrap_or(false),
         uts: !host_net,
+        pid: spec.share_process_namespace == Some(true) && !spec.host_pid.unwrap_or(false),
     }
 }
+
+/// Where the pod's init is confined (an empty directory) and its cgroup, a leaf of the pod's
+/// (on cgroup v2 a cgroup with children may hold no process).
+pub fn init_root(pod_dir: &Path) -> PathBuf {
+    sandbox_dir(pod_dir).join("init-root")
+}
+
+pub const INIT_CGROUP: &str = "pod-init";
 
 /// Clear what an earlier sandbox of this pod left (e.g. before a reboot) and make the directory
 /// the namespaces are pinned in.
@@ -97,8 +121,9 @@ pub fn prepare_dir(pod_dir: &Path) -> Result<PathBuf> {
 }
 
 /// Mount the pod's /dev/shm (the node's with hostIPC) and record the sandbox, without a
-/// network yet. Call after the namespaces are pinned in `dir`.
-pub fn finish(p: &Pod, pod_dir: &Path, own: &OwnNamespaces) -> Result<Sandbox> {
+/// network yet. Call after the namespaces are pinned in `dir` (and the pod's init, `init`,
+/// started).
+pub fn finish(p: &Pod, pod_dir: &Path, own: &OwnNamespaces, init: Option<ProcessRef>) -> Result<Sandbox> {
     let dir = sandbox_dir(pod_dir);
     let shm = if own.ipc {
         let shm = dir.join("shm");
@@ -122,6 +147,8 @@ pub fn finish(p: &Pod, pod_dir: &Path, own: &OwnNamespaces) -> Result<Sandbox> {
         ipc: own.ipc.then(|| dir.join("ipc")),
         uts: own.uts.then(|| dir.join("uts")),
         shm,
+        pid: own.pid.then(|| dir.join("pid")),
+        init,
         pod_ips: Vec::new(),
         boot_id: ferrolet_fsutil::boot_id(),
         network: None,
@@ -146,9 +173,15 @@ pub fn save(pod_dir: &Path, sb: &Sandbox) -> Result<()> {
     Ok(write_json_atomic(&record_path(pod_dir), sb)?)
 }
 
-/// Unpin namespaces, unmount /dev/shm, forget the record. Network teardown is the caller's.
+/// Stop the pod's init (which ends whatever is left in its pid namespace), unpin namespaces,
+/// unmount /dev/shm, forget the record. Network teardown is the caller's.
 pub fn teardown_local(pod_dir: &Path) -> Result<()> {
     let dir = sandbox_dir(pod_dir);
+    // An unreadable record has no init to tell of: the pod cgroup's removal kills it then.
+    if let Some(init) = load(pod_dir).ok().flatten().and_then(|s| s.init) {
+        init.kill(std::time::Duration::from_secs(5))
+            .with_context(|| format!("stopping the pod's init (pid {})", init.pid))?;
+    }
     if dir.exists() {
         Runtime::unpin_namespaces(&dir)?;
         let shm = dir.join("shm");

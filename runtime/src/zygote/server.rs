@@ -171,8 +171,8 @@ fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
         }
         Request::Exec(args) => exec(*args, reply, fds),
         Request::Pin(args) => match pin(&args) {
-            Ok(()) => {
-                write_reply(&reply, &Reply::Ok);
+            Ok(pinned) => {
+                write_reply(&reply, &Reply::Pinned(pinned));
                 0
             }
             Err(e) => {
@@ -379,77 +379,14 @@ fn isolate(root: &std::path::Path) -> Reply {
     }
 }
 
-/// New network/IPC/UTS namespaces, bind-mounted to files under `dir` so they outlive this
-/// process and containers can join them by path (what CRI-O's pinns does).
+/// The pod's namespaces (crate::namespaces), made in the host's mount namespace: the pins
+/// are the host's mounts, which the agent unmounts and monitors copy.
 #[inline(never)]
-fn pin(args: &PinArgs) -> Result<(), String> {
-    use nix::sched::CloneFlags;
-    let mut flags = CloneFlags::empty();
-    if args.net {
-        flags |= CloneFlags::CLONE_NEWNET;
-    }
-    if args.ipc {
-        flags |= CloneFlags::CLONE_NEWIPC;
-    }
-    if args.uts {
-        flags |= CloneFlags::CLONE_NEWUTS;
-    }
-    // The pins are the host's mounts: the agent unmounts them, monitors copy them.
+fn pin(args: &PinArgs) -> Result<crate::namespaces::Pinned, String> {
     if let Some(iso) = isolated() {
         crate::mount_ns::enter_host(&iso).map_err(|e| e.to_string())?;
     }
-    std::fs::create_dir_all(&args.dir).map_err(|e| format!("creating {}: {e}", args.dir.display()))?;
-    nix::sched::unshare(flags).map_err(|e| format!("unshare: {e}"))?;
-    if args.uts {
-        if let Some(h) = &args.hostname {
-            nix::unistd::sethostname(h).map_err(|e| format!("sethostname {h:?}: {e}"))?;
-        }
-    }
-    if args.net {
-        loopback_up().map_err(|e| format!("bringing up lo: {e}"))?;
-    }
-    for (on, name) in [(args.net, "net"), (args.ipc, "ipc"), (args.uts, "uts")] {
-        if !on {
-            continue;
-        }
-        let target = args.dir.join(name);
-        std::fs::File::create(&target).map_err(|e| format!("creating {}: {e}", target.display()))?;
-        let src = format!("/proc/self/ns/{name}");
-        nix::mount::mount(
-            Some(src.as_str()),
-            &target,
-            None::<&str>,
-            nix::mount::MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .map_err(|e| format!("bind-mounting {src} on {}: {e}", target.display()))?;
-    }
-    Ok(())
-}
-
-fn loopback_up() -> std::io::Result<()> {
-    // SAFETY: plain socket/ioctl calls on a zeroed ifreq naming "lo".
-    unsafe {
-        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if s < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut ifr: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo\0".iter().enumerate() {
-            ifr.ifr_name[i] = *b as libc::c_char;
-        }
-        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS as _, &mut ifr);
-        if r == 0 {
-            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            r = libc::ioctl(s, libc::SIOCSIFFLAGS as _, &ifr);
-        }
-        let err = std::io::Error::last_os_error();
-        libc::close(s);
-        if r != 0 {
-            return Err(err);
-        }
-    }
-    Ok(())
+    crate::namespaces::pin(&args.dir, &args.pins)
 }
 
 fn reap_children() {
