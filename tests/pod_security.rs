@@ -274,3 +274,107 @@ fn log_with_container(a: &Agent, pod: &str, container: &str, marker: &str) -> St
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// The `uid_map` a pod's container printed: (host id, size).
+fn uid_map(out: &str) -> Option<(u64, u64)> {
+    out.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        match f.as_slice() {
+            ["map", "0", host, size] => Some((host.parse().ok()?, size.parse().ok()?)),
+            _ => None,
+        }
+    })
+}
+
+/// hostUsers: false (kubelet 1.26's user namespaces): each pod its own 65536 host ids, kept
+/// across an agent restart and freed with the pod; root inside (the image's files, the
+/// agent's volumes and /etc/hosts its own through idmapped mounts) and an unprivileged id on
+/// the host, which cannot write a root-owned host file a hostPath shows it. A pod that also
+/// shares its pid namespace gets both. hostNetwork with it fails validation.
+#[test]
+fn host_users_false_gives_each_pod_its_own_ids() {
+    use std::os::unix::fs::MetadataExt;
+    let mut a = Agent::start("userns", &[]);
+    let host_dir = a.dir.join("hostpath");
+    std::fs::create_dir_all(&host_dir).unwrap();
+    std::fs::write(host_dir.join("file"), "host root's\n").unwrap();
+    let script = "echo id=$(id -u):$(id -g); echo map $(cat /proc/self/uid_map); \
+        echo image=$(stat -c %u:%g /bin/busybox); \
+        touch /scratch/x && echo emptydir=$(stat -c %u:%g /scratch/x); \
+        if (echo x >> /host/file); then echo WROTE-HOST-FILE; fi; \
+        echo hosts=$(stat -c %u:%g /etc/hosts) info=$(stat -c %u /info/name); \
+        echo pid1=$(cat /proc/1/comm); echo done; exec sleep 600";
+    let pod = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  hostUsers: false\n{extra}  terminationGracePeriodSeconds: 1\n  volumes:\n  - {{name: scratch, emptyDir: {{}}}}\n  - {{name: host, hostPath: {{path: {}}}}}\n  - name: info\n    downwardAPI: {{items: [{{path: name, fieldRef: {{fieldPath: metadata.name}}}}]}}\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sh, -c, {script:?}]\n    volumeMounts:\n    - {{name: scratch, mountPath: /scratch}}\n    - {{name: host, mountPath: /host}}\n    - {{name: info, mountPath: /info}}\n",
+            host_dir.display()
+        )
+    };
+    a.write("one.yaml", &pod("one", ""));
+    a.write("two.yaml", &pod("two", "  shareProcessNamespace: true\n"));
+    a.write(
+        "hostnet.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: hostnet}}\nspec:\n  hostUsers: false\n  hostNetwork: true\n  containers:\n  - {{name: c, image: {IMAGE}, command: [sleep, \"600\"]}}\n"
+        ),
+    );
+    a.wait_phase("one", "Running", T);
+    a.wait_phase("two", "Running", T);
+    let one = log_with(&a, "one", "done");
+    let two = log_with(&a, "two", "done");
+    for (name, out) in [("one", &one), ("two", &two)] {
+        assert!(out.contains("id=0:0\n"), "{name}: root inside: {out}");
+        assert!(out.contains("image=0:0\n"), "{name}: the image is root's: {out}");
+        assert!(out.contains("emptydir=0:0\n"), "{name}: {out}");
+        assert!(
+            out.contains("hosts=0:0 info=0\n"),
+            "{name}: the agent's files are root's: {out}"
+        );
+        assert!(
+            !out.contains("WROTE-HOST-FILE") && out.contains("Permission denied"),
+            "{name}: {out}"
+        );
+        let (host, size) = uid_map(out).unwrap_or_else(|| panic!("{name}: no uid_map: {out}"));
+        assert_eq!(size, 65536, "{name}");
+        assert!(host >= 131072 && host % 65536 == 0, "{name}: {host}");
+    }
+    assert!(two.contains("pid1=ferrolet-init\n"), "{two}");
+    assert!(!one.contains("pid1=ferrolet-init"), "{one}");
+    let (h1, _) = uid_map(&one).unwrap();
+    let (h2, _) = uid_map(&two).unwrap();
+    assert_ne!(h1, h2, "two pods share host ids");
+    // the container's processes run as the pod's first host id
+    let sleeping: Vec<i32> = processes("sleep\x00600\x00");
+    let uids: Vec<u32> = sleeping
+        .iter()
+        .filter_map(|pid| std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid()))
+        .collect();
+    assert!(uids.contains(&(h1 as u32)) && uids.contains(&(h2 as u32)), "{uids:?}");
+    // the file a hostPath shows is untouched, the emptyDir's file is host root's
+    assert_eq!(std::fs::read_to_string(host_dir.join("file")).unwrap(), "host root's\n");
+
+    // an agent restart keeps every pod's ids
+    a.restart();
+    for (name, before) in [("one", h1), ("two", h2)] {
+        a.wait_phase(name, "Running", T);
+        let out = a.cli(&["exec", &format!("{name}-{}", a.node), "--", "cat", "/proc/self/uid_map"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        let host: u64 = text.split_whitespace().nth(1).and_then(|h| h.parse().ok()).unwrap_or(0);
+        assert_eq!(host, before, "{name} after the restart: {text}");
+    }
+    a.wait_log("spec.hostNetwork: Forbidden: when `pod.Spec.HostUsers` is false", T);
+
+    // deleting a pod frees its ids
+    let pods_dir = a.root.join("pods");
+    let userns_files = || {
+        std::fs::read_dir(&pods_dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().join("userns").exists())
+            .count()
+    };
+    assert_eq!(userns_files(), 2);
+    a.remove("one.yaml");
+    a.wait_gone("one", T);
+    assert_eq!(userns_files(), 1);
+}

@@ -45,6 +45,11 @@ pub struct ContainerConfig {
     /// Leave /proc paths unmasked (Kubernetes `procMount: Unmasked`).
     pub unmasked_proc: bool,
     pub namespaces: Namespaces,
+    /// The pod's user namespace to join (Kubernetes `hostUsers: false`): the container's ids
+    /// are the namespace's, its image layers are idmapped onto them, and it is built from a
+    /// staged copy of everything it names (docs/userns.md).
+    #[serde(default)]
+    pub user_namespace: Option<UserNamespace>,
     /// Absolute cgroup path of the parent (e.g. `/kubepods/besteffort/pod<uid>`); the
     /// container's cgroup is `<cgroup_parent>/<container id>`.
     pub cgroup_parent: String,
@@ -138,6 +143,14 @@ pub enum NamespaceMode {
     Path(PathBuf),
 }
 
+/// A user namespace a container joins, pinned at `path`, mapping ids 0.. to `range`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UserNamespace {
+    pub path: PathBuf,
+    pub range: crate::namespaces::IdRange,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Namespaces {
@@ -176,6 +189,10 @@ pub struct Mount {
     /// Extra mount options (e.g. `size=64m` for tmpfs).
     #[serde(default)]
     pub options: Vec<String>,
+    /// In a user namespace: bind an idmapped copy of the source, so that what host root owns
+    /// there is the container root's (the agent's volumes; never a hostPath).
+    #[serde(default)]
+    pub idmap: bool,
 }
 
 /// A host device node given to a container (CRI's `Device`, a device plugin's `DeviceSpec`).

@@ -17,6 +17,7 @@ pub mod devices;
 pub mod digest;
 pub mod error;
 pub mod exe_seal;
+pub mod idmap;
 pub mod image;
 pub mod migration_warmer;
 mod monitor;

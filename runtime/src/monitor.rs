@@ -153,7 +153,24 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         }
     };
     let mut private = false;
-    if let (Some(iso), Some(paths)) = (&isolated, &args.host_paths) {
+    if let Some(staging) = &args.staged {
+        // (a user namespace: never in the host's namespace, where its init could not reach
+        // what it needs)
+        let Some(iso) = &isolated else {
+            let _ = crate::rootfs::unmount(&args.rootfs.target);
+            return fail(
+                "a container in a user namespace is built in a mount namespace of its own, and the agent \
+                 builds in the host's (docs/runtime.md#mount-namespaces-the-zygotes-and-each-monitors)"
+                    .into(),
+            );
+        };
+        if let Err(e) = crate::mount_ns::enter_staged(iso, staging) {
+            let _ = crate::mount_ns::enter_host(iso);
+            let _ = crate::rootfs::unmount(&args.rootfs.target);
+            return fail(format!("staging the container's mounts: {e}"));
+        }
+        private = true;
+    } else if let (Some(iso), Some(paths)) = (&isolated, &args.host_paths) {
         // Ok(false): built in the host's namespace after all (crate::mount_ns::enter_private).
         match crate::mount_ns::enter_private(iso, paths) {
             Ok(true) => private = true,

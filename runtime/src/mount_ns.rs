@@ -37,8 +37,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
+pub(crate) const OPEN_TREE_CLONE: libc::c_uint = 1;
+pub(crate) const AT_RECURSIVE: libc::c_uint = 0x8000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
 
 /// Marks a root directory whose mount is a bind mount of itself made by
@@ -233,7 +233,7 @@ fn detach_unkept(root: &Path, cwd: Option<&Path>) -> io::Result<()> {
     Ok(())
 }
 
-fn open_tree(p: &Path, flags: libc::c_uint) -> io::Result<OwnedFd> {
+pub(crate) fn open_tree(p: &Path, flags: libc::c_uint) -> io::Result<OwnedFd> {
     let c = cstr(p)?;
     // SAFETY: open_tree takes a dirfd, a C string and flags, and returns a new fd or -1.
     let fd = unsafe {
@@ -251,7 +251,7 @@ fn open_tree(p: &Path, flags: libc::c_uint) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-fn move_mount(tree: &OwnedFd, to: &Path) -> io::Result<()> {
+pub(crate) fn move_mount(tree: &OwnedFd, to: &Path) -> io::Result<()> {
     let c = cstr(to)?;
     let empty = c"";
     // SAFETY: move_mount takes (fd, "", dirfd, path, flags); both strings are valid.
@@ -394,6 +394,78 @@ pub(crate) fn enter_private(iso: &Isolated, paths: &[PathBuf]) -> io::Result<boo
         Ok(()) => Ok(true),
         Err(_) => enter_host(iso).map(|()| false),
     }
+}
+
+/// What a container in a user namespace is built from: copies of the host paths its spec names,
+/// attached under a tmpfs at `root` in the monitor's namespace, where its spec names them. Its
+/// init, root of the user namespace and nothing on the host, could not always reach them
+/// where they are (a private directory on the way; runc passes it mount fds for that reason):
+/// it finds each at the root of a mount of its own.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Staging {
+    pub root: PathBuf,
+    pub items: Vec<StageItem>,
+    /// The user namespace the idmapped items are mapped through.
+    pub userns: PathBuf,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct StageItem {
+    pub from: PathBuf,
+    pub to: PathBuf,
+    #[serde(default)]
+    pub idmap: bool,
+}
+
+/// In a monitor of an isolated zygote, in the host's namespace: copy every item (idmapped where
+/// asked), then enter a new namespace of the zygote's, mount a tmpfs at the staging root and
+/// attach the copies there.
+pub(crate) fn enter_staged(iso: &Isolated, staging: &Staging) -> io::Result<()> {
+    let mut trees = Vec::with_capacity(staging.items.len());
+    for item in &staging.items {
+        let tree = if item.idmap {
+            crate::idmap::idmapped_copy(&item.from, &staging.userns, true)?
+        } else {
+            open_tree(&item.from, OPEN_TREE_CLONE | AT_RECURSIVE)
+                .map_err(|e| with_path(e, "copying the mount", &item.from))?
+        };
+        let dir = std::fs::metadata(&item.from).map(|m| m.is_dir()).unwrap_or(true);
+        trees.push((tree, dir));
+    }
+    setns(&iso.own)?;
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(|e| io::Error::other(format!("unshare (mount): {e}")))?;
+    nix::mount::mount(
+        Some("ferrolet-stage"),
+        &staging.root,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some("mode=0755,size=64k"),
+    )
+    .map_err(|e| with_path(e.into(), "mounting the staging tmpfs on", &staging.root))?;
+    for (item, (tree, dir)) in staging.items.iter().zip(&trees) {
+        if *dir {
+            std::fs::create_dir_all(&item.to)?;
+        } else {
+            if let Some(parent) = item.to.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::File::create(&item.to)?;
+        }
+        move_mount(tree, &item.to).map_err(|e| with_path(e, "attaching the staged copy at", &item.to))?;
+    }
+    Ok(())
+}
+
+/// Run `f` in the host's mount namespace and come back to the zygote's: what a worker opens
+/// there (a pinned namespace: the zygote's copy has only the files the pins are mounted on).
+pub(crate) fn in_host<T>(iso: &Isolated, f: impl FnOnce() -> T) -> io::Result<T> {
+    enter_host(iso)?;
+    let out = f();
+    setns(&iso.own)?;
+    Ok(out)
 }
 
 /// Enter the host's mount namespace (a fork of an isolated zygote that mounts for the host:

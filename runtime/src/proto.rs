@@ -62,6 +62,10 @@ pub(crate) struct CreateArgs {
     /// namespace (the pod's or the node's), so nothing else would.
     #[serde(default)]
     pub kill_all_on_exit: bool,
+    /// A container in a user namespace is built from staged copies of what it names
+    /// (crate::mount_ns::Staging) instead of [`Self::host_paths`].
+    #[serde(default)]
+    pub staged: Option<crate::mount_ns::Staging>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -91,6 +95,25 @@ pub(crate) struct Confinement {
     /// `seccomp` then).
     #[serde(skip)]
     pub compiled: Option<std::sync::Arc<crate::seccomp_filter::Filter>>,
+    /// An exec'd process of a container in a user namespace joins it here, then becomes the
+    /// process's user inside: libcontainer's tenant builder joins every namespace of the
+    /// container but that one (0.7: its list has no `user`), and was given user 0 to keep the
+    /// host's privileges until then.
+    #[serde(default)]
+    pub join_user: Option<JoinUser>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct JoinUser {
+    pub path: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+    pub additional_gids: Vec<u32>,
+    /// `path` opened by the worker, in the host's mount namespace, before libcontainer enters
+    /// the container's (where the path is not, or is whatever the container put there).
+    #[serde(skip)]
+    pub fd: Option<i32>,
 }
 
 impl Confinement {

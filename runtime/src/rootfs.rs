@@ -23,6 +23,18 @@ pub struct RootfsSpec {
     pub upper: PathBuf,
     pub work: PathBuf,
     pub target: PathBuf,
+    /// A container in a user namespace: its layers are idmapped through it, and its upper
+    /// directory's root is owned by the container's root (host ids `uid`, `gid`).
+    #[serde(default)]
+    pub idmap: Option<RootIdmap>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RootIdmap {
+    pub userns: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// Mount the overlay. Changes the working directory of the calling process: call it only in a
@@ -30,6 +42,9 @@ pub struct RootfsSpec {
 pub fn mount_overlay(spec: &RootfsSpec) -> io::Result<()> {
     for d in [&spec.upper, &spec.work, &spec.target] {
         fs::create_dir_all(d)?;
+    }
+    if let Some(idmap) = &spec.idmap {
+        return mount_idmapped_overlay(spec, idmap);
     }
     let lowers = if spec.lowers.is_empty() {
         fs::create_dir_all(&spec.empty)?;
@@ -57,6 +72,67 @@ pub fn mount_overlay(spec: &RootfsSpec) -> io::Result<()> {
             format!("mounting overlay on {}: {e}", spec.target.display()),
         )
     })
+}
+
+/// The overlay over idmapped copies of the layers (Linux 5.19): each layer's copy is attached
+/// under `<upper>/../idmapped/<n>` for as long as the overlay mount takes (overlayfs keeps
+/// private clones of its layers), then detached.
+fn mount_idmapped_overlay(spec: &RootfsSpec, idmap: &RootIdmap) -> io::Result<()> {
+    let staging = spec.upper.with_file_name("idmapped");
+    fs::create_dir_all(&staging)?;
+    let layers: Vec<PathBuf> = if spec.lowers.is_empty() {
+        fs::create_dir_all(&spec.empty)?;
+        vec![spec.empty.clone()]
+    } else {
+        spec.lowers.iter().map(|l| spec.layers_dir.join(l)).collect()
+    };
+    let mut attached = Vec::new();
+    let result = (|| {
+        for (i, layer) in layers.iter().enumerate() {
+            let tree = crate::idmap::idmapped_copy(layer, &idmap.userns, false)?;
+            let at = staging.join(i.to_string());
+            fs::create_dir_all(&at)?;
+            crate::idmap::attach(&tree, &at)?;
+            attached.push(at);
+        }
+        std::os::unix::fs::chown(&spec.upper, Some(idmap.uid), Some(idmap.gid))?;
+        std::env::set_current_dir(&staging)?;
+        let lowers: Vec<String> = (0..layers.len()).map(|i| i.to_string()).collect();
+        let data = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lowers.join(":"),
+            spec.upper.display(),
+            spec.work.display()
+        );
+        nix::mount::mount(
+            Some("overlay"),
+            &spec.target,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(data.as_str()),
+        )
+        .map_err(|e| {
+            let hint = if e == nix::errno::Errno::EINVAL {
+                " (overlayfs takes idmapped layers since Linux 5.19)"
+            } else {
+                ""
+            };
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!(
+                    "mounting overlay on {} over idmapped layers: {e}{hint}",
+                    spec.target.display()
+                ),
+            )
+        })
+    })();
+    let _ = std::env::set_current_dir("/");
+    for at in attached.iter().rev() {
+        let _ = nix::mount::umount2(at.as_path(), nix::mount::MntFlags::MNT_DETACH);
+        let _ = fs::remove_dir(at);
+    }
+    let _ = fs::remove_dir(&staging);
+    result
 }
 
 /// Unmount (lazily, so a process still holding it does not block deletion).

@@ -101,9 +101,12 @@ impl Runtime {
     /// earlier with [`crate::fork_zygote`].
     pub fn new(root: impl Into<PathBuf>, zygote: ZygoteHandle) -> Result<Runtime> {
         let root = root.into();
-        for sub in ["libcontainer", "sandboxes"] {
+        for sub in ["libcontainer", "sandboxes", STAGE_DIR] {
             ensure_dir(&root.join(sub))?;
         }
+        // What a staged container's spec names as its rootfs must exist where it is exec'd
+        // into (libcontainer canonicalizes it), though nothing there is used.
+        ensure_dir(&root.join(STAGE_DIR).join("rootfs"))?;
         // Containers' root filesystems are mounted in here, setuid files and device nodes of
         // their images included: no other user of the host may reach them.
         ensure_private_dir(&root.join("containers"))?;
@@ -159,7 +162,8 @@ impl Runtime {
             let dir = self.dir(&id);
             let lc_root = self.lc_root.clone();
             let cgroups = self.cgroups.clone();
-            tokio::task::spawn_blocking(move || prepare(&id, &cfg, &images_dir, &dir, &lc_root, &cgroups))
+            let stage = self.root.join(STAGE_DIR);
+            tokio::task::spawn_blocking(move || prepare(&id, &cfg, &images_dir, &dir, &lc_root, &cgroups, &stage))
                 .await
                 .map_err(|e| Error::Zygote(format!("prepare task: {e}")))?
         };
@@ -529,9 +533,35 @@ impl Runtime {
             return Err(Error::invalid_config("exec.command", "empty"));
         }
         let mut oci: oci_spec::runtime::Spec = read_json(&self.dir(id).join("config.json"))?;
-        let confinement = Confinement::take(&mut oci);
+        let mut confinement = Confinement::take(&mut oci);
         let base = oci.process().clone().unwrap_or_default();
-        let process = exec_process(&base, spec, tty)?;
+        let mut process = exec_process(&base, spec, tty)?;
+        let userns = oci
+            .linux()
+            .as_ref()
+            .and_then(|l| l.namespaces().as_ref())
+            .and_then(|nss| {
+                nss.iter()
+                    .find(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::User)
+            })
+            .and_then(|n| n.path().clone());
+        if let Some(path) = userns {
+            let user = process.user().clone();
+            confinement.join_user = Some(crate::proto::JoinUser {
+                path,
+                uid: user.uid(),
+                gid: user.gid(),
+                additional_gids: user.additional_gids().clone().unwrap_or_default(),
+                fd: None,
+            });
+            process.set_user(
+                oci_spec::runtime::UserBuilder::default()
+                    .uid(0u32)
+                    .gid(0u32)
+                    .build()
+                    .map_err(|e| Error::invalid_config("exec.user", e.to_string()))?,
+            );
+        }
         Ok(ExecArgs {
             id: id.to_string(),
             lc_root: self.lc_root.clone(),
@@ -693,6 +723,7 @@ fn prepare(
     dir: &Path,
     lc_root: &Path,
     cgroups: &Cgroups,
+    stage_root: &Path,
 ) -> Result<CreateArgs> {
     let cgroup_v2 = cgroups.is_v2();
     if cfg.cgroup_parent.is_empty() {
@@ -789,7 +820,11 @@ fn prepare(
         let abs = dir.join(root.path());
         root.set_path(abs);
     }
-    let host_paths = host_paths(&lc_spec);
+    let staged = match &cfg.user_namespace {
+        Some(userns) => Some(stage(&mut lc_spec, cfg, stage_root, &userns.path)?),
+        None => None,
+    };
+    let host_paths = if staged.is_some() { None } else { host_paths(&lc_spec) };
     let device_program = if cgroup_v2 {
         device_program(&lc_spec, cgroups, &cgroup_path)?
     } else {
@@ -825,6 +860,11 @@ fn prepare(
             upper: dir.join(UPPER_DIR),
             work: dir.join("work"),
             target: dir.join("rootfs"),
+            idmap: cfg.user_namespace.as_ref().map(|u| crate::rootfs::RootIdmap {
+                userns: u.path.clone(),
+                uid: u.range.host,
+                gid: u.range.host,
+            }),
         },
         workdir,
         log,
@@ -835,6 +875,87 @@ fn prepare(
         host_paths,
         device_program,
         kill_all_on_exit: !matches!(cfg.namespaces.pid, crate::config::NamespaceMode::Private),
+        staged,
+    })
+}
+
+/// Where a monitor stages what a container in a user namespace is built from, in its own mount
+/// namespace (crate::mount_ns::Staging); an empty directory of the root dir on the host.
+const STAGE_DIR: &str = "stage";
+
+/// Point `spec` at staged copies of the host paths it names (rootfs, namespace files, bind
+/// mount sources other than cgroupfs), idmapped where the config asks, and say what to stage.
+/// The init of a container in a user namespace must reach the staging directory: the root dir
+/// and its ancestors must let others through.
+fn stage(
+    spec: &mut oci_spec::runtime::Spec,
+    cfg: &ContainerConfig,
+    stage_root: &Path,
+    userns: &Path,
+) -> Result<crate::mount_ns::Staging> {
+    use std::os::unix::fs::PermissionsExt;
+    for dir in stage_root.ancestors().skip(1) {
+        let mode = std::fs::metadata(dir).map(|m| m.permissions().mode()).unwrap_or(0o755);
+        if mode & 0o001 == 0 {
+            return Err(Error::invalid_config(
+                "userNamespace",
+                format!(
+                    "{} (mode {:o}) does not let other users through, and a container in a user namespace \
+                     is built from {}",
+                    dir.display(),
+                    mode & 0o7777,
+                    stage_root.display()
+                ),
+            ));
+        }
+    }
+    let mut items = Vec::new();
+    let mut item = |from: PathBuf, name: String, idmap: bool| {
+        let to = stage_root.join(name);
+        items.push(crate::mount_ns::StageItem {
+            from,
+            to: to.clone(),
+            idmap,
+        });
+        to
+    };
+    if let Some(root) = spec.root_mut().as_mut() {
+        let to = item(root.path().clone(), "rootfs".into(), false);
+        root.set_path(to);
+    }
+    if let Some(linux) = spec.linux_mut().as_mut() {
+        if let Some(nss) = linux.namespaces_mut().as_mut() {
+            for ns in nss.iter_mut() {
+                if let Some(p) = ns.path().clone() {
+                    let to = item(p, format!("ns-{:?}", ns.typ()).to_lowercase(), false);
+                    ns.set_path(Some(to));
+                }
+            }
+        }
+    }
+    if let Some(mounts) = spec.mounts_mut().as_mut() {
+        for (i, m) in mounts.iter_mut().enumerate() {
+            let options = m.options().clone().unwrap_or_default();
+            let bind = m.typ().as_deref() == Some("bind") || options.iter().any(|o| o == "bind" || o == "rbind");
+            let Some(src) = m
+                .source()
+                .clone()
+                .filter(|s| bind && s.is_absolute() && !s.starts_with("/sys/fs/cgroup"))
+            else {
+                continue;
+            };
+            let idmap = cfg
+                .mounts
+                .iter()
+                .any(|c| c.idmap && Path::new(&c.destination) == m.destination().as_path());
+            let to = item(src, format!("m{i}"), idmap);
+            m.set_source(Some(to));
+        }
+    }
+    Ok(crate::mount_ns::Staging {
+        root: stage_root.to_path_buf(),
+        items,
+        userns: userns.to_path_buf(),
     })
 }
 

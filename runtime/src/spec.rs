@@ -291,6 +291,16 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
             .build()
             .expect("ns"),
     );
+    if let Some(u) = &cfg.user_namespace {
+        namespaces.insert(
+            0,
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::User)
+                .path(u.path.clone())
+                .build()
+                .expect("ns"),
+        );
+    }
     if input.cgroup_v2 {
         namespaces.push(
             LinuxNamespaceBuilder::default()
@@ -356,6 +366,30 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
         .namespaces(namespaces)
         .cgroups_path(cgroups_path.clone())
         .resources(resources.build().context_cfg("resources")?);
+    if let Some(u) = &cfg.user_namespace {
+        let (uid, gid, groups) = (input.user.uid, input.user.gid, &input.user.additional_gids);
+        for (what, id) in [("runAsUser", uid), ("runAsGroup", gid)]
+            .into_iter()
+            .chain(groups.iter().map(|g| ("supplementalGroups", *g)))
+        {
+            if id >= u.range.size {
+                return Err(Error::invalid_config(
+                    what,
+                    format!(
+                        "{id} is outside the pod's user namespace, which maps ids 0-{}",
+                        u.range.size - 1
+                    ),
+                ));
+            }
+        }
+        let map = oci_spec::runtime::LinuxIdMappingBuilder::default()
+            .container_id(0u32)
+            .host_id(u.range.host)
+            .size(u.range.size)
+            .build()
+            .context_cfg("userNamespace")?;
+        linux = linux.uid_mappings(vec![map]).gid_mappings(vec![map]);
+    }
     if cfg.privileged || cfg.unmasked_proc {
         linux = linux
             .masked_paths(Vec::<String>::new())
@@ -694,6 +728,7 @@ mod tests {
             readonly: true,
             propagation: Propagation::Private,
             options: vec![],
+            idmap: false,
         });
         let user = ResolvedUser {
             uid: 1,

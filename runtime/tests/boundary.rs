@@ -50,6 +50,10 @@ fn main() {
             "the_runtime_binary_cannot_be_written_from_a_container",
             the_runtime_binary_cannot_be_written_from_a_container,
         ),
+        trial(
+            "root_in_a_user_namespace_is_root_only_inside",
+            root_in_a_user_namespace_is_root_only_inside,
+        ),
     ];
     common::finish(&args, tests);
 }
@@ -475,4 +479,158 @@ fn exec(args: &[&str]) -> ExecSpec {
         args: args.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
     }
+}
+
+/// A user namespace pinned with the pod's other namespaces, mapping 0-65535 to `host`: a
+/// container joining it is root inside (`id` 0, its image's files its own, through idmapped
+/// layers) and an unprivileged id on the host: it cannot write a root-owned host file a bind
+/// mount shows it, while an idmapped bind of a root-owned directory is its own. An idmapped
+/// bind of a filesystem that takes none is refused naming the feature.
+fn root_in_a_user_namespace_is_root_only_inside() -> Result<()> {
+    use ferrolet_runtime::config::{NamespaceMode, UserNamespace};
+    use ferrolet_runtime::namespaces::{IdRange, Pins};
+    use std::os::unix::fs::MetadataExt;
+    let e = env();
+    let range = IdRange {
+        host: 2_000_000_000 + (std::process::id() % 1000) * 65536,
+        size: 65536,
+    };
+    let sandbox = e.root.join(format!("userns-{}", ferrolet_fsutil::random_hex(4)));
+    let pins = Pins {
+        hostname: Some("userns".into()),
+        net: true,
+        ipc: true,
+        uts: true,
+        user: Some(range),
+        ..Default::default()
+    };
+    block(e.rt.pin_namespaces(&sandbox, &pins))?;
+    let host_dir = e.root.join(format!("hostpath-{}", ferrolet_fsutil::random_hex(4)));
+    let vol_dir = e.root.join(format!("volume-{}", ferrolet_fsutil::random_hex(4)));
+    let res = (|| {
+        std::fs::create_dir_all(&host_dir)?;
+        std::fs::write(host_dir.join("file"), "host root's\n")?;
+        std::fs::create_dir_all(&vol_dir)?;
+        let script = "echo id=$(id -u):$(id -g); cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'; \
+            echo image=$(stat -c %u:%g /bin/busybox); touch /made && echo rootfs-write-ok; \
+            if (echo x >> /host/file); then echo WROTE-HOST-FILE; fi; \
+            if touch /host/new; then echo MADE-HOST-FILE; fi; \
+            touch /vol/made && echo volume=$(stat -c %u:%g /vol/made); \
+            echo host=$(stat -c %u:%g /host/file)";
+        let mut cfg = config("userns", &["sh", "-c", script]);
+        cfg.user_namespace = Some(UserNamespace {
+            path: sandbox.join("user"),
+            range,
+        });
+        cfg.namespaces.network = NamespaceMode::Path(sandbox.join("net"));
+        cfg.namespaces.ipc = NamespaceMode::Path(sandbox.join("ipc"));
+        cfg.namespaces.uts = NamespaceMode::Path(sandbox.join("uts"));
+        let mut host = common::read_only_bind("/host", &host_dir);
+        host.readonly = false;
+        let mut vol = common::read_only_bind("/vol", &vol_dir);
+        vol.readonly = false;
+        vol.idmap = true;
+        cfg.mounts = vec![host, vol];
+        let info = block(e.rt.create(&cfg))?;
+        let id = info.id().to_string();
+        let upper = e.rt.upper_dir(&id);
+        let run = block(async {
+            let init = e.rt.inspect(&id)?.monitor.map(|m| m.init_pid).unwrap_or(0);
+            let status = std::fs::read_to_string(format!("/proc/{init}/status"))?;
+            let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap_or("").to_string();
+            e.rt.start(&id).await?;
+            let exit = e.rt.wait(&id).await?;
+            let (out, err) = common::output(&cfg.log.path)?;
+            Ok::<_, anyhow::Error>((exit, out, err, uid_line))
+        });
+        let made = std::fs::metadata(upper.join("made")).map(|m| (m.uid(), m.gid()));
+        block(e.rt.delete(&id))?;
+        let (exit, out, err, uid_line) = run?;
+        let text = format!("{}\n{}", out.join("\n"), err.join("\n"));
+        ensure!(exit.exit_code == 0, "exit {}: {text}", exit.exit_code);
+        ensure!(text.contains("id=0:0\n"), "root inside: {text}");
+        ensure!(text.contains(&format!("0 {} 65536", range.host)), "the map: {text}");
+        ensure!(
+            uid_line.split_whitespace().skip(1).all(|u| u == range.host.to_string()),
+            "on the host its init runs as {}: {uid_line}",
+            range.host
+        );
+        ensure!(
+            text.contains("image=0:0\n"),
+            "the image's files are root's inside: {text}"
+        );
+        ensure!(text.contains("rootfs-write-ok"), "{text}");
+        ensure!(
+            made.as_ref().ok() == Some(&(range.host, range.host)),
+            "a file root made in the container is the pod's first host id's on the host: {made:?}"
+        );
+        ensure!(
+            !text.contains("WROTE-HOST-FILE") && !text.contains("MADE-HOST-FILE"),
+            "{text}"
+        );
+        ensure!(
+            text.matches("Permission denied").count() == 2,
+            "the root-owned host file and directory refuse it: {text}"
+        );
+        ensure!(
+            text.contains("host=65534:65534"),
+            "host root's files are nobody's inside: {text}"
+        );
+        ensure!(
+            text.contains("volume=0:0"),
+            "the idmapped volume is root's inside: {text}"
+        );
+        let on_host = std::fs::metadata(vol_dir.join("made"))?;
+        ensure!((on_host.uid(), on_host.gid()) == (0, 0), "and host root's on the host");
+        // an exec'd process joins the user namespace too, as root or as another user inside
+        let mut sleeper = config("userns-exec", &["sleep", "600"]);
+        sleeper.user_namespace = cfg.user_namespace.clone();
+        sleeper.namespaces = cfg.namespaces.clone();
+        let sid = block(e.rt.create(&sleeper))?.id().to_string();
+        let execs = block(async {
+            e.rt.start(&sid).await?;
+            let probe = "echo id=$(id -u):$(id -g) map=$(cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'); grep CapEff /proc/self/status";
+            let mut as_root = exec(&["sh", "-c", probe]);
+            let root =
+                e.rt.exec_capture(&sid, &as_root, Some(Duration::from_secs(10)), 4096)
+                    .await?;
+            as_root.user = Some((1000, 1000));
+            let user =
+                e.rt.exec_capture(&sid, &as_root, Some(Duration::from_secs(10)), 4096)
+                    .await?;
+            Ok::<_, anyhow::Error>((root, user))
+        });
+        block(e.rt.delete(&sid))?;
+        let (root, user) = execs?;
+        let (root, user) = (
+            String::from_utf8_lossy(&root.stdout),
+            String::from_utf8_lossy(&user.stdout),
+        );
+        let map = format!("map=0 {} 65536", range.host);
+        ensure!(root.contains(&format!("id=0:0 {map}")), "exec'd as root: {root}");
+        ensure!(
+            !root.contains("CapEff:\t0000000000000000"),
+            "root inside keeps the container's capabilities: {root}"
+        );
+        ensure!(user.contains(&format!("id=1000:1000 {map}")), "exec'd as 1000: {user}");
+        ensure!(
+            user.contains("CapEff:\t0000000000000000"),
+            "another user has none: {user}"
+        );
+        // an idmapped bind of a filesystem without idmapped mounts: refused, naming why
+        let mut bad = config("userns-bad", &["true"]);
+        bad.user_namespace = cfg.user_namespace.clone();
+        bad.namespaces = cfg.namespaces.clone();
+        let mut sys = common::read_only_bind("/k", Path::new("/sys/kernel"));
+        sys.idmap = true;
+        bad.mounts = vec![sys];
+        let err = block(e.rt.create(&bad)).err().context("an idmapped sysfs")?;
+        ensure!(err.to_string().contains("idmapped mounts need Linux 5.12"), "{err}");
+        Ok(())
+    })();
+    let _ = ferrolet_runtime::Runtime::unpin_namespaces(&sandbox);
+    let _ = std::fs::remove_dir_all(&sandbox);
+    let _ = std::fs::remove_dir_all(&host_dir);
+    let _ = std::fs::remove_dir_all(&vol_dir);
+    res
 }

@@ -1827,6 +1827,7 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
                 readonly: false,
                 propagation: Propagation::Private,
                 options: Vec::new(),
+                idmap: false,
             });
             if propagation == Propagation::Bidirectional {
                 c.privileged = true;
@@ -1837,6 +1838,7 @@ fn containers_are_built_without_the_other_containers_mounts() -> Result<()> {
                     readonly: false,
                     propagation,
                     options: Vec::new(),
+                    idmap: false,
                 });
             }
             c

@@ -305,7 +305,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
     crate::cm::oom_watcher::start(events.clone());
-    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups).with_qos(qos);
+    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups)?.with_qos(qos);
     {
         let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
         blocking(move || {

@@ -132,6 +132,18 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     let subpaths = volumes::subpaths_dir(&input.pod_dir);
     let mut mounts = volumes::mounts_for(c, &input.volumes, privileged, &env, &subpaths)?;
     let taken = |path: &str, mounts: &[Mount]| mounts.iter().any(|m| m.destination.trim_end_matches('/') == path);
+    // hostUsers: false: the pod's user namespace, and the files the agent makes for the pod
+    // idmapped onto it where their filesystem takes that (docs/userns.md).
+    let user_namespace = match (&input.sandbox.user, input.sandbox.userns) {
+        (Some(path), Some(range)) => Some(ferrolet_runtime::config::UserNamespace {
+            path: path.clone(),
+            range,
+        }),
+        _ => None,
+    };
+    let idmap_managed = user_namespace
+        .as_ref()
+        .is_some_and(|u| ferrolet_runtime::idmap::supported(&input.pod_dir, &u.path));
     let bind = |dest: &str, source: PathBuf, readonly: bool| Mount {
         destination: dest.to_string(),
         source,
@@ -139,6 +151,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         readonly,
         propagation: Propagation::Private,
         options: Vec::new(),
+        idmap: idmap_managed,
     };
     for (dest, file) in [
         ("/etc/hosts", "etc-hosts"),
@@ -150,7 +163,11 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         }
     }
     if !taken("/dev/shm", &mounts) {
-        mounts.push(bind("/dev/shm", input.sandbox.shm.clone(), false));
+        // a world-writable tmpfs: nothing to idmap (and tmpfs takes it only since Linux 6.3)
+        mounts.push(Mount {
+            idmap: false,
+            ..bind("/dev/shm", input.sandbox.shm.clone(), false)
+        });
     }
     let tm_path = c
         .termination_message_path
@@ -217,6 +234,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         apparmor_profile,
         unmasked_proc: csc.proc_mount.as_deref() == Some("Unmasked"),
         namespaces,
+        user_namespace,
         cgroup_parent: input.pod_cgroup.clone(),
         resources,
         mounts,

@@ -303,9 +303,6 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
     if spec.ephemeral_containers.as_ref().is_some_and(|e| !e.is_empty()) {
         return Some("spec.ephemeralContainers: not supported".into());
     }
-    if spec.host_users == Some(false) {
-        return Some("spec.hostUsers: false (user namespaces) is not supported".into());
-    }
     if let Some(rc) = spec.runtime_class_name.as_deref().filter(|s| !s.is_empty()) {
         return Some(format!(
             "spec.runtimeClassName: {rc:?}: ferrolet has one runtime and no runtime classes"

@@ -11,6 +11,7 @@ pub mod dns;
 pub mod network;
 pub mod payloads;
 pub mod sandbox;
+pub mod userns;
 pub mod volumes;
 
 use std::collections::BTreeMap;
@@ -47,17 +48,21 @@ pub struct PodSetup {
     /// The QoS tiers, updated as pod cgroups come and go.
     qos: Option<Arc<crate::cm::qos::QosManager>>,
     warmer: MigrationWarmer,
+    /// The host id ranges of pods with `hostUsers: false`.
+    userns: Arc<userns::UserNamespaces>,
 }
 
 impl PodSetup {
-    pub fn new(cfg: Arc<Config>, rt: Arc<Runtime>, cgroups: PodCgroups) -> PodSetup {
+    /// Fails when a pod's recorded user namespace ids cannot be read back ([`userns`]).
+    pub fn new(cfg: Arc<Config>, rt: Arc<Runtime>, cgroups: PodCgroups) -> Result<PodSetup> {
         // The network learns which sandboxes are live from their records under the pods dir.
         let pods_dir = cfg.pods_dir();
         let network = PodNetwork::new(&cfg, Arc::new(move || sandbox::recorded_ids(&pods_dir)));
         let local = cfg.static_pod_path.clone().map(LocalObjects::new);
         let volumes = Arc::new(VolumeManager::new(&cfg.pods_dir()));
         let warmer = MigrationWarmer::new(cgroups.runtime().clone());
-        PodSetup {
+        let userns = Arc::new(userns::UserNamespaces::load(&cfg.pods_dir())?);
+        Ok(PodSetup {
             cfg,
             rt,
             cgroups,
@@ -67,7 +72,8 @@ impl PodSetup {
             volumes,
             qos: None,
             warmer,
-        }
+            userns,
+        })
     }
 
     /// Keep the QoS tiers in step with the pod cgroups this creates and removes.
@@ -135,6 +141,12 @@ impl PodSetup {
             let pod_dir = pod_dir.to_path_buf();
             blocking(move || sandbox::prepare_dir(&pod_dir)).await?
         };
+        let user = if own.user {
+            let (uns, uid, pod_dir) = (self.userns.clone(), pod::uid(p).to_string(), pod_dir.to_path_buf());
+            Some(blocking(move || uns.get_or_create(&uid, &pod_dir)).await?)
+        } else {
+            None
+        };
         let mut init = None;
         if own.net || own.ipc || own.uts || own.pid {
             let pod_init = if own.pid {
@@ -148,7 +160,7 @@ impl PodSetup {
                 ipc: own.ipc,
                 uts: own.uts,
                 pid: pod_init,
-                user: None,
+                user,
             };
             let pinned = crate::metrics::global()
                 .time_runtime("run_podsandbox", self.rt.pin_namespaces(&dir, &pins))
@@ -158,7 +170,7 @@ impl PodSetup {
         }
         let mut sb = {
             let (p, pod_dir) = (p.clone(), pod_dir.to_path_buf());
-            blocking(move || sandbox::finish(&p, &pod_dir, &own, init)).await?
+            blocking(move || sandbox::finish(&p, &pod_dir, &own, init, user)).await?
         };
         crate::metrics::start_phase(pod::name(p), "sandbox");
         if let (Some(netns), true) = (sb.net.clone(), self.network.enabled()) {
@@ -225,7 +237,14 @@ impl PodSetup {
         p: &Arc<Pod>,
         pod_dir: &Path,
         facts: &PodFacts,
+        sandbox: Option<&Sandbox>,
     ) -> Result<BTreeMap<String, VolumeHost>> {
+        let userns = sandbox.and_then(|sb| {
+            Some(crate::volumemanager::reconciler::PodUserNamespace {
+                pin: sb.user.clone()?,
+                range: sb.userns?,
+            })
+        });
         let objects = match (&self.local, &self.objects) {
             (Some(local), _) if pod::is_static(p) => {
                 let (local, p) = (local.clone(), p.clone());
@@ -238,7 +257,7 @@ impl PodSetup {
             _ => VolumeObjects::default(),
         };
         let (p, dir, facts, vm) = (p.clone(), pod_dir.to_path_buf(), facts.clone(), self.volumes.clone());
-        blocking(move || vm.mount_pod(&p, &dir, &facts, &objects)).await
+        blocking(move || vm.mount_pod(&p, &dir, &facts, &objects, userns.as_ref())).await
     }
 
     /// The ConfigMaps and Secrets `c`'s env and envFrom name (and the Service variables): from
@@ -311,10 +330,17 @@ impl PodSetup {
             self.cgroups.clone(),
             self.volumes.clone(),
         );
-        let qos = self.qos.clone();
+        let (qos, uns) = (self.qos.clone(), self.userns.clone());
         let results = blocking(move || {
             Ok(vec![
-                ("tearing down sandbox", sandbox::teardown_local(&dir)),
+                ("tearing down sandbox", {
+                    let r = sandbox::teardown_local(&dir);
+                    // the ids go once nothing of the pod can run under them
+                    if r.is_ok() {
+                        uns.release(pod::uid(&p2), &dir);
+                    }
+                    r
+                }),
                 ("tearing down volumes", vm.unmount_pod(pod::uid(&p2), &dir)),
                 ("removing pod cgroup", {
                     let r = cgroups.remove_pod(&p2);

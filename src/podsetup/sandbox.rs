@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use ferrolet_fsutil::{read_json_opt, write_json_atomic};
-use ferrolet_runtime::namespaces::ProcessRef;
+use ferrolet_runtime::namespaces::{IdRange, ProcessRef};
 use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
@@ -33,6 +33,11 @@ pub struct Sandbox {
     pub pid: Option<PathBuf>,
     #[serde(default)]
     pub init: Option<ProcessRef>,
+    /// The pod's user namespace (`hostUsers: false`) and the host ids it maps.
+    #[serde(default)]
+    pub user: Option<PathBuf>,
+    #[serde(default)]
+    pub userns: Option<IdRange>,
     pub pod_ips: Vec<String>,
     pub boot_id: String,
     /// The pod network mode the sandbox is attached to ("bridge", "cni"); none when it has no
@@ -78,6 +83,7 @@ impl Sandbox {
             && pinned(&self.ipc)
             && pinned(&self.uts)
             && pinned(&self.pid)
+            && pinned(&self.user)
             && (!self.shm.starts_with("/dev") || self.shm == Path::new("/dev/shm"))
     }
 }
@@ -90,6 +96,8 @@ pub struct OwnNamespaces {
     pub uts: bool,
     /// shareProcessNamespace: one pid namespace for the pod.
     pub pid: bool,
+    /// hostUsers: false: a user namespace owning the others.
+    pub user: bool,
 }
 
 pub fn own_namespaces(p: &Pod) -> OwnNamespaces {
@@ -100,6 +108,7 @@ pub fn own_namespaces(p: &Pod) -> OwnNamespaces {
         ipc: !spec.host_ipc.unwrap_or(false),
         uts: !host_net,
         pid: spec.share_process_namespace == Some(true) && !spec.host_pid.unwrap_or(false),
+        user: spec.host_users == Some(false),
     }
 }
 
@@ -123,7 +132,13 @@ pub fn prepare_dir(pod_dir: &Path) -> Result<PathBuf> {
 /// Mount the pod's /dev/shm (the node's with hostIPC) and record the sandbox, without a
 /// network yet. Call after the namespaces are pinned in `dir` (and the pod's init, `init`,
 /// started).
-pub fn finish(p: &Pod, pod_dir: &Path, own: &OwnNamespaces, init: Option<ProcessRef>) -> Result<Sandbox> {
+pub fn finish(
+    p: &Pod,
+    pod_dir: &Path,
+    own: &OwnNamespaces,
+    init: Option<ProcessRef>,
+    userns: Option<IdRange>,
+) -> Result<Sandbox> {
     let dir = sandbox_dir(pod_dir);
     let shm = if own.ipc {
         let shm = dir.join("shm");
@@ -149,6 +164,8 @@ pub fn finish(p: &Pod, pod_dir: &Path, own: &OwnNamespaces, init: Option<Process
         shm,
         pid: own.pid.then(|| dir.join("pid")),
         init,
+        user: userns.map(|_| super::userns::pin_path(&dir)),
+        userns,
         pod_ips: Vec::new(),
         boot_id: ferrolet_fsutil::boot_id(),
         network: None,

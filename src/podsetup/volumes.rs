@@ -25,6 +25,9 @@ pub struct VolumeHost {
     pub readonly: bool,
     /// emptyDir: subPaths may be created inside it.
     pub writable_by_us: bool,
+    /// A pod in a user namespace: bound idmapped (the agent's volumes where the filesystem
+    /// takes idmapped mounts; never a hostPath). docs/userns.md
+    pub idmap: bool,
 }
 
 pub fn pod_volumes_dir(pod_dir: &Path) -> PathBuf {
@@ -265,6 +268,23 @@ pub fn set_volume_ownership(dir: &Path, g: FsGroup, readonly: bool) -> Result<()
     walk(dir, &change)
 }
 
+/// Own every regular file under `dir` by `uid` (symlinks left alone).
+pub fn chown_files(dir: &Path, uid: u32) -> Result<()> {
+    for e in std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .flatten()
+    {
+        let path = e.path();
+        let md = std::fs::symlink_metadata(&path)?;
+        if md.is_dir() {
+            chown_files(&path, uid)?;
+        } else if md.is_file() && md.uid() != uid {
+            std::os::unix::fs::lchown(&path, Some(uid), None).with_context(|| format!("chown {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// A container's volumeMounts as runtime bind mounts.
 /// `subPathExpr` is expanded with the container's environment (`$(VAR)`), as kubelet does.
 pub fn mounts_for(
@@ -315,6 +335,7 @@ pub fn mounts_for(
             propagation,
             // libcontainer's `rro`: mount_setattr(MOUNT_ATTR_RDONLY, AT_RECURSIVE) on the bind.
             options: if recursive { vec!["rro".to_string()] } else { Vec::new() },
+            idmap: v.idmap,
         });
     }
     Ok(out)

@@ -52,9 +52,11 @@ impl VolumeManager {
         pod_dir: &Path,
         facts: &PodFacts,
         objects: &VolumeObjects,
+        userns: Option<&reconciler::PodUserNamespace>,
     ) -> Result<BTreeMap<String, VolumeHost>> {
         let want = self.dsw.lock().unwrap_or_else(|e| e.into_inner()).add_pod(p, pod_dir);
-        reconciler::reconcile_pod(&self.asw, &want, &reconciler::SetUpInputs { facts, objects })
+        let inputs = reconciler::SetUpInputs { facts, objects, userns };
+        reconciler::reconcile_pod(&self.asw, &want, &inputs)
     }
 
     /// The pod is going: tear down every volume set up for it (blocking), its subPath binds,
@@ -142,7 +144,7 @@ mod tests {
         let p = Arc::new(p);
         let vm = VolumeManager::new(t.path());
         let dir = t.path().join("u");
-        let hosts = vm.mount_pod(&p, &dir, &facts(), &objects("one")).unwrap();
+        let hosts = vm.mount_pod(&p, &dir, &facts(), &objects("one"), None).unwrap();
         let cfg = &hosts["cfg"];
         assert!(cfg.readonly && cfg.path.ends_with("volumes/kubernetes.io~configmap/cfg"));
         assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "one");
@@ -156,7 +158,7 @@ mod tests {
             "app=\"web\""
         );
         let before = std::fs::read_link(cfg.path.join(crate::podsetup::atomic_writer::DATA_DIR)).unwrap();
-        vm.mount_pod(&p, &dir, &facts(), &objects("two")).unwrap();
+        vm.mount_pod(&p, &dir, &facts(), &objects("two"), None).unwrap();
         assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "two");
         assert_ne!(
             std::fs::read_link(cfg.path.join(crate::podsetup::atomic_writer::DATA_DIR)).unwrap(),
@@ -165,7 +167,7 @@ mod tests {
         // A missing configMap names itself as kubelet does.
         let mut none = VolumeObjects::default();
         none.config_maps.insert("cfg".into(), Ok(None));
-        let e = vm.mount_pod(&p, &dir, &facts(), &none).unwrap_err();
+        let e = vm.mount_pod(&p, &dir, &facts(), &none, None).unwrap_err();
         assert_eq!(
             e.to_string(),
             "MountVolume.SetUp failed for volume \"cfg\" : configmap \"cfg\" not found"
@@ -190,7 +192,9 @@ mod tests {
         let dir = t.path().join("u");
         let vm = VolumeManager::new(t.path());
         // The refused volume names itself and its type.
-        let e = vm.mount_pod(&p, &dir, &facts(), &VolumeObjects::default()).unwrap_err();
+        let e = vm
+            .mount_pod(&p, &dir, &facts(), &VolumeObjects::default(), None)
+            .unwrap_err();
         assert!(
             e.to_string().starts_with(
                 "MountVolume.SetUp failed for volume \"pvc\" : volume type \"persistentVolumeClaim\" is not supported"
@@ -200,7 +204,9 @@ mod tests {
         let mut p2 = (*p).clone();
         p2.spec.as_mut().unwrap().volumes.as_mut().unwrap().pop();
         let p = Arc::new(p2);
-        let hosts = vm.mount_pod(&p, &dir, &facts(), &VolumeObjects::default()).unwrap();
+        let hosts = vm
+            .mount_pod(&p, &dir, &facts(), &VolumeObjects::default(), None)
+            .unwrap();
         let scratch = hosts["scratch"].path.clone();
         assert_eq!(std::fs::metadata(&scratch).unwrap().gid(), 3456);
         // What a container wrote, owned by another group.
@@ -210,7 +216,8 @@ mod tests {
         // A new agent finds the volume set up: its files stay and fsGroup is not walked again.
         let vm = VolumeManager::new(t.path());
         assert_eq!(vm.pods_with_volumes(), ["u"]);
-        vm.mount_pod(&p, &dir, &facts(), &VolumeObjects::default()).unwrap();
+        vm.mount_pod(&p, &dir, &facts(), &VolumeObjects::default(), None)
+            .unwrap();
         assert_eq!(std::fs::metadata(scratch.join("kept")).unwrap().gid(), 0);
         vm.unmount_pod("u", &dir).unwrap();
         assert!(vm.pods_with_volumes().is_empty());

@@ -24,6 +24,15 @@ use crate::podsetup::volumes::{self, is_mountpoint, pod_volumes_dir, FsGroup, Se
 pub struct SetUpInputs<'a> {
     pub facts: &'a PodFacts,
     pub objects: &'a VolumeObjects,
+    /// The pod's user namespace (its pin and range), for a pod with `hostUsers: false`.
+    pub userns: Option<&'a PodUserNamespace>,
+}
+
+/// A pod's user namespace as its volumes are set up for it.
+#[derive(Debug, Clone)]
+pub struct PodUserNamespace {
+    pub pin: std::path::PathBuf,
+    pub range: ferrolet_runtime::namespaces::IdRange,
 }
 
 /// Set up every volume of `want` not set up yet, refresh the volumes of files, and tear down
@@ -112,6 +121,7 @@ fn mount_volume(
                 path: dir,
                 readonly: false,
                 writable_by_us: true,
+                idmap: false,
             }
         }
         Plugin::HostPath => {
@@ -125,6 +135,7 @@ fn mount_volume(
                 path,
                 readonly: false,
                 writable_by_us: false,
+                idmap: false,
             }
         }
         Plugin::ConfigMap | Plugin::Secret | Plugin::DownwardApi | Plugin::Projected => {
@@ -156,10 +167,48 @@ fn mount_volume(
                 path: dir,
                 readonly: true,
                 writable_by_us: false,
+                idmap: false,
             }
         }
     };
+    let host = match inputs.userns {
+        Some(u) if plugin != Plugin::HostPath => owned_for_user_namespace(p, plugin, host, u, fs_group)?,
+        _ => host,
+    };
     Ok((host, mounted))
+}
+
+/// A volume of a pod in a user namespace: bound idmapped where its filesystem takes idmapped
+/// mounts (its files are then the container root's as they are host root's). Where it does not
+/// (tmpfs before Linux 6.3), kubelet 1.26's ownership instead: the volume group-owned by the
+/// pod's host gid for its fsGroup (or for gid 0) with the group's bits, and the files of a
+/// projected volume owned by the host uid of the pod's runAsUser (or of 0).
+fn owned_for_user_namespace(
+    p: &k8s_openapi::api::core::v1::Pod,
+    plugin: Plugin,
+    mut host: VolumeHost,
+    u: &PodUserNamespace,
+    fs_group: Option<FsGroup>,
+) -> Result<VolumeHost> {
+    if ferrolet_runtime::idmap::supported(&host.path, &u.pin) {
+        host.idmap = true;
+        return Ok(host);
+    }
+    let group = FsGroup {
+        gid: u.range.host + fs_group.map(|g| g.gid).unwrap_or(0),
+        // a volume of files is written anew: walk it each time; an emptyDir once
+        on_root_mismatch: plugin == Plugin::EmptyDir,
+    };
+    volumes::set_volume_ownership(&host.path, group, host.readonly)?;
+    if plugin == Plugin::Projected {
+        let run_as = pod::spec(p)
+            .security_context
+            .as_ref()
+            .and_then(|s| s.run_as_user)
+            .unwrap_or(0) as u32;
+        volumes::chown_files(&host.path, u.range.host + run_as)?;
+    }
+    Ok(host)
 }
 
 /// Unmount what is mounted on a volume's directory (its tmpfs) and remove it. A hostPath is

@@ -136,7 +136,11 @@ impl PodWorker {
             self.resources.sandbox = Some(m.setup.create_sandbox(&self.pod, &self.pod_dir).await?);
         }
         let facts = self.facts();
-        self.resources.volumes = match m.setup.mount_volumes(&self.pod, &self.pod_dir, &facts).await {
+        self.resources.volumes = match m
+            .setup
+            .mount_volumes(&self.pod, &self.pod_dir, &facts, self.resources.sandbox.as_ref())
+            .await
+        {
             Ok(v) => v,
             Err(e) => {
                 if let Some(f) = e.downcast_ref::<crate::podsetup::volumes::SetUpFailed>() {

@@ -28,6 +28,9 @@ pub(crate) struct ConfinedExecutor {
 impl ConfinedExecutor {
     fn confine(&self) -> Result<(), String> {
         let c = &self.confinement;
+        if let Some(j) = &c.join_user {
+            join_user_namespace(j)?;
+        }
         if c.no_new_privileges {
             self.drop_capabilities()?;
             nix::sys::prctl::set_no_new_privs().map_err(|e| format!("setting no_new_privs: {e}"))?;
@@ -60,6 +63,34 @@ impl ConfinedExecutor {
             .load()
             .map_err(|e| format!("loading the container's seccomp profile: {e}"))
     }
+}
+
+/// Join the container's user namespace (as root inside it: the host's root it still was has
+/// no id there), then become the process's user: its groups, gid and uid, as libcontainer
+/// switches users outside a user namespace.
+fn join_user_namespace(j: &crate::proto::JoinUser) -> Result<(), String> {
+    let fd =
+        j.fd.ok_or("the user namespace was not opened before the container was entered")?;
+    // SAFETY: the worker keeps this fd open until the build returns, and this process (a clone
+    // of it) has its own copy; only borrowed here.
+    let ns = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| format!("joining the container's user namespace: {e}"))?;
+    nix::unistd::setresgid(0.into(), 0.into(), 0.into()).map_err(|e| format!("setresgid(0): {e}"))?;
+    nix::unistd::setresuid(0.into(), 0.into(), 0.into()).map_err(|e| format!("setresuid(0): {e}"))?;
+    let groups: Vec<nix::unistd::Gid> = j
+        .additional_gids
+        .iter()
+        .map(|g| nix::unistd::Gid::from_raw(*g))
+        .collect();
+    nix::unistd::setgroups(&groups).map_err(|e| format!("setgroups: {e}"))?;
+    // as libcontainer switches the user of any container process (keeping the capabilities
+    // for the confinement to set)
+    let (uid, gid) = (nix::unistd::Uid::from_raw(j.uid), nix::unistd::Gid::from_raw(j.gid));
+    libcontainer::syscall::syscall::create_syscall()
+        .set_id(uid, gid)
+        .map_err(|e| format!("becoming {uid}:{gid} in the user namespace: {e}"))?;
+    Ok(())
 }
 
 impl Executor for ConfinedExecutor {

@@ -245,9 +245,19 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
     if let Err(e) = written {
         return failed(e);
     }
-    let executor = ConfinedExecutor {
-        confinement: args.confinement,
+    let mut confinement = args.confinement;
+    // held until the build is done: the tenant's init joins it by fd (crate::proto::JoinUser)
+    let _userns = match confinement.join_user.as_mut() {
+        Some(j) => match open_in_host(&j.path) {
+            Ok(f) => {
+                j.fd = Some(std::os::fd::AsRawFd::as_raw_fd(&f));
+                Some(f)
+            }
+            Err(e) => return failed(format!("opening the user namespace {}: {e}", j.path.display())),
+        },
+        None => None,
     };
+    let executor = ConfinedExecutor { confinement };
     let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
         .with_root_path(&args.lc_root)
         .and_then(|b| {
@@ -285,6 +295,14 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
 }
 
 /// libcontainer leaves a `tenant-tty-*.sock` symlink to the console socket per exec.
+/// Open a host path the zygote's copy of the mounts may lack (a namespace pin).
+fn open_in_host(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    match isolated() {
+        Some(iso) => crate::mount_ns::in_host(&iso, || std::fs::File::open(path))?,
+        None => std::fs::File::open(path),
+    }
+}
+
 fn remove_tenant_links(dir: &std::path::Path, target: &std::path::Path) {
     let Ok(rd) = std::fs::read_dir(dir) else { return };
     for e in rd.flatten() {

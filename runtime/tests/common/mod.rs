@@ -207,5 +207,6 @@ pub fn read_only_bind(destination: &str, source: &Path) -> ferrolet_runtime::con
         readonly: true,
         propagation: ferrolet_runtime::config::Propagation::Private,
         options: Vec::new(),
+        idmap: false,
     }
 }
