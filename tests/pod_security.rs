@@ -378,3 +378,59 @@ fn host_users_false_gives_each_pod_its_own_ids() {
     a.wait_gone("one", T);
     assert_eq!(userns_files(), 1);
 }
+
+/// Where the kernel enforces AppArmor: containers run under ferrolet's default profile whether
+/// they ask for RuntimeDefault or nothing, which refuses a mount even with CAP_SYS_ADMIN and
+/// seccomp Unconfined; Unconfined mounts; a privileged container is unconfined.
+#[test]
+fn apparmor_runtime_default_confines_containers() {
+    if !(std::fs::read("/sys/module/apparmor/parameters/enabled").is_ok_and(|b| b.first() == Some(&b'Y'))
+        && std::path::Path::new("/sys/kernel/security/apparmor").exists())
+    {
+        skip_loudly(
+            "apparmor_runtime_default_confines_containers",
+            "this kernel does not enforce AppArmor (the cgroup v2 lane's does)",
+        );
+        return;
+    }
+    let a = Agent::start("apparmor", &[]);
+    let script = "echo attr=$(cat /proc/self/attr/current); mkdir -p /m; \
+        if mount -t tmpfs t /m 2>/dev/null; then echo MOUNTED; else echo mount-refused; fi; echo done; exec sleep 600";
+    let pod = |name: &str, sc: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sh, -c, {script:?}]\n    securityContext:\n      seccompProfile: {{type: Unconfined}}\n{sc}"
+        )
+    };
+    let caps = "      capabilities: {add: [SYS_ADMIN]}\n";
+    a.write(
+        "asked.yaml",
+        &pod(
+            "asked",
+            &format!("{caps}      appArmorProfile: {{type: RuntimeDefault}}\n"),
+        ),
+    );
+    a.write("unset.yaml", &pod("unset", caps));
+    a.write(
+        "open.yaml",
+        &pod("open", &format!("{caps}      appArmorProfile: {{type: Unconfined}}\n")),
+    );
+    a.write("privileged.yaml", &pod("privileged", "      privileged: true\n"));
+    for name in ["asked", "unset"] {
+        a.wait_phase(name, "Running", T);
+        let out = log_with(&a, name, "done");
+        assert!(out.contains("attr=ferrolet-default (enforce)\n"), "{name}: {out}");
+        assert!(
+            out.contains("mount-refused") && !out.contains("MOUNTED"),
+            "{name}: {out}"
+        );
+    }
+    for name in ["open", "privileged"] {
+        a.wait_phase(name, "Running", T);
+        let out = log_with(&a, name, "done");
+        assert!(out.contains("attr=unconfined\n"), "{name}: {out}");
+        assert!(
+            out.contains("MOUNTED"),
+            "{name}: the same mount without the profile: {out}"
+        );
+    }
+}

@@ -8,6 +8,7 @@
 //! exists, then build the async runtime and [`Runtime::new`].
 
 mod anon_buffer;
+pub mod apparmor;
 mod attach;
 pub mod cgroups;
 pub mod config;

@@ -88,7 +88,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         None => SeccompProfile::Unconfined,
     };
 
-    let apparmor_profile = apparmor_profile(p, c, privileged)?;
+    let apparmor_profile = apparmor_profile(p, c, privileged, &cfg.root_dir)?;
 
     let ns_of = |p: &Option<PathBuf>| match p {
         Some(p) => NamespaceMode::Path(p.clone()),
@@ -290,20 +290,23 @@ fn seccomp_of(s: &K8sSeccomp, cfg: &Config) -> Result<SeccompProfile> {
 }
 
 /// The profile that confines the container on a node whose kernel enforces AppArmor, as
-/// containerd picks it: Localhost profiles must be loaded already; RuntimeDefault is ferrolet's
-/// default profile ([`DEFAULT_APPARMOR_PROFILE`], loaded by the node's administrator), not
-/// applied to privileged containers; Unconfined or nothing asked for: none. On a node without
-/// AppArmor, admission refused every pod that asks for more than Unconfined
-/// (src/podconfig/lsm.rs).
-fn apparmor_profile(p: &Pod, c: &Container, privileged: bool) -> Result<Option<String>> {
+/// containerd picks it: Localhost profiles must be loaded already; RuntimeDefault, and nothing
+/// asked for, is ferrolet's default profile ([`DEFAULT_APPARMOR_PROFILE`], loaded the first time
+/// a container needs it), except for a privileged container, which runs unconfined; Unconfined:
+/// none. On a node without AppArmor, admission refused every pod that asks for more than
+/// Unconfined (src/podconfig/lsm.rs). docs/apparmor.md
+fn apparmor_profile(p: &Pod, c: &Container, privileged: bool, root_dir: &Path) -> Result<Option<String>> {
     use crate::podconfig::lsm::{self, Profile};
     if !lsm::Host::detect().apparmor {
         return Ok(None);
     }
     let name = match lsm::profile(p, c) {
-        None | Some(Profile::Unconfined) => return Ok(None),
-        Some(Profile::RuntimeDefault) if privileged => return Ok(None),
-        Some(Profile::RuntimeDefault) => DEFAULT_APPARMOR_PROFILE.to_string(),
+        Some(Profile::Unconfined) => return Ok(None),
+        None | Some(Profile::RuntimeDefault) if privileged => return Ok(None),
+        None | Some(Profile::RuntimeDefault) => {
+            ferrolet_runtime::apparmor::ensure_default_loaded(&root_dir.join("apparmor")).map_err(|e| anyhow!(e))?;
+            DEFAULT_APPARMOR_PROFILE.to_string()
+        }
         Some(Profile::Localhost(Some(n))) if !n.trim().is_empty() => n,
         Some(other) => return Err(anyhow!("appArmorProfile: {other:?} cannot be applied")),
     };
@@ -314,9 +317,8 @@ fn apparmor_profile(p: &Pod, c: &Container, privileged: bool) -> Result<Option<S
     Ok(Some(name))
 }
 
-/// The AppArmor profile RuntimeDefault stands for (containerd's is cri-containerd.apparmor.d,
-/// which containerd loads itself; ferrolet leaves loading to the node's administrator).
-pub const DEFAULT_APPARMOR_PROFILE: &str = "ferrolet-default";
+/// The AppArmor profile RuntimeDefault stands for (containerd's is cri-containerd.apparmor.d).
+pub const DEFAULT_APPARMOR_PROFILE: &str = ferrolet_runtime::apparmor::DEFAULT_PROFILE;
 
 /// The file behind a container's terminationMessagePath (one per container name, truncated for
 /// each new attempt).
