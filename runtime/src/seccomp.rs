@@ -650,25 +650,7 @@ mod tests {
         }
     }
 
-    /// `f`'s exit code, run in a forked child under noNewPrivileges (so it may load a filter).
-    fn in_child(f: impl FnOnce() -> i32) -> i32 {
-        // SAFETY: the child only makes system calls and exits.
-        match unsafe { nix::unistd::fork() }.unwrap() {
-            nix::unistd::ForkResult::Child => {
-                let code = if nix::sys::prctl::set_no_new_privs().is_ok() {
-                    f()
-                } else {
-                    99
-                };
-                // SAFETY: leaving the child without running the parent's destructors.
-                unsafe { libc::_exit(code) }
-            }
-            nix::unistd::ForkResult::Parent { child } => match nix::sys::wait::waitpid(child, None).unwrap() {
-                nix::sys::wait::WaitStatus::Exited(_, c) => c,
-                other => panic!("child ended as {other:?}"),
-            },
-        }
-    }
+    use crate::seccomp_filter::tests::in_child;
 
     fn errno(r: libc::c_long) -> i32 {
         if r >= 0 {

@@ -313,7 +313,7 @@ fn arch(a: Arch) -> ScmpArch {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use oci_spec::runtime::{LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSyscallBuilder};
 
@@ -337,7 +337,7 @@ mod tests {
 
     /// Run `f` in a forked child under noNewPrivileges (so that it may load filters without
     /// CAP_SYS_ADMIN) and return its exit code.
-    fn in_child(f: impl FnOnce() -> i32) -> i32 {
+    pub(crate) fn in_child(f: impl FnOnce() -> i32) -> i32 {
         // SAFETY: the child only makes system calls and exits.
         match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {

@@ -71,6 +71,15 @@ pub fn to_dots(name: &str) -> String {
 
 const MAX_LEN: usize = 253;
 
+/// One segment of a sysctl name: `[a-z0-9]([-_a-z0-9]*[a-z0-9])?`.
+fn segment(x: &str) -> bool {
+    let b = x.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    b.first().is_some_and(alnum)
+        && b.last().is_some_and(alnum)
+        && b.iter().all(|c| alnum(c) || *c == b'-' || *c == b'_')
+}
+
 /// The pattern grammar of `allowedUnsafeSysctls` (kubelet's IsValidSysctlPattern): dot or
 /// slash separated segments of `[a-z0-9]([-_a-z0-9]*[a-z0-9])?`, the last of which may end in
 /// `*`.
@@ -80,30 +89,18 @@ fn valid_pattern(s: &str) -> bool {
     }
     let segments: Vec<&str> = s.split(['.', '/']).collect();
     let (last, rest) = segments.split_last().expect("split yields one");
-    let seg = |x: &str| {
-        let b = x.as_bytes();
-        !b.is_empty()
-            && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-            && (b[b.len() - 1].is_ascii_lowercase() || b[b.len() - 1].is_ascii_digit())
-            && b.iter()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'_')
-    };
     // the last segment: ([a-z0-9][-_a-z0-9]*)?[a-z0-9*]
-    let last_ok = {
-        let b = last.as_bytes();
-        match b.split_last() {
-            None => false,
-            Some((end, body)) => {
-                (end.is_ascii_lowercase() || end.is_ascii_digit() || *end == b'*')
-                    && (body.is_empty()
-                        || ((body[0].is_ascii_lowercase() || body[0].is_ascii_digit())
-                            && body
-                                .iter()
-                                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'_')))
-            }
+    let last_ok = match last.strip_suffix('*') {
+        Some(body) => {
+            let b = body.as_bytes();
+            b.is_empty()
+                || (segment(&body[..1])
+                    && b.iter()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'_'))
         }
+        None => segment(last),
     };
-    rest.iter().all(|x| seg(x)) && last_ok
+    rest.iter().all(|x| segment(x)) && last_ok
 }
 
 const PATTERN_REGEX: &str = r"([a-z0-9]([-_a-z0-9]*[a-z0-9])?[\./])*([a-z0-9][-_a-z0-9]*)?[a-z0-9*]";
@@ -186,17 +183,9 @@ pub fn validate(p: &Pod, errs: &mut Vec<String>) {
     for (i, s) in sysctls.enumerate() {
         let field = format!("spec.securityContext.sysctls[{i}].name");
         let name = s.name.as_str();
-        let segment_ok = |x: &str| {
-            let b = x.as_bytes();
-            !b.is_empty()
-                && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-                && (b[b.len() - 1].is_ascii_lowercase() || b[b.len() - 1].is_ascii_digit())
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'_')
-        };
         if name.is_empty() {
             errs.push(format!("{field}: Required value"));
-        } else if name.len() > MAX_LEN || !name.split(['.', '/']).all(segment_ok) {
+        } else if name.len() > MAX_LEN || !name.split(['.', '/']).all(segment) {
             errs.push(format!(
                 "{field}: Invalid value: {name:?}: must have at most {MAX_LEN} characters and match regex \
                  ^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[\\./])*[a-z0-9]([-_a-z0-9]*[a-z0-9])?$"
