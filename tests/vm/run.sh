@@ -7,6 +7,7 @@
 #
 #   tests/vm/run.sh            build what is missing, boot, run, summarize
 #   VM_TIMEOUT=1800 ...        seconds before the guest is given up on (default 1500)
+#   VM_ONLY='a|b' ...          run only the plan's lines named so (e.g. agent-pod-security)
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -46,23 +47,36 @@ if [ ! -s "$vmlinux" ]; then
   [ "$(head -c 4 "$vmlinux" | od -An -c | tr -d ' ')" = "177ELF" ] || { echo "vm: could not extract vmlinux" >&2; exit 1; }
 fi
 
+# AppArmor's parser (Debian's package apparmor), for the default profile's test: the guest's
+# Debian kernel enforces AppArmor.
+aa=$cache/apparmor
+if [ ! -x "$aa/sbin/apparmor_parser" ]; then
+  echo "vm: fetching apparmor"
+  (cd "$cache" && apt-get download apparmor 2>/dev/null)
+  mkdir -p "$aa"
+  dpkg-deb -x "$cache"/apparmor_*.deb "$aa"
+  rm -f "$cache"/apparmor_*.deb
+fi
+
 # 2. The test binaries (built by the host run already; cargo only links what changed).
 cd "$repo"
 images/build-busybox.sh >/dev/null
 cargo build --quiet
 mapfile -t tests < <(cargo test --no-run --message-format=json --workspace 2>/dev/null |
-  grep '"executable":"' | grep -E '"name":"(containers|boundary|static_pods|stats|resources|eviction)"' |
+  grep '"executable":"' | grep -E '"name":"(containers|boundary|static_pods|stats|resources|eviction|pod_security)"' |
   sed -E 's/.*"name":"([a-z_]+)".*"executable":"([^"]+)".*/\1 \2/')
-[ ${#tests[@]} -eq 6 ] || { echo "vm: test binaries not found: ${tests[*]}" >&2; exit 1; }
+[ ${#tests[@]} -eq 7 ] || { echo "vm: test binaries not found: ${tests[*]}" >&2; exit 1; }
 containers=$(printf '%s\n' "${tests[@]}" | awk '$1=="containers"{print $2}')
 boundary=$(printf '%s\n' "${tests[@]}" | awk '$1=="boundary"{print $2}')
 static_pods=$(printf '%s\n' "${tests[@]}" | awk '$1=="static_pods"{print $2}')
 stats=$(printf '%s\n' "${tests[@]}" | awk '$1=="stats"{print $2}')
 resources=$(printf '%s\n' "${tests[@]}" | awk '$1=="resources"{print $2}')
 eviction=$(printf '%s\n' "${tests[@]}" | awk '$1=="eviction"{print $2}')
+pod_security=$(printf '%s\n' "${tests[@]}" | awk '$1=="pod_security"{print $2}')
 
 # The guest suite: all the runtime's container tests, the boundary tests from inside containers
-# (with their root on the guest's disk, an ext4: the guest's root is a tmpfs), and the agent tests that exercise
+# and the pod security ones (with their root on the guest's disk, an ext4 that takes idmapped
+# mounts: the guest's root is a tmpfs, which takes them only since Linux 6.3), and the agent tests that exercise
 # cgroups, adoption and the pod lifecycle, the stats read from cgroup v2, and memory eviction
 # (the working set from v2's memory.stat).
 cat >"$results/plan" <<PLAN
@@ -72,7 +86,12 @@ agent-static-pods $static_pods --test-threads 1 add_update_remove_manifests init
 agent-stats $stats --test-threads 1 stats_of_real_pods_without_a_network
 agent-resources $resources --test-threads 1
 agent-eviction $eviction --test-threads 1 memory_pressure_evicts_besteffort_before_burstable_within_requests
+agent-pod-security env TMPDIR=/disk/tmp $pod_security --test-threads 1
 PLAN
+if [ -n "${VM_ONLY:-}" ]; then
+  grep -E "^(${VM_ONLY}) " "$results/plan" >"$results/plan.only" || true
+  mv "$results/plan.only" "$results/plan"
+fi
 
 # 3. The initramfs: busybox, the modules with their dependencies first, the shared libraries
 # the test binaries and ferrolet load, /init.
@@ -80,6 +99,7 @@ root=$work/initramfs
 rm -rf "$root"
 mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,tmp,run,modules,lib64,usr/lib,var}
 cp /bin/busybox "$root/bin/busybox"
+cp "$aa/sbin/apparmor_parser" "$root/sbin/apparmor_parser"
 cp "$repo/tests/vm/init" "$root/init"
 chmod +x "$root/init"
 echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
@@ -101,7 +121,7 @@ for m in virtio_pci virtio_blk ext4 crc32c_generic 9pnet_virtio 9p overlay veth 
   add_mod "$m"
 done
 printf '%s\n' "${order[@]}" >"$root/modules/order"
-for bin in "$containers" "$boundary" "$static_pods" "$stats" "$repo/target/debug/ferrolet"; do
+for bin in "$containers" "$boundary" "$static_pods" "$stats" "$pod_security" "$repo/target/debug/ferrolet" "$aa/sbin/apparmor_parser"; do
   ldd "$bin" | awk '/=> \//{print $3} /^\t\/lib64/{print $1}' | while read -r lib; do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"
