@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
-use crate::mount_ns::{move_mount, open_tree, AT_RECURSIVE, OPEN_TREE_CLONE};
+use crate::mount_api::{move_mount, open_tree, AT_RECURSIVE, OPEN_TREE_CLONE};
 
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 

@@ -22,6 +22,7 @@ pub mod idmap;
 pub mod image;
 pub mod migration_warmer;
 mod monitor;
+mod mount_api;
 pub mod mount_ns;
 pub mod namespaces;
 pub mod pidfd;

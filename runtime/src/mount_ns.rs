@@ -33,13 +33,11 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-pub(crate) const OPEN_TREE_CLONE: libc::c_uint = 1;
-pub(crate) const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+use crate::mount_api::{move_mount, open_tree, AT_RECURSIVE, OPEN_TREE_CLONE};
 
 /// Marks a root directory whose mount is a bind mount of itself made by
 /// [`make_root_private`]: [`release_root`] undoes only that.
@@ -229,44 +227,6 @@ fn detach_unkept(root: &Path, cwd: Option<&Path>) -> io::Result<()> {
             Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
             Err(e) => return Err(with_path(e.into(), "detaching from the zygote's copy", &m)),
         }
-    }
-    Ok(())
-}
-
-pub(crate) fn open_tree(p: &Path, flags: libc::c_uint) -> io::Result<OwnedFd> {
-    let c = cstr(p)?;
-    // SAFETY: open_tree takes a dirfd, a C string and flags, and returns a new fd or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            flags | libc::O_CLOEXEC as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new fd the kernel returned, owned from here on.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-pub(crate) fn move_mount(tree: &OwnedFd, to: &Path) -> io::Result<()> {
-    let c = cstr(to)?;
-    let empty = c"";
-    // SAFETY: move_mount takes (fd, "", dirfd, path, flags); both strings are valid.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

@@ -341,10 +341,13 @@ fn hold() -> ! {
     std::process::exit(0);
 }
 
+/// Size, modification and change times.
+type FileStamp = (u64, i64, i64, i64, i64);
+
 /// The host file this test binary was started from (before it re-executed from its sealed
 /// copy), and what any write to it would change: its size, modification and change times
 /// (hashing the whole file took seconds, and minutes in the emulated guest).
-fn own_binary() -> Result<(PathBuf, (u64, i64, i64, i64, i64))> {
+fn own_binary() -> Result<(PathBuf, FileStamp)> {
     use std::os::unix::fs::MetadataExt;
     let path = std::fs::canonicalize(std::env::args_os().next().context("argv[0]")?)?;
     let m = std::fs::metadata(&path)?;
