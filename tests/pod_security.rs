@@ -187,7 +187,8 @@ fn processes(prefix: &str) -> Vec<i32> {
 /// A container sees the other's processes, an orphan it leaves is reaped, and what it tries
 /// against PID 1 (kill it, read through /proc/1) is refused; an exit code is the container's
 /// own; an agent restart keeps the pod as it is; deleting the pod ends its init. A pod without
-/// it keeps a pid namespace per container.
+/// it keeps a pid namespace per container; a hostPID pod has the node's, and its own cgroup at
+/// /sys/fs/cgroup.
 #[test]
 fn share_process_namespace_gives_the_pod_one_pid_namespace_with_an_init() {
     let mut a = Agent::start("sharepid", &[]);
@@ -213,7 +214,27 @@ fn share_process_namespace_gives_the_pod_one_pid_namespace_with_an_init() {
             "echo pid1=$(cat /proc/1/comm); ps -o comm | sort | tr '\\n' ' '; echo; echo done; exec sleep 600",
         ),
     );
+    a.write(
+        "hostpid.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: hostpid}}\nspec:\n  hostPID: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sh, -c, \"echo mine=$$$$ limit=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null); echo done; exec sleep 600\"]\n    resources: {{limits: {{memory: 32Mi}}}}\n"
+        ),
+    );
     a.wait_phase("shared", "Running", T);
+    // a container in the node's pid namespace: its own cgroup at /sys/fs/cgroup too
+    a.wait_phase("hostpid", "Running", T);
+    let host = log_with(&a, "hostpid", "done");
+    assert!(host.contains("limit=33554432\n"), "{host}");
+    let mine: i32 = host
+        .split("mine=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        mine > 1 && std::path::Path::new(&format!("/proc/{mine}")).exists(),
+        "a host pid: {host}"
+    );
     let out = log_with_container(&a, "shared", "probe", "done");
     assert!(out.contains("pid1=ferrolet-init\n"), "the pod's init is PID 1: {out}");
     assert!(
