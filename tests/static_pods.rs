@@ -520,11 +520,11 @@ fn admission_max_pods_and_unsupported_features() {
     let b = a.wait_phase("b", "Failed", T);
     assert_eq!(b.status.as_ref().unwrap().reason.as_deref(), Some("OutOfpods"));
     // (configMap volumes of static pods are served from the static pod path: tests/volumes.rs.)
-    a.write("userns.yaml", &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: userns}}\nspec:\n  hostUsers: false\n  containers:\n  - {{name: c, image: {IMAGE}}}\n"));
-    let u = a.wait_phase("userns", "Failed", T);
+    a.write("runtimeclass.yaml", &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: rc}}\nspec:\n  runtimeClassName: kata\n  containers:\n  - {{name: c, image: {IMAGE}}}\n"));
+    let u = a.wait_phase("rc", "Failed", T);
     let st = u.status.as_ref().unwrap();
     assert_eq!(st.reason.as_deref(), Some("UnsupportedPodSpec"));
-    assert!(st.message.as_deref().unwrap().contains("hostUsers"));
+    assert!(st.message.as_deref().unwrap().contains("runtimeClassName"), "{st:?}");
 }
 
 #[test]
