@@ -32,10 +32,26 @@ struct GroupEntry {
     members: Vec<String>,
 }
 
-/// Reads files of the image as the container will see them, from layer directories.
+/// Reads files of the image as the container will see them, from layer directories: the
+/// union of the layers as overlayfs presents it (the topmost layer that has an entry decides,
+/// directories merge unless opaque, whiteouts hide), every symlink resolved by this code inside
+/// the image, never by the kernel on the node (an image's `/etc -> /host/dir` must not make the
+/// node's files the container's), with a hop limit, and at most [`MAX_FILE`] bytes read.
 pub struct ImageFiles {
     /// Top layer first.
     layers: Vec<PathBuf>,
+}
+
+/// The most bytes read of an image file (its /etc/passwd, /etc/group): larger ones are refused.
+pub const MAX_FILE: u64 = 4 << 20;
+/// Symlinks followed in one lookup, as the kernel's MAXSYMLINKS.
+const MAX_HOPS: usize = 40;
+
+/// What the union has at a path.
+enum Entry {
+    Dir,
+    File(PathBuf),
+    Symlink(PathBuf),
 }
 
 impl ImageFiles {
@@ -46,36 +62,165 @@ impl ImageFiles {
         }
     }
 
-    /// The content of `path` (absolute in the image), following the overlay rules far enough
-    /// for /etc files: the topmost layer that has it or a whiteout for it decides.
-    pub fn read(&self, path: &str) -> Option<String> {
-        let rel = path.trim_start_matches('/');
-        for layer in &self.layers {
-            let p = layer.join(rel);
-            match fs::symlink_metadata(&p) {
-                Ok(m) if m.file_type().is_file() => {
-                    return fs::read_to_string(&p).ok();
-                }
-                Ok(m) if m.file_type().is_symlink() => {
-                    // Resolve a link inside the image only (never on the node).
-                    let target = fs::read_link(&p).ok()?;
-                    let abs = if target.is_absolute() {
-                        target
-                    } else {
-                        Path::new(path).parent()?.join(target)
-                    };
-                    let s = abs.to_string_lossy().into_owned();
-                    if s == path {
-                        return None;
+    /// The content of the regular file at `path` (absolute in the image). `Ok(None)` when the
+    /// image has no such file; an error for a file it cannot read as the container would (a
+    /// symlink loop, a file over [`MAX_FILE`]).
+    pub fn read(&self, path: &str) -> std::result::Result<Option<String>, String> {
+        let Some(file) = self.lookup(path)? else {
+            return Ok(None);
+        };
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&file)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let md = f.metadata().map_err(|e| format!("{path}: {e}"))?;
+        if !md.is_file() {
+            return Ok(None);
+        }
+        if md.len() > MAX_FILE {
+            return Err(format!(
+                "{path} is {} bytes, more than the {MAX_FILE} read of it",
+                md.len()
+            ));
+        }
+        let mut data = Vec::with_capacity(md.len() as usize);
+        f.take(MAX_FILE + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| format!("{path}: {e}"))?;
+        if data.len() as u64 > MAX_FILE {
+            return Err(format!("{path} is more than the {MAX_FILE} bytes read of it"));
+        }
+        Ok(Some(String::from_utf8_lossy(&data).into_owned()))
+    }
+
+    /// Where the file at `path` lies in a layer directory, resolved component by component.
+    fn lookup(&self, path: &str) -> std::result::Result<Option<PathBuf>, String> {
+        let mut pending: std::collections::VecDeque<String> = components(path).collect();
+        let mut at: Vec<String> = Vec::new();
+        let mut hops = 0;
+        while let Some(c) = pending.pop_front() {
+            if c == ".." {
+                at.pop();
+                continue;
+            }
+            at.push(c);
+            match self.entry(&at).map_err(|e| format!("{path}: {e}"))? {
+                None => return Ok(None),
+                Some(Entry::Dir) => {
+                    if pending.is_empty() {
+                        return Ok(None);
                     }
-                    return self.read(&s);
                 }
-                Ok(_) => return None, // a whiteout (char device) or a directory
-                Err(_) => {}
+                Some(Entry::File(p)) => return Ok(pending.is_empty().then_some(p)),
+                Some(Entry::Symlink(target)) => {
+                    hops += 1;
+                    if hops > MAX_HOPS {
+                        return Err(format!("{path}: too many levels of symbolic links"));
+                    }
+                    at.pop();
+                    if target.is_absolute() {
+                        at.clear();
+                    }
+                    let t = target.to_string_lossy().into_owned();
+                    for (i, c) in components(&t).enumerate() {
+                        pending.insert(i, c);
+                    }
+                }
             }
         }
-        None
+        Ok(None)
     }
+
+    /// The union's entry at `at` (components from the image's root; every prefix a directory
+    /// of the union): the topmost layer with an entry there decides; a lower layer counts only
+    /// while every layer above it has directories on the way, none of them opaque.
+    fn entry(&self, at: &[String]) -> std::io::Result<Option<Entry>> {
+        for layer in &self.layers {
+            match layer_entry(layer, at)? {
+                InLayer::Found(e) => return Ok(Some(e)),
+                InLayer::Hides => return Ok(None),
+                InLayer::Absent { opaque: true } => return Ok(None),
+                InLayer::Absent { opaque: false } => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// What one layer has at a path.
+enum InLayer {
+    Found(Entry),
+    /// A whiteout, or something other than a directory on the way: nothing below shows.
+    Hides,
+    /// Nothing there; `opaque`: a directory on the way hides the layers below.
+    Absent {
+        opaque: bool,
+    },
+}
+
+/// One layer's entry at `at`, every component checked in turn (`lstat`), so that nothing on the
+/// way is a symlink the kernel would follow on the node.
+fn layer_entry(layer: &Path, at: &[String]) -> std::io::Result<InLayer> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut p = layer.to_path_buf();
+    let mut opaque_dir = false;
+    for (i, c) in at.iter().enumerate() {
+        p.push(c);
+        let md = match fs::symlink_metadata(&p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(InLayer::Absent { opaque: opaque_dir }),
+            Err(e) => return Err(e),
+        };
+        let ft = md.file_type();
+        let whiteout = ft.is_char_device() && md.rdev() == 0;
+        if i + 1 < at.len() {
+            if whiteout || !ft.is_dir() {
+                return Ok(InLayer::Hides);
+            }
+            opaque_dir |= opaque(&p);
+            continue;
+        }
+        return Ok(if whiteout {
+            InLayer::Hides
+        } else if ft.is_dir() {
+            InLayer::Found(Entry::Dir)
+        } else if ft.is_symlink() {
+            InLayer::Found(Entry::Symlink(fs::read_link(&p)?))
+        } else if ft.is_file() {
+            InLayer::Found(Entry::File(p))
+        } else {
+            InLayer::Hides
+        });
+    }
+    Ok(InLayer::Found(Entry::Dir))
+}
+
+/// A path's components as lookup takes them (`.` and empty ones dropped).
+fn components(path: &str) -> impl Iterator<Item = String> + '_ {
+    path.split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .map(str::to_string)
+}
+
+/// overlayfs' opaque marker on a directory of an unpacked layer.
+fn opaque(dir: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str())) else {
+        return false;
+    };
+    let mut v = [0u8; 1];
+    // SAFETY: lgetxattr into a one-byte buffer; a path and a name that are C strings.
+    let n = unsafe {
+        libc::lgetxattr(
+            c.as_ptr(),
+            c"trusted.overlay.opaque".as_ptr(),
+            v.as_mut_ptr() as *mut libc::c_void,
+            1,
+        )
+    };
+    n == 1 && v[0] == b'y'
 }
 
 fn parse_passwd(s: &str) -> Vec<PasswdEntry> {
@@ -125,14 +270,26 @@ pub fn resolve_user(
     supplemental: &[u32],
     merge_image_groups: bool,
 ) -> Result<ResolvedUser> {
-    let passwd = files.read("/etc/passwd").map(|s| parse_passwd(&s)).unwrap_or_default();
-    let groups = files.read("/etc/group").map(|s| parse_group(&s)).unwrap_or_default();
     let bad = |reason: String| Error::invalid_config("user", reason);
-
+    // A file the container could not read either is as good as none, unless a name has to be
+    // looked up in it.
+    let named = |part: Option<&str>| part.is_some_and(|p| !p.is_empty() && p.parse::<u32>().is_err());
     let (user_part, group_part) = match image_user.split_once(':') {
         Some((u, g)) => (u, Some(g)),
         None => (image_user, None),
     };
+    let read = |path: &str, needed: bool| match files.read(path) {
+        Ok(s) => Ok(s),
+        Err(e) if needed => Err(bad(format!("reading the image's {e}"))),
+        Err(_) => Ok(None),
+    };
+    let passwd = read("/etc/passwd", uid_override.is_none() && named(Some(user_part)))?
+        .map(|s| parse_passwd(&s))
+        .unwrap_or_default();
+    let groups = read("/etc/group", uid_override.is_none() && named(group_part))?
+        .map(|s| parse_group(&s))
+        .unwrap_or_default();
+
     let entry = if let Some(uid) = uid_override {
         passwd
             .iter()
@@ -277,6 +434,117 @@ mod tests {
         fs::write(l1.join("etc/passwd"), PASSWD).unwrap();
         fs::create_dir(l2.join("etc/passwd")).unwrap(); // stands in for a whiteout
         let f = ImageFiles::new(&[l1, l2]);
-        assert!(f.read("/etc/passwd").is_none());
+        assert_eq!(f.read("/etc/passwd").unwrap(), None);
+    }
+
+    fn layer(d: &Path, name: &str) -> PathBuf {
+        let l = d.join(name);
+        fs::create_dir_all(l.join("etc")).unwrap();
+        l
+    }
+
+    #[test]
+    fn a_symlink_cycle_is_an_error_only_where_a_name_is_needed() {
+        let d = tempfile::tempdir().unwrap();
+        let l = layer(d.path(), "l1");
+        std::os::unix::fs::symlink("p2", l.join("etc/passwd")).unwrap();
+        std::os::unix::fs::symlink("passwd", l.join("etc/p2")).unwrap();
+        let f = ImageFiles::new(&[l]);
+        let e = f.read("/etc/passwd").unwrap_err();
+        assert!(e.contains("too many levels of symbolic links"), "{e}");
+        let e = resolve_user(&f, "www", None, None, &[], true).unwrap_err();
+        assert!(e.to_string().contains("too many levels"), "{e}");
+        // a numeric user needs no name: the container runs
+        let u = resolve_user(&f, "1000", None, None, &[], true).unwrap();
+        assert_eq!((u.uid, u.gid), (1000, 0));
+    }
+
+    #[test]
+    fn a_huge_passwd_is_refused_unread() {
+        let d = tempfile::tempdir().unwrap();
+        let l = layer(d.path(), "l1");
+        let f = fs::File::create(l.join("etc/passwd")).unwrap();
+        f.set_len(MAX_FILE + 1).unwrap(); // sparse: nothing is written
+        let files = ImageFiles::new(&[l]);
+        let e = files.read("/etc/passwd").unwrap_err();
+        assert!(e.contains("more than the"), "{e}");
+        assert!(resolve_user(&files, "root", None, None, &[], true).is_err());
+    }
+
+    #[test]
+    fn symlinks_resolve_inside_the_image_never_on_the_node() {
+        let d = tempfile::tempdir().unwrap();
+        // the "node": a passwd with uid 4242 for root
+        let node = d.path().join("node-etc");
+        fs::create_dir_all(&node).unwrap();
+        fs::write(node.join("passwd"), "root:x:4242:4242:root:/root:/bin/sh\n").unwrap();
+        let l = d.path().join("l1");
+        fs::create_dir_all(&l).unwrap();
+        // /etc is a link to the node's directory (absolute), and to it by .. (relative)
+        std::os::unix::fs::symlink(&node, l.join("etc")).unwrap();
+        let files = ImageFiles::new(std::slice::from_ref(&l));
+        assert_eq!(files.read("/etc/passwd").unwrap(), None, "the node's file was read");
+        let u = resolve_user(&files, "", None, None, &[], true).unwrap();
+        assert_eq!(u.uid, 0, "the image's root is 0 whatever the node says");
+        fs::remove_file(l.join("etc")).unwrap();
+        std::os::unix::fs::symlink(
+            "../../../../../../../../..".to_string() + &node.display().to_string(),
+            l.join("etc"),
+        )
+        .unwrap();
+        assert_eq!(files.read("/etc/passwd").unwrap(), None);
+        // a link that stays inside the image works, .. stopping at its root
+        fs::remove_file(l.join("etc")).unwrap();
+        fs::create_dir_all(l.join("usr/etc")).unwrap();
+        fs::write(l.join("usr/etc/passwd"), PASSWD).unwrap();
+        std::os::unix::fs::symlink("../../../usr/etc", l.join("etc")).unwrap();
+        let u = resolve_user(&files, "www", None, None, &[], true).unwrap();
+        assert_eq!(u.uid, 33);
+    }
+
+    #[test]
+    fn the_union_of_layers_as_overlayfs_shows_it() {
+        let d = tempfile::tempdir().unwrap();
+        let lower = layer(d.path(), "lower");
+        let upper = layer(d.path(), "upper");
+        fs::write(lower.join("etc/passwd"), PASSWD).unwrap();
+        fs::write(lower.join("etc/group"), GROUP).unwrap();
+        // the upper layer's /etc merges with the lower's: passwd still shows through
+        let f = ImageFiles::new(&[lower.clone(), upper.clone()]);
+        assert!(f.read("/etc/passwd").unwrap().is_some());
+        // a whiteout in the upper hides it
+        nix::sys::stat::mknod(
+            &upper.join("etc/passwd"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::empty(),
+            0,
+        )
+        .unwrap();
+        assert_eq!(f.read("/etc/passwd").unwrap(), None);
+        // an opaque upper /etc hides every lower entry
+        let _ = xattr_set(&upper.join("etc"), "trusted.overlay.opaque", b"y");
+        if opaque(&upper.join("etc")) {
+            assert_eq!(f.read("/etc/group").unwrap(), None);
+        }
+    }
+
+    fn xattr_set(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        let n = std::ffi::CString::new(name).unwrap();
+        // SAFETY: C strings and a value buffer of the given length.
+        let r = unsafe {
+            libc::lsetxattr(
+                c.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr() as *const libc::c_void,
+                value.len(),
+                0,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
     }
 }

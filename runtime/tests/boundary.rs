@@ -54,6 +54,10 @@ fn main() {
             "root_in_a_user_namespace_is_root_only_inside",
             root_in_a_user_namespace_is_root_only_inside,
         ),
+        trial(
+            "an_images_passwd_cannot_crash_the_runtime_or_reach_the_node",
+            an_images_passwd_cannot_crash_the_runtime_or_reach_the_node,
+        ),
     ];
     common::finish(&args, tests);
 }
@@ -637,4 +641,84 @@ fn root_in_a_user_namespace_is_root_only_inside() -> Result<()> {
     let _ = std::fs::remove_dir_all(&host_dir);
     let _ = std::fs::remove_dir_all(&vol_dir);
     res
+}
+
+/// Images that attack the user lookup, which reads every container's image /etc/passwd
+/// whatever its user: a symlink cycle (was a stack overflow at every start), a passwd larger
+/// than anything read (was read whole), and an /etc that links to the node's /etc (was
+/// followed, so the node's users became the container's). Each is refused or ignored with a
+/// clear error; the runtime goes on.
+fn an_images_passwd_cannot_crash_the_runtime_or_reach_the_node() -> Result<()> {
+    use common::LayerEntry::{Dir, File, Symlink};
+    let e = env();
+    let busybox = std::fs::read("/bin/busybox").context("busybox-static")?;
+    let base = || {
+        vec![
+            Dir("bin".into()),
+            File("bin/busybox".into(), busybox.clone()),
+            Symlink("bin/sh".into(), "busybox".into()),
+            Symlink("bin/id".into(), "busybox".into()),
+        ]
+    };
+    // each image's User is a name, which only its /etc/passwd can resolve
+    let images: Vec<(&str, &str, Vec<common::LayerEntry>)> = vec![
+        ("localhost/passwd-cycle:1", "daemon", {
+            let mut v = base();
+            v.extend([
+                Dir("etc".into()),
+                Symlink("etc/passwd".into(), "p2".into()),
+                Symlink("etc/p2".into(), "passwd".into()),
+            ]);
+            v
+        }),
+        ("localhost/passwd-huge:1", "root", {
+            let mut v = base();
+            let mut big = b"root:x:0:0:root:/root:/bin/sh\n".repeat(200_000);
+            big.truncate(5 << 20);
+            v.extend([Dir("etc".into()), File("etc/passwd".into(), big)]);
+            v
+        }),
+        ("localhost/etc-to-node:1", "daemon", {
+            let mut v = base();
+            v.push(Symlink("etc".into(), "/etc".into()));
+            v
+        }),
+    ];
+    for (name, user, entries) in &images {
+        let dir = e.root.join(format!("img-{}", ferrolet_fsutil::random_hex(4)));
+        common::write_oci_image(&dir, name, entries, user)?;
+        e.rt.images()
+            .import(&dir)
+            .with_context(|| format!("importing {name}"))?;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let container = |image: &str, uid: Option<u32>| {
+        let mut c = config("hostile", &["sh", "-c", "id -u"]);
+        c.image = image.to_string();
+        c.user.uid = uid;
+        c
+    };
+    for (image, why) in [
+        ("localhost/passwd-cycle:1", "too many levels of symbolic links"),
+        ("localhost/passwd-huge:1", "more than the"),
+        // the node has a daemon user (the old lookup followed the link on the node and found
+        // it); resolved in the image, /etc -> /etc is itself, a loop
+        ("localhost/etc-to-node:1", "too many levels of symbolic links"),
+    ] {
+        // the image's named user: refused, saying why
+        let err = block(e.rt.create(&container(image, None)))
+            .err()
+            .with_context(|| format!("{image}: its user resolved"))?;
+        ensure!(err.to_string().contains(why), "{image}: {err}");
+        // a numeric user needs no lookup: the container runs
+        let (exit, out, err) = block(run(&container(image, Some(1000))))?;
+        ensure!(
+            exit.exit_code == 0 && out == ["1000"],
+            "{image}: {exit:?} {out:?} {err:?}"
+        );
+    }
+    // and the runtime is there for everyone else
+    let (exit, ..) = block(run(&config("after-hostile", &["true"])))?;
+    ensure!(exit.exit_code == 0);
+    Ok(())
 }

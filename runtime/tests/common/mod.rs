@@ -210,3 +210,72 @@ pub fn read_only_bind(destination: &str, source: &Path) -> ferrolet_runtime::con
         idmap: false,
     }
 }
+
+/// One entry of a crafted image layer.
+pub enum LayerEntry {
+    File(String, Vec<u8>),
+    Symlink(String, String),
+    Dir(String),
+}
+
+/// Write an OCI image layout at `dir` named `name` with one uncompressed layer of `entries`
+/// and `User` set to `user`, as a hostile image author would make it (nothing checked on the
+/// way).
+pub fn write_oci_image(dir: &Path, name: &str, entries: &[LayerEntry], user: &str) -> Result<()> {
+    use ferrolet_runtime::digest::Digest;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir.join("blobs/sha256"))?;
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1);
+        match e {
+            LayerEntry::File(path, data) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o755);
+                h.set_size(data.len() as u64);
+                b.append_data(&mut h, path, &data[..])?;
+            }
+            LayerEntry::Symlink(path, target) => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_mode(0o777);
+                h.set_size(0);
+                b.append_link(&mut h, path, target)?;
+            }
+            LayerEntry::Dir(path) => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                h.set_size(0);
+                b.append_data(&mut h, path, std::io::empty())?;
+            }
+        }
+    }
+    let layer = b.into_inner()?;
+    let put = |data: &[u8]| -> Result<Digest> {
+        let d = Digest::of(data);
+        std::fs::write(dir.join("blobs/sha256").join(d.hex()), data)?;
+        Ok(d)
+    };
+    let layer_d = put(&layer)?;
+    let config = format!(
+        r#"{{"architecture":"amd64","os":"linux","config":{{"Cmd":["sh"],"User":"{user}"}},"rootfs":{{"type":"layers","diff_ids":["{layer_d}"]}}}}"#
+    );
+    let config_d = put(config.as_bytes())?;
+    let manifest = format!(
+        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_d}","size":{}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"{layer_d}","size":{}}}]}}"#,
+        config.len(),
+        layer.len()
+    );
+    let manifest_d = put(manifest.as_bytes())?;
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    std::fs::write(
+        dir.join("index.json"),
+        format!(
+            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{manifest_d}","size":{},"annotations":{{"io.containerd.image.name":"{name}"}}}}]}}"#,
+            manifest.len()
+        ),
+    )?;
+    Ok(())
+}
