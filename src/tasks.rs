@@ -9,6 +9,29 @@ use std::time::Duration;
 use futures::FutureExt;
 use tracing::error;
 
+/// A hundred years: what a duration too long for the clock's arithmetic stands for.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `now + d`, never overflowing: a duration from a manifest or a plugin's answer (a grace
+/// period of i64::MAX seconds) panics `Instant + Duration`; past a hundred years it is that.
+pub fn after(now: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
+    now.checked_add(d.min(FAR_FUTURE))
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
+}
+
+/// [`after`] for `std::time::Instant`.
+pub fn std_after(now: std::time::Instant, d: Duration) -> std::time::Instant {
+    now.checked_add(d.min(FAR_FUTURE))
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
+}
+
+/// `t + secs` seconds in wall-clock time, `None` when out of chrono's range.
+pub fn wall_after(t: chrono::DateTime<chrono::Utc>, secs: i64) -> Option<chrono::DateTime<chrono::Utc>> {
+    t.checked_add_signed(chrono::Duration::try_seconds(secs)?)
+}
+
 /// [`ferrolet_fsutil::blocking`] for the agent's code, whose errors are anyhow's.
 pub async fn blocking<T, F>(f: F) -> anyhow::Result<T>
 where

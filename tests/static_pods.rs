@@ -386,6 +386,46 @@ fn broken_manifest_beside_good_ones() {
         .any(|k| k.ends_with("good.yaml")));
 }
 
+/// Numbers a manifest may carry past Kubernetes' ranges are manifest errors, never a panic:
+/// an activeDeadlineSeconds of i64::MAX panicked the pod's worker every 5 s and the pod was
+/// neither listed nor reported. A pod with the longest grace period Kubernetes allows runs and
+/// goes away as any other.
+#[test]
+fn numbers_out_of_range_are_manifest_errors_not_panics() {
+    let a = Agent::start("ranges", &[]);
+    let with = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n{extra}  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 1; done\"]\n"
+        )
+    };
+    a.write(
+        "deadline.yaml",
+        &with("deadline", "  activeDeadlineSeconds: 9223372036854775807\n"),
+    );
+    a.write(
+        "grace.yaml",
+        &with("grace", "  terminationGracePeriodSeconds: 9223372036854775807\n"),
+    );
+    a.write("probe.yaml", &format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe}}\nspec:\n  containers:\n  - name: main\n    image: {IMAGE}\n    livenessProbe: {{exec: {{command: [\"true\"]}}, periodSeconds: -3}}\n"
+    ));
+    a.wait_phase("grace", "Running", T);
+    let errs = a.ferrolet_pods()["manifestErrors"].clone();
+    let text = errs.to_string();
+    assert!(
+        text.contains("spec.activeDeadlineSeconds: Invalid value: 9223372036854775807"),
+        "{text}"
+    );
+    assert!(
+        text.contains("livenessProbe.periodSeconds: Invalid value: -3"),
+        "{text}"
+    );
+    assert!(a.pod("deadline").is_none() && a.pod("probe").is_none());
+    a.remove("grace.yaml");
+    a.wait_gone("grace", T);
+    assert!(!a.agent_log().contains("panicked"), "{}", tail(&a.agent_log(), 40));
+}
+
 #[test]
 fn missing_image_is_reported() {
     let a = Agent::start("noimage", &[]);

@@ -108,7 +108,7 @@ pub struct PodResult {
 async fn run_pod(pods: Arc<PodManager>, p: Arc<Pod>, deadline: Duration) -> PodResult {
     let name = format!("{}/{}", pod::namespace(&p), pod::name(&p));
     let uid = pod::uid(&p).to_string();
-    let until = tokio::time::Instant::now() + deadline;
+    let until = crate::tasks::after(tokio::time::Instant::now(), deadline);
     let mut last = Assessment::Pending;
     loop {
         if let Some(e) = pods.get(&uid) {

@@ -58,6 +58,48 @@ pub fn validate(pod: &Pod) -> Vec<String> {
     if spec.termination_grace_period_seconds.is_some_and(|g| g < 0) {
         errs.push("spec.terminationGracePeriodSeconds: Invalid value: must be >= 0".into());
     }
+    if let Some(d) = spec.active_deadline_seconds {
+        if !(1..=i32::MAX as i64).contains(&d) {
+            errs.push(format!(
+                "spec.activeDeadlineSeconds: Invalid value: {d}: must be between 1 and {}, inclusive",
+                i32::MAX
+            ));
+        }
+    }
+    for (i, a) in spec.host_aliases.iter().flatten().enumerate() {
+        let p = format!("spec.hostAliases[{i}]");
+        if a.ip.parse::<std::net::IpAddr>().is_err() {
+            errs.push(format!("{p}.ip: Invalid value: {:?}: must be a valid IP address", a.ip));
+        }
+        for (j, h) in a.hostnames.iter().flatten().enumerate() {
+            if !is_dns_subdomain(h) {
+                errs.push(format!(
+                    "{p}.hostnames[{j}]: Invalid value: {h:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
+                ));
+            }
+        }
+    }
+    for (i, v) in spec.volumes.iter().flatten().enumerate() {
+        for (j, s) in v
+            .projected
+            .iter()
+            .flat_map(|pr| pr.sources.iter().flatten())
+            .enumerate()
+        {
+            if let Some(secs) = s.service_account_token.as_ref().and_then(|t| t.expiration_seconds) {
+                let f = format!("spec.volumes[{i}].projected.sources[{j}].serviceAccountToken.expirationSeconds");
+                if secs < 600 {
+                    errs.push(format!(
+                        "{f}: Invalid value: {secs}: may not specify a duration less than 10 minutes"
+                    ));
+                } else if secs > 1 << 32 {
+                    errs.push(format!(
+                        "{f}: Invalid value: {secs}: may not specify a duration larger than 2^32 seconds"
+                    ));
+                }
+            }
+        }
+    }
     if let Some(h) = &spec.hostname {
         if !is_dns_label(h) {
             errs.push(format!("spec.hostname: Invalid value: {h:?}: must be a DNS label"));
@@ -199,6 +241,27 @@ fn container(
             Some(o) => errs.push(format!("{pp}.protocol: Unsupported value: {o:?}")),
         }
     }
+    for (name, probe) in [
+        ("livenessProbe", &c.liveness_probe),
+        ("readinessProbe", &c.readiness_probe),
+        ("startupProbe", &c.startup_probe),
+    ] {
+        if let Some(pr) = probe {
+            validate_probe(&format!("{p}.{name}"), name, pr, errs);
+        }
+    }
+    if let Some(l) = &c.lifecycle {
+        for (name, h) in [("postStart", &l.post_start), ("preStop", &l.pre_stop)] {
+            if let Some(s) = h.as_ref().and_then(|h| h.sleep.as_ref()) {
+                if s.seconds < 0 {
+                    errs.push(format!(
+                        "{p}.lifecycle.{name}.sleep.seconds: Invalid value: {}: must be greater than or equal to 0",
+                        s.seconds
+                    ));
+                }
+            }
+        }
+    }
     for (j, e) in c.env.iter().flatten().enumerate() {
         if e.name.is_empty() || e.name.contains('=') {
             errs.push(format!("{p}.env[{j}].name: Invalid value: {:?}", e.name));
@@ -266,6 +329,74 @@ fn container(
             }
         }
     }
+}
+
+/// The API server's validateProbe: counts and periods non-negative, a probe's own grace
+/// period positive, liveness and startup probes succeeding once, ports in range.
+fn validate_probe(p: &str, kind: &str, pr: &k8s_openapi::api::core::v1::Probe, errs: &mut Vec<String>) {
+    for (field, v) in [
+        ("initialDelaySeconds", pr.initial_delay_seconds),
+        ("timeoutSeconds", pr.timeout_seconds),
+        ("periodSeconds", pr.period_seconds),
+        ("successThreshold", pr.success_threshold),
+        ("failureThreshold", pr.failure_threshold),
+    ] {
+        if let Some(v) = v.filter(|v| *v < 0) {
+            errs.push(format!(
+                "{p}.{field}: Invalid value: {v}: must be greater than or equal to 0"
+            ));
+        }
+    }
+    if let Some(g) = pr.termination_grace_period_seconds.filter(|g| *g <= 0) {
+        errs.push(format!(
+            "{p}.terminationGracePeriodSeconds: Invalid value: {g}: must be greater than 0"
+        ));
+    }
+    if kind != "readinessProbe" {
+        if let Some(s) = pr.success_threshold.filter(|s| *s != 1) {
+            errs.push(format!("{p}.successThreshold: Invalid value: {s}: must be 1"));
+        }
+    }
+    let port =
+        |field: &str, port: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString, errs: &mut Vec<String>| {
+            use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+            match port {
+                IntOrString::Int(n) if !(1..=65535).contains(n) => errs.push(format!(
+                    "{p}.{field}: Invalid value: {n}: must be between 1 and 65535, inclusive"
+                )),
+                IntOrString::String(s) if !is_port_name(s) => errs.push(format!(
+                    "{p}.{field}: Invalid value: {s:?}: must be a port number or an IANA service name"
+                )),
+                _ => {}
+            }
+        };
+    if let Some(h) = &pr.http_get {
+        port("httpGet.port", &h.port, errs);
+    }
+    if let Some(t) = &pr.tcp_socket {
+        port("tcpSocket.port", &t.port, errs);
+    }
+    if let Some(g) = &pr.grpc {
+        if !(1..=65535).contains(&g.port) {
+            errs.push(format!(
+                "{p}.grpc.port: Invalid value: {}: must be between 1 and 65535, inclusive",
+                g.port
+            ));
+        }
+    }
+}
+
+/// An IANA service name: 1-15 lowercase letters, digits and '-', at least one letter, no '-'
+/// at either end or twice in a row.
+fn is_port_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 15
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes().any(|b| b.is_ascii_lowercase())
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && !s.contains("--")
 }
 
 fn volume_sources(v: &Volume) -> usize {
@@ -406,6 +537,41 @@ mod tests {
         assert!(e.contains("spec.containers[0].image: Required value"), "{e}");
         assert!(e.contains("spec.containers[1].name: Duplicate value"), "{e}");
         assert!(e.contains("spec.containers[1].volumeMounts[0].name: Not found"), "{e}");
+    }
+
+    #[test]
+    fn numbers_out_of_kubernetes_ranges_are_refused() {
+        let p = pod(serde_json::json!({"metadata":{"name":"a"},"spec":{
+            "activeDeadlineSeconds": 9223372036854775807i64,
+            "hostAliases": [{"ip": "1.2.3.4\n5.6.7.8 evil", "hostnames": ["ok.example", "bad\nline"]}],
+            "containers":[{"name":"c","image":"x",
+                "livenessProbe": {"exec": {"command": ["true"]}, "periodSeconds": -1, "successThreshold": 2,
+                    "terminationGracePeriodSeconds": 0},
+                "readinessProbe": {"httpGet": {"port": 70000}, "successThreshold": 3},
+                "startupProbe": {"tcpSocket": {"port": "Not_A_Name"}},
+                "lifecycle": {"preStop": {"sleep": {"seconds": -5}}}}],
+            "volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t", "expirationSeconds": 60}}]}}]
+        }}));
+        let e = validate(&p).join("\n");
+        for want in [
+            "spec.activeDeadlineSeconds: Invalid value: 9223372036854775807: must be between 1 and 2147483647, inclusive",
+            "spec.hostAliases[0].ip: Invalid value",
+            "spec.hostAliases[0].hostnames[1]: Invalid value",
+            "spec.containers[0].livenessProbe.periodSeconds: Invalid value: -1",
+            "spec.containers[0].livenessProbe.successThreshold: Invalid value: 2: must be 1",
+            "spec.containers[0].livenessProbe.terminationGracePeriodSeconds: Invalid value: 0: must be greater than 0",
+            "spec.containers[0].readinessProbe.httpGet.port: Invalid value: 70000",
+            "spec.containers[0].startupProbe.tcpSocket.port: Invalid value: \"Not_A_Name\"",
+            "spec.containers[0].lifecycle.preStop.sleep.seconds: Invalid value: -5",
+            "serviceAccountToken.expirationSeconds: Invalid value: 60: may not specify a duration less than 10 minutes",
+        ] {
+            assert!(e.contains(want), "want {want}: {e}");
+        }
+        assert!(!e.contains("hostnames[0]"), "{e}");
+        assert!(
+            !e.contains("readinessProbe.successThreshold"),
+            "readiness may need several: {e}"
+        );
     }
 
     #[test]

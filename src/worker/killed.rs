@@ -53,7 +53,8 @@ impl Killed {
 /// pastActiveDeadline counts from status.startTime).
 pub fn active_deadline(p: &k8s_openapi::api::core::v1::Pod, start: DateTime<Utc>) -> Option<DateTime<Utc>> {
     let secs = pod::spec(p).active_deadline_seconds?;
-    Some(start + chrono::Duration::seconds(secs.max(0)))
+    // (validation keeps it to 1..=2^31-1; never panic on what slipped through)
+    crate::tasks::wall_after(start, secs.max(0))
 }
 
 impl PodWorker {

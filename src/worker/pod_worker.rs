@@ -298,7 +298,7 @@ impl PodWorker {
     /// Sleep `d` while the pod is being removed: updates no longer matter, probe results are
     /// dropped. False when the channel is gone.
     async fn sleep_ignoring_updates(&mut self, d: Duration) -> bool {
-        let until = tokio::time::Instant::now() + d;
+        let until = crate::tasks::after(tokio::time::Instant::now(), d);
         loop {
             tokio::select! {
                 m = self.rx.recv() => if m.is_none() { return false },

@@ -307,7 +307,7 @@ impl Plugin {
             self.cache
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(key, (Instant::now() + ttl, r.auth.clone()));
+                .insert(key, (crate::tasks::std_after(Instant::now(), ttl), r.auth.clone()));
         }
         Ok(r.auth)
     }
