@@ -129,6 +129,62 @@ fn nodefs_pressure_reclaims_then_evicts_the_largest_user() {
     drop(fs);
 }
 
+/// Disk usage comes from periodic walks (volumeStatsAggPeriod): a pod that filled its emptyDir
+/// after the last walk looked smaller than an innocent pod with 32 KiB of logs, which was
+/// evicted in its place. The manager measures afresh before ranking for disk. Once the
+/// pressure is gone, the evicted static pod runs again (same UID, admitted anew): a standalone
+/// node has no controller to bring it back.
+#[test]
+fn disk_pressure_measures_afresh_and_the_evicted_static_pod_comes_back() {
+    let fs = TmpfsRoot::mount("evrank", "96m");
+    // Walks at start and every 10 s; the hog fills its emptyDir at ~13 s, between two walks.
+    let a = Agent::start_with_config(
+        "evrank",
+        &[],
+        "evictionPressureTransitionPeriod: 3s\nvolumeStatsAggPeriod: 10s\nevictionHard:\n  nodefs.available: 40%\nferrolet:\n  evictionMonitoringPeriod: 1s\n  containerGCPeriod: 1s\n",
+    );
+    a.write(
+        "innocent.yaml",
+        &pod_yaml(
+            "innocent",
+            "Always",
+            "head -c 32768 /dev/zero | tr '\\0' x | fold -w 1000; sleep 3600",
+        ),
+    );
+    a.write(
+        "hog.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: hog}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, 'sleep 13; dd if=/dev/zero of=/data/f bs=1M count=64; sleep 3600']\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  volumes:\n  - {{name: data, emptyDir: {{}}}}\n"
+        ),
+    );
+    let first = a.wait_for("hog", "evicted", T, evicted);
+    let uid = first.metadata.uid.clone().unwrap();
+    let innocent = a.pod("innocent").expect("the innocent pod");
+    assert_eq!(phase_of(Some(&innocent)), Some("Running"), "{:?}", innocent.status);
+    assert!(
+        message(&first).starts_with("The node was low on resource: ephemeral-storage."),
+        "{}",
+        message(&first)
+    );
+    // The evicted pod's volumes go with it; the pressure clears, held 3 s, and the hog runs
+    // again under its own UID.
+    wait_until("DiskPressure cleared", T, &a, || {
+        pressure(&a, "DiskPressure") == "False"
+    });
+    let again = a.wait_for("hog", "running again", T, |p| {
+        phase_of(Some(p)) == Some("Running") && reason(p).is_none()
+    });
+    assert_eq!(again.metadata.uid.as_deref(), Some(uid.as_str()));
+    a.wait_log("RerunAfterEviction", T);
+    let innocent = a.pod("innocent").expect("the innocent pod");
+    assert_eq!(phase_of(Some(&innocent)), Some("Running"), "never evicted");
+    // Stop the hog before it fills the disk again.
+    a.remove("hog.yaml");
+    a.wait_gone("hog", T);
+    drop(a);
+    drop(fs);
+}
+
 /// memory.available as the agent computes it (the stats summary's node memory): MemTotal less
 /// the working set, MemFree + the free pages on the per-cpu lists + Inactive(file).
 fn memory_available() -> i64 {
@@ -204,6 +260,9 @@ fn memory_pressure_evicts_besteffort_before_burstable_within_requests() {
         "{}",
         message(&late)
     );
+    // (Its manifest goes: an evicted static pod runs again once the pressure is gone, and
+    // would fill the memory again.)
+    a.remove("besteffort.yaml");
     // The eviction released the hog's memory: the Burstable pod within its request was
     // ranked after it and stays.
     wait_until("MemoryPressure cleared", Duration::from_secs(90), &a, || {

@@ -488,7 +488,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         cfg.clone(),
         stats.clone(),
         pods.clone(),
-        kill_through(ev_tx.clone()),
+        eviction_through(ev_tx.clone()),
         events.clone(),
         crate::eviction::Reclaim {
             containers: container_gc,
@@ -536,9 +536,19 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     Ok(())
 }
 
-/// How the eviction manager kills a pod: through the main loop, as kubelet's killPodNow.
-fn kill_through(events: mpsc::UnboundedSender<Event>) -> crate::eviction::KillFn {
-    Arc::new(move |k: crate::eviction::Kill| {
+/// How the eviction manager's requests reach the pod workers: through the main loop, as
+/// kubelet's killPodNow.
+fn eviction_through(events: mpsc::UnboundedSender<Event>) -> crate::eviction::RequestFn {
+    Arc::new(move |r: crate::eviction::Request| {
+        let k = match r {
+            crate::eviction::Request::Kill(k) => k,
+            crate::eviction::Request::Rerun(uid) => {
+                if events.send(Event::Rerun(uid.clone())).is_err() {
+                    warn!(pod = %uid, "eviction: the main loop is gone; the pod is not run again");
+                }
+                return;
+            }
+        };
         let kill = crate::worker::KillPod {
             reason: k.reason,
             message: k.message,

@@ -20,9 +20,11 @@ pub enum Event {
     Snapshot(Snapshot),
     /// Periodic housekeeping (containers nobody owns).
     Housekeeping,
-    /// Stop a pod for good and leave it Failed (the eviction manager's kills), by UID.
-    /// Kill a pod and leave it Failed (the eviction manager's evictions).
+    /// Kill a pod and leave it Failed (the eviction manager's evictions), by UID.
     Kill(String, KillPod),
+    /// Run an evicted static pod again from the start, by UID (the eviction manager, once the
+    /// node's pressure is gone).
+    Rerun(String),
 }
 
 pub struct Loop {
@@ -77,6 +79,7 @@ pub async fn run(l: Loop, mut events: mpsc::UnboundedReceiver<Event>, mut finish
                 }
                 Step::Event(Event::Housekeeping) => workers.housekeeping().await,
                 Step::Event(Event::Kill(uid, k)) => workers.kill(&uid, k),
+                Step::Event(Event::Rerun(uid)) => workers.rerun(&uid),
                 Step::Finished(uid) => workers.finished(&uid),
             }
         })

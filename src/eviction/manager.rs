@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use super::rank::{self, Candidate};
 use super::signals::{self, Condition, Observations, Resource, Signal, Threshold};
-use super::{Eviction, Kill, KillFn, REASON};
+use super::{Eviction, Kill, Request, RequestFn, REASON};
 use crate::config::Config;
 use crate::events::{Kind, Recorder};
 use crate::images::gc::ImageGc;
@@ -37,7 +37,7 @@ pub struct Manager {
     thresholds: Vec<Threshold>,
     stats: Arc<Stats>,
     pods: Arc<PodManager>,
-    kill: KillFn,
+    to_workers: RequestFn,
     events: Recorder,
     reclaim: Reclaim,
     shared: Eviction,
@@ -56,7 +56,7 @@ impl Manager {
         cfg: Arc<Config>,
         stats: Arc<Stats>,
         pods: Arc<PodManager>,
-        kill: KillFn,
+        to_workers: RequestFn,
         events: Recorder,
         reclaim: Reclaim,
         shared: Eviction,
@@ -76,7 +76,7 @@ impl Manager {
             thresholds,
             stats,
             pods,
-            kill,
+            to_workers,
             events,
             reclaim,
             shared,
@@ -133,26 +133,15 @@ impl Manager {
                 conditions = ?reported.iter().map(|c| c.name()).collect::<Vec<_>>(),
                 "eviction manager: node conditions changed"
             );
-            self.shared.set(reported);
+            self.shared.set(reported.clone());
         }
         let acting = signals::met_grace_period(&met, &self.first_observed, now);
         self.met = acting.clone();
+        if reported.is_empty() {
+            self.rerun_evicted_static_pods();
+        }
 
-        // Pods that may be evicted, with their stats.
-        let by_uid: BTreeMap<&str, &crate::stats::summary::PodStats> =
-            snap.summary.pods.iter().map(|p| (p.pod_ref.uid.as_str(), p)).collect();
-        let entries = self.pods.entries();
-        let present: HashSet<String> = entries.iter().map(|e| pod::uid(&e.pod).to_string()).collect();
-        self.evicted.retain(|u| present.contains(u));
-        let mut candidates: Vec<Candidate> = entries
-            .into_iter()
-            .filter(|e| !e.terminating && !Phase::of(&e.status).is_some_and(Phase::is_terminal))
-            .filter(|e| !self.evicted.contains(pod::uid(&e.pod)))
-            .map(|e| Candidate {
-                stats: by_uid.get(pod::uid(&e.pod)).map(|s| (*s).clone()),
-                pod: e.pod,
-            })
-            .collect();
+        let mut candidates = self.candidates(&snap);
 
         // Local storage limits, whatever the pressure (every offender goes).
         let mut waits = Vec::new();
@@ -181,6 +170,13 @@ impl Manager {
         if self.reclaim_node_level(first.signal).await {
             return false;
         }
+        if matches!(resource, Resource::EphemeralStorage | Resource::Inodes) {
+            // Disk usage comes from the periodic walks, and a pod whose volumes were not walked
+            // yet would rank as using only its logs: measure every pod afresh first.
+            if let Some(fresh) = self.measure_disk_afresh().await {
+                candidates = self.candidates(&fresh);
+            }
+        }
         rank::rank(&mut candidates, resource);
         let max = self.cfg.eviction.max_pod_grace_period;
         let grace = |p: &k8s_openapi::api::core::v1::Pod| {
@@ -206,6 +202,55 @@ impl Manager {
             "eviction manager: unable to evict any pod from the node"
         );
         false
+    }
+
+    /// Pods that may be evicted, with their stats in `snap`.
+    fn candidates(&mut self, snap: &Snapshot) -> Vec<Candidate> {
+        let by_uid: BTreeMap<&str, &crate::stats::summary::PodStats> =
+            snap.summary.pods.iter().map(|p| (p.pod_ref.uid.as_str(), p)).collect();
+        let entries = self.pods.entries();
+        let present: HashSet<String> = entries.iter().map(|e| pod::uid(&e.pod).to_string()).collect();
+        self.evicted.retain(|u| present.contains(u));
+        entries
+            .into_iter()
+            .filter(|e| !e.terminating && !Phase::of(&e.status).is_some_and(Phase::is_terminal))
+            .filter(|e| !self.evicted.contains(pod::uid(&e.pod)))
+            .map(|e| Candidate {
+                stats: by_uid.get(pod::uid(&e.pod)).map(|s| (*s).clone()),
+                pod: e.pod,
+            })
+            .collect()
+    }
+
+    /// Walk every pod's directories now and sample: the disk usage a ranking for disk needs.
+    async fn measure_disk_afresh(&self) -> Option<Arc<Snapshot>> {
+        let stats = self.stats.clone();
+        match blocking(move || {
+            stats.walk_now();
+            Ok(stats.sample_now())
+        })
+        .await
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "eviction manager: measuring disk usage");
+                None
+            }
+        }
+    }
+
+    /// Static pods this node evicted for its pressure (not for their own local storage limits,
+    /// which would only be hit again) run again once no pressure is reported (the condition
+    /// held for evictionPressureTransitionPeriod after it was last seen): a standalone node has
+    /// no controller to recreate them. Decided from the pods' statuses, so it holds across
+    /// agent restarts too.
+    fn rerun_evicted_static_pods(&self) {
+        for e in self.pods.entries() {
+            if e.terminating || !pod::is_static(&e.pod) || !super::evicted_for_pressure(&e.status) {
+                continue;
+            }
+            (self.to_workers)(Request::Rerun(pod::uid(&e.pod).to_string()));
+        }
     }
 
     /// kubelet's reclaimNodeLevelResources: for disk, dead containers then unused images go;
@@ -256,14 +301,14 @@ impl Manager {
         self.events.pod(&c.pod, None, Kind::Warning, REASON, &message);
         let uid = pod::uid(&c.pod).to_string();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        (self.kill)(Kill {
+        (self.to_workers)(Request::Kill(Kill {
             uid: uid.clone(),
             reason: REASON.into(),
             message,
             grace,
             disruption_target,
             done: Some(tx),
-        });
+        }));
         info!(pod = %pod::full_name(&c.pod), "eviction manager: pod is evicted successfully");
         self.evicted.insert(uid);
         Some(rx)

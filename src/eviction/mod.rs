@@ -38,7 +38,30 @@ pub struct Kill {
     pub done: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-pub type KillFn = Arc<dyn Fn(Kill) + Send + Sync>;
+/// What the manager asks of the pod workers.
+pub enum Request {
+    /// Evict a pod.
+    Kill(Kill),
+    /// Run again, from the start, a static pod this node evicted once the node's pressure is
+    /// gone (by UID): a standalone node has no controller to recreate it (docs/eviction.md).
+    Rerun(String),
+}
+
+/// Whether `status` is that of a pod this node evicted for the node's pressure (phase Failed,
+/// reason Evicted, the DisruptionTarget condition), not for its own local storage limits: the
+/// static pods [`Request::Rerun`] brings back.
+pub fn evicted_for_pressure(status: &k8s_openapi::api::core::v1::PodStatus) -> bool {
+    status.phase.as_deref() == Some("Failed")
+        && status.reason.as_deref() == Some(REASON)
+        && status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == crate::status::DISRUPTION_TARGET && c.status == "True")
+}
+
+/// How the manager's requests reach the pod workers (through the main loop).
+pub type RequestFn = Arc<dyn Fn(Request) + Send + Sync>;
 
 /// The manager's view others read: the node's pressure conditions now.
 #[derive(Clone, Default)]

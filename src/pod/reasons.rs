@@ -53,6 +53,8 @@ pub const EVENT_FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
 pub const EVENT_FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
 pub const EVENT_INVALID_ENV_VAR_NAMES: &str = "InvalidEnvironmentVariableNames";
 pub const EVENT_FAILED_MOUNT: &str = "FailedMount";
+/// ferrolet's own: an evicted static pod runs again once the node's pressure is gone.
+pub const EVENT_RERUN_AFTER_EVICTION: &str = "RerunAfterEviction";
 
 /// Whether an event with `reason` is a Warning (kubelet records these as warnings) or Normal.
 pub fn event_kind(reason: &str) -> crate::events::Kind {

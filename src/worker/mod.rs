@@ -296,6 +296,38 @@ impl PodWorkers {
         }
     }
 
+    /// Run the static pod `uid`, evicted for the node's pressure, again from the start: its worker ends it as a REMOVE
+    /// would (containers, sandbox, volumes and its recorded status go), and the same pod is
+    /// ADDed again, admitted anew, once it is gone. A pod that is not a static pod evicted
+    /// here, or is terminating already, is left as it is.
+    pub fn rerun(&mut self, uid: &str) {
+        let Some(Slot::Worker { tx, pod, terminating }) = self.slots.get_mut(uid) else {
+            return;
+        };
+        if *terminating {
+            return;
+        }
+        let evicted = self
+            .m
+            .pods
+            .get(uid)
+            .is_some_and(|e| crate::eviction::evicted_for_pressure(&e.status));
+        if !pod::is_static(pod) || !evicted {
+            return;
+        }
+        *terminating = true;
+        let _ = tx.send(Msg::Terminate);
+        let p = pod.clone();
+        self.m.events.pod(
+            &p,
+            None,
+            crate::events::Kind::Normal,
+            crate::pod::reasons::EVENT_RERUN_AFTER_EVICTION,
+            "The node is no longer under pressure: the evicted static pod runs again",
+        );
+        self.pending.push(p);
+    }
+
     /// kubelet's HandlePodReconcile: the stored object is refreshed; nothing runs differently.
     fn reconcile(&mut self, p: Arc<Pod>) {
         let uid = pod::uid(&p).to_string();
