@@ -1051,6 +1051,36 @@ fn a_pod_of_many_containers_shows_its_progress() {
     assert!(partial.get(), "a status was published before every container ran");
 }
 
+/// A garbled agent.json at start was replaced silently by a new record that no longer named
+/// the cgroups the earlier run had made, so `reset` left them. Now the agent says so, keeps
+/// the garbled file aside, and records the cgroups below its pod cgroup root as its own.
+#[test]
+fn a_garbled_agent_record_is_said_at_start_and_reset_removes_everything() {
+    let mut a = Agent::start_in_own_cgroup("garbled");
+    a.write("p.yaml", &pod_yaml("p", "Always", "sleep 3600"));
+    let before = a.wait_phase("p", "Running", T);
+    a.stop();
+    std::fs::write(a.root.join("agent.json"), "{\"cgroupRoot\": 12, garbage").unwrap();
+    a.restart();
+    a.wait_log("agent.json unreadable: a new one is written", T);
+    assert!(a.root.join("agent.json.unreadable").exists());
+    // The pod kept running and is adopted as it was.
+    let after = a.wait_phase("p", "Running", T);
+    assert_eq!(after.metadata.uid, before.metadata.uid);
+    assert_eq!(restarts(&after, "main"), 0);
+    a.stop();
+    let out = a.reset().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cg = ferrolet_runtime::cgroups::Cgroups::detect().unwrap();
+    let own = a.cgroup.path().trim_start_matches('/').to_string();
+    for m in cg.mounts() {
+        for d in ["kubepods", "ferrolet.agent"] {
+            let p = m.join(&own).join(d);
+            assert!(!p.exists(), "{} left behind", p.display());
+        }
+    }
+}
+
 #[test]
 fn reset_finds_containers_without_their_records() {
     let mut a = Agent::start_in_own_cgroup("rsg");

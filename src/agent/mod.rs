@@ -33,7 +33,7 @@ use crate::status::StatusManager;
 use crate::tasks::{blocking, spawn_loop, supervise, AfterQuiet, Liveness};
 use crate::worker::cleanup::containers_by_pod;
 use crate::worker::{Managers, PodWorkers};
-use record::{load_record, save_record};
+use record::{load_record, load_record_at_start, save_record};
 use sync_loop::Event;
 
 /// Only one agent per root dir.
@@ -68,6 +68,27 @@ fn missing_cgroup_dirs(rt: &Runtime, kubepods: &str) -> Vec<PathBuf> {
     out
 }
 
+/// The directories of `cgroup` (in every hierarchy) strictly below `root` that exist,
+/// outermost first.
+fn existing_dirs_below(rt: &Runtime, root: &str, cgroup: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for (top, dir) in rt.cgroups().dirs(root).into_iter().zip(rt.cgroups().dirs(cgroup)) {
+        let mut chain = Vec::new();
+        let mut cur = dir.as_path();
+        while cur != top && cur.starts_with(&top) {
+            if cur.exists() {
+                chain.push(cur.to_path_buf());
+            }
+            match cur.parent() {
+                Some(p) => cur = p,
+                None => break,
+            }
+        }
+        out.extend(chain.into_iter().rev());
+    }
+    out
+}
+
 /// The leaf cgroup the agent moves into on cgroup v2 when its own cgroup holds kubepods.
 const AGENT_LEAF: &str = "ferrolet.agent";
 
@@ -88,9 +109,23 @@ fn setup_cgroups(
     let own = cgroups.root();
     let leaf = (cfg.cgroup_root.is_empty() && rt.cgroups().is_v2() && !own.is_empty() && own != "/")
         .then(|| format!("{own}/{AGENT_LEAF}"));
-    let mut record = load_record(&cfg.root_dir);
+    let (mut record, unreadable) = load_record_at_start(&cfg.root_dir);
     if record.cgroup_root != own {
         record.created_cgroup_dirs.clear();
+    }
+    if let Some(e) = &unreadable {
+        // What an earlier run created below the pod cgroup root is the agent's whoever made
+        // it; whether the root's own missing ancestors were is lost with the record.
+        let ours = existing_dirs_below(rt, own, &cgroups.kubepods())
+            .into_iter()
+            .chain(leaf.iter().flat_map(|l| existing_dirs_below(rt, own, l)))
+            .collect::<Vec<_>>();
+        warn!(
+            error = %e,
+            taken_as_the_agents = %ours.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+            "agent.json unreadable: a new one is written; the existing cgroups below the pod cgroup root are recorded as the agent's (reset removes them), any parent of {own} an earlier run created is not known and stays"
+        );
+        record.created_cgroup_dirs.extend(ours);
     }
     record.cgroup_root = own.to_string();
     record.pod_logs_dir = cfg.pod_logs_dir.clone();

@@ -31,6 +31,23 @@ pub fn load_record(root: &Path) -> AgentRecord {
     read_json_opt(&record_path(root)).ok().flatten().unwrap_or_default()
 }
 
+/// The record at the agent's start. One that cannot be read is never replaced silently: it is
+/// moved aside to `agent.json.unreadable` (for a person to look at) and the reason returned, so
+/// the caller can say so and rebuild what it can.
+pub fn load_record_at_start(root: &Path) -> (AgentRecord, Option<String>) {
+    match read_json_opt::<AgentRecord>(&record_path(root)) {
+        Ok(r) => (r.unwrap_or_default(), None),
+        Err(e) => {
+            let aside = root.join("agent.json.unreadable");
+            let moved = match std::fs::rename(record_path(root), &aside) {
+                Ok(()) => format!("moved aside to {}", aside.display()),
+                Err(m) => format!("could not be moved aside: {m}"),
+            };
+            (AgentRecord::default(), Some(format!("{e:#}; {moved}")))
+        }
+    }
+}
+
 pub fn save_record(root: &Path, rec: &AgentRecord) -> Result<()> {
     Ok(write_json_atomic(&record_path(root), rec)?)
 }
