@@ -111,6 +111,154 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// KubeletConfiguration (kubelet.config.k8s.io/v1beta1) as kubelet's Go types decode it, for
+/// the fields ferrolet's /configz prints: a client that decodes /configz with kubelet's types
+/// (the upstream e2e framework does) fails on `50.0` where the type is an int32. Unknown
+/// fields are ignored, as Go's decoder does; every type is kubelet's.
+#[allow(dead_code)]
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KubeletConfigurationV1beta1 {
+    enable_server: Option<bool>,
+    static_pod_path: Option<String>,
+    #[serde(rename = "staticPodURL")]
+    static_pod_url: Option<String>,
+    sync_frequency: Option<String>,
+    file_check_frequency: Option<String>,
+    http_check_frequency: Option<String>,
+    address: Option<String>,
+    port: Option<i32>,
+    read_only_port: Option<i32>,
+    tls_cert_file: Option<String>,
+    tls_private_key_file: Option<String>,
+    tls_min_version: Option<String>,
+    rotate_certificates: Option<bool>,
+    #[serde(rename = "serverTLSBootstrap")]
+    server_tls_bootstrap: Option<bool>,
+    authentication: Option<V1beta1Authentication>,
+    authorization: Option<V1beta1Authorization>,
+    healthz_port: Option<i32>,
+    healthz_bind_address: Option<String>,
+    cluster_domain: Option<String>,
+    #[serde(rename = "clusterDNS")]
+    cluster_dns: Option<Vec<String>>,
+    allowed_unsafe_sysctls: Option<Vec<String>>,
+    cgroup_root: Option<String>,
+    #[serde(rename = "cgroupsPerQOS")]
+    cgroups_per_qos: Option<bool>,
+    cgroup_driver: Option<String>,
+    max_pods: Option<i32>,
+    #[serde(rename = "podCIDR")]
+    pod_cidr: Option<String>,
+    pod_pids_limit: Option<i64>,
+    resolv_conf: Option<String>,
+    runtime_request_timeout: Option<String>,
+    pod_logs_dir: Option<String>,
+    container_log_max_size: Option<String>,
+    container_log_max_files: Option<i32>,
+    seccomp_default: Option<bool>,
+    system_reserved: Option<std::collections::BTreeMap<String, String>>,
+    kube_reserved: Option<std::collections::BTreeMap<String, String>>,
+    eviction_hard: Option<std::collections::BTreeMap<String, String>>,
+    eviction_soft: Option<std::collections::BTreeMap<String, String>>,
+    eviction_soft_grace_period: Option<std::collections::BTreeMap<String, String>>,
+    eviction_minimum_reclaim: Option<std::collections::BTreeMap<String, String>>,
+    eviction_pressure_transition_period: Option<String>,
+    eviction_max_pod_grace_period: Option<i32>,
+    register_node: Option<bool>,
+    register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
+    node_status_update_frequency: Option<String>,
+    node_status_report_frequency: Option<String>,
+    node_lease_duration_seconds: Option<i32>,
+    #[serde(rename = "kubeAPIQPS")]
+    kube_api_qps: Option<i32>,
+    #[serde(rename = "kubeAPIBurst")]
+    kube_api_burst: Option<i32>,
+    #[serde(rename = "eventRecordQPS")]
+    event_record_qps: Option<i32>,
+    event_burst: Option<i32>,
+    crash_loop_back_off: Option<V1beta1CrashLoopBackOff>,
+    qos_reserved: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(rename = "cpuCFSQuota")]
+    cpu_cfs_quota: Option<bool>,
+    #[serde(rename = "cpuCFSQuotaPeriod")]
+    cpu_cfs_quota_period: Option<String>,
+    enforce_node_allocatable: Option<Vec<String>>,
+    system_reserved_cgroup: Option<String>,
+    kube_reserved_cgroup: Option<String>,
+    oom_score_adj: Option<i32>,
+    #[serde(rename = "singleProcessOOMKill")]
+    single_process_oom_kill: Option<bool>,
+    container_log_max_workers: Option<i32>,
+    container_log_monitor_interval: Option<String>,
+    serialize_image_pulls: Option<bool>,
+    max_parallel_image_pulls: Option<i32>,
+    #[serde(rename = "registryPullQPS")]
+    registry_pull_qps: Option<i32>,
+    registry_burst: Option<i32>,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    image_gc_high_threshold_percent: Option<i32>,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    image_gc_low_threshold_percent: Option<i32>,
+    #[serde(rename = "imageMinimumGCAge")]
+    image_minimum_gc_age: Option<String>,
+    #[serde(rename = "imageMaximumGCAge")]
+    image_maximum_gc_age: Option<String>,
+    node_status_max_images: Option<i32>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, serde::Deserialize)]
+struct V1beta1Authentication {
+    x509: Option<V1beta1X509>,
+    webhook: Option<V1beta1AuthnWebhook>,
+    anonymous: Option<V1beta1Anonymous>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, serde::Deserialize)]
+struct V1beta1X509 {
+    #[serde(rename = "clientCAFile")]
+    client_ca_file: Option<String>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, serde::Deserialize)]
+struct V1beta1AuthnWebhook {
+    enabled: Option<bool>,
+    #[serde(rename = "cacheTTL")]
+    cache_ttl: Option<String>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, serde::Deserialize)]
+struct V1beta1Anonymous {
+    enabled: Option<bool>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V1beta1Authorization {
+    mode: Option<String>,
+    webhook: Option<V1beta1AuthzWebhook>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V1beta1AuthzWebhook {
+    cache_authorized_ttl: Option<String>,
+    cache_unauthorized_ttl: Option<String>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V1beta1CrashLoopBackOff {
+    max_container_restart_period: Option<String>,
+}
+
 #[test]
 fn tls_port_with_client_certificates_and_the_healthz_port() {
     let pki = tempfile::tempdir().unwrap();
@@ -191,6 +339,10 @@ fn tls_port_with_client_certificates_and_the_healthz_port() {
     let configz: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(configz["kubeletconfig"]["port"], port);
     assert_eq!(configz["kubeletconfig"]["authorization"]["mode"], "AlwaysAllow");
+    let typed: KubeletConfigurationV1beta1 = serde_json::from_value(configz["kubeletconfig"].clone())
+        .unwrap_or_else(|e| panic!("/configz does not decode with kubelet's types: {e}\n{configz}"));
+    assert_eq!(typed.kube_api_qps, Some(50));
+    assert_eq!(typed.port, Some(port as i32));
     let (code, body) = curl(&with_cert, &format!("{base}/spec/"));
     assert_eq!(code, 200, "{body}");
     let spec: serde_json::Value = serde_json::from_str(&body).unwrap();

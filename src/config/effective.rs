@@ -204,6 +204,8 @@ mod tests {
     fn run_once_and_the_log_link_dir_are_shown() {
         let v = kubelet_configuration(&Config::default());
         assert_eq!(v["runOnce"], false);
+        // kubelet's int32, never 50.0
+        assert!(v["kubeAPIQPS"].is_i64(), "{}", v["kubeAPIQPS"]);
         assert_eq!(v["ferrolet"]["containerLogLinkDir"], "/var/log/containers");
     }
 

@@ -190,7 +190,7 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
                     integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
             }
             "kubeAPIQPS" => {
-                cfg.cluster.kube_api_qps = v.as_f64().ok_or_else(|| anyhow!("{f}: expected a number, got {v}"))?
+                cfg.cluster.kube_api_qps = integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
             }
             "kubeAPIBurst" => {
                 cfg.cluster.kube_api_burst = integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?

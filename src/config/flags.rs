@@ -131,7 +131,7 @@ pub struct RunFlags {
     #[arg(long = "node-status-update-frequency")]
     pub node_status_update_frequency: Option<String>,
     #[arg(long = "kube-api-qps")]
-    pub kube_api_qps: Option<f64>,
+    pub kube_api_qps: Option<i32>,
     #[arg(long = "kube-api-burst")]
     pub kube_api_burst: Option<u32>,
     /// Event writes a second to the API server (0: no limit).

@@ -66,7 +66,7 @@ pub struct ClusterConfig {
     /// The node Lease's duration; it is renewed every quarter of it (10 s for kubelet's 40).
     pub node_lease_duration_seconds: i32,
     /// Client-side rate limit towards the API server (kubeAPIQPS / kubeAPIBurst).
-    pub kube_api_qps: f64,
+    pub kube_api_qps: i32,
     pub kube_api_burst: u32,
     /// Event writes a second to the API server, 0 for no limit, and their burst
     /// (eventRecordQPS / eventBurst; kubelet's defaults since v1.27, 5 and 10 before, raised
@@ -87,7 +87,7 @@ impl Default for ClusterConfig {
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
             node_lease_duration_seconds: 40,
-            kube_api_qps: 50.0,
+            kube_api_qps: 50,
             kube_api_burst: 100,
             event_record_qps: 50,
             event_burst: 100,
@@ -702,7 +702,7 @@ impl Config {
         if c.node_status_update_frequency.is_zero() || c.node_status_report_frequency.is_zero() {
             bail!("nodeStatusUpdateFrequency and nodeStatusReportFrequency must be positive");
         }
-        if !c.kube_api_qps.is_finite() || c.kube_api_qps <= 0.0 || c.kube_api_burst == 0 {
+        if c.kube_api_qps <= 0 || c.kube_api_burst == 0 {
             bail!("kubeAPIQPS and kubeAPIBurst must be positive");
         }
         self.serving.validate(self.in_cluster())?;

@@ -57,7 +57,7 @@ impl Kube {
             .kubeconfig
             .clone()
             .context("cluster mode needs --kubeconfig")?;
-        let limit = RateLimitLayer::new(cfg.cluster.kube_api_qps, cfg.cluster.kube_api_burst);
+        let limit = RateLimitLayer::new(f64::from(cfg.cluster.kube_api_qps), cfg.cluster.kube_api_burst);
         let store = CertStore::new(&cfg.root_dir);
         bootstrap::ensure_kubeconfig(
             &path,
@@ -118,7 +118,7 @@ impl Kube {
             .await
             .with_context(|| format!("kubeconfig {}", path.display()))?;
         let defaults = crate::config::ClusterConfig::default();
-        let limit = RateLimitLayer::new(defaults.kube_api_qps, defaults.kube_api_burst);
+        let limit = RateLimitLayer::new(f64::from(defaults.kube_api_qps), defaults.kube_api_burst);
         Ok(Kube::new(build_client(config, &limit)?))
     }
 
