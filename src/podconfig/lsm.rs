@@ -2,8 +2,9 @@
 //! handler): a pod that asks for an AppArmor profile other than Unconfined, on a node whose
 //! kernel does not enforce AppArmor, is refused with reason `AppArmor` and the message
 //! "Cannot enforce AppArmor: AppArmor is not enabled on the host"; on a node that does, the
-//! profile is applied to the container's process (src/kuberuntime/container.rs). ferrolet
-//! labels nothing for SELinux: a pod with seLinuxOptions is refused (reason `SELinux`) rather
+//! profile is applied to the container's process (src/kuberuntime/container.rs). SELinux: as
+//! kubelet and containerd, seLinuxOptions are ignored (said once) where SELinux is not enabled;
+//! where it is, ferrolet labels nothing yet, so such a pod is refused (reason `SELinux`) rather
 //! than run without the labels it asked for. docs/agent.md#apparmor-and-selinux
 
 use std::path::Path;
@@ -155,21 +156,27 @@ pub fn admit(p: &Pod, host: Host) -> Result<(), Rejection> {
         .filter(|c| pod_level || selinux_set(c.security_context.as_ref().and_then(|s| s.se_linux_options.as_ref())))
         .map(|c| c.name.as_str())
         .collect();
-    if !asking.is_empty() {
-        let why = if host.selinux {
-            "ferrolet does not apply SELinux labels"
-        } else {
-            "SELinux is not enabled on the host"
-        };
-        return Err(Rejection {
-            reason: REASON_SELINUX.into(),
-            message: format!(
-                "Cannot enforce SELinux: {why} (seLinuxOptions of {})",
-                asking.join(", ")
-            ),
-        });
+    if asking.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    if !host.selinux {
+        // As kubelet and containerd: labels apply only where SELinux is enabled.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!(
+                pod = %pod::full_name(p),
+                "seLinuxOptions ignored: SELinux is not enabled on the host (said once)"
+            );
+        }
+        return Ok(());
+    }
+    Err(Rejection {
+        reason: REASON_SELINUX.into(),
+        message: format!(
+            "Cannot enforce SELinux: ferrolet does not apply SELinux labels (seLinuxOptions of {})",
+            asking.join(", ")
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -237,15 +244,20 @@ mod tests {
     }
 
     #[test]
-    fn selinux_options_are_refused_with_the_containers_named() {
+    fn selinux_options_run_where_selinux_is_off_and_are_refused_where_labels_cannot_apply() {
         let p = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": [
             {"name": "a", "image": "i"},
             {"name": "b", "image": "i", "securityContext": {"seLinuxOptions": {"level": "s0:c123,c456"}}}]}}));
-        let e = admit(&p, NONE).unwrap_err();
+        assert!(admit(&p, NONE).is_ok());
+        let selinux = Host {
+            apparmor: false,
+            selinux: true,
+        };
+        let e = admit(&p, selinux).unwrap_err();
         assert_eq!(e.reason, "SELinux");
         assert_eq!(
             e.message,
-            "Cannot enforce SELinux: SELinux is not enabled on the host (seLinuxOptions of b)"
+            "Cannot enforce SELinux: ferrolet does not apply SELinux labels (seLinuxOptions of b)"
         );
         // Empty options ask for nothing.
         let none = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {
