@@ -250,16 +250,22 @@ spec:
     - {{name: HOST_IP, valueFrom: {{fieldRef: {{fieldPath: status.hostIP}}}}}}
     - {{name: MEM_LIMIT, valueFrom: {{resourceFieldRef: {{resource: limits.memory, divisor: 1Mi}}}}}}
     - {{name: CPU_REQ, valueFrom: {{resourceFieldRef: {{resource: requests.cpu, divisor: 1m}}}}}}
+    - {{name: MEM0, valueFrom: {{resourceFieldRef: {{resource: limits.memory, divisor: "0"}}}}}}
+    - {{name: CPU0, valueFrom: {{resourceFieldRef: {{resource: requests.cpu, divisor: "0"}}}}}}
+    - {{name: CPU_LIMIT0, valueFrom: {{resourceFieldRef: {{resource: limits.cpu, divisor: "0"}}}}}}
     - {{name: SUB, value: sub-$(POD_NS)}}
     command: [sh, -c]
     args:
-    - 'echo "FOOBAR=$FOOBAR"; echo "ESCAPED=$ESCAPED"; echo "UNDEFINED=$UNDEFINED"; echo "LATER_REF=$LATER_REF"; echo "ARG=$(FOO)"; echo "POD=$POD_NAME/$POD_NS/$POD_UID/$NODE"; echo "LABEL=$LABEL ANN=$ANN HOST_IP=$HOST_IP"; echo "MEM=$MEM_LIMIT CPU=$CPU_REQ"; echo sub > /data/file'
+    - 'echo "FOOBAR=$FOOBAR"; echo "ESCAPED=$ESCAPED"; echo "UNDEFINED=$UNDEFINED"; echo "LATER_REF=$LATER_REF"; echo "ARG=$(FOO)"; echo "POD=$POD_NAME/$POD_NS/$POD_UID/$NODE"; echo "LABEL=$LABEL ANN=$ANN HOST_IP=$HOST_IP"; echo "MEM=$MEM_LIMIT CPU=$CPU_REQ"; echo "ZERO=$MEM0 $CPU0 $CPU_LIMIT0 $(cat /dapi/cpu)"; echo sub > /data/file'
     resources:
       requests: {{cpu: 250m, memory: 16Mi}}
       limits: {{memory: 64Mi}}
     volumeMounts:
     - {{name: d, mountPath: /data, subPathExpr: "$(SUB)"}}
-  volumes: [{{name: d, hostPath: {{path: {}, type: Directory}}}}]
+    - {{name: dapi, mountPath: /dapi}}
+  volumes:
+  - {{name: d, hostPath: {{path: {}, type: Directory}}}}
+  - {{name: dapi, downwardAPI: {{items: [{{path: cpu, resourceFieldRef: {{containerName: c, resource: limits.cpu, divisor: "0"}}}}]}}}}
 "#,
             data.display()
         ),
@@ -289,6 +295,14 @@ spec:
     let host_ip = p.status.as_ref().unwrap().host_ip.clone().unwrap();
     assert_eq!(line("LABEL"), format!("LABEL=demo ANN=hi HOST_IP={host_ip}"));
     assert_eq!(line("MEM"), "MEM=64 CPU=250");
+    // A divisor of "0" (the API server's default for an unset one) is 1: bytes, and cpu
+    // rounded up to whole cores; an unset cpu limit is the node's allocatable, in env and
+    // volumes alike.
+    let zero = line("ZERO");
+    let parts: Vec<&str> = zero.trim_start_matches("ZERO=").split(' ').collect();
+    assert_eq!(&parts[..2], &["67108864", "1"], "{zero}");
+    assert!(parts[2].parse::<u32>().is_ok_and(|n| n >= 1), "{zero}");
+    assert_eq!(parts[2], parts[3], "env and downward API volume agree: {zero}");
     assert_eq!(
         std::fs::read_to_string(data.join("sub-default/file")).unwrap(),
         "sub\n",

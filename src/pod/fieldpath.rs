@@ -74,8 +74,12 @@ pub fn resource_field(c: &Container, resource: &str, divisor: &str, facts: &PodF
                 ("limits", None) => facts.node_cpu_milli,
                 _ => 0,
             };
-            let d = milli(divisor)?;
-            if d <= 0 {
+            // A zero divisor (the API server's default for an unset one) is 1: whole cores.
+            let d = match milli(divisor)? {
+                0 => 1000,
+                d => d,
+            };
+            if d < 0 {
                 return Err(format!("resourceFieldRef: invalid divisor {divisor:?}"));
             }
             Ok(((m as f64) / (d as f64)).ceil().to_string())
@@ -87,8 +91,9 @@ pub fn resource_field(c: &Container, resource: &str, divisor: &str, facts: &PodF
                 ("limits", None) => facts.node_ephemeral_storage,
                 _ => 0,
             };
-            let d = parse_quantity(divisor)?;
-            if d <= 0.0 {
+            // A zero divisor (the API server's default for an unset one) is 1: bytes.
+            let d = Some(parse_quantity(divisor)?).filter(|d| *d != 0.0).unwrap_or(1.0);
+            if d < 0.0 {
                 return Err(format!("resourceFieldRef: invalid divisor {divisor:?}"));
             }
             Ok(((v as f64) / d).ceil().to_string())
