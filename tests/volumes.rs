@@ -386,3 +386,40 @@ spec:
         assert!(m.contains("resolves outside the volume"), "{c}: {m}");
     }
 }
+
+/// envFrom takes every key that is an env var name in apimachinery's relaxed sense (letters,
+/// digits, `_`, `-`, `.`, not starting with a digit), with and without a prefix, as the upstream
+/// conformance specs' Secret and ConfigMap `data-1` keys; only the invalid ones are skipped,
+/// said in a warning event. (The container runs `env` itself: busybox 1.35's ash drops variables
+/// whose names are not shell names from the environment it passes on, so `sh -c env` shows
+/// none of them, whatever the node put in the container's environment.)
+#[test]
+fn env_from_takes_keys_with_dashes_and_dots() {
+    let a = Agent::start("volenvfrom", &[]);
+    a.write(
+        "objects.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata:\n  data-1: dmFsdWUtMQ==\n  data.2: dmFsdWUtMg==\n  3bad: eA==\n---\n\
+         apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata:\n  data-1: cm-1\n",
+    );
+    a.write(
+        "p.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [env]\n    envFrom:\n    - secretRef: {{name: s}}\n    - prefix: p-\n      secretRef: {{name: s}}\n    - prefix: cm_\n      configMapRef: {{name: c}}\n"
+        ),
+    );
+    a.wait_phase("p", "Succeeded", T);
+    let logs = a.logs("p", "");
+    for want in [
+        "data-1=value-1",
+        "data.2=value-2",
+        "p-data-1=value-1",
+        "p-data.2=value-2",
+        "cm_data-1=cm-1",
+    ] {
+        assert!(logs.lines().any(|l| l == want), "{want} missing:\n{logs}");
+    }
+    // The name with its prefix is what must be valid: `p-3bad` is, `3bad` is not.
+    assert!(logs.lines().any(|l| l == "p-3bad=x"), "{logs}");
+    assert!(!logs.lines().any(|l| l.starts_with("3bad=")), "{logs}");
+    a.wait_log("Keys [3bad] from the EnvFrom secret default/s were skipped", T);
+}
