@@ -44,6 +44,35 @@ fn init_containers_that_succeeded_are_ready() {
     assert!(container_status(&p, "app").ready);
 }
 
+/// setHostnameAsFQDN with a subdomain: the container's hostname (and /etc/hostname) is the FQDN;
+/// one longer than 64 characters leaves the pod Pending with kubelet's FailedCreatePodSandBox.
+#[test]
+fn set_hostname_as_fqdn_gives_the_fqdn_or_no_sandbox() {
+    let a = Agent::start("fqdn", &[]);
+    let pod = |name: &str, sub: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Never\n  hostname: h\n  subdomain: {sub}\n  setHostnameAsFQDN: true\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sh, -c, 'echo \"uts=$(hostname) file=$(cat /etc/hostname)\"']\n"
+        )
+    };
+    a.write("short.yaml", &pod("short", "s"));
+    let long_sub = "a".repeat(40);
+    a.write("long.yaml", &pod("long", &long_sub));
+    a.wait_phase("short", "Succeeded", T);
+    let fqdn = "h.s.default.svc.cluster.local";
+    assert_eq!(a.logs("short", "").trim(), format!("uts={fqdn} file={fqdn}"));
+    let want = format!("h.{long_sub}.default.svc.cluster.local");
+    a.wait_log(
+        &format!(
+            "Failed to create pod sandbox: failed to construct FQDN from pod hostname and cluster domain, FQDN {want} is too long (64 characters is the max, {} characters requested)",
+            want.len()
+        ),
+        T,
+    );
+    assert!(a.agent_log().contains("reason=\"FailedCreatePodSandBox\""));
+    let p = a.pod("long").expect("the long pod");
+    assert_eq!(status(&p).phase.as_deref(), Some("Pending"));
+}
+
 #[test]
 fn fallback_to_logs_keeps_a_partial_last_line_as_written() {
     let a = Agent::start("fallbackpartial", &[]);

@@ -47,6 +47,7 @@ pub const EVENT_CREATED: &str = "Created";
 pub const EVENT_STARTED: &str = "Started";
 pub const EVENT_BACK_OFF: &str = "BackOff";
 pub const EVENT_SANDBOX_CHANGED: &str = "SandboxChanged";
+pub const EVENT_FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
 pub const EVENT_UNHEALTHY: &str = "Unhealthy";
 pub const EVENT_PROBE_WARNING: &str = "ProbeWarning";
 pub const EVENT_FAILED_POST_START_HOOK: &str = "FailedPostStartHook";

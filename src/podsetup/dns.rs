@@ -27,6 +27,31 @@ pub fn hostname(p: &Pod) -> String {
     }
 }
 
+/// kubelet's hostnameMaxLen: the longest FQDN a pod's hostname may be.
+const FQDN_MAX: usize = 64;
+
+/// The hostname the pod's UTS namespace gets: [`hostname`], or with `setHostnameAsFQDN` and a
+/// subdomain the FQDN `<hostname>.<subdomain>.<namespace>.svc.<clusterDomain>`, which must fit
+/// in 64 characters (kubelet's error when it does not: the sandbox is not made).
+pub fn uts_hostname(p: &Pod, cluster_domain: &str) -> Result<String, String> {
+    let host = hostname(p);
+    let spec = pod::spec(p);
+    if pod::host_network(p) || spec.set_hostname_as_fqdn != Some(true) {
+        return Ok(host);
+    }
+    let Some(sub) = spec.subdomain.as_deref().filter(|s| !s.is_empty()) else {
+        return Ok(host);
+    };
+    let fqdn = format!("{host}.{sub}.{}.svc.{cluster_domain}", pod::namespace(p));
+    if fqdn.len() > FQDN_MAX {
+        return Err(format!(
+            "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is too long ({FQDN_MAX} characters is the max, {} characters requested)",
+            fqdn.len()
+        ));
+    }
+    Ok(fqdn)
+}
+
 pub fn hosts_file(p: &Pod, pod_ips: &[String], cluster_domain: &str) -> String {
     let mut s = String::new();
     if pod::host_network(p) {
@@ -167,7 +192,8 @@ pub fn write_files(dir: &Path, p: &Pod, pod_ips: &[String], cfg: &Config) -> any
     };
     w("etc-hosts", hosts_file(p, pod_ips, &cfg.cluster_domain))?;
     w("resolv.conf", resolv_conf(p, cfg))?;
-    w("hostname", format!("{}\n", hostname(p)))?;
+    let host = uts_hostname(p, &cfg.cluster_domain).unwrap_or_else(|_| hostname(p));
+    w("hostname", format!("{host}\n"))?;
     Ok(())
 }
 

@@ -155,7 +155,8 @@ impl PodSetup {
                 None
             };
             let pins = ferrolet_runtime::namespaces::Pins {
-                hostname: Some(dns::hostname(p)),
+                // (checked by the pod worker before the sandbox is made)
+                hostname: Some(dns::uts_hostname(p, &self.cfg.cluster_domain).unwrap_or_else(|_| dns::hostname(p))),
                 net: own.net,
                 ipc: own.ipc,
                 uts: own.uts,

@@ -133,6 +133,13 @@ impl PodWorker {
             }
         }
         if !usable {
+            // kubelet's generatePodSandboxConfig: a sandbox that cannot be configured is not
+            // made, and the pod stays Pending.
+            if let Err(why) = crate::podsetup::dns::uts_hostname(&self.pod, &m.cfg.cluster_domain) {
+                let message = format!("Failed to create pod sandbox: {why}");
+                self.event(None, reasons::EVENT_FAILED_CREATE_POD_SANDBOX, &message);
+                anyhow::bail!(message);
+            }
             self.resources.sandbox = Some(m.setup.create_sandbox(&self.pod, &self.pod_dir).await?);
         }
         let facts = self.facts();
