@@ -44,6 +44,22 @@ fn init_containers_that_succeeded_are_ready() {
     assert!(container_status(&p, "app").ready);
 }
 
+/// A pod for another OS is refused with kubelet's reason and message.
+#[test]
+fn a_pod_for_another_os_is_pod_os_not_supported() {
+    let a = Agent::start("podos", &[]);
+    a.write(
+        "win.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: win}}\nspec:\n  os: {{name: windows}}\n  containers:\n  - {{name: c, image: {IMAGE}}}\n"),
+    );
+    let p = a.wait_phase("win", "Failed", T);
+    assert_eq!(status(&p).reason.as_deref(), Some("PodOSNotSupported"));
+    assert_eq!(
+        status(&p).message.as_deref(),
+        Some("Pod was rejected: Failed to admit pod as the OS field doesn't match node OS")
+    );
+}
+
 /// setHostnameAsFQDN with a subdomain: the container's hostname (and /etc/hostname) is the FQDN;
 /// one longer than 64 characters leaves the pod Pending with kubelet's FailedCreatePodSandBox.
 #[test]

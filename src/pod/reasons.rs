@@ -35,6 +35,10 @@ pub const DEADLINE_EXCEEDED_MESSAGE: &str = "Pod was active on the node longer t
 
 // Pods the node refuses (admission).
 pub const UNSUPPORTED_POD_SPEC: &str = "UnsupportedPodSpec";
+/// kubelet's predicate admit handler: `spec.os.name` is not the node's OS.
+pub const POD_OS_NOT_SUPPORTED: &str = "PodOSNotSupported";
+/// kubelet's predicate admit handler: a `kubernetes.io/os` node selector is not the node's OS.
+pub const POD_OS_SELECTOR_MISMATCH: &str = "PodOSSelectorNodeLabelDoesNotMatch";
 pub const OUT_OF_PODS: &str = "OutOfpods";
 /// `OutOf<resource>` as kubelet's resource admission words it (OutOfcpu, OutOfmemory).
 pub fn out_of(resource: &str) -> String {

@@ -439,9 +439,6 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
             "spec.runtimeClassName: {rc:?}: ferrolet has one runtime and no runtime classes"
         ));
     }
-    if spec.os.as_ref().is_some_and(|o| o.name != "linux") {
-        return Some("spec.os.name: only linux pods run on this node".into());
-    }
     None
 }
 

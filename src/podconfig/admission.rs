@@ -42,6 +42,29 @@ pub fn sysctls(p: &Pod, allowed: &crate::pod::sysctl::Allowlist) -> Result<(), R
     })
 }
 
+/// kubelet's OS checks in its predicate admit handler: `spec.os.name` must be the node's OS, and
+/// so must a `kubernetes.io/os` node selector.
+fn os(p: &Pod) -> Result<(), Rejection> {
+    let spec = crate::pod::spec(p);
+    if spec.os.as_ref().is_some_and(|o| o.name != std::env::consts::OS) {
+        return Err(Rejection {
+            reason: reasons::POD_OS_NOT_SUPPORTED.into(),
+            message: "Failed to admit pod as the OS field doesn't match node OS".into(),
+        });
+    }
+    let selected = spec.node_selector.as_ref().and_then(|s| s.get(OS_LABEL));
+    if selected.is_some_and(|os| os != std::env::consts::OS) {
+        return Err(Rejection {
+            reason: reasons::POD_OS_SELECTOR_MISMATCH.into(),
+            message: format!("Failed to admit pod as the `{OS_LABEL}` label doesn't match node label"),
+        });
+    }
+    Ok(())
+}
+
+/// The node label naming its OS.
+const OS_LABEL: &str = "kubernetes.io/os";
+
 /// Can the node (`node`, its Node object `node_object`) take `p` beside the `active` pods
 /// (admitted, not terminating, not finished)?
 pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo, node_object: &Node) -> Result<(), Rejection> {
@@ -84,6 +107,7 @@ pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo, node_object: &Node) 
             message: format!("Predicate {predicate} failed"),
         });
     }
+    os(p)?;
     // kubelet's AppArmor admit handler comes after the predicates.
     super::lsm::admit(p, super::lsm::Host::detect())?;
     Ok(())
@@ -175,6 +199,16 @@ mod eviction_admit_tests {
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n  - name: c\n    image: x\n{extra}"
         ))
         .unwrap()
+    }
+
+    #[test]
+    fn another_os_is_refused_as_kubelet_says() {
+        let r = os(&pod("  os: {name: windows}\n")).unwrap_err();
+        assert_eq!(r.reason, "PodOSNotSupported");
+        assert_eq!(r.message, "Failed to admit pod as the OS field doesn't match node OS");
+        let r = os(&pod("  nodeSelector: {kubernetes.io/os: windows}\n")).unwrap_err();
+        assert_eq!(r.reason, "PodOSSelectorNodeLabelDoesNotMatch");
+        assert!(os(&pod("  os: {name: linux}\n  nodeSelector: {kubernetes.io/os: linux}\n")).is_ok());
     }
 
     #[test]
