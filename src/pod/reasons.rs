@@ -25,6 +25,8 @@ pub const UNKNOWN: &str = "Unknown";
 
 // Pod conditions.
 pub const CONTAINERS_NOT_READY: &str = "ContainersNotReady";
+/// kubelet's Ready reason when the containers are ready but a readiness gate is not.
+pub const READINESS_GATES_NOT_READY: &str = "ReadinessGatesNotReady";
 pub const CONTAINERS_NOT_INITIALIZED: &str = "ContainersNotInitialized";
 pub const POD_COMPLETED: &str = "PodCompleted";
 /// The Ready condition of a pod that failed.

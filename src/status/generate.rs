@@ -274,6 +274,14 @@ pub fn compute(input: &StatusInput) -> PodStatus {
         Some(reasons::CONTAINERS_NOT_READY)
     };
     let ready_msg = (!ready && !completed).then(|| format!("containers with unready status: [{}]", unready.join(" ")));
+    // kubelet's GeneratePodReadyCondition: ready containers make the pod Ready only when every
+    // readiness gate's condition (set by others, through the API) is True too.
+    let gates = unready_gates(p);
+    let (pod_ready, pod_ready_reason, pod_ready_msg) = if ready && !gates.is_empty() {
+        (false, Some(reasons::READINESS_GATES_NOT_READY), Some(gates.join(", ")))
+    } else {
+        (ready, ready_reason, ready_msg.clone())
+    };
     let conditions = vec![
         condition(prev, "PodReadyToStartContainers", input.sandbox_ready, None, None, now),
         condition(
@@ -284,7 +292,7 @@ pub fn compute(input: &StatusInput) -> PodStatus {
             (!initialized).then(|| format!("containers with incomplete status: [{}]", incomplete.join(" "))),
             now,
         ),
-        condition(prev, "Ready", ready, ready_reason, ready_msg.clone(), now),
+        condition(prev, "Ready", pod_ready, pod_ready_reason, pod_ready_msg, now),
         condition(prev, "ContainersReady", ready, ready_reason, ready_msg, now),
         condition(prev, "PodScheduled", true, None, None, now),
     ];
@@ -303,6 +311,48 @@ pub fn compute(input: &StatusInput) -> PodStatus {
         container_statuses: Some(apps),
         ..Default::default()
     }
+}
+
+/// kubelet's words for each readiness gate of `p` whose condition is not True in the pod's
+/// status as its source last had it.
+pub fn unready_gates(p: &Pod) -> Vec<String> {
+    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+    pod::spec(p)
+        .readiness_gates
+        .iter()
+        .flatten()
+        .filter_map(|g| {
+            let t = &g.condition_type;
+            match conditions.and_then(|cs| cs.iter().find(|c| c.type_ == *t)) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate {t:?} does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate {t:?} is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect()
+}
+
+/// The gate conditions of `p` (type and status), to tell whether a new object of the pod
+/// changes its readiness (kubelet's NeedToReconcilePodReadiness).
+pub fn gate_conditions(p: &Pod) -> Vec<(String, String)> {
+    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+    pod::spec(p)
+        .readiness_gates
+        .iter()
+        .flatten()
+        .map(|g| {
+            let status = conditions
+                .and_then(|cs| cs.iter().find(|c| c.type_ == g.condition_type))
+                .map(|c| c.status.clone())
+                .unwrap_or_default();
+            (g.condition_type.clone(), status)
+        })
+        .collect()
 }
 
 /// The condition kubelet adds to a pod it stops for the node's sake (an eviction).
@@ -403,6 +453,39 @@ mod tests {
             start_time: None,
             previous: None,
         })
+    }
+
+    #[test]
+    fn readiness_gates_hold_the_pod_back_until_their_conditions_are_true() {
+        let pod = |conditions: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+                "spec": {
+                    "readinessGates": [{"conditionType": "example.com/a"}, {"conditionType": "example.com/b"}],
+                    "containers": [{"name": "app", "image": "i"}],
+                },
+                "status": {"conditions": conditions},
+            }))
+            .unwrap()
+        };
+        let cond = |st: &PodStatus, t: &str| st.conditions.iter().flatten().find(|c| c.type_ == t).cloned().unwrap();
+        let p = pod(serde_json::json!([{"type": "example.com/a", "status": "False"}]));
+        let st = status(&p, vec![view("app", ViewState::Running)]);
+        let ready = cond(&st, "Ready");
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason.as_deref(), Some("ReadinessGatesNotReady"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("the status of pod readiness gate \"example.com/a\" is not \"True\", but False, corresponding condition of pod readiness gate \"example.com/b\" does not exist.")
+        );
+        assert_eq!(cond(&st, "ContainersReady").status, "True");
+        let p = pod(serde_json::json!([
+            {"type": "example.com/a", "status": "True"},
+            {"type": "example.com/b", "status": "True"},
+        ]));
+        let st = status(&p, vec![view("app", ViewState::Running)]);
+        assert_eq!(cond(&st, "Ready").status, "True");
+        assert_ne!(gate_conditions(&p), gate_conditions(&pod(serde_json::json!([]))));
     }
 
     #[test]

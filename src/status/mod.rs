@@ -6,6 +6,6 @@ pub mod manager;
 pub mod phase;
 pub mod sync;
 
-pub use generate::{compute, killed, rejected, StatusInput, DISRUPTION_TARGET};
+pub use generate::{compute, gate_conditions, killed, rejected, unready_gates, StatusInput, DISRUPTION_TARGET};
 pub use manager::{PersistedStatus, StatusManager};
 pub use phase::Phase;

@@ -332,8 +332,20 @@ impl PodWorkers {
     fn reconcile(&mut self, p: Arc<Pod>) {
         let uid = pod::uid(&p).to_string();
         if let Some(Slot::Worker { pod, .. } | Slot::Inert { pod }) = self.slots.get_mut(&uid) {
+            // kubelet's NeedToReconcilePodReadiness: a readiness gate's condition changed, so
+            // the worker computes the Ready condition anew.
+            let gates_changed = crate::status::gate_conditions(pod) != crate::status::gate_conditions(&p);
             *pod = p.clone();
-            self.m.pods.set_pod(&uid, p);
+            self.m.pods.set_pod(&uid, p.clone());
+            if let (
+                true,
+                Some(Slot::Worker {
+                    tx, terminating: false, ..
+                }),
+            ) = (gates_changed, self.slots.get(&uid))
+            {
+                let _ = tx.send(Msg::Update(p));
+            }
         }
     }
 

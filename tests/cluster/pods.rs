@@ -26,6 +26,10 @@ pub fn tests() -> Vec<Trial> {
             "deployment_replicas_are_scheduled_and_run",
             deployment_replicas_are_scheduled_and_run,
         ),
+        test(
+            "a_readiness_gate_patched_by_a_client_makes_the_pod_ready",
+            a_readiness_gate_patched_by_a_client_makes_the_pod_ready,
+        ),
     ]
 }
 
@@ -307,5 +311,67 @@ spec:
     c.kubectl_ok(&["delete", "pod", "too-big", "--wait=false"]);
     c.wait("the refused pod to go", Duration::from_secs(30), || {
         c.get_json(&["pod", "too-big"]).is_none()
+    });
+}
+
+/// readinessGates: the pod is Ready only once a client sets each gate's condition True through
+/// the status subresource (kubelet's NeedToReconcilePodReadiness: the new object is synced).
+fn a_readiness_gate_patched_by_a_client_makes_the_pod_ready() {
+    let c = cluster();
+    let node = c.node("gates");
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: gated, namespace: default}}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  readinessGates: [{{conditionType: example.com/gate}}]
+  containers:
+  - {{name: app, image: {IMAGE}, command: [sleep, "3600"]}}
+"#,
+        node = node.node
+    ));
+    let condition = |p: &serde_json::Value, t: &str| -> serde_json::Value {
+        p["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == t).cloned())
+            .unwrap_or_default()
+    };
+    c.wait(
+        "containers ready, the pod held back by its gate",
+        Duration::from_secs(30),
+        || {
+            c.get_json(&["pod", "gated"]).is_some_and(|p| {
+                condition(&p, "ContainersReady")["status"] == "True"
+                    && condition(&p, "Ready")["reason"] == "ReadinessGatesNotReady"
+            })
+        },
+    );
+    let p = c.get_json(&["pod", "gated"]).unwrap();
+    assert_eq!(condition(&p, "Ready")["status"], "False");
+    assert_eq!(
+        condition(&p, "Ready")["message"],
+        "corresponding condition of pod readiness gate \"example.com/gate\" does not exist."
+    );
+    c.kubectl_ok(&[
+        "patch",
+        "pod",
+        "gated",
+        "--subresource=status",
+        "--type=strategic",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"example.com/gate","status":"True"}]}}"#,
+    ]);
+    c.wait("the pod Ready once its gate is True", Duration::from_secs(30), || {
+        c.get_json(&["pod", "gated"]).is_some_and(|p| {
+            condition(&p, "Ready")["status"] == "True" && condition(&p, "example.com/gate")["status"] == "True"
+        })
+    });
+    c.kubectl_ok(&["delete", "pod", "gated", "--wait=false"]);
+    c.wait("the gated pod to go", Duration::from_secs(30), || {
+        c.get_json(&["pod", "gated"]).is_none()
     });
 }
