@@ -256,7 +256,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         blocking(move || Ok(NodeInfo::detect(&cfg))).await?
     };
     // The eviction manager's conditions (the manager starts once the stats do).
-    let eviction = crate::eviction::Eviction::default();
+    let eviction = crate::eviction::Eviction::new(cfg.in_cluster());
     // In a cluster: the Node (registered and kept up in the background) and its podCIDR.
     let mut node_handle = None;
     if let Some(kube) = &kube {

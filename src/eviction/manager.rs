@@ -187,7 +187,7 @@ impl Manager {
             Duration::from_secs(max.min(own).max(0) as u64)
         };
         for c in &candidates {
-            if rank::is_critical(&c.pod) {
+            if rank::is_critical(&c.pod, self.cfg.in_cluster()) {
                 continue;
             }
             let mut message = signals::node_low_message(resource, &acting, &obs);
@@ -294,7 +294,7 @@ impl Manager {
         grace: Duration,
         disruption_target: bool,
     ) -> Option<tokio::sync::oneshot::Receiver<()>> {
-        if rank::is_critical(&c.pod) {
+        if rank::is_critical(&c.pod, self.cfg.in_cluster()) {
             warn!(pod = %pod::full_name(&c.pod), "eviction manager: cannot evict a critical pod");
             return None;
         }

@@ -67,9 +67,18 @@ pub type RequestFn = Arc<dyn Fn(Request) + Send + Sync>;
 #[derive(Clone, Default)]
 pub struct Eviction {
     conditions: Arc<RwLock<Vec<Condition>>>,
+    /// Static and mirror pods are critical (kubelet's rule, in a cluster only).
+    in_cluster: bool,
 }
 
 impl Eviction {
+    pub fn new(in_cluster: bool) -> Eviction {
+        Eviction {
+            in_cluster,
+            ..Default::default()
+        }
+    }
+
     pub fn conditions(&self) -> Vec<Condition> {
         self.conditions.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -92,6 +101,6 @@ impl Eviction {
     /// BestEffort are admitted (and BestEffort ones tolerating the memory-pressure taint); under
     /// any other pressure no pod is; critical pods always are.
     pub fn admit(&self, p: &Pod) -> Result<(), crate::podconfig::admission::Rejection> {
-        crate::podconfig::admission::eviction_admit(p, &self.conditions())
+        crate::podconfig::admission::eviction_admit(p, &self.conditions(), self.in_cluster)
     }
 }

@@ -24,10 +24,11 @@ pub fn priority(p: &Pod) -> i32 {
     pod::spec(p).priority.unwrap_or(0)
 }
 
-/// kubelet's IsCriticalPod, less its static-pod rule (docs/eviction.md: on a standalone node
-/// every pod is static, so that rule would leave the node nothing to evict).
-pub fn is_critical(p: &Pod) -> bool {
-    priority(p) >= SYSTEM_CRITICAL_PRIORITY
+/// kubelet's IsCriticalPod: priority at or above system-critical, or a static or mirror pod —
+/// that last rule only in a cluster (`in_cluster`): on a standalone node every pod is static,
+/// and it would leave the node nothing to evict (docs/eviction.md).
+pub fn is_critical(p: &Pod, in_cluster: bool) -> bool {
+    priority(p) >= SYSTEM_CRITICAL_PRIORITY || (in_cluster && (pod::is_static(p) || pod::is_mirror(p)))
 }
 
 /// The pod's usage of `resource`, as the ranking measures it.
@@ -219,7 +220,7 @@ mod tests {
         );
         let s = stats(10 << 20, 1);
         assert_eq!(container_messages(&p, Some(&s), Resource::Memory), "");
-        assert!(!is_critical(&p));
-        assert!(is_critical(&pod("sys", None, Some(2_000_001_000))));
+        assert!(!is_critical(&p, false));
+        assert!(is_critical(&pod("sys", None, Some(2_000_001_000)), false));
     }
 }

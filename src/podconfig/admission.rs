@@ -156,13 +156,17 @@ mod tests {
 }
 
 /// kubelet's eviction manager admit handler: with no pressure every pod is admitted; critical
-/// pods (priority at or above system-critical) always are; under memory pressure alone, pods
+/// pods ([`crate::eviction::rank::is_critical`]) always are; under memory pressure alone, pods
 /// that are not BestEffort are, and BestEffort ones that tolerate the
 /// `node.kubernetes.io/memory-pressure:NoSchedule` taint; otherwise the pod is refused with
 /// reason Evicted and "The node had condition: [..]. ".
-pub fn eviction_admit(p: &Pod, conditions: &[crate::eviction::signals::Condition]) -> Result<(), Rejection> {
+pub fn eviction_admit(
+    p: &Pod,
+    conditions: &[crate::eviction::signals::Condition],
+    in_cluster: bool,
+) -> Result<(), Rejection> {
     use crate::eviction::signals::Condition;
-    if conditions.is_empty() || crate::eviction::rank::is_critical(p) {
+    if conditions.is_empty() || crate::eviction::rank::is_critical(p, in_cluster) {
         return Ok(());
     }
     if conditions == [Condition::MemoryPressure] {
@@ -216,14 +220,14 @@ mod eviction_admit_tests {
         let be = pod("");
         let burstable = pod("    resources: {requests: {memory: 10Mi}}\n");
         let mem = [Condition::MemoryPressure];
-        let r = eviction_admit(&be, &mem).unwrap_err();
+        let r = eviction_admit(&be, &mem, false).unwrap_err();
         assert_eq!(r.reason, "Evicted");
         assert_eq!(r.message, "The node had condition: [MemoryPressure]. ");
-        assert!(eviction_admit(&burstable, &mem).is_ok());
-        assert!(eviction_admit(&be, &[]).is_ok());
+        assert!(eviction_admit(&burstable, &mem, false).is_ok());
+        assert!(eviction_admit(&be, &[], false).is_ok());
         let tolerant =
             pod("  tolerations: [{key: node.kubernetes.io/memory-pressure, operator: Exists, effect: NoSchedule}]\n");
-        assert!(eviction_admit(&tolerant, &mem).is_ok());
+        assert!(eviction_admit(&tolerant, &mem, false).is_ok());
     }
 
     #[test]
@@ -231,11 +235,20 @@ mod eviction_admit_tests {
         let burstable = pod("    resources: {requests: {memory: 10Mi}}\n");
         let both = [Condition::MemoryPressure, Condition::DiskPressure];
         assert_eq!(
-            eviction_admit(&burstable, &both).unwrap_err().message,
+            eviction_admit(&burstable, &both, false).unwrap_err().message,
             "The node had condition: [MemoryPressure DiskPressure]. "
         );
         let mut critical = pod("");
         critical.spec.as_mut().unwrap().priority = Some(2_000_001_000);
-        assert!(eviction_admit(&critical, &[Condition::DiskPressure]).is_ok());
+        assert!(eviction_admit(&critical, &[Condition::DiskPressure], false).is_ok());
+        // A static pod is critical in a cluster (kubelet's rule), not on a standalone node.
+        let mut static_pod = pod("");
+        static_pod
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(crate::pod::CONFIG_SOURCE.into(), "file".into());
+        assert!(eviction_admit(&static_pod, &[Condition::DiskPressure], true).is_ok());
+        assert!(eviction_admit(&static_pod, &[Condition::DiskPressure], false).is_err());
     }
 }
