@@ -7,7 +7,7 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use clap::Parser;
 use ferrolet::cli::{self, Cli, Command};
-use ferrolet::{agent, config};
+use ferrolet::{agent, cm, config};
 
 fn init_logging(verbosity: u8) {
     let default = match verbosity {
@@ -88,6 +88,7 @@ fn run_agent(flags: &config::RunFlags) -> Result<i32> {
         );
     }
     agent::require_root()?;
+    cm::swap::check(cfg.fail_swap_on, std::path::Path::new("/proc/swaps"))?;
     // Before any thread exists (docs/runtime.md#the-zygote).
     let zygote = ferrolet_runtime::fork_zygote()?;
     serve(cfg, zygote, warnings)

@@ -6,6 +6,7 @@
 pub mod node_allocatable;
 pub mod oom_watcher;
 pub mod qos;
+pub mod swap;
 
 use anyhow::{Context, Result};
 

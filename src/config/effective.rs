@@ -99,6 +99,7 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
         "containerLogMaxSize": cfg.container_log_max_size.to_string(),
         "containerLogMaxFiles": cfg.container_log_max_files,
         "seccompDefault": cfg.seccomp_default,
+        "failSwapOn": cfg.fail_swap_on,
         "systemReserved": reserved(&cfg.system_reserved),
         "kubeReserved": reserved(&cfg.kube_reserved),
         "evictionHard": eviction,

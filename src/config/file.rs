@@ -38,7 +38,6 @@ pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "iptablesMasqueradeBit",
     "iptablesDropBit",
     "featureGates",
-    "failSwapOn",
     "memorySwap",
     "configMapAndSecretChangeDetectionStrategy",
     "reservedSystemCPUs",
@@ -170,6 +169,7 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
                 cfg.container_log_max_files = integer(f, v)?.try_into().map_err(|_| anyhow!("{f}: out of range"))?
             }
             "seccompDefault" => cfg.seccomp_default = boolean(f, v)?,
+            "failSwapOn" => cfg.fail_swap_on = boolean(f, v)?,
             "rotateCertificates" => cfg.cluster.rotate_certificates = boolean(f, v)?,
             "registerNode" => cfg.cluster.register_node = boolean(f, v)?,
             "registerWithTaints" => {

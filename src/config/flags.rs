@@ -60,6 +60,9 @@ pub struct RunFlags {
     pub cgroup_root: Option<String>,
     #[arg(long = "cgroups-per-qos", num_args = 0..=1, default_missing_value = "true")]
     pub cgroups_per_qos: Option<bool>,
+    /// Refuse to start while the node has swap on (kubelet's --fail-swap-on).
+    #[arg(long = "fail-swap-on", num_args = 0..=1, default_missing_value = "true")]
+    pub fail_swap_on: Option<bool>,
     #[arg(long = "max-pods")]
     pub max_pods: Option<u32>,
     /// QoS tiers' memory reserve, `memory=50%` (kubelet's --qos-reserved).
@@ -343,6 +346,9 @@ pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     }
     if let Some(c) = &f.cgroup_root {
         cfg.cgroup_root = c.clone();
+    }
+    if let Some(b) = f.fail_swap_on {
+        cfg.fail_swap_on = b;
     }
     if let Some(b) = f.cgroups_per_qos {
         cfg.cgroups_per_qos = b;

@@ -516,6 +516,8 @@ pub struct Config {
     /// Pods without a seccompProfile get RuntimeDefault (kubelet's seccompDefault; on by
     /// default here, docs/runtime.md#libcontainer-facts-that-matter).
     pub seccomp_default: bool,
+    /// Refuse to start while the node has swap on (kubelet's failSwapOn, default true).
+    pub fail_swap_on: bool,
     /// Resources set aside for the system's daemons (kubelet's systemReserved).
     pub system_reserved: Reserved,
     /// Resources set aside for the agent itself (kubelet's kubeReserved).
@@ -582,6 +584,7 @@ impl Default for Config {
             max_container_restart_period: Duration::from_secs(300),
             initial_container_restart_period: Duration::from_secs(10),
             seccomp_default: true,
+            fail_swap_on: true,
             system_reserved: Reserved::default(),
             kube_reserved: Reserved::default(),
             cm: CmConfig::default(),
