@@ -1000,6 +1000,51 @@ pub(crate) fn unescape(s: &str) -> String {
     out
 }
 
+/// kubelet 1.26's swap rule (NodeSwap off): a container's memory limit bounds memory and swap
+/// together, so a container with a limit does not swap (cgroup v2: `memory.swap.max` 0; v1:
+/// `memory.memsw.limit_in_bytes` = the limit). libcgroups cannot say it: on v2 it skips a swap
+/// value of 0, and on v1 it fails where the kernel has no swap accounting. The monitor writes
+/// it after the build, before the container is reported created; a kernel without the file
+/// (no swap accounting) has nothing to bound.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SwapBound {
+    /// The file to write.
+    pub file: PathBuf,
+    /// What to write there.
+    pub value: String,
+}
+
+impl SwapBound {
+    /// The bound for a container in `cgroup` with a memory limit of `limit` bytes; None when
+    /// the kernel accounts no swap.
+    pub fn for_limit(cgroups: &Cgroups, cgroup: &str, limit: i64) -> Option<SwapBound> {
+        let (file, value, probe) = if cgroups.is_v2() {
+            let dir = cgroups.dirs(cgroup).into_iter().next()?;
+            let parent = dir.parent()?.to_path_buf();
+            (
+                dir.join("memory.swap.max"),
+                "0".to_string(),
+                parent.join("memory.swap.max"),
+            )
+        } else {
+            let dir = cgroups.dir_for("memory", cgroup)?;
+            let root = cgroups.dir_for("memory", "/")?;
+            (
+                dir.join("memory.memsw.limit_in_bytes"),
+                limit.to_string(),
+                root.join("memory.memsw.limit_in_bytes"),
+            )
+        };
+        // The parent (v2) or the hierarchy's root (v1) has the file where swap is accounted.
+        probe.exists().then_some(SwapBound { file, value })
+    }
+
+    /// Write the bound.
+    pub fn apply(&self) -> std::io::Result<()> {
+        std::fs::write(&self.file, &self.value)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

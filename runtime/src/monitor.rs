@@ -237,6 +237,12 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
             return fail(format!("device rules: {e}"));
         }
     }
+    if let Some(bound) = &args.swap_bound {
+        if let Err(e) = bound.apply() {
+            let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
+            return fail(format!("bounding swap: {e}"));
+        }
+    }
     // Held until the monitor exits: with it the runtime finds this monitor through /proc when
     // monitor.json cannot be read (opened after build(), so the container never inherits it).
     let state_dir = File::open(&args.bundle);

@@ -58,6 +58,10 @@ pub(crate) struct CreateArgs {
     /// may use every device.
     #[serde(default)]
     pub device_program: Option<(crate::devices::Policy, PathBuf)>,
+    /// A container with a memory limit may not swap beyond it: what the monitor writes to its
+    /// cgroup before it reports the container created ([`crate::cgroups::SwapBound`]).
+    #[serde(default)]
+    pub swap_bound: Option<crate::cgroups::SwapBound>,
     /// Kill what is left in the container's cgroup when its init exits: it shares a pid
     /// namespace (the pod's or the node's), so nothing else would.
     #[serde(default)]

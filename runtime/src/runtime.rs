@@ -830,6 +830,11 @@ fn prepare(
     } else {
         None
     };
+    let swap_bound = cfg
+        .resources
+        .memory_limit
+        .filter(|l| *l > 0)
+        .and_then(|limit| crate::cgroups::SwapBound::for_limit(cgroups, &cgroup_path, limit));
     let lc_bundle = dir.join(LC_BUNDLE_DIR);
     ensure_dir(&lc_bundle)?;
     write_json_atomic_unsynced(&lc_bundle.join("config.json"), &lc_spec)?;
@@ -874,6 +879,7 @@ fn prepare(
         tty: cfg.tty,
         host_paths,
         device_program,
+        swap_bound,
         kill_all_on_exit: !matches!(cfg.namespaces.pid, crate::config::NamespaceMode::Private),
         staged,
     })

@@ -569,6 +569,16 @@ fn memory_limit_in_cgroup_and_cleanup() -> Result<()> {
             };
             let got = std::fs::read_to_string(dir.join(file))?;
             ensure!(got.trim() == want, "{file} = {got}");
+            // The limit bounds swap too (kubelet 1.26 without NodeSwap), where swap is accounted.
+            let (swap_file, swap_want) = if rt.cgroups().is_v2() {
+                ("memory.swap.max", "0")
+            } else {
+                ("memory.memsw.limit_in_bytes", "67108864")
+            };
+            match std::fs::read_to_string(dir.join(swap_file)) {
+                Ok(got) => ensure!(got.trim() == swap_want, "{swap_file} = {got}"),
+                Err(_) => eprintln!("no swap accounting on this kernel: {swap_file} not checked"),
+            }
             let pids = rt.cgroups().dir_for("pids", &cg).unwrap();
             ensure!(std::fs::read_to_string(pids.join("pids.max"))?.trim() == "50");
             Ok(())
