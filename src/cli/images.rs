@@ -291,6 +291,9 @@ fn pull(a: &PullArgs) -> Result<i32> {
             max_concurrent_downloads: defaults.max_concurrent_downloads as usize,
             progress_timeout: defaults.image_pull_progress_timeout,
             platform,
+            // The agent's default hard eviction thresholds: a pull by hand must not push
+            // the node into evicting pods either.
+            reserve: crate::images::pull_reserve(&crate::config::EvictionHard::default()),
         },
     );
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -160,16 +160,18 @@ impl ImageStore {
                 }
             }
         }
-        // Partial downloads are kept for a later pull to resume, but not for ever.
+        // Partial downloads are kept for a later pull to resume, but not for ever, and never
+        // one larger than a layer may be (left by an older version, or the limit lowered).
         if let Ok(rd) = fs::read_dir(store.partial_dir()) {
             for e in rd.flatten() {
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
+                let md = e.metadata().ok();
+                let old = md
+                    .as_ref()
+                    .and_then(|m| m.modified().ok())
                     .and_then(|t| t.elapsed().ok())
                     .is_some_and(|age| age > PARTIAL_MAX_AGE);
-                if old {
+                let over = md.is_some_and(|m| m.len() > store.limits.max_bytes);
+                if old || over {
                     let _ = fs::remove_file(e.path());
                 }
             }
@@ -555,6 +557,32 @@ impl ImageStore {
         self.write_index(&index)?;
         self.collect_garbage(&index)?;
         Ok(removed)
+    }
+
+    /// Delete those of `digests` that no image refers to and no pull in this process pins
+    /// (the blobs of a pull that failed or was cancelled); returns the ones deleted.
+    pub fn remove_unreferenced_blobs(&self, digests: &[Digest]) -> Result<Vec<Digest>> {
+        let _l = self.lock()?;
+        let index = self.read_index()?;
+        let pins = self.pins.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let referenced = |d: &Digest| {
+            index
+                .images
+                .iter()
+                .any(|i| &i.id == d || &i.manifest == d || i.layers.iter().any(|l| &l.digest == d))
+        };
+        let mut gone = Vec::new();
+        for d in digests {
+            if pins.contains_key(d.hex()) || referenced(d) {
+                continue;
+            }
+            match fs::remove_file(self.blob_path(d)) {
+                Ok(()) => gone.push(d.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => Err(e).with_context(|| format!("removing {}", p(&self.blob_path(d))))?,
+            }
+        }
+        Ok(gone)
     }
 
     /// Delete blobs and unpacked layers that no image in `index` refers to.
