@@ -188,8 +188,12 @@ impl ImageManager {
         }
         self.event(p, c, Kind::Normal, EVENT_PULLING, &policy::pulling(&image));
         let pulled = match self.credentials(p, &image).await {
-            Ok(creds) => self.queue.pull(&image, creds, None).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+            Ok(creds) => self
+                .queue
+                .pull(&image, creds, None)
+                .await
+                .map_err(|e| policy::pull_error(&e.to_string())),
+            Err(e) => Err(policy::pull_error(&e)),
         };
         match pulled {
             Ok(done) => {
