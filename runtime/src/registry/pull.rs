@@ -217,8 +217,12 @@ enum Failure {
     Fatal(String),
 }
 
+/// The digest of a descriptor; the error quotes at most a little of what the registry wrote.
 fn digest_of(d: &Descriptor, what: &str) -> Result<Digest, String> {
-    Digest::parse(&d.digest).map_err(|e| format!("{what}: {e}"))
+    Digest::parse(&d.digest).map_err(|mut e| {
+        cap_in_place(&mut e, 200);
+        format!("{what}: {e}")
+    })
 }
 
 impl Inner {
@@ -299,10 +303,14 @@ impl Inner {
         }
         // The blobs the store lacks must fit together, or the pull would fail half way after
         // filling the disk with the first ones.
+        // What partial files hold already is not asked for again.
         let missing: u64 = layers
             .iter()
             .filter(|(d, _)| !self.store.blob_path(d).is_file())
-            .map(|(_, s)| *s)
+            .map(|(d, s)| {
+                let have = std::fs::metadata(self.store.partial_dir().join(d.hex())).map_or(0, |m| m.len());
+                s.saturating_sub(have)
+            })
             .fold(res.config.size.min(MAX_CONFIG), u64::saturating_add);
         match self.space.check(missing) {
             Ok(Ok(())) => {}
