@@ -752,6 +752,34 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_pulls_blobs_go_unless_referenced_or_pinned() {
+        let t = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(t.path().join("images")).unwrap();
+        oci_layout(&t.path().join("img"), "localhost/kept:1", &[tar_of(&[("f", b"1")])]);
+        let img = store.import(&t.path().join("img")).unwrap().remove(0);
+        let put = |data: &[u8]| {
+            let d = Digest::of(data);
+            fs::write(store.blob_path(&d), data).unwrap();
+            d
+        };
+        let (orphan, pinned) = (put(b"orphan"), put(b"pinned"));
+        store.pin_blob(&pinned);
+        let asked = [
+            img.id.clone(),
+            img.layers[0].digest.clone(),
+            orphan.clone(),
+            pinned.clone(),
+        ];
+        assert_eq!(store.remove_unreferenced_blobs(&asked).unwrap(), vec![orphan.clone()]);
+        assert!(!store.blob_path(&orphan).exists());
+        assert!(store.blob_path(&pinned).exists() && store.blob_path(&img.id).exists());
+        assert!(store.resolve("localhost/kept:1").is_ok());
+        // Once unpinned it is an orphan like any other; asking again for a gone blob is fine.
+        store.unpin_blob(&pinned);
+        assert_eq!(store.remove_unreferenced_blobs(&asked).unwrap(), vec![pinned]);
+    }
+
+    #[test]
     fn a_use_is_recorded_once_a_minute() {
         let t = tempfile::tempdir().unwrap();
         let store = ImageStore::open(t.path().join("images")).unwrap();
