@@ -195,3 +195,44 @@ put("spdy_frames", "portforward", spdy_session([
     ("data", 0, (3, b"GET / HTTP/1.1\r\n\r\n")),
     (3, 0, struct.pack(">II", 3, 5)),
 ]))
+
+
+# registry_manifest: [content type, platform, log2 layer limit] + body (see the target).
+def digest(tag):
+    return "sha256:" + hashlib.sha256(tag.encode()).hexdigest()
+
+
+def plat(os_, arch, variant=None):
+    p = {"os": os_, "architecture": arch}
+    if variant:
+        p["variant"] = variant
+    return p
+
+
+index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+    {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest("amd64"), "size": 500,
+     "platform": plat("linux", "amd64")},
+    {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest("arm64"), "size": 500,
+     "platform": plat("linux", "arm64", "v8")},
+    {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest("armv6"), "size": 500,
+     "platform": plat("linux", "arm", "v6")},
+    {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest("attestation"), "size": 300,
+     "platform": plat("unknown", "unknown")},
+]}).encode()
+put("registry_manifest", "oci-index", bytes([0, 0, 34]) + index)
+put("registry_manifest", "docker-list-arm", bytes([2, 2, 34]) + index.replace(b"oci.image.index.v1", b"docker.distribution.manifest.list.v2"))
+foreign = json.dumps({"schemaVersion": 2, "manifests": [
+    {"digest": digest("p%d" % i), "size": 10, "platform": plat("windows", "arch%d" % i)} for i in range(40)]}).encode()
+put("registry_manifest", "index-no-match", bytes([5, 1, 34]) + foreign)
+image = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest("config"), "size": 600},
+         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest("l1"), "size": 1031818},
+                    {"mediaType": "application/vnd.oci.image.layer.v1.tar+zstd", "digest": digest("l2"), "size": 2 ** 62}]}
+put("registry_manifest", "oci-manifest-huge-layer", bytes([1, 0, 34]) + json.dumps(image).encode())
+image["mediaType"] = "application/vnd.docker.distribution.manifest.v2+json"
+image["config"]["mediaType"] = "application/vnd.docker.container.image.v1+json"
+image["layers"] = image["layers"][:1]
+image["layers"][0]["mediaType"] = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+put("registry_manifest", "docker-manifest", bytes([3, 0, 34]) + json.dumps(image).encode())
+put("registry_manifest", "schema1", bytes([4, 0, 34]) + json.dumps(
+    {"schemaVersion": 1, "name": "library/busybox", "tag": "1.35", "fsLayers": [{"blobSum": digest("l1")}]}).encode())

@@ -166,6 +166,7 @@ fn puller(store: &Arc<ImageStore>, registries: RegistryConfig) -> Puller {
             max_concurrent_downloads: 3,
             progress_timeout: Duration::from_secs(30),
             platform: Platform::parse("linux/amd64").unwrap(),
+            reserve: Default::default(),
         },
     )
 }
@@ -604,6 +605,7 @@ async fn a_silent_mirror_times_out() {
             max_concurrent_downloads: 1,
             progress_timeout: Duration::from_secs(1),
             platform: Platform::parse("linux/amd64").unwrap(),
+            reserve: Default::default(),
         },
     );
     let started = Instant::now();

@@ -642,6 +642,7 @@ fn start_puller(cfg: &Config, rt: &Runtime) -> Result<Arc<ferrolet_runtime::regi
         max_concurrent_downloads: cfg.images.max_concurrent_downloads as usize,
         progress_timeout: cfg.images.image_pull_progress_timeout,
         platform: Platform::host(),
+        reserve: crate::images::pull_reserve(&cfg.eviction_hard),
     };
     info!(registry_config = %path.display(), exists = path.exists(), "image puller");
     Ok(Arc::new(Puller::new(rt.image_store(), registries, opts)))

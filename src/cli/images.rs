@@ -291,6 +291,10 @@ fn pull(a: &PullArgs) -> Result<i32> {
             max_concurrent_downloads: defaults.max_concurrent_downloads as usize,
             progress_timeout: defaults.image_pull_progress_timeout,
             platform,
+            // No reserve: the CLI does not read the agent's configuration, and kubelet's
+            // default thresholds would refuse every pull on a node configured below them
+            // (blobs are still capped by the layer limit and the free space).
+            reserve: Default::default(),
         },
     );
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -5,6 +5,7 @@
 //! uses (running or exited and not yet removed), images first seen less than
 //! imageMinimumGCAge ago. With imageMaximumGCAge set, images unused for longer go whatever
 //! the disk says. Layers other images share stay (the store removes only unreferenced ones).
+//! The built-in demo image is never removed: an air-gapped node could not pull it back.
 //! Not enough to free is kubelet's FreeDiskSpaceFailed event; repeated failures ImageGCFailed.
 
 use std::collections::{HashMap, HashSet};
@@ -118,6 +119,8 @@ pub struct ImageGc {
     seen: Mutex<HashMap<Digest, Seen>>,
     events: Recorder,
     prev_failed: AtomicBool,
+    /// Images never removed: the one built into the binary.
+    protected: HashSet<Digest>,
 }
 
 fn parse_time(s: &Option<String>) -> Option<DateTime<Utc>> {
@@ -147,6 +150,7 @@ impl ImageGc {
             seen: Mutex::new(HashMap::new()),
             events,
             prev_failed: AtomicBool::new(false),
+            protected: crate::images::local::demo_image_id().into_iter().collect(),
         }
     }
 
@@ -161,7 +165,12 @@ impl ImageGc {
         if users.iter().any(|(_, d)| *d == unknown) {
             return None;
         }
-        let set = users.iter().map(|(_, d)| d.clone()).collect();
+        // The built-in image counts as in use: never a candidate, whatever the disk or its age.
+        let set = users
+            .iter()
+            .map(|(_, d)| d.clone())
+            .chain(self.protected.iter().cloned())
+            .collect();
         Some((users, set))
     }
 
@@ -354,7 +363,8 @@ mod tests {
         assert_eq!(bytes_to_free(100, 99, 1, 0), Some(1));
     }
 
-    /// The built-in demo image in a real store under a temp root (no containers there).
+    /// The built-in demo image and another image (no layers) in a real store under a temp
+    /// root (no containers there).
     fn store_with_demo() -> (tempfile::TempDir, Arc<ImageStore>) {
         let root = tempfile::tempdir().unwrap();
         let store = Arc::new(ImageStore::open(root.path().join("images")).unwrap());
@@ -364,11 +374,36 @@ mod tests {
             1,
             "the demo image is built into the binary"
         );
+        let layout = root.path().join("other");
+        std::fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+        let put = |data: &[u8]| {
+            let d = Digest::of(data);
+            std::fs::write(layout.join("blobs/sha256").join(d.hex()), data).unwrap();
+            (d, data.len())
+        };
+        let (cd, cl) = put(br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#);
+        let manifest =
+            serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd.to_string(), "size": cl},
+            "layers": []})
+            .to_string();
+        let (md, ml) = put(manifest.as_bytes());
+        std::fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+        let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": md.to_string(), "size": ml, "annotations": {"io.containerd.image.name": "reg.local/other:1"}}]});
+        std::fs::write(layout.join("index.json"), index.to_string()).unwrap();
+        store.import(&layout).unwrap();
+        assert_eq!(store.list().unwrap().len(), 2);
         (root, store)
     }
 
+    fn demo_only(store: &ImageStore) -> bool {
+        let ids: Vec<Digest> = store.list().unwrap().into_iter().map(|i| i.id).collect();
+        ids == [crate::images::local::demo_image_id().unwrap()]
+    }
+
     #[test]
-    fn over_the_threshold_frees_what_is_old_enough() {
+    fn over_the_threshold_frees_what_is_old_enough_but_never_the_builtin_image() {
         let (root, store) = store_with_demo();
         let policy = GcPolicy {
             // Any usage is over 0%: everything eligible goes, and it can never be enough.
@@ -382,15 +417,22 @@ mod tests {
         let now = Utc::now();
         let e = gc.collect(now).unwrap_err();
         assert!(e.contains("but only found 0 bytes eligible to free"), "{e}");
-        assert_eq!(store.list().unwrap().len(), 1, "younger than imageMinimumGCAge: kept");
+        assert_eq!(store.list().unwrap().len(), 2, "younger than imageMinimumGCAge: kept");
         let e = gc.collect(now + chrono::Duration::hours(2)).unwrap_err();
         assert!(
             e.starts_with("Failed to garbage collect required amount of images"),
             "{e}"
         );
-        assert!(store.list().unwrap().is_empty(), "old enough and unused: removed");
+        assert!(
+            demo_only(&store),
+            "old enough and unused: removed, but the built-in image stays"
+        );
         let layers = std::fs::read_dir(store.dir().join("layers")).unwrap().count();
-        assert_eq!(layers, 0, "its layers went with it");
+        assert_eq!(layers, 1, "the built-in image's layer stays");
+        // The eviction manager's reclaim (every unused image) leaves it too.
+        assert!(gc.delete_unused().unwrap().removed.is_empty());
+        assert!(demo_only(&store));
+        assert!(store.resolve(crate::images::local::DEMO_REF).is_ok());
     }
 
     #[test]
@@ -412,6 +454,9 @@ mod tests {
         assert_eq!(gc.collect(now).unwrap().removed.len(), 0, "just detected");
         let r = gc.collect(now + chrono::Duration::minutes(11)).unwrap();
         assert_eq!(r.removed.len(), 1);
-        assert!(store.list().unwrap().is_empty());
+        assert!(
+            demo_only(&store),
+            "the built-in image is not subject to imageMaximumGCAge"
+        );
     }
 }

@@ -55,6 +55,22 @@ pub const EVENT_INSPECT_FAILED: &str = "InspectFailed";
 /// imported meanwhile).
 const NEVER_PULL_RETRY: Duration = Duration::from_secs(5);
 
+/// What a pull must leave free on the image store's filesystem: the hard eviction thresholds
+/// of the image and node filesystems (the store is on both unless imagefs is separate), the
+/// larger of each kind. A pull that would cross them is refused, so it never makes the node
+/// evict pods.
+pub fn pull_reserve(hard: &crate::config::EvictionHard) -> ferrolet_runtime::registry::DiskReserve {
+    use crate::config::Threshold;
+    let mut r = ferrolet_runtime::registry::DiskReserve::default();
+    for t in [hard.imagefs_available, hard.nodefs_available].into_iter().flatten() {
+        match t {
+            Threshold::Quantity(q) => r.bytes = r.bytes.max(q.max(0) as u64),
+            Threshold::Percent(p) => r.percent = r.percent.max(p),
+        }
+    }
+    r
+}
+
 /// Where a pull's credentials come from besides the pod's own secrets.
 pub struct CredentialSources {
     /// The node's docker config files, first found wins.
@@ -172,8 +188,12 @@ impl ImageManager {
         }
         self.event(p, c, Kind::Normal, EVENT_PULLING, &policy::pulling(&image));
         let pulled = match self.credentials(p, &image).await {
-            Ok(creds) => self.queue.pull(&image, creds, None).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+            Ok(creds) => self
+                .queue
+                .pull(&image, creds, None)
+                .await
+                .map_err(|e| policy::pull_error(&e.to_string())),
+            Err(e) => Err(policy::pull_error(&e)),
         };
         match pulled {
             Ok(done) => {
@@ -425,6 +445,22 @@ mod tests {
             reasons::ERR_IMAGE_PULL
         );
         assert_eq!(pulls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn the_pull_reserve_is_the_hard_disk_thresholds() {
+        use crate::config::{EvictionHard, Threshold};
+        // kubelet's defaults: nodefs.available 10%, imagefs.available 15%.
+        let r = pull_reserve(&EvictionHard::default());
+        assert_eq!((r.bytes, r.percent), (0, 15.0));
+        let mut h = EvictionHard::none();
+        assert_eq!(pull_reserve(&h), Default::default());
+        h.nodefs_available = Some(Threshold::Quantity(2 << 30));
+        h.imagefs_available = Some(Threshold::Percent(5.0));
+        let r = pull_reserve(&h);
+        assert_eq!((r.bytes, r.percent), (2 << 30, 5.0));
+        assert_eq!(r.of(100 << 30), 5 << 30);
+        assert_eq!(r.of(10 << 30), 2 << 30);
     }
 
     #[test]

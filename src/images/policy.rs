@@ -68,6 +68,24 @@ pub fn back_off_waiting(image: &str, previous: Option<&str>) -> String {
     }
 }
 
+/// The most of a pull's error kept for events and the container's waiting message (and so the
+/// pod's status): a registry chooses what goes into it (its error bodies, an index's
+/// platforms), and a status is written to disk and the API server on every change.
+pub const MAX_PULL_ERROR: usize = 1024;
+
+/// A pull's error as the node shows it: at most [`MAX_PULL_ERROR`] bytes, cut on a character
+/// boundary and saying how much was left out.
+pub fn pull_error(err: &str) -> String {
+    if err.len() <= MAX_PULL_ERROR {
+        return err.to_string();
+    }
+    let mut cut = MAX_PULL_ERROR - 40;
+    while !err.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{} ... ({} more bytes)", &err[..cut], err.len() - cut)
+}
+
 pub fn failed(image: &str, err: &str) -> String {
     format!("Failed to pull image \"{image}\": {err}")
 }
@@ -135,6 +153,15 @@ pub fn go_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pull_errors_are_capped() {
+        assert_eq!(pull_error("short"), "short");
+        let long = format!("failed to pull: {}", "é".repeat(100_000));
+        let c = pull_error(&long);
+        assert!(c.len() <= MAX_PULL_ERROR, "{}", c.len());
+        assert!(c.starts_with("failed to pull: éé") && c.ends_with("more bytes)"), "{c}");
+    }
 
     #[test]
     fn pull_decisions() {

@@ -154,6 +154,47 @@ mod tests {
         assert_eq!(peak_with(free, 4).await, 4);
     }
 
+    /// A pod deleted while its image is pulled drops the pull (the worker's select): the drop
+    /// must reach the registry client's future, which then cancels the download when no
+    /// other pull waits for it. Nothing in between may detach the pull onto a task.
+    #[tokio::test]
+    async fn dropping_a_pull_drops_the_registry_clients_future() {
+        struct Flag(Arc<AtomicUsize>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let (started, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (s2, d2) = (started.clone(), dropped.clone());
+        let pull: PullFn = Arc::new(move |_r, _c, _p| {
+            let (s, d) = (s2.clone(), d2.clone());
+            Box::pin(async move {
+                let _f = Flag(d);
+                s.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                Err(PullError::Other("never".into()))
+            })
+        });
+        let q = PullQueue::new(
+            pull,
+            PullLimits {
+                serialize: true,
+                max_parallel: None,
+                qps: 0.0,
+                burst: 0,
+            },
+        );
+        let r = tokio::time::timeout(Duration::from_millis(100), q.pull("x", Vec::new(), None)).await;
+        assert!(r.is_err(), "still pulling when dropped");
+        assert_eq!(started.load(Ordering::SeqCst), 1);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "the client's future went with it");
+        // And the slot is free again for the next pull.
+        let r = tokio::time::timeout(Duration::from_millis(100), q.pull("y", Vec::new(), None)).await;
+        assert!(r.is_err());
+        assert_eq!(started.load(Ordering::SeqCst), 2);
+    }
+
     #[tokio::test]
     async fn qps_exceeded_fails_at_once() {
         let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));

@@ -160,16 +160,18 @@ impl ImageStore {
                 }
             }
         }
-        // Partial downloads are kept for a later pull to resume, but not for ever.
+        // Partial downloads are kept for a later pull to resume, but not for ever, and never
+        // one larger than a layer may be (left by an older version, or the limit lowered).
         if let Ok(rd) = fs::read_dir(store.partial_dir()) {
             for e in rd.flatten() {
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
+                let md = e.metadata().ok();
+                let old = md
+                    .as_ref()
+                    .and_then(|m| m.modified().ok())
                     .and_then(|t| t.elapsed().ok())
                     .is_some_and(|age| age > PARTIAL_MAX_AGE);
-                if old {
+                let over = md.is_some_and(|m| m.len() > store.limits.max_bytes);
+                if old || over {
                     let _ = fs::remove_file(e.path());
                 }
             }
@@ -557,6 +559,32 @@ impl ImageStore {
         Ok(removed)
     }
 
+    /// Delete those of `digests` that no image refers to and no pull in this process pins
+    /// (the blobs of a pull that failed or was cancelled); returns the ones deleted.
+    pub fn remove_unreferenced_blobs(&self, digests: &[Digest]) -> Result<Vec<Digest>> {
+        let _l = self.lock()?;
+        let index = self.read_index()?;
+        let pins = self.pins.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let referenced = |d: &Digest| {
+            index
+                .images
+                .iter()
+                .any(|i| &i.id == d || &i.manifest == d || i.layers.iter().any(|l| &l.digest == d))
+        };
+        let mut gone = Vec::new();
+        for d in digests {
+            if pins.contains_key(d.hex()) || referenced(d) {
+                continue;
+            }
+            match fs::remove_file(self.blob_path(d)) {
+                Ok(()) => gone.push(d.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => Err(e).with_context(|| format!("removing {}", p(&self.blob_path(d))))?,
+            }
+        }
+        Ok(gone)
+    }
+
     /// Delete blobs and unpacked layers that no image in `index` refers to.
     fn collect_garbage(&self, index: &Index) -> Result<()> {
         let mut keep_blobs: std::collections::HashSet<String> = self
@@ -721,6 +749,34 @@ mod tests {
         assert_eq!(names(&store.dir().join("blobs/sha256")), before);
         assert_eq!(names(&store.dir().join("layers")), layers_before);
         assert!(store.resolve("localhost/good:1").is_ok());
+    }
+
+    #[test]
+    fn a_failed_pulls_blobs_go_unless_referenced_or_pinned() {
+        let t = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(t.path().join("images")).unwrap();
+        oci_layout(&t.path().join("img"), "localhost/kept:1", &[tar_of(&[("f", b"1")])]);
+        let img = store.import(&t.path().join("img")).unwrap().remove(0);
+        let put = |data: &[u8]| {
+            let d = Digest::of(data);
+            fs::write(store.blob_path(&d), data).unwrap();
+            d
+        };
+        let (orphan, pinned) = (put(b"orphan"), put(b"pinned"));
+        store.pin_blob(&pinned);
+        let asked = [
+            img.id.clone(),
+            img.layers[0].digest.clone(),
+            orphan.clone(),
+            pinned.clone(),
+        ];
+        assert_eq!(store.remove_unreferenced_blobs(&asked).unwrap(), vec![orphan.clone()]);
+        assert!(!store.blob_path(&orphan).exists());
+        assert!(store.blob_path(&pinned).exists() && store.blob_path(&img.id).exists());
+        assert!(store.resolve("localhost/kept:1").is_ok());
+        // Once unpinned it is an orphan like any other; asking again for a gone blob is fine.
+        store.unpin_blob(&pinned);
+        assert_eq!(store.remove_unreferenced_blobs(&asked).unwrap(), vec![pinned]);
     }
 
     #[test]

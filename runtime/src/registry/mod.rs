@@ -9,8 +9,10 @@
 mod auth;
 mod client;
 pub mod config;
+mod flight;
 mod platform;
 mod pull;
+mod space;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +22,8 @@ use crate::image::ImageRecord;
 
 pub use auth::{parse_www_authenticate, Challenge};
 pub use config::{Endpoint, HostConfig, Mirror, RegistryConfig, Rewrite, Scheme, TlsConfig};
-pub use pull::Puller;
+pub use pull::{select_manifest, Puller, Selected};
+pub use space::DiskReserve;
 
 /// One credential to try against a registry host, as a docker config.json entry or a
 /// credential provider gives it.
@@ -86,16 +89,22 @@ pub struct PullerOptions {
     /// limit.
     pub progress_timeout: Duration,
     pub platform: Platform,
+    /// What the image store's filesystem keeps free whatever is pulled: a blob that would eat
+    /// into it is refused before its first byte, and a download stops when the filesystem
+    /// fills up under it (the agent passes its hard eviction thresholds for the image and node
+    /// filesystems, so a pull never makes the node evict pods).
+    pub reserve: DiskReserve,
 }
 
 impl Default for PullerOptions {
     /// containerd's defaults: 3 downloads at once, a 1 minute progress timeout, this node's
-    /// platform.
+    /// platform; no reserve.
     fn default() -> Self {
         PullerOptions {
             max_concurrent_downloads: 3,
             progress_timeout: Duration::from_secs(60),
             platform: Platform::host(),
+            reserve: DiskReserve::default(),
         }
     }
 }

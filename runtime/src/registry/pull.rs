@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::future::FutureExt;
 use http::{header, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use serde::Deserialize;
@@ -18,7 +18,9 @@ use tokio::sync::Semaphore;
 
 use super::client::{self, HttpClient, HttpError, Session, TokenCache};
 use super::config::{Endpoint, RegistryConfig, TlsConfig};
-use super::{Credentials, Progress, ProgressFn, PullError, PullOutcome, PullerOptions};
+use super::flight::Flights;
+use super::space::{human, Claim, Space};
+use super::{Credentials, Platform, Progress, ProgressFn, PullError, PullOutcome, PullerOptions};
 use crate::digest::Digest;
 use crate::image::reference::Reference;
 use crate::image::{ImageStore, LayerStep, PulledImage};
@@ -31,15 +33,14 @@ const MAX_CONFIG: u64 = 4 << 20;
 const MAX_NESTING: usize = 4;
 /// Resumes of one blob within one pull after its connection broke.
 const BODY_RETRIES: usize = 3;
+/// While streaming a blob, the filesystem is measured again after this many bytes.
+const SPACE_CHECK_EVERY: u64 = 8 << 20;
 
 pub const MEDIA_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub const MEDIA_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 pub const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 const MEDIA_DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1";
-
-type SharedPull = Shared<BoxFuture<'static, Result<PullOutcome, String>>>;
-type SharedBlob = Shared<BoxFuture<'static, Result<u64, String>>>;
 
 /// Pulls images into an [`ImageStore`]. `Send + Sync`; share it as `Arc<Puller>`.
 pub struct Puller {
@@ -55,9 +56,11 @@ struct Inner {
     /// HTTP clients by TLS configuration (rebuilt when the registries change).
     clients: Mutex<HashMap<String, HttpClient>>,
     /// Pulls under way: (reference, credentials) -> the pull and its listeners.
-    pulls: Mutex<HashMap<String, (SharedPull, Listeners)>>,
+    pulls: Flights<String, PullOutcome, Listeners>,
     /// Blob downloads under way.
-    blobs: Mutex<HashMap<Digest, SharedBlob>>,
+    blobs: Flights<Digest, u64, ()>,
+    /// Room on the store's filesystem for downloads.
+    space: Arc<Space>,
 }
 
 /// Progress callbacks of everyone waiting on one pull.
@@ -76,6 +79,7 @@ impl Listeners {
 impl Puller {
     pub fn new(store: Arc<ImageStore>, registries: RegistryConfig, opts: PullerOptions) -> Puller {
         let permits = opts.max_concurrent_downloads.max(1);
+        let space = Space::new(store.partial_dir(), opts.reserve);
         Puller {
             inner: Arc::new(Inner {
                 store,
@@ -84,8 +88,9 @@ impl Puller {
                 opts,
                 tokens: Arc::new(TokenCache::default()),
                 clients: Mutex::new(HashMap::new()),
-                pulls: Mutex::new(HashMap::new()),
-                blobs: Mutex::new(HashMap::new()),
+                pulls: Flights::default(),
+                blobs: Flights::default(),
+                space,
             }),
         }
     }
@@ -101,7 +106,9 @@ impl Puller {
     /// registry itself (docker.io is https://registry-1.docker.io). Per endpoint, its
     /// `configs` auth if present, else each of `credentials` in order until one is accepted
     /// (none: anonymous). Returns when the image is in the store. The same reference pulled
-    /// again while this pull runs (with the same credentials) waits for this pull.
+    /// again while this pull runs (with the same credentials) waits for this pull. Dropping
+    /// the returned future stops waiting; when no caller waits any more the pull is
+    /// cancelled, its downloads with it (unless another pull waits for a blob).
     pub async fn pull(
         &self,
         reference: &str,
@@ -122,44 +129,21 @@ impl Puller {
                 })
                 .collect::<Vec<_>>()
         );
-        let (fut, leader) = {
-            let mut pulls = self.inner.pulls.lock().unwrap_or_else(|e| e.into_inner());
-            match pulls.get(&key) {
-                Some((fut, listeners)) => {
-                    if let Some(p) = &progress {
-                        listeners.0.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
-                    }
-                    (fut.clone(), false)
+        let inner = self.inner.clone();
+        let creds = credentials.to_vec();
+        // The pull runs on its own task, shared by every caller of the same key, while one
+        // of them waits.
+        let (fut, _waiter, leader) = self.inner.pulls.join(
+            &key,
+            Listeners::default,
+            |l| {
+                if let Some(p) = &progress {
+                    l.0.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
                 }
-                None => {
-                    let listeners = Listeners::default();
-                    if let Some(p) = &progress {
-                        listeners.0.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
-                    }
-                    let inner = self.inner.clone();
-                    let creds = credentials.to_vec();
-                    let l2 = listeners.clone();
-                    let r2 = r.clone();
-                    let key2 = key.clone();
-                    let fut = async move {
-                        let res = inner.pull(&r2, &creds, &l2).await.map_err(|e| e.to_string());
-                        inner.pulls.lock().unwrap_or_else(|e| e.into_inner()).remove(&key2);
-                        res
-                    }
-                    .boxed()
-                    .shared();
-                    pulls.insert(key.clone(), (fut.clone(), listeners));
-                    (fut, true)
-                }
-            }
-        };
-        // Run the pull on its own task, so it finishes (and leaves the map) even when every
-        // caller stops waiting.
-        let handle = tokio::spawn(fut);
-        let res = handle
-            .await
-            .map_err(|e| PullError::Other(format!("pull of {reference} failed: {e}")))?;
-        match res {
+            },
+            move |listeners| async move { inner.pull(&r, &creds, &listeners).await.map_err(|e| e.to_string()) }.boxed(),
+        );
+        match fut.await {
             Ok(mut o) => {
                 if !leader {
                     o.downloaded = 0;
@@ -233,8 +217,12 @@ enum Failure {
     Fatal(String),
 }
 
+/// The digest of a descriptor; the error quotes at most a little of what the registry wrote.
 fn digest_of(d: &Descriptor, what: &str) -> Result<Digest, String> {
-    Digest::parse(&d.digest).map_err(|e| format!("{what}: {e}"))
+    Digest::parse(&d.digest).map_err(|mut e| {
+        cap_in_place(&mut e, 200);
+        format!("{what}: {e}")
+    })
 }
 
 impl Inner {
@@ -303,8 +291,37 @@ impl Inner {
         let manifest_digest = res.top.clone();
         let config = digest_of(&res.config, "config").map_err(fail)?;
         let mut layers = Vec::new();
+        let limit = self.store.layer_limits().max_bytes;
         for l in &res.layers {
-            layers.push((digest_of(l, "layer").map_err(fail)?, l.size));
+            let d = digest_of(l, "layer").map_err(fail)?;
+            // A layer's blob is never larger than the layer it unpacks to (give or take the
+            // compression's few bytes): one over the layer limit is refused before any byte.
+            if l.size > limit {
+                return Err(fail(over_limit(&d, l.size, limit)));
+            }
+            layers.push((d, l.size));
+        }
+        // The blobs the store lacks must fit together, or the pull would fail half way after
+        // filling the disk with the first ones.
+        // What partial files hold already is not asked for again.
+        let missing: u64 = layers
+            .iter()
+            .filter(|(d, _)| !self.store.blob_path(d).is_file())
+            .map(|(d, s)| {
+                let have = std::fs::metadata(self.store.partial_dir().join(d.hex())).map_or(0, |m| m.len());
+                s.saturating_sub(have)
+            })
+            .fold(res.config.size.min(MAX_CONFIG), u64::saturating_add);
+        match self.space.check(missing) {
+            Ok(Ok(())) => {}
+            Ok(Err(short)) => {
+                return Err(fail(format!(
+                    "image {manifest_digest} needs {} for its blobs, more than the {} the node can spare: {short}; refused before downloading",
+                    human(missing),
+                    human(short.room())
+                )))
+            }
+            Err(e) => return Err(fail(format!("measuring the image filesystem: {e}"))),
         }
         listeners.emit(Progress::Resolved {
             manifest: manifest_digest.clone(),
@@ -320,7 +337,7 @@ impl Inner {
         }
         let sessions = Arc::new(sessions);
 
-        let pins = Pins::new(self.store.clone());
+        let mut pins = Pins::new(self.store.clone());
         pins.add(&config);
         for (d, _) in &layers {
             pins.add(d);
@@ -334,6 +351,7 @@ impl Inner {
                 res.config.size
             )));
         }
+        pins.note_added(&config);
         downloaded += self
             .fetch_blob(&sessions, &config, res.config.size, listeners)
             .await
@@ -379,6 +397,7 @@ impl Inner {
                 listeners.emit(Progress::Exists { digest: d.clone() });
                 continue;
             }
+            pins.note_added(d);
             jobs.push(self.fetch_blob(&sessions, d, *size, listeners));
         }
         for n in futures::future::try_join_all(jobs).await.map_err(fail)? {
@@ -388,6 +407,7 @@ impl Inner {
         // The manifest blobs, so `repo@digest` names what the registry serves.
         for (d, bytes) in [(&res.top, &res.top_bytes), (&res.leaf, &res.leaf_bytes)] {
             pins.add(d);
+            pins.note_added(d);
             self.store_small(d, bytes).map_err(fail)?;
         }
         let pulled = PulledImage {
@@ -409,16 +429,23 @@ impl Inner {
         .await
         .map_err(|e| fail(format!("recording the image: {e}")))?
         .map_err(|e| fail(ferrolet_fsutil::chain(&e).to_string()))?;
+        pins.recorded = true;
         drop(pins);
         tracing::info!(image = %name, id = %record.id, downloaded, elapsed = ?started.elapsed(), "pulled");
         Ok(PullOutcome { record, downloaded })
     }
 }
 
-/// Pins of blobs against garbage collection, released when dropped.
+/// Pins of blobs against garbage collection, released when dropped; and the blobs the pull
+/// put into the store, removed again when it ends without recording its image (failed or
+/// cancelled) unless an image refers to them or another pull pins them: a failed pull leaves
+/// no orphans for `images prune` to find.
 struct Pins {
     store: Arc<ImageStore>,
     pinned: Mutex<Vec<Digest>>,
+    /// Blobs the store lacked when the pull went to fetch them.
+    added: Vec<Digest>,
+    recorded: bool,
 }
 
 impl Pins {
@@ -426,6 +453,8 @@ impl Pins {
         Pins {
             store,
             pinned: Mutex::new(Vec::new()),
+            added: Vec::new(),
+            recorded: false,
         }
     }
 
@@ -433,12 +462,38 @@ impl Pins {
         self.store.pin_blob(d);
         self.pinned.lock().unwrap_or_else(|e| e.into_inner()).push(d.clone());
     }
+
+    /// `d` is about to be fetched: if the store lacks it, it is this pull's to take back.
+    fn note_added(&mut self, d: &Digest) {
+        if !self.store.blob_path(d).is_file() && !self.added.contains(d) {
+            self.added.push(d.clone());
+        }
+    }
 }
 
 impl Drop for Pins {
     fn drop(&mut self) {
         for d in self.pinned.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             self.store.unpin_blob(&d);
+        }
+        if self.recorded || self.added.is_empty() {
+            return;
+        }
+        let (store, added) = (self.store.clone(), std::mem::take(&mut self.added));
+        let clean = move || match store.remove_unreferenced_blobs(&added) {
+            Ok(gone) if !gone.is_empty() => {
+                tracing::info!(blobs = ?gone, "removed the blobs of a pull that did not finish")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %ferrolet_fsutil::chain(&e), "removing the blobs of a pull that did not finish")
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(clean);
+            }
+            Err(_) => clean(),
         }
     }
 }
@@ -532,14 +587,7 @@ impl Inner {
                 )));
             }
         }
-        if content_type.starts_with(MEDIA_DOCKER_SCHEMA1) {
-            return Err(Failure::Fatal(schema1_message(reference)));
-        }
-        let doc: ManifestDoc = serde_json::from_slice(&body)
-            .map_err(|e| Failure::Fatal(format!("manifest {reference} from {host} is not valid: {e}")))?;
-        if doc.schema_version == Some(1) {
-            return Err(Failure::Fatal(schema1_message(reference)));
-        }
+        let doc = parse_manifest(&body, &content_type, reference, &host).map_err(Failure::Fatal)?;
         Ok((digest, Bytes::from(body), doc))
     }
 
@@ -560,37 +608,7 @@ impl Inner {
                     "indexes nested more than {MAX_NESTING} deep at {leaf}"
                 )));
             }
-            let manifests = doc.manifests.clone().unwrap_or_default();
-            let child = self.choose(&manifests).ok_or_else(|| {
-                let have: Vec<String> = manifests
-                    .iter()
-                    .filter_map(|m| m.platform.as_ref())
-                    .map(|p| {
-                        format!(
-                            "{}/{}{}",
-                            p.os,
-                            p.architecture,
-                            p.variant.as_deref().map(|v| format!("/{v}")).unwrap_or_default()
-                        )
-                    })
-                    .collect();
-                Failure::Fatal(format!(
-                    "no match for platform in manifest: index {leaf} has no image for {} (it has {})",
-                    self.opts.platform,
-                    if have.is_empty() {
-                        "none".to_string()
-                    } else {
-                        have.join(", ")
-                    }
-                ))
-            })?;
-            let d = digest_of(&child, "index entry").map_err(Failure::Fatal)?;
-            if child.size > MAX_MANIFEST as u64 {
-                return Err(Failure::Fatal(format!(
-                    "manifest {d} is too large ({} bytes)",
-                    child.size
-                )));
-            }
+            let (child, d) = choose_entry(&self.opts.platform, &doc, &leaf).map_err(Failure::Fatal)?;
             let (got, bytes, next) = self.get_manifest(session, &d.to_string(), Some(&d)).await?;
             if bytes.len() as u64 != child.size {
                 return Err(Failure::Fatal(format!(
@@ -603,29 +621,7 @@ impl Inner {
             leaf_bytes = bytes;
             doc = next;
         }
-        let config = doc
-            .config
-            .clone()
-            .ok_or_else(|| Failure::Fatal(format!("manifest {leaf} has no config")))?;
-        let cm = config.media_type.as_str();
-        if !(cm.is_empty()
-            || cm == "application/vnd.oci.image.config.v1+json"
-            || cm == "application/vnd.docker.container.image.v1+json")
-        {
-            return Err(Failure::Fatal(format!(
-                "manifest {leaf} is not a container image (its config is {cm})"
-            )));
-        }
-        let layers = doc.layers.clone().unwrap_or_default();
-        for l in &layers {
-            let m = l.media_type.as_str();
-            if !(m.is_empty() || m.contains(".tar") || m.ends_with(".tar") || m.contains("rootfs.diff.tar")) {
-                return Err(Failure::Fatal(format!(
-                    "manifest {leaf}: layer {} has media type {m}, not a filesystem layer",
-                    l.digest
-                )));
-            }
-        }
+        let (config, layers) = image_parts(&doc, &leaf).map_err(Failure::Fatal)?;
         Ok(Resolved {
             top,
             top_bytes,
@@ -636,27 +632,15 @@ impl Inner {
         })
     }
 
-    /// The index entry for this node's platform: the most preferred platform that matches,
-    /// the first such entry; entries without a platform match last.
+    #[cfg(test)]
     fn choose(&self, manifests: &[Descriptor]) -> Option<Descriptor> {
-        let mut best: Option<(usize, &Descriptor)> = None;
-        for m in manifests {
-            let rank = match &m.platform {
-                Some(p) => match self.opts.platform.rank(&p.os, &p.architecture, p.variant.as_deref()) {
-                    Some(r) => r,
-                    None => continue,
-                },
-                None => usize::MAX,
-            };
-            if best.is_none_or(|(b, _)| rank < b) {
-                best = Some((rank, m));
-            }
-        }
-        best.map(|(_, m)| m.clone())
+        choose(&self.opts.platform, manifests)
     }
 
     /// Make sure blob `d` is in the store: present already, fetched by a concurrent pull, or
     /// downloaded now from the first of `sessions` that serves it. Returns bytes downloaded.
+    /// The download is shared with concurrent pulls of the blob and runs while one of them
+    /// waits: dropping this future leaves it to the others, or cancels it.
     async fn fetch_blob(
         self: &Arc<Self>,
         sessions: &Arc<Vec<Arc<Session>>>,
@@ -669,28 +653,15 @@ impl Inner {
                 listeners.emit(Progress::Exists { digest: d.clone() });
                 return Ok(0);
             }
-            let (fut, mine) = {
-                let mut blobs = self.blobs.lock().unwrap_or_else(|e| e.into_inner());
-                match blobs.get(d) {
-                    Some(f) => (f.clone(), false),
-                    None => {
-                        let inner = self.clone();
-                        let sessions = sessions.clone();
-                        let d2 = d.clone();
-                        let l2 = listeners.clone();
-                        let f = async move {
-                            let res = inner.download(&sessions, &d2, size, &l2).await;
-                            inner.blobs.lock().unwrap_or_else(|e| e.into_inner()).remove(&d2);
-                            res
-                        }
-                        .boxed()
-                        .shared();
-                        blobs.insert(d.clone(), f.clone());
-                        (f, true)
-                    }
-                }
-            };
-            match tokio::spawn(fut).await.map_err(|e| format!("downloading {d}: {e}"))? {
+            let inner = self.clone();
+            let (sessions, d2, l2) = (sessions.clone(), d.clone(), listeners.clone());
+            let (fut, _waiter, mine) = self.blobs.join(
+                d,
+                || (),
+                |_| {},
+                move |_| async move { inner.download(&sessions, &d2, size, &l2).await }.boxed(),
+            );
+            match fut.await {
                 Ok(n) if mine => return Ok(n),
                 Ok(_) => {
                     listeners.emit(Progress::Exists { digest: d.clone() });
@@ -740,10 +711,37 @@ impl Inner {
 
     /// Download `d` from one endpoint into `blobs/.partial/<hex>`, resuming what is there,
     /// verifying size and digest while streaming; rename it into the store when it matches.
+    /// Whatever way it ends (an error, or the future dropped because nothing waits for the
+    /// blob any more), the partial file stays to be resumed only while it is under the cap.
     async fn download_from(&self, s: &Session, d: &Digest, size: u64, listeners: &Listeners) -> Result<u64, Failure> {
-        let partial = self.store.partial_dir().join(d.hex());
+        let mut guard = PartialGuard {
+            path: self.store.partial_dir().join(d.hex()),
+            digest: d.clone(),
+            space: self.space.clone(),
+            limit: self.store.layer_limits().max_bytes,
+            claim: None,
+            cancelled: true,
+        };
+        let res = self.download_into(s, d, size, listeners, &mut guard).await;
+        guard.cancelled = false;
+        res
+    }
+
+    async fn download_into(
+        &self,
+        s: &Session,
+        d: &Digest,
+        size: u64,
+        listeners: &Listeners,
+        guard: &mut PartialGuard,
+    ) -> Result<u64, Failure> {
+        let partial = guard.path.clone();
         let host = s.endpoint.host.clone();
         let io_fail = |what: &str, e: std::io::Error| Failure::Fatal(format!("{what} {}: {e}", partial.display()));
+        let limit = self.store.layer_limits().max_bytes;
+        if size > limit {
+            return Err(Failure::Fatal(over_limit(d, size, limit)));
+        }
         let mut fetched = 0u64;
         let mut retries = 0;
         loop {
@@ -752,6 +750,27 @@ impl Inner {
             if offset > size {
                 offset = 0;
                 hasher = sha2::Sha256::new();
+            }
+            if guard.claim.is_none() {
+                // Room for the rest before the first byte: a blob the filesystem cannot hold
+                // without eating the reserve is refused, not downloaded until the disk is full.
+                let need = size - offset;
+                match self
+                    .space
+                    .claim(need)
+                    .map_err(|e| io_fail("measuring the filesystem of", e))?
+                {
+                    Ok(c) => guard.claim = Some(c),
+                    Err(short) => {
+                        let _ = tokio::fs::remove_file(&partial).await;
+                        return Err(Failure::Fatal(format!(
+                            "blob {d} is {} and {} more must be downloaded, more than the {} the node can spare: {short}; refused before downloading",
+                            human(size),
+                            human(need),
+                            human(short.room())
+                        )));
+                    }
+                }
             }
             if offset == size && size > 0 {
                 return self.finish(&partial, d, size, hasher, &host).await.map(|_| fetched);
@@ -810,6 +829,7 @@ impl Inner {
             let mut body = resp.into_body();
             let mut done = offset;
             let mut last_report = 0u64;
+            let mut unchecked = 0u64;
             listeners.emit(Progress::Downloading {
                 digest: d.clone(),
                 done,
@@ -846,6 +866,24 @@ impl Inner {
                 file.write_all(&data).await.map_err(|e| io_fail("writing", e))?;
                 done += data.len() as u64;
                 fetched += data.len() as u64;
+                unchecked += data.len() as u64;
+                if unchecked >= SPACE_CHECK_EVERY {
+                    // Something else may be filling the filesystem: stop before the reserve.
+                    let claim = guard.claim.as_mut().expect("claimed above");
+                    claim.wrote(unchecked);
+                    unchecked = 0;
+                    if let Err(short) = claim
+                        .still_fits()
+                        .map_err(|e| io_fail("measuring the filesystem of", e))?
+                    {
+                        drop(file);
+                        let _ = tokio::fs::remove_file(&partial).await;
+                        return Err(Failure::Fatal(format!(
+                            "stopped downloading blob {d} ({}) after {done} bytes: {short}; the partial download was deleted",
+                            human(size)
+                        )));
+                    }
+                }
                 if done - last_report >= 512 * 1024 || done == size {
                     last_report = done;
                     listeners.emit(Progress::Downloading {
@@ -906,6 +944,231 @@ impl Inner {
             .map_err(|e| Failure::Fatal(format!("storing blob {}: {e}", dest.display())))?;
         Ok(())
     }
+}
+
+/// A blob whose declared size is over the layer limit.
+fn over_limit(d: &Digest, size: u64, limit: u64) -> String {
+    format!(
+        "blob {d} declares {}, more than the layer limit of {}; refused before downloading",
+        human(size),
+        human(limit)
+    )
+}
+
+/// A download's partial file and the room it claimed. When the download ends without
+/// moving the file into the store (an error, or cancelled: its future dropped), the file stays
+/// to be resumed only while it is under the cap: no larger than the layer limit, and the
+/// filesystem still keeping its reserve (plus what other downloads claimed).
+struct PartialGuard {
+    path: std::path::PathBuf,
+    digest: Digest,
+    space: Arc<Space>,
+    limit: u64,
+    claim: Option<Claim>,
+    /// Still set when the download's future was dropped before it returned.
+    cancelled: bool,
+}
+
+impl Drop for PartialGuard {
+    fn drop(&mut self) {
+        // Give the unwritten claim back first: the check below is about what is on disk.
+        self.claim = None;
+        let Ok(md) = std::fs::metadata(&self.path) else { return };
+        let len = md.len();
+        let fits = len <= self.limit && self.space.keeps_reserve().unwrap_or(false);
+        if fits {
+            if self.cancelled {
+                tracing::info!(blob = %self.digest, bytes = len, "download cancelled (no pull waits for it); the partial file is kept to be resumed");
+            }
+            return;
+        }
+        tracing::info!(blob = %self.digest, bytes = len, cancelled = self.cancelled, "partial download over the cap deleted");
+        let path = self.path.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(move || std::fs::remove_file(path));
+            }
+            Err(_) => {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+/// Platforms an index without a match is said to have, at most: an index may list thousands,
+/// and the message ends up in the pod's status.
+const PLATFORMS_LISTED: usize = 8;
+
+/// Decode a manifest or index body as the registry served it (`content_type`); schema 1 is
+/// refused with a message that says so.
+fn parse_manifest(body: &[u8], content_type: &str, reference: &str, host: &str) -> Result<ManifestDoc, String> {
+    if content_type.starts_with(MEDIA_DOCKER_SCHEMA1) {
+        return Err(schema1_message(reference));
+    }
+    let doc: ManifestDoc = serde_json::from_slice(body).map_err(|e| {
+        let mut e = e.to_string();
+        cap_in_place(&mut e, 200);
+        format!("manifest {reference} from {host} is not valid: {e}")
+    })?;
+    if doc.schema_version == Some(1) {
+        return Err(schema1_message(reference));
+    }
+    Ok(doc)
+}
+
+/// Cut `s` to at most `max` bytes on a character boundary, saying so.
+fn cap_in_place(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+}
+
+/// The index entry for `platform` (see [`choose`]) and its digest; the entry must be small
+/// enough to be a manifest. No match names the platforms the index has, the first few.
+fn choose_entry(platform: &Platform, doc: &ManifestDoc, leaf: &Digest) -> Result<(Descriptor, Digest), String> {
+    let manifests = doc.manifests.as_deref().unwrap_or_default();
+    let Some(child) = choose(platform, manifests) else {
+        let mut have: Vec<String> = Vec::new();
+        let mut total = 0usize;
+        for p in manifests.iter().filter_map(|m| m.platform.as_ref()) {
+            let mut name = format!(
+                "{}/{}{}",
+                p.os,
+                p.architecture,
+                p.variant.as_deref().map(|v| format!("/{v}")).unwrap_or_default()
+            );
+            if have.contains(&name) {
+                continue;
+            }
+            total += 1;
+            if have.len() < PLATFORMS_LISTED {
+                // A platform's fields are the registry's words: a few dozen bytes is plenty.
+                cap_in_place(&mut name, 64);
+                have.push(name);
+            }
+            if total > 10_000 {
+                break;
+            }
+        }
+        let mut listed = if have.is_empty() {
+            "none".to_string()
+        } else {
+            have.join(", ")
+        };
+        if total > have.len() {
+            listed.push_str(&format!(" and {} more", total - have.len()));
+        }
+        return Err(format!(
+            "no match for platform in manifest: index {leaf} has no image for {platform} (it has {listed})"
+        ));
+    };
+    let d = digest_of(&child, "index entry")?;
+    if child.size > MAX_MANIFEST as u64 {
+        return Err(format!("manifest {d} is too large ({} bytes)", child.size));
+    }
+    Ok((child, d))
+}
+
+/// The config and layers of an image manifest, refused when it is not a container image.
+fn image_parts(doc: &ManifestDoc, leaf: &Digest) -> Result<(Descriptor, Vec<Descriptor>), String> {
+    let config = doc
+        .config
+        .clone()
+        .ok_or_else(|| format!("manifest {leaf} has no config"))?;
+    let cm = config.media_type.as_str();
+    if !(cm.is_empty()
+        || cm == "application/vnd.oci.image.config.v1+json"
+        || cm == "application/vnd.docker.container.image.v1+json")
+    {
+        let mut cm = cm.to_string();
+        cap_in_place(&mut cm, 100);
+        return Err(format!("manifest {leaf} is not a container image (its config is {cm})"));
+    }
+    let layers = doc.layers.clone().unwrap_or_default();
+    for l in &layers {
+        let m = l.media_type.as_str();
+        if !(m.is_empty() || m.contains(".tar") || m.ends_with(".tar") || m.contains("rootfs.diff.tar")) {
+            let (mut m, mut ld) = (m.to_string(), l.digest.clone());
+            cap_in_place(&mut m, 100);
+            cap_in_place(&mut ld, 80);
+            return Err(format!(
+                "manifest {leaf}: layer {ld} has media type {m}, not a filesystem layer"
+            ));
+        }
+    }
+    Ok((config, layers))
+}
+
+/// The index entry for `platform`: the most preferred platform that matches, the first such
+/// entry; entries without a platform match last.
+fn choose(platform: &Platform, manifests: &[Descriptor]) -> Option<Descriptor> {
+    let mut best: Option<(usize, &Descriptor)> = None;
+    for m in manifests {
+        let rank = match &m.platform {
+            Some(p) => match platform.rank(&p.os, &p.architecture, p.variant.as_deref()) {
+                Some(r) => r,
+                None => continue,
+            },
+            None => usize::MAX,
+        };
+        if best.is_none_or(|(b, _)| rank < b) {
+            best = Some((rank, m));
+        }
+    }
+    best.map(|(_, m)| m.clone())
+}
+
+/// What the puller makes of one manifest or index document, without the network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selected {
+    /// An index: the entry for the platform, to fetch next (digest, size).
+    Entry(Digest, u64),
+    /// An image manifest: its config and layers (digest, declared size), every layer within
+    /// the layer limit.
+    Image {
+        config: (Digest, u64),
+        layers: Vec<(Digest, u64)>,
+    },
+}
+
+/// The decisions [`Puller`] takes on a manifest or index body served with `content_type`:
+/// decoding (schema 1 refused), the platform's entry of an index, or an image's config and
+/// layers with their media types and sizes checked against `layer_limit` (as a pull checks
+/// them before downloading). The errors are the pull's. For fuzzing and tests.
+pub fn select_manifest(
+    body: &[u8],
+    content_type: &str,
+    platform: &Platform,
+    layer_limit: u64,
+) -> Result<Selected, String> {
+    if body.len() > MAX_MANIFEST {
+        return Err(format!(
+            "manifest is too large ({} bytes, at most {MAX_MANIFEST})",
+            body.len()
+        ));
+    }
+    let digest = Digest::of(body);
+    let doc = parse_manifest(body, content_type, "fuzz", "fuzz")?;
+    if is_index(&doc) {
+        let (child, d) = choose_entry(platform, &doc, &digest)?;
+        return Ok(Selected::Entry(d, child.size));
+    }
+    let (config, layers) = image_parts(&doc, &digest)?;
+    let config = (digest_of(&config, "config")?, config.size);
+    let mut out = Vec::new();
+    for l in &layers {
+        let d = digest_of(l, "layer")?;
+        if l.size > layer_limit {
+            return Err(over_limit(&d, l.size, layer_limit));
+        }
+        out.push((d, l.size));
+    }
+    Ok(Selected::Image { config, layers: out })
 }
 
 fn schema1_message(reference: &str) -> String {
@@ -999,6 +1262,7 @@ mod tests {
                     max_concurrent_downloads: 3,
                     progress_timeout: Duration::from_secs(60),
                     platform: Platform::parse(p).unwrap(),
+                    reserve: Default::default(),
                 },
             )
         };
@@ -1019,6 +1283,53 @@ mod tests {
         assert_eq!(pick("linux/amd64", &list[..3]), None);
         assert_eq!(pick("linux/amd64", &[list[5].clone()]).as_deref(), Some("05"));
         let _ = std::fs::remove_dir_all(store.dir().parent().unwrap());
+    }
+
+    #[test]
+    fn a_huge_index_without_the_platform_gives_a_short_message() {
+        // 10,000 entries, none for this platform (about 1.6 MB of JSON).
+        let entries: Vec<serde_json::Value> = (0..10_000)
+            .map(|i| {
+                serde_json::json!({"mediaType": MEDIA_OCI_MANIFEST, "digest": format!("sha256:{}", "a".repeat(64)),
+                    "size": 100, "platform": {"os": "plan9", "architecture": format!("arch{i}")}})
+            })
+            .collect();
+        let body =
+            serde_json::json!({"schemaVersion": 2, "mediaType": MEDIA_OCI_INDEX, "manifests": entries}).to_string();
+        let err = select_manifest(
+            body.as_bytes(),
+            MEDIA_OCI_INDEX,
+            &Platform::parse("linux/amd64").unwrap(),
+            16 << 30,
+        )
+        .unwrap_err();
+        assert!(err.len() < 1024, "{} bytes: {err}", err.len());
+        assert!(err.contains("plan9/arch0, plan9/arch1"), "{err}");
+        assert!(err.ends_with("and 9992 more)"), "{err}");
+        // Long platform fields are cut too.
+        let body = serde_json::json!({"schemaVersion": 2, "manifests": (0..20).map(|i| serde_json::json!(
+            {"digest": format!("sha256:{}", "b".repeat(64)), "size": 1,
+             "platform": {"os": "x".repeat(100_000), "architecture": format!("{i}")}})).collect::<Vec<_>>()})
+        .to_string();
+        let err = select_manifest(body.as_bytes(), "", &Platform::parse("linux/amd64").unwrap(), 1).unwrap_err();
+        assert!(err.len() < 1024, "{} bytes", err.len());
+    }
+
+    #[test]
+    fn a_layer_over_the_limit_is_refused_from_the_manifest() {
+        let body = serde_json::json!({"schemaVersion": 2, "mediaType": MEDIA_OCI_MANIFEST,
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": format!("sha256:{}", "c".repeat(64)), "size": 10},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": format!("sha256:{}", "d".repeat(64)), "size": 1u64 << 62}]})
+        .to_string();
+        let p = Platform::parse("linux/amd64").unwrap();
+        let err = select_manifest(body.as_bytes(), MEDIA_OCI_MANIFEST, &p, 16 << 30).unwrap_err();
+        assert!(
+            err.contains("declares 4611686018427387904 bytes")
+                && err.contains("layer limit of 17179869184 bytes (16.0 GiB)"),
+            "{err}"
+        );
+        let ok = select_manifest(body.as_bytes(), MEDIA_OCI_MANIFEST, &p, u64::MAX).unwrap();
+        assert!(matches!(ok, Selected::Image { layers, .. } if layers[0].1 == 1 << 62));
     }
 
     #[test]
