@@ -114,7 +114,7 @@ pub async fn serve(mut req: Request<Body>, target: PodPorts, timeouts: Timeouts)
         };
         let (mut parts, _) = req.into_parts();
         let mut ws = match axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-            Ok(ws) => ws,
+            Ok(ws) => websocket::bounded(ws),
             Err(e) => return e.into_response(),
         };
         if let Ok(v) = protocol.parse() {

@@ -186,7 +186,7 @@ where
         };
         let (mut parts, _) = req.into_parts();
         let ws = match axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-            Ok(ws) => ws,
+            Ok(ws) => websocket::bounded(ws),
             Err(e) => return e.into_response(),
         };
         let mut ws = ws;
