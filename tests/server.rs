@@ -228,3 +228,118 @@ fn tls_port_with_client_certificates_and_the_healthz_port() {
         curl(&with_cert, &format!("{base}/healthz")).0 == 200
     });
 }
+
+/// Processes on the machine whose arguments, joined by spaces, are `cmdline`.
+fn processes(cmdline: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let args: Vec<String> = c
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            if args.join(" ") == cmdline {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Open an exec of `yes MARKER` over SPDY (v4, stdout only) on the agent's socket, read some
+/// of its output, and leave without a word: the connection just closes.
+fn spdy_exec_and_leave(socket: &Path, path: &str) {
+    use ferrolet::server::streaming::spdy::{self, Frame, HeaderDecoder, HeaderEncoder, Headers};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+             X-Stream-Protocol-Version: v4.channel.k8s.io\r\nContent-Length: 0\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            assert_eq!(s.read(&mut b).await.unwrap(), 1, "the answer's head");
+            answer.push(b[0]);
+        }
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 101"), "{answer}");
+        let mut enc = HeaderEncoder::new();
+        for (id, kind) in [(1u32, "error"), (3, "stdout")] {
+            let f = Frame::SynStream {
+                stream_id: id,
+                associated_to: 0,
+                priority: 0,
+                flags: 0,
+                headers: Headers(vec![("streamType".into(), kind.into())]),
+            };
+            s.write_all(&spdy::encode(&f, &mut enc).unwrap()).await.unwrap();
+        }
+        let mut dec = HeaderDecoder::new();
+        let mut out = 0;
+        while out < 64 * 1024 {
+            match spdy::read_frame(&mut s, &mut dec).await.unwrap() {
+                Some(Frame::Data { stream_id: 3, data, .. }) => out += data.len(),
+                Some(_) => {}
+                None => panic!("the exec ended by itself"),
+            }
+        }
+    });
+}
+
+/// A command run for a client ends with its session (kubelet's exec kills the process when
+/// the stream ends): `POST /run` whose client gives up, and an exec over SPDY whose client
+/// goes away, leave no `yes` spinning.
+#[test]
+fn a_command_ends_when_its_client_goes_away() {
+    let mut a = Agent::start("server-exec-gone", &[]);
+    a.write("web.yaml", &pod_yaml("web", "Always", "sleep 3600"));
+    a.wait_phase("web", "Running", Duration::from_secs(30));
+    let pod = format!("web-{}", a.node);
+    let socket = a.socket();
+    let gone = |cmdline: &str| {
+        wait_until(&format!("{cmdline} to be killed"), Duration::from_secs(3), || {
+            processes(cmdline).is_empty()
+        })
+    };
+
+    // /run: the client waits a second for an answer that never comes, then hangs up.
+    let marker = "yes ferrolet-run-gone";
+    let url = format!("http://localhost/run/default/{pod}/main?cmd=yes%20ferrolet-run-gone");
+    let mut curl = Command::new("curl")
+        .args([
+            "-s",
+            "--unix-socket",
+            socket.to_str().unwrap(),
+            "-X",
+            "POST",
+            "--max-time",
+            "1",
+        ])
+        .arg(&url)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the run to start", Duration::from_secs(10), || {
+        !processes(marker).is_empty()
+    });
+    curl.wait().unwrap();
+    gone(marker);
+
+    // exec over SPDY: the connection closes under a command still writing.
+    let marker = "yes ferrolet-exec-gone";
+    let path = format!("/exec/default/{pod}/main?command=yes&command=ferrolet-exec-gone&output=1");
+    spdy_exec_and_leave(&socket, &path);
+    gone(marker);
+    a.stop();
+}
