@@ -343,3 +343,129 @@ fn a_command_ends_when_its_client_goes_away() {
     gone(marker);
     a.stop();
 }
+
+/// Hold `count` idle connections to each of the ports on 127.0.0.1 given as `PORT@SOURCE`
+/// (the source address the squatter's connections come from), opening a new one whenever the
+/// agent closes one. Prints `ready` once they are all open the first time.
+const SQUATTER: &str = r#"
+import resource, select, socket, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+ports = [(int(p), src) for p, src in (t.split("@") for t in sys.argv[1].split(","))]
+count = int(sys.argv[2])
+def connect(port):
+    s = socket.socket()
+    s.bind((port[1], 0))
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", port[0]))
+    except BlockingIOError:
+        pass
+    return s
+held = []
+for p in ports:
+    for i in range(count):
+        held.append((p, connect(p)))
+        if i % 50 == 49:
+            time.sleep(0.02)  # within the listen backlog, so that each is accepted
+print("ready", flush=True)
+while True:
+    time.sleep(0.2)
+    poll = select.poll()
+    for _, s in held:
+        poll.register(s.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+    readable = {fd for fd, _ in poll.poll(0)}
+    for i, (p, s) in enumerate(held):
+        if s.fileno() in readable:
+            try:
+                closed = s.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                closed = True
+            if closed:
+                s.close()
+                held[i] = (p, connect(p))
+"#;
+
+/// More idle connections than the kubelet port's budget, held by an unprivileged user from
+/// another address, and as many on the healthz port from the probes' own address, do not lock
+/// the node's clients out: every /healthz probe and every authenticated API request is
+/// answered meanwhile (the issue's reproduction answered 0 of 30 and 3 of 30).
+#[test]
+fn idle_connections_do_not_lock_out_healthz_or_the_kubelet_port() {
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        skip_loudly(
+            "idle_connections_do_not_lock_out",
+            "no /usr/bin/python3 for the squatter",
+        );
+        return;
+    }
+    let pki = tempfile::tempdir().unwrap();
+    client_pki(pki.path(), "kube-apiserver-kubelet-client", "system:masters");
+    let (port, healthz) = (free_port(), free_port());
+    let config = format!(
+        "port: {port}\nhealthzPort: {healthz}\nauthentication:\n  x509:\n    clientCAFile: {}\n",
+        pki.path().join("ca.crt").display()
+    );
+    let mut a = Agent::start_with_config("server-squat", &[], &config);
+    let health = format!("http://127.0.0.1:{healthz}/healthz");
+    wait_until("healthz", Duration::from_secs(20), || {
+        curl(&[], &health) == (200, "ok".into())
+    });
+    let ca = a.root.join("pki/kubelet.crt");
+    let (cert, key) = (pki.path().join("client.crt"), pki.path().join("client.key"));
+    let with_cert = [
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "--max-time",
+        "5",
+    ];
+    let api = format!("https://localhost:{port}/pods");
+    assert_eq!(curl(&with_cert, &api).0, 200);
+
+    let mut squatter = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(python)
+        .args(["-c", SQUATTER, &format!("{port}@127.0.0.2,{healthz}@127.0.0.1"), "1100"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the squatter");
+    let ready = {
+        let mut line = String::new();
+        let out = squatter.stdout.as_mut().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).unwrap();
+        line
+    };
+    let result = std::panic::catch_unwind(|| {
+        assert_eq!(ready.trim(), "ready", "the squatter did not start");
+        // Let the squatter's connections settle into the agent's slots (and be cut and
+        // reopened) before probing.
+        std::thread::sleep(Duration::from_secs(2));
+        let mut answered = (0, 0);
+        for _ in 0..30 {
+            if curl(&["--max-time", "2"], &health) == (200, "ok".into()) {
+                answered.0 += 1;
+            }
+        }
+        for _ in 0..10 {
+            if curl(&with_cert, &api).0 == 200 {
+                answered.1 += 1;
+            }
+        }
+        assert_eq!(
+            answered,
+            (30, 10),
+            "(healthz probes, API requests) answered of (30, 10)"
+        );
+    });
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    a.stop();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
