@@ -35,6 +35,7 @@ const CHANNEL_QUEUE: usize = 2;
 /// `ws` with the message and frame size bounded by [`MAX_MESSAGE`] (tungstenite's defaults are
 /// 64 MiB and 16 MiB).
 pub fn bounded(ws: axum::extract::ws::WebSocketUpgrade) -> axum::extract::ws::WebSocketUpgrade {
+    // fuzz/fuzz_targets/websocket_frames.rs reads frames with the same two bounds.
     ws.max_message_size(MAX_MESSAGE).max_frame_size(MAX_MESSAGE)
 }
 
@@ -246,8 +247,9 @@ fn encode(framing: Framing, ch: u8, data: &[u8]) -> Message {
     }
 }
 
-/// A message's channel and payload; `None` for an empty or undecodable message.
-fn decode(framing: Framing, msg: &[u8]) -> Option<(u8, Bytes)> {
+/// A message's channel and payload; `None` for an empty or undecodable message. The input is
+/// the peer's (public for the fuzz target).
+pub fn decode(framing: Framing, msg: &[u8]) -> Option<(u8, Bytes)> {
     let (&first, rest) = msg.split_first()?;
     if framing.base64 {
         let ch = first.wrapping_sub(b'0');
