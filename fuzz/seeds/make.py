@@ -236,3 +236,40 @@ image["layers"][0]["mediaType"] = "application/vnd.docker.image.rootfs.diff.tar.
 put("registry_manifest", "docker-manifest", bytes([3, 0, 34]) + json.dumps(image).encode())
 put("registry_manifest", "schema1", bytes([4, 0, 34]) + json.dumps(
     {"schemaVersion": 1, "name": "library/busybox", "tag": "1.35", "fsLayers": [{"blobSum": digest("l1")}]}).encode())
+
+# spdy_session: the same sessions driven through the agent's connection, and a client that
+# opens more streams than an exec connection allows, then sends data on one and pings.
+put("spdy_session", "exec", spdy_session([
+    syn(1, [(b"streamtype", b"error")]),
+    syn(3, [(b"streamtype", b"stdin")]),
+    syn(5, [(b"streamtype", b"stdout")]),
+    ("data", 0, (3, b"hi\n")),
+    ("data", 1, (3, b"")),
+    (3, 0, struct.pack(">II", 5, 5)),
+]))
+put("spdy_session", "flood", spdy_session(
+    [syn(2 * i + 1, [(b"streamtype", b"stdin")]) for i in range(12)]
+    + [("data", 0, (1, b"x" * 1024)) for _ in range(4)]
+    + [(6, 0, struct.pack(">I", 7))]
+))
+
+# websocket_frames: the first byte picks the channel framing (bit 0 base64, bit 1 v5's CLOSE
+# signal), the rest is what a client sends: masked frames.
+def ws_frame(opcode, payload, fin=True, mask=b"\x01\x02\x03\x04"):
+    head = bytes([(0x80 if fin else 0) | opcode])
+    n = len(payload)
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 65536:
+        head += bytes([0x80 | 126]) + struct.pack(">H", n)
+    else:
+        head += bytes([0x80 | 127]) + struct.pack(">Q", n)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+put("websocket_frames", "binary", bytes([2]) + ws_frame(2, b"\x00hello") + ws_frame(2, b"\xff\x00")
+    + ws_frame(9, b"ping") + ws_frame(8, struct.pack(">H", 1000)))
+put("websocket_frames", "base64", bytes([1]) + ws_frame(1, b"0aGVsbG8=") + ws_frame(1, b"4eyJXaWR0aCI6ODB9"))
+put("websocket_frames", "fragments", bytes([0]) + ws_frame(2, b"\x00ab", fin=False)
+    + ws_frame(0, b"cd", fin=False) + ws_frame(0, b"ef"))
+put("websocket_frames", "too_large", bytes([0]) + ws_frame(2, b"\x00" + b"y" * 300000)[:2 + 8 + 4 + 100])

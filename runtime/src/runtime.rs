@@ -58,11 +58,31 @@ pub struct ExecIo {
     pub stderr: OwnedFd,
 }
 
-/// A running exec'd process.
+/// A running exec'd process. Dropped before [`ExecProcess::wait`] has seen it exit (the
+/// session it belongs to ended: its client went away, its handler was cancelled), it is killed
+/// with SIGKILL, as kubelet's exec kills the process when the stream ends: nothing outlives
+/// the session it was started for.
 pub struct ExecProcess {
     pid: i32,
     pidfd: Option<PidFd>,
     replies: Replies,
+    /// The exit was seen: nothing to kill.
+    exited: bool,
+}
+
+impl Drop for ExecProcess {
+    fn drop(&mut self) {
+        if self.exited {
+            return;
+        }
+        if let Some(p) = &self.pidfd {
+            // The pidfd names this process even if the pid was reused; ESRCH once it is gone.
+            match p.send_signal(libc::SIGKILL) {
+                Ok(()) => tracing::info!(pid = self.pid, "exec: the session ended, killed the process"),
+                Err(e) => tracing::debug!(pid = self.pid, error = %e, "exec: killing the process"),
+            }
+        }
+    }
 }
 
 impl ExecProcess {
@@ -80,7 +100,10 @@ impl ExecProcess {
     /// Wait for the process; its exit code (128 + signal when killed).
     pub async fn wait(mut self) -> Result<i32> {
         match self.replies.next().await? {
-            Reply::Exited { exit_code, .. } => Ok(exit_code),
+            Reply::Exited { exit_code, .. } => {
+                self.exited = true;
+                Ok(exit_code)
+            }
             Reply::Failed { error } => Err(Error::Zygote(error)),
             other => Err(Error::Zygote(format!("unexpected reply {other:?}"))),
         }
@@ -455,6 +478,7 @@ impl Runtime {
             pid,
             pidfd: PidFd::open(pid).ok(),
             replies,
+            exited: false,
         })
     }
 
@@ -476,17 +500,17 @@ impl Runtime {
         let mut replies = self.zygote.call(&Request::Exec(Box::new(args)), &[&theirs])?;
         drop(theirs);
         let pid = Self::exec_started(id, &mut replies).await?;
+        // Made first: a process whose terminal cannot be had is killed with it.
+        let proc_ = ExecProcess {
+            pid,
+            pidfd: PidFd::open(pid).ok(),
+            replies,
+            exited: false,
+        };
         // The worker sent the master before it replied.
         let master = crate::tty::recv_fd_now(std::os::fd::AsFd::as_fd(&ours))
             .map_err(|e| Error::container(id, format!("exec: {}", chain(&e))))?;
-        Ok((
-            ExecProcess {
-                pid,
-                pidfd: PidFd::open(pid).ok(),
-                replies,
-            },
-            master,
-        ))
+        Ok((proc_, master))
     }
 
     /// Attach to a running container's stdio through its monitor: output from now on (stdout

@@ -15,7 +15,9 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use ferrolet_runtime::cgroups::NestedRoot;
 use ferrolet_runtime::config::{LogConfig, SeccompProfile};
 use ferrolet_runtime::digest::Digest;
-use ferrolet_runtime::{fork_zygote, AttachOptions, AttachOutput, ContainerConfig, ContainerState, ExecSpec, Runtime};
+use ferrolet_runtime::{
+    fork_zygote, AttachOptions, AttachOutput, ContainerConfig, ContainerState, ExecIo, ExecSpec, Runtime,
+};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 mod common;
@@ -505,6 +507,43 @@ fn warming_cgroup_migrations_moves_nothing() -> Result<()> {
     r
 }
 
+/// Processes on the machine whose command line, arguments joined by spaces, is `cmdline`.
+fn processes(cmdline: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let args: Vec<String> = c
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            if args.join(" ") == cmdline {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Wait for every process running `cmdline` to be gone.
+fn wait_no_process(cmdline: &str, within: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = processes(cmdline);
+        if left.is_empty() {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{cmdline:?} still runs after {within:?}: pids {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn exec_in_running_container() -> Result<()> {
     block(async {
         let rt = &env().rt;
@@ -537,6 +576,29 @@ fn exec_in_running_container() -> Result<()> {
                 .exec_capture(&id, &slow, Some(Duration::from_millis(300)), 1024)
                 .await?;
             ensure!(o.timed_out && t.elapsed() < Duration::from_secs(5), "{o:?}");
+            // A session that ends before its process (the client went away, the handler was
+            // cancelled) takes the process with it: `yes` no longer spins on its own.
+            let yes = ExecSpec {
+                args: vec!["yes".into(), "ferrolet-dropped-exec".into()],
+                ..Default::default()
+            };
+            let cancelled =
+                tokio::time::timeout(Duration::from_millis(500), rt.exec_capture(&id, &yes, None, 1024)).await;
+            ensure!(cancelled.is_err(), "yes ended by itself: {cancelled:?}");
+            wait_no_process("yes ferrolet-dropped-exec", Duration::from_secs(2))?;
+            let null = || std::fs::File::open("/dev/null").map(std::os::fd::OwnedFd::from);
+            let io = ExecIo {
+                stdin: null()?,
+                stdout: std::fs::OpenOptions::new().write(true).open("/dev/null")?.into(),
+                stderr: std::fs::OpenOptions::new().write(true).open("/dev/null")?.into(),
+            };
+            let p = rt.exec(&id, &yes, io).await?;
+            ensure!(
+                !processes("yes ferrolet-dropped-exec").is_empty(),
+                "the exec'd process runs"
+            );
+            drop(p);
+            wait_no_process("yes ferrolet-dropped-exec", Duration::from_secs(2))?;
             // sleep as PID 1 ignores TERM: stop escalates to KILL after the grace period.
             let e = rt.stop(&id, libc::SIGTERM, Duration::from_millis(500)).await?;
             ensure!(e.exit_code == 137, "{e:?}");

@@ -38,7 +38,7 @@ pub async fn serve(st: Arc<State>, path: std::path::PathBuf) -> Result<()> {
     let listener = tokio::net::UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    let slots = Arc::new(tokio::sync::Semaphore::new(super::conn::MAX_CONNECTIONS));
+    let slots = Arc::new(tokio::sync::Semaphore::new(super::conn::LOCAL.max));
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,

@@ -154,7 +154,13 @@ pub async fn serve_all(
             .await
             .with_context(|| format!("healthzPort: binding the healthz endpoint on {addr}"))?;
         info!(%addr, "healthz listening");
-        tokio::spawn(conn::serve(listener, healthz_router(state.clone())));
+        // A budget of its own: squatting the kubelet port does not reach the probes.
+        tokio::spawn(conn::serve(
+            listener,
+            healthz_router(state.clone()),
+            "healthz",
+            conn::HEALTHZ,
+        ));
     }
     if cfg.enable_server && cfg.read_only_port != 0 {
         let addr = SocketAddr::new(cfg.address, cfg.read_only_port);
@@ -164,7 +170,7 @@ pub async fn serve_all(
         info!(%addr, "read-only HTTP API listening");
         let app =
             read_only_router(state).layer(axum::middleware::from_fn(|r, n| metrics::instrument("readonly", r, n)));
-        tokio::spawn(conn::serve(listener, app));
+        tokio::spawn(conn::serve(listener, app, "read-only", conn::API));
     }
     Ok(())
 }
@@ -343,6 +349,6 @@ pub async fn serve_unix(router: Router, path: std::path::PathBuf) -> anyhow::Res
     let listener = tokio::net::UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    conn::serve(listener, router).await;
+    conn::serve(listener, router, "API socket", conn::LOCAL).await;
     Ok(())
 }

@@ -19,10 +19,8 @@ use tower::ServiceExt;
 use tracing::debug;
 
 use super::clientcert::ClientCaVerifier;
+use super::conn::{self, Budget, HANDSHAKE_TIMEOUT};
 use crate::config::TlsVersion;
-
-/// How long a client may take to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The client's certificate chain, verified during the handshake (leaf first); `None` when the
 /// client sent none.
@@ -105,12 +103,15 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// Serve `app` over TLS on `listener`: each accepted connection is handshaken (within
-/// [`HANDSHAKE_TIMEOUT`]) and then served as [`super::conn`] serves plain ones, with upgrades,
-/// every request carrying the connection's [`PeerCertificates`].
+/// Serve `app` over TLS on `listener`: each accepted connection is handshaken within
+/// [`HANDSHAKE_TIMEOUT`], counted in the handshake budget ([`conn::HANDSHAKES`]) meanwhile and
+/// in the connection budget ([`conn::API`]) only once the handshake is done, then served as
+/// [`super::conn`] serves plain ones, with upgrades, every request carrying the connection's
+/// [`PeerCertificates`].
 pub async fn serve(listener: TcpListener, config: Arc<rustls::ServerConfig>, app: Router) {
     let acceptor = TlsAcceptor::from(config);
-    let slots = Arc::new(tokio::sync::Semaphore::new(super::conn::MAX_CONNECTIONS));
+    let handshakes = Budget::new("kubelet API handshakes", conn::HANDSHAKES);
+    let connections = Budget::new("kubelet API", conn::API);
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -120,23 +121,34 @@ pub async fn serve(listener: TcpListener, config: Arc<rustls::ServerConfig>, app
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!("connection refused: {} already open", super::conn::MAX_CONNECTIONS);
+        let ip = peer.ip().to_canonical();
+        let Some(handshaking) = handshakes.admit(Some(ip)) else {
             continue;
         };
-        let (acceptor, app) = (acceptor.clone(), app.clone());
+        let (acceptor, app, connections) = (acceptor.clone(), app.clone(), connections.clone());
         tokio::spawn(async move {
-            let _slot = slot;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    debug!(%peer, error = %e, "TLS handshake failed");
+            let evicted = handshaking.evicted();
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(handshaking.watch(tcp)));
+            let tls = tokio::select! {
+                r = handshake => match r {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                },
+                _ = evicted => {
+                    debug!(%peer, "a silent connection gave its handshake slot to a newer one");
                     return;
                 }
-                Err(_) => {
-                    debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
+            };
+            drop(handshaking);
+            let Some(slot) = connections.admit(Some(ip)) else {
+                return;
             };
             let certs = PeerCertificates(
                 tls.get_ref()
@@ -148,8 +160,14 @@ pub async fn serve(listener: TcpListener, config: Arc<rustls::ServerConfig>, app
                 req.extensions_mut().insert(certs.clone());
                 req
             });
-            super::conn::serve_connection(tls, app).await;
+            let evicted = slot.evicted();
+            tokio::select! {
+                _ = conn::serve_connection(slot.watch(tls), app) => {}
+                _ = evicted => debug!(%peer, "a silent connection gave its slot to a newer one"),
+            }
         });
+        // Let the handshake read its ClientHello before more are admitted (conn::serve).
+        tokio::task::yield_now().await;
     }
 }
 

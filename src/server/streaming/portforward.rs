@@ -114,7 +114,7 @@ pub async fn serve(mut req: Request<Body>, target: PodPorts, timeouts: Timeouts)
         };
         let (mut parts, _) = req.into_parts();
         let mut ws = match axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-            Ok(ws) => ws,
+            Ok(ws) => websocket::bounded(ws),
             Err(e) => return e.into_response(),
         };
         if let Ok(v) = protocol.parse() {
@@ -126,7 +126,7 @@ pub async fn serve(mut req: Request<Body>, target: PodPorts, timeouts: Timeouts)
             info!(pod = %target.pod, protocol = %protocol, transport = "websocket", "port-forward session");
             if protocol == SPDY_TUNNEL {
                 let io = websocket::tunnel(socket);
-                let (conn, streams) = Connection::start(io, timeouts.idle);
+                let (conn, streams) = Connection::start(io, timeouts.idle, MAX_SPDY_STREAMS);
                 serve_spdy(conn, streams, target, timeouts).await;
             } else {
                 let framing = Framing {
@@ -145,7 +145,7 @@ pub async fn serve(mut req: Request<Body>, target: PodPorts, timeouts: Timeouts)
         match up.on_upgrade.await {
             Ok(io) => {
                 info!(pod = %target.pod, protocol = %PROTOCOL_V1, transport = "spdy", "port-forward session");
-                let (conn, streams) = Connection::start(TokioIo::new(io), timeouts.idle);
+                let (conn, streams) = Connection::start(TokioIo::new(io), timeouts.idle, MAX_SPDY_STREAMS);
                 serve_spdy(conn, streams, target, timeouts).await;
             }
             Err(e) => debug!(error = %e, "SPDY upgrade failed"),
@@ -153,6 +153,11 @@ pub async fn serve(mut req: Request<Body>, target: PodPorts, timeouts: Timeouts)
     });
     up.response
 }
+
+/// Streams a SPDY port-forward connection may have open at once: a data and an error stream
+/// for each forwarded connection, so 64 connections forwarded at a time through one
+/// `kubectl port-forward`.
+pub const MAX_SPDY_STREAMS: usize = 2 * 64;
 
 /// kubelet's V4Options for WebSocket: `port` repeated, each 1-65535.
 /// The most ports one WebSocket port-forward carries (channel numbers are one byte).

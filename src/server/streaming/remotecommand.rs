@@ -36,6 +36,10 @@ pub const SPDY_PROTOCOLS: &[&str] = &[V4, V3, V2, V1];
 /// WebSocket subprotocols ("" is a client that asks for none: channel.k8s.io framing).
 pub const WS_PROTOCOLS: &[&str] = &[V5, V4, BASE64_V4, V1, BASE64_V1, ""];
 
+/// Streams an exec or attach connection may have open at once: kubelet's error, stdin,
+/// stdout, stderr and resize.
+pub const MAX_SPDY_STREAMS: usize = 5;
+
 const STDIN: u8 = 0;
 const STDOUT: u8 = 1;
 const STDERR: u8 = 2;
@@ -182,7 +186,7 @@ where
         };
         let (mut parts, _) = req.into_parts();
         let ws = match axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-            Ok(ws) => ws,
+            Ok(ws) => websocket::bounded(ws),
             Err(e) => return e.into_response(),
         };
         let mut ws = ws;
@@ -246,7 +250,7 @@ where
                 return;
             }
         };
-        let (conn, streams) = Connection::start(TokioIo::new(io), timeouts.idle);
+        let (conn, streams) = Connection::start(TokioIo::new(io), timeouts.idle, MAX_SPDY_STREAMS);
         match spdy_streams(conn.clone(), streams, &protocol, opts, timeouts.stream_creation).await {
             Some((session, finish)) => run(session, finish, job).await,
             None => conn.close().await,
@@ -472,7 +476,7 @@ mod tests {
         use tokio::io::AsyncWriteExt;
 
         let (server_io, client_io) = tokio::io::duplex(1 << 16);
-        let (conn, incoming) = Connection::start(server_io, Duration::from_secs(60));
+        let (conn, incoming) = Connection::start(server_io, Duration::from_secs(60), MAX_SPDY_STREAMS);
         let opts = Options {
             stdin: true,
             stdout: true,

@@ -26,9 +26,17 @@ const WINDOW_UPDATE: u16 = 9;
 pub const FLAG_FIN: u8 = 0x01;
 pub const FLAG_UNIDIRECTIONAL: u8 = 0x02;
 
-/// Largest frame payload accepted (the length field allows 16 MiB; spdystream never sends
-/// more than a few hundred KiB). Larger frames end the connection.
-pub const MAX_FRAME: usize = 1 << 24;
+/// Largest frame payload accepted (the length field allows 16 MiB). kubectl's data frames are
+/// its 32 KiB copy buffer, its header blocks a few hundred bytes; a larger frame ends the
+/// connection. Also bounds what one frame costs before it is parsed.
+pub const MAX_FRAME: usize = 256 * 1024;
+
+/// Largest header block once inflated. A SYN_STREAM from kubectl carries three or four short
+/// headers; inflating stops past this size (a zlib bomb costs at most this much).
+pub const MAX_HEADER_BLOCK: usize = 64 * 1024;
+
+/// Most name/value pairs in one header block.
+pub const MAX_HEADER_ENTRIES: usize = 64;
 
 /// RST_STREAM status codes (SPDY/3 section 2.6.3).
 pub mod rst {
@@ -266,9 +274,13 @@ impl HeaderDecoder {
     }
 
     fn inflate(&mut self, mut input: &[u8]) -> io::Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(input.len() * 4 + 64);
+        // One byte of room past the cap tells a block at the cap from one beyond it.
+        let cap = MAX_HEADER_BLOCK + 1;
+        let mut out = Vec::with_capacity((input.len() * 4 + 64).min(cap));
         loop {
-            out.reserve(1024);
+            if out.len() == out.capacity() {
+                out.reserve_exact(out.capacity().max(1024).min(cap - out.len()));
+            }
             let (in0, out0) = (self.z.total_in(), out.len());
             let mut dictionary_set = false;
             match self.z.decompress_vec(input, &mut out, FlushDecompress::Sync) {
@@ -283,8 +295,8 @@ impl HeaderDecoder {
                 Err(e) => return Err(bad(format!("decompressing a header block: {e}"))),
             }
             input = &input[(self.z.total_in() - in0) as usize..];
-            if out.len() > MAX_FRAME {
-                return Err(bad("header block too large"));
+            if out.len() > MAX_HEADER_BLOCK {
+                return Err(bad(format!("header block inflates past {MAX_HEADER_BLOCK} bytes")));
             }
             // Done when all input is consumed and the output was not cut short.
             if input.is_empty() && out.len() < out.capacity() {
@@ -317,8 +329,13 @@ fn parse_block(raw: &[u8]) -> io::Result<Headers> {
         *p = &p[4..];
         Ok(v)
     };
-    let n = take_u32(&mut p)?;
-    let mut out = Vec::new();
+    let n = take_u32(&mut p)? as usize;
+    if n > MAX_HEADER_ENTRIES {
+        return Err(bad(format!(
+            "header block of {n} entries (at most {MAX_HEADER_ENTRIES})"
+        )));
+    }
+    let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let field = |p: &mut &[u8]| -> io::Result<String> {
             let len = take_u32(p)? as usize;
@@ -649,6 +666,65 @@ mod tests {
             }
         }
         assert_eq!(kinds, ["error", "stdin", "stdout"]);
+    }
+
+    /// A SYN_STREAM whose header block is `raw` (uncompressed), compressed as a client would.
+    fn syn_with_raw_block(raw: &[u8]) -> Vec<u8> {
+        let mut z = Compress::new(Compression::best(), true);
+        z.set_dictionary(dictionary()).unwrap();
+        let mut block = Vec::with_capacity(raw.len() + 1024);
+        z.compress_vec(raw, &mut block, FlushCompress::Sync).unwrap();
+        let mut body = vec![0, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+        body.extend(block);
+        control(SYN_STREAM, 0, &body).unwrap()
+    }
+
+    #[tokio::test]
+    async fn hostile_header_blocks_are_refused_within_their_bounds() {
+        // A zlib bomb: 16 MiB of one value compresses to about 16 KiB; inflating stops at
+        // the cap instead of allocating the lot.
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&1u32.to_be_bytes());
+        raw.extend_from_slice(&1u32.to_be_bytes());
+        raw.push(b'a');
+        raw.extend_from_slice(&(16u32 << 20).to_be_bytes());
+        raw.resize(raw.len() + (16 << 20), b'x');
+        let wire = syn_with_raw_block(&raw);
+        assert!(wire.len() <= MAX_FRAME, "the bomb fits in a frame: {}", wire.len());
+        let err = read_frame(&mut &wire[..], &mut HeaderDecoder::new()).await.unwrap_err();
+        assert!(err.to_string().contains("inflates past"), "{err}");
+
+        // More entries than allowed, each tiny.
+        let n = MAX_HEADER_ENTRIES as u32 + 1;
+        let mut raw = n.to_be_bytes().to_vec();
+        for _ in 0..n {
+            raw.extend_from_slice(&[0, 0, 0, 1, b'a', 0, 0, 0, 1, b'b']);
+        }
+        let err = read_frame(&mut &syn_with_raw_block(&raw)[..], &mut HeaderDecoder::new())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("entries"), "{err}");
+
+        // At the bounds it still decodes.
+        let headers = Headers(
+            (0..MAX_HEADER_ENTRIES)
+                .map(|i| (format!("h{i}"), "v".repeat(512)))
+                .collect(),
+        );
+        let frames = [Frame::SynStream {
+            stream_id: 1,
+            associated_to: 0,
+            priority: 0,
+            flags: 0,
+            headers,
+        }];
+        assert_eq!(round_trip(&frames).await, frames);
+
+        // A frame longer than MAX_FRAME is refused from its head, before its body is read.
+        let mut head = [0x80u8, 3, 0, 1, 0, 0, 0, 0];
+        head[5..8].copy_from_slice(&((MAX_FRAME + 1) as u32).to_be_bytes()[1..]);
+        let err = read_frame(&mut &head[..], &mut HeaderDecoder::new()).await.unwrap_err();
+        assert!(err.to_string().contains("frame of"), "{err}");
     }
 
     #[tokio::test]

@@ -24,6 +24,21 @@ use tracing::debug;
 /// The CLOSE signal's channel number (v5).
 pub const CLOSE_CHANNEL: u8 = 255;
 
+/// Largest WebSocket message (and frame) accepted; a larger one ends the connection. kubectl
+/// sends its 32 KiB reads (43 KiB in base64), the SPDY tunnel its SPDY frames.
+pub const MAX_MESSAGE: usize = 256 * 1024;
+
+/// Messages queued per readable channel before the reader waits for the channel's consumer
+/// (and so stops reading the connection): with [`MAX_MESSAGE`], at most 512 KiB a channel.
+const CHANNEL_QUEUE: usize = 2;
+
+/// `ws` with the message and frame size bounded by [`MAX_MESSAGE`] (tungstenite's defaults are
+/// 64 MiB and 16 MiB).
+pub fn bounded(ws: axum::extract::ws::WebSocketUpgrade) -> axum::extract::ws::WebSocketUpgrade {
+    // fuzz/fuzz_targets/websocket_frames.rs reads frames with the same two bounds.
+    ws.max_message_size(MAX_MESSAGE).max_frame_size(MAX_MESSAGE)
+}
+
 /// Pick the protocol as wsstream does: the first the client asks for that the server speaks;
 /// no protocol asked for selects "" when "" is supported.
 pub fn choose(requested: &[String], supported: &[&str]) -> Option<String> {
@@ -120,7 +135,7 @@ pub fn start(
     let mut senders = HashMap::new();
     let mut receivers = HashMap::new();
     for &ch in readable {
-        let (tx, rx) = mpsc::channel::<Bytes>(64);
+        let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL_QUEUE);
         senders.insert(ch, tx);
         receivers.insert(ch, rx);
     }
@@ -232,8 +247,9 @@ fn encode(framing: Framing, ch: u8, data: &[u8]) -> Message {
     }
 }
 
-/// A message's channel and payload; `None` for an empty or undecodable message.
-fn decode(framing: Framing, msg: &[u8]) -> Option<(u8, Bytes)> {
+/// A message's channel and payload; `None` for an empty or undecodable message. The input is
+/// the peer's (public for the fuzz target).
+pub fn decode(framing: Framing, msg: &[u8]) -> Option<(u8, Bytes)> {
     let (&first, rest) = msg.split_first()?;
     if framing.base64 {
         let ch = first.wrapping_sub(b'0');
@@ -298,6 +314,66 @@ pub fn tunnel(socket: WebSocket) -> tokio::io::DuplexStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server on loopback whose channel 0 is read by a consumer that reports what it got;
+    /// the client sends `sizes` (binary framing, channel 0), then waits for the server to end
+    /// the connection. What the consumer got, by size.
+    async fn send_messages(sizes: &[usize]) -> Vec<usize> {
+        use axum::extract::ws::WebSocketUpgrade;
+        use tokio_tungstenite::tungstenite::Message as M;
+        let (got_tx, mut got_rx) = mpsc::unbounded_channel::<usize>();
+        let app = axum::Router::new().route(
+            "/ws",
+            axum::routing::get(move |ws: WebSocketUpgrade| async move {
+                bounded(ws).on_upgrade(move |socket| async move {
+                    let f = Framing {
+                        base64: false,
+                        close_signal: false,
+                    };
+                    let (conn, mut rx) = start(socket, f, &[0], Duration::from_secs(60));
+                    let mut ch = rx.remove(&0).unwrap();
+                    while let Some(b) = ch.recv().await {
+                        let _ = got_tx.send(b.len());
+                    }
+                    conn.close().await;
+                })
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut client, _) = tokio_tungstenite::client_async(format!("ws://{addr}/ws"), tcp)
+            .await
+            .unwrap();
+        for &n in sizes {
+            if client.send(M::Binary(vec![0u8; n].into())).await.is_err() {
+                break;
+            }
+        }
+        let _ = client.close(None).await;
+        // The server ends the connection either way (after a message too large, at once).
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(Ok(_)) = client.next().await {}
+        })
+        .await
+        .expect("the server ends the connection");
+        server.abort();
+        let mut got = Vec::new();
+        while let Ok(n) = got_rx.try_recv() {
+            got.push(n);
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn messages_past_the_bound_end_the_connection() {
+        // Payloads are the message less its channel byte.
+        let got = send_messages(&[32 * 1024, MAX_MESSAGE]).await;
+        assert_eq!(got, [32 * 1024 - 1, MAX_MESSAGE - 1]);
+        let got = send_messages(&[1024, 4 * MAX_MESSAGE, 1024]).await;
+        assert_eq!(got, [1023], "nothing from the message too large or after it");
+    }
 
     #[test]
     fn protocol_choice_follows_the_client_order() {
