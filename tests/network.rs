@@ -304,6 +304,14 @@ fn cni_bad_config_is_reported_then_fixed() {
         waiting_message(p, "web").is_some_and(|m| m.contains("10-bad.conflist"))
     });
     assert_eq!(waiting_reason(&p, "web").as_deref(), Some("ContainerCreating"));
+    // The node is NotReady for it, as kubelet's Ready condition takes the network's state.
+    let (status, message) = node_ready(&a);
+    assert_eq!(status, "False");
+    assert!(
+        message.starts_with("container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: ")
+            && message.contains("10-bad.conflist"),
+        "{message}"
+    );
 
     // An unknown plugin is named too.
     std::fs::remove_file(conf.join("10-bad.conflist")).unwrap();
@@ -322,6 +330,23 @@ fn cni_bad_config_is_reported_then_fixed() {
     let ip = pod_ip(&running_with_ip(&a, "p"));
     assert!(in_subnet(&ip, "10.67.1."), "{ip}");
     assert_eq!(allocations(&ipam), vec![ip]);
+    assert_eq!(node_ready(&a).0, "True", "the node is Ready with its network");
+}
+
+/// The node's Ready condition (status, message) as the agent reports it (standalone:
+/// /ferrolet/node).
+fn node_ready(a: &Agent) -> (String, String) {
+    let (code, body) = a.get("/ferrolet/node").expect("/ferrolet/node");
+    assert_eq!(code, 200);
+    let n: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let c = n["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready").cloned())
+        .unwrap_or_default();
+    (
+        c["status"].as_str().unwrap_or_default().to_string(),
+        c["message"].as_str().unwrap_or_default().to_string(),
+    )
 }
 
 #[test]

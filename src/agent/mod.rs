@@ -89,6 +89,9 @@ fn existing_dirs_below(rt: &Runtime, root: &str, cgroup: &str) -> Vec<PathBuf> {
     out
 }
 
+/// How often a pod network that is not ready is tried again (kubelet's runtime status period).
+const NETWORK_STATUS_EVERY: Duration = Duration::from_secs(5);
+
 /// The leaf cgroup the agent moves into on cgroup v2 when its own cgroup holds kubepods.
 const AGENT_LEAF: &str = "ferrolet.agent";
 
@@ -255,6 +258,8 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         let cfg = cfg.clone();
         blocking(move || Ok(NodeInfo::detect(&cfg))).await?
     };
+    // Whether the pod network is ready (the Node's Ready condition), filled once it is built.
+    let network_status = crate::podsetup::network::NetworkStatus::default();
     // The eviction manager's conditions (the manager starts once the stats do).
     let eviction = crate::eviction::Eviction::new(cfg.in_cluster());
     // In a cluster: the Node (registered and kept up in the background) and its podCIDR.
@@ -269,7 +274,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             cfg.clone(),
             node.clone(),
             images,
-            runtime_readiness(rt.clone()),
+            readiness(rt.clone(), network_status.clone()),
             events.clone(),
             eviction.clone(),
         )
@@ -340,7 +345,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         });
     }
     crate::cm::oom_watcher::start(events.clone());
-    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups)?.with_qos(qos);
+    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups, network_status.clone())?.with_qos(qos);
     {
         let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
         blocking(move || {
@@ -383,6 +388,19 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         sysctls: crate::pod::sysctl::Allowlist::new(&cfg.allowed_unsafe_sysctls)
             .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
     });
+    // kubelet's syncNetworkStatus (in its updateRuntimeUp loop, every 5 s): a network that was
+    // not ready is tried again, and the Node's Ready condition follows.
+    {
+        let m = managers.clone();
+        spawn_loop("network status", NETWORK_STATUS_EVERY, move || {
+            let m = m.clone();
+            async move {
+                tokio::time::sleep(NETWORK_STATUS_EVERY).await;
+                m.setup.network().recheck().await;
+                true
+            }
+        });
+    }
 
     // Sources -> pod config -> pod workers.
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
@@ -541,6 +559,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         cfg.clone(),
         stats,
         eviction,
+        readiness(rt.clone(), network_status),
     );
     crate::server::serve_all(&cfg, state, kube.clone(), node.ips.clone()).await?;
     info!(
@@ -751,15 +770,18 @@ async fn pod_cidr(cfg: &Config, node: &crate::node::cluster::NodeHandle) -> Opti
     cidr
 }
 
-/// What the Node's Ready condition says about the runtime: its zygote (which creates every
-/// container) must be alive.
-fn runtime_readiness(rt: Arc<Runtime>) -> crate::node::cluster::Readiness {
+/// What the Node's Ready condition says about the runtime (kubelet's runtime state: runtime and
+/// network): its zygote (which creates every container) must be alive, and the pod network
+/// built.
+fn readiness(rt: Arc<Runtime>, network: crate::podsetup::network::NetworkStatus) -> crate::node::cluster::Readiness {
     Arc::new(move || {
         let pid = nix::unistd::Pid::from_raw(rt.zygote_pid());
-        match nix::sys::signal::kill(pid, None) {
-            Ok(()) => Vec::new(),
-            Err(_) => vec!["container runtime is down".to_string()],
+        let mut errors = Vec::new();
+        if nix::sys::signal::kill(pid, None).is_err() {
+            errors.push("container runtime is down".to_string());
         }
+        errors.extend(network.not_ready());
+        errors
     })
 }
 

@@ -54,10 +54,17 @@ pub struct PodSetup {
 
 impl PodSetup {
     /// Fails when a pod's recorded user namespace ids cannot be read back ([`userns`]).
-    pub fn new(cfg: Arc<Config>, rt: Arc<Runtime>, cgroups: PodCgroups) -> Result<PodSetup> {
+    /// `network_status`: where the pod network says whether it is ready (the Node's Ready
+    /// condition reads it).
+    pub fn new(
+        cfg: Arc<Config>,
+        rt: Arc<Runtime>,
+        cgroups: PodCgroups,
+        network_status: network::NetworkStatus,
+    ) -> Result<PodSetup> {
         // The network learns which sandboxes are live from their records under the pods dir.
         let pods_dir = cfg.pods_dir();
-        let network = PodNetwork::new(&cfg, Arc::new(move || sandbox::recorded_ids(&pods_dir)));
+        let network = PodNetwork::new(&cfg, Arc::new(move || sandbox::recorded_ids(&pods_dir)), network_status);
         let local = cfg.static_pod_path.clone().map(LocalObjects::new);
         let volumes = Arc::new(VolumeManager::new(&cfg.pods_dir()));
         let warmer = MigrationWarmer::new(cgroups.runtime().clone());

@@ -79,19 +79,53 @@ impl NetworkSettings {
 /// Lists the sandboxes that exist (their ids), for collecting what gone ones left behind.
 pub type LiveSandboxes = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 
+/// Why the pod network is not ready, in kubelet's words for the Node's Ready condition
+/// (`container runtime network not ready: NetworkReady=false ...`); None while it is ready (or
+/// not yet tried, or off). Shared with the node's status loop, which exists before the network.
+#[derive(Clone, Default)]
+pub struct NetworkStatus(Arc<std::sync::RwLock<Option<String>>>);
+
+impl NetworkStatus {
+    pub fn not_ready(&self) -> Option<String> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, why: Option<String>) {
+        let mut cur = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if *cur != why {
+            match &why {
+                Some(w) => warn!(reason = %w, "the pod network is not ready"),
+                None if cur.is_some() => info!("the pod network is ready again"),
+                None => {}
+            }
+            *cur = why;
+        }
+    }
+}
+
 /// The agent's pod network.
 pub struct PodNetwork {
     settings: NetworkSettings,
     live: LiveSandboxes,
     plug: tokio::sync::Mutex<Option<Arc<NetPlug>>>,
+    status: NetworkStatus,
 }
 
 impl PodNetwork {
-    pub fn new(cfg: &Config, live: LiveSandboxes) -> PodNetwork {
+    pub fn new(cfg: &Config, live: LiveSandboxes, status: NetworkStatus) -> PodNetwork {
         PodNetwork {
             settings: NetworkSettings::from_config(cfg),
             live,
             plug: tokio::sync::Mutex::new(None),
+            status,
+        }
+    }
+
+    /// kubelet's syncNetworkStatus, every few seconds: a network not built yet is tried again,
+    /// so the Node's Ready condition follows it.
+    pub async fn recheck(&self) {
+        if self.enabled() && self.plug.lock().await.is_none() {
+            let _ = self.plug().await;
         }
     }
 
@@ -115,11 +149,17 @@ impl PodNetwork {
         let Some(mode) = self.settings.netplug_mode()? else {
             bail!("pod networking is off (ferrolet.network: none)");
         };
-        let plug = Arc::new(
-            NetPlug::new(mode)
-                .await
-                .with_context(|| format!("network {} not ready", self.settings.mode))?,
-        );
+        let plug = match NetPlug::new(mode).await {
+            Ok(p) => Arc::new(p),
+            Err(e) => {
+                let e = anyhow::Error::new(e).context(format!("network {} not ready", self.settings.mode));
+                self.status.set(Some(format!(
+                    "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: {e:#}"
+                )));
+                return Err(e);
+            }
+        };
+        self.status.set(None);
         if let Err(e) = self.gc_dead(&plug).await {
             warn!(error = %format!("{e:#}"), "collecting stale pod networks");
         }

@@ -60,6 +60,8 @@ pub struct State {
     pub stats: Arc<Stats>,
     /// The eviction manager's node conditions (/ferrolet/node).
     pub eviction: crate::eviction::Eviction,
+    /// Why the node is not ready (the runtime, the pod network), for /ferrolet/node's Ready.
+    pub readiness: crate::node::cluster::Readiness,
 }
 
 impl State {
@@ -73,6 +75,7 @@ impl State {
         config: Arc<Config>,
         stats: Arc<Stats>,
         eviction: crate::eviction::Eviction,
+        readiness: crate::node::cluster::Readiness,
     ) -> Arc<State> {
         Arc::new(State {
             rt,
@@ -83,6 +86,7 @@ impl State {
             config,
             stats,
             eviction,
+            readiness,
         })
     }
 }
@@ -296,6 +300,12 @@ async fn ferrolet_node(axum::extract::State(st): axum::extract::State<Arc<State>
         st.eviction.pressure(),
         &now,
     );
+    // The Ready condition as a cluster's Node has it: the runtime's and the pod network's state.
+    let readiness = st.readiness.clone();
+    let not_ready = crate::tasks::blocking(move || Ok(readiness()))
+        .await
+        .unwrap_or_else(|e| vec![format!("{e:#}")]);
+    crate::node::conditions::set_ready(status.conditions.get_or_insert_with(Vec::new), &not_ready, &now);
     (
         [(header::CONTENT_TYPE, "application/json")],
         serde_json::to_string(&node).unwrap_or_default(),
