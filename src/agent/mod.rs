@@ -49,44 +49,38 @@ fn lock_root(root: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .map_err(|_| anyhow!("another ferrolet is running with --root-dir {}", root.display()))
 }
 
+/// `dir` and its ancestors up to (not including) the first for which `stop` holds, outermost
+/// first.
+fn up_to(dir: &Path, stop: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut chain: Vec<PathBuf> = dir
+        .ancestors()
+        .take_while(|p| !stop(p))
+        .map(Path::to_path_buf)
+        .collect();
+    chain.reverse();
+    chain
+}
+
 /// The cgroup directories the kubepods tree will need that do not exist yet (recorded so
 /// `ferrolet reset` can remove exactly those).
 fn missing_cgroup_dirs(rt: &Runtime, kubepods: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for dir in rt.cgroups().dirs(kubepods) {
-        let mut chain = Vec::new();
-        let mut cur = dir.as_path();
-        while !cur.exists() {
-            chain.push(cur.to_path_buf());
-            match cur.parent() {
-                Some(p) => cur = p,
-                None => break,
-            }
-        }
-        out.extend(chain.into_iter().rev());
-    }
-    out
+    rt.cgroups()
+        .dirs(kubepods)
+        .iter()
+        .flat_map(|dir| up_to(dir, Path::exists))
+        .collect()
 }
 
 /// The directories of `cgroup` (in every hierarchy) strictly below `root` that exist,
 /// outermost first.
 fn existing_dirs_below(rt: &Runtime, root: &str, cgroup: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for (top, dir) in rt.cgroups().dirs(root).into_iter().zip(rt.cgroups().dirs(cgroup)) {
-        let mut chain = Vec::new();
-        let mut cur = dir.as_path();
-        while cur != top && cur.starts_with(&top) {
-            if cur.exists() {
-                chain.push(cur.to_path_buf());
-            }
-            match cur.parent() {
-                Some(p) => cur = p,
-                None => break,
-            }
-        }
-        out.extend(chain.into_iter().rev());
-    }
-    out
+    let cg = rt.cgroups();
+    cg.dirs(root)
+        .into_iter()
+        .zip(cg.dirs(cgroup))
+        .flat_map(|(top, dir)| up_to(&dir, |p| p == top || !p.starts_with(&top)))
+        .filter(|d| d.exists())
+        .collect()
 }
 
 /// How often a pod network that is not ready is tried again (kubelet's runtime status period).
