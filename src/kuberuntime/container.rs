@@ -213,7 +213,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
             supplemental_groups_policy: groups_policy,
             require_non_root: csc.run_as_non_root.or(psc.run_as_non_root).unwrap_or(false),
         },
-        hostname: Some(dns::uts_hostname(p, &cfg.cluster_domain).unwrap_or_else(|_| dns::hostname(p))),
+        hostname: Some(dns::uts_hostname_or_short(p, &cfg.cluster_domain)),
         rlimits: Vec::new(),
         capabilities: CapabilityChanges {
             add: csc

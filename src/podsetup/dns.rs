@@ -52,6 +52,12 @@ pub fn uts_hostname(p: &Pod, cluster_domain: &str) -> Result<String, String> {
     Ok(fqdn)
 }
 
+/// [`uts_hostname`] where it is known to fit (the pod worker makes no sandbox otherwise):
+/// the short hostname stands in for an FQDN too long.
+pub fn uts_hostname_or_short(p: &Pod, cluster_domain: &str) -> String {
+    uts_hostname(p, cluster_domain).unwrap_or_else(|_| hostname(p))
+}
+
 pub fn hosts_file(p: &Pod, pod_ips: &[String], cluster_domain: &str) -> String {
     let mut s = String::new();
     if pod::host_network(p) {
@@ -192,7 +198,7 @@ pub fn write_files(dir: &Path, p: &Pod, pod_ips: &[String], cfg: &Config) -> any
     };
     w("etc-hosts", hosts_file(p, pod_ips, &cfg.cluster_domain))?;
     w("resolv.conf", resolv_conf(p, cfg))?;
-    let host = uts_hostname(p, &cfg.cluster_domain).unwrap_or_else(|_| hostname(p));
+    let host = uts_hostname_or_short(p, &cfg.cluster_domain);
     w("hostname", format!("{host}\n"))?;
     Ok(())
 }

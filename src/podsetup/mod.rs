@@ -162,8 +162,7 @@ impl PodSetup {
                 None
             };
             let pins = ferrolet_runtime::namespaces::Pins {
-                // (checked by the pod worker before the sandbox is made)
-                hostname: Some(dns::uts_hostname(p, &self.cfg.cluster_domain).unwrap_or_else(|_| dns::hostname(p))),
+                hostname: Some(dns::uts_hostname_or_short(p, &self.cfg.cluster_domain)),
                 net: own.net,
                 ipc: own.ipc,
                 uts: own.uts,
