@@ -203,6 +203,9 @@ impl Runtime {
         match replies.next().await {
             Ok(Reply::Created { .. }) => container::load(&self.dir(&id), &self.cgroups),
             Ok(Reply::Failed { error }) => {
+                // The monitor answers, then exits: until it has, it holds the log file open
+                // (a caller that removes the log would not get its inode back yet).
+                replies.closed(Duration::from_secs(5)).await;
                 self.undo_create(&id, target).await;
                 Err(Error::container(&id, error))
             }

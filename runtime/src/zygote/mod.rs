@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{fork, ForkResult};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 use crate::error::{Error, Result};
 use crate::process::{close_other_fds, thread_count};
@@ -132,6 +132,16 @@ impl Replies {
             return Err(Error::Zygote("worker exited without replying".into()));
         }
         serde_json::from_str(&line).map_err(|e| Error::Zygote(format!("bad reply {line:?}: {e}")))
+    }
+
+    /// Wait, at most `limit`, until every process holding the reply pipe has let go of it: a
+    /// worker that failed has then exited, and closed what it had opened (a log file).
+    pub(crate) async fn closed(mut self, limit: std::time::Duration) {
+        let drain = async {
+            let mut rest = Vec::new();
+            let _ = self.reader.read_to_end(&mut rest).await;
+        };
+        let _ = tokio::time::timeout(limit, drain).await;
     }
 }
 
