@@ -423,3 +423,131 @@ fn env_from_takes_keys_with_dashes_and_dots() {
     assert!(!logs.lines().any(|l| l.starts_with("3bad=")), "{logs}");
     a.wait_log("Keys [3bad] from the EnvFrom secret default/s were skipped", T);
 }
+
+/// Tmpfs mounts a test made, unmounted (and `then_remove` removed) when it ends, pass or fail:
+/// declared before the agent, dropped after it.
+#[derive(Default)]
+struct TestMounts {
+    at: Vec<PathBuf>,
+    then_remove: Option<PathBuf>,
+}
+
+impl TestMounts {
+    fn tmpfs(&mut self, at: &Path) {
+        std::fs::create_dir_all(at).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            at,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=64m"),
+        )
+        .unwrap_or_else(|e| panic!("mounting a tmpfs at {}: {e}", at.display()));
+        self.at.push(at.to_path_buf());
+    }
+}
+
+impl Drop for TestMounts {
+    fn drop(&mut self) {
+        for at in self.at.iter().rev() {
+            let _ = nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH);
+        }
+        if let Some(d) = &self.then_remove {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn is_tmpfs(p: &Path) -> bool {
+    nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
+/// Every file under `dir` (not following links).
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => todo.push(e.path()),
+                Ok(t) if t.is_file() => out.push(e.path()),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Edge boards keep /var/lib and /var/log on partitions or tmpfs of their own, and mount disks
+/// while the agent runs. The root dir is a tmpfs mounted before the agent starts; the pod log
+/// dir, the pods' dir under the root and a hostPath source are tmpfs mounted after it started
+/// (here `/` has private propagation: the agent's copy of the mount namespace it made at start
+/// never hears of them). Every path the runtime writes must be the host's: the container's
+/// log on the log dir's tmpfs, readable by `logs`; its hostPath and emptyDir writes on theirs.
+#[test]
+fn logs_and_volumes_on_mounts_of_their_own() {
+    let mut mounts = TestMounts::default();
+    let a = Agent::start_on_tmpfs_root("volmounts", &[], "");
+    mounts.then_remove = Some(a.dir.clone());
+    let source = a.host_dir();
+    mounts.tmpfs(&a.logs);
+    mounts.tmpfs(&a.root.join("pods"));
+    mounts.tmpfs(&source);
+    a.write(
+        "m.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: m}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: {IMAGE}
+    command: [sh, -c, "echo hello-from-a-mount; echo host-data > /host/file; echo scratch-data > /scratch/f; sleep 3600"]
+    volumeMounts:
+    - {{name: host, mountPath: /host}}
+    - {{name: scratch, mountPath: /scratch}}
+  volumes:
+  - name: host
+    hostPath: {{path: {}, type: Directory}}
+  - name: scratch
+    emptyDir: {{}}
+"#,
+            source.display()
+        ),
+    );
+    a.wait_phase("m", "Running", T);
+    wait_logs(&a, "m", "", "the container's output", |l| {
+        l.lines().any(|l| l == "hello-from-a-mount")
+    });
+    assert!(is_tmpfs(&a.logs) && is_tmpfs(&source) && is_tmpfs(&a.root.join("pods")));
+    let logs = files_under(&a.logs);
+    assert!(
+        logs.iter()
+            .any(|f| f.ends_with("c/0.log")
+                && std::fs::read_to_string(f).is_ok_and(|t| t.contains("hello-from-a-mount"))),
+        "the container's log is not on the log dir's tmpfs: {logs:?}"
+    );
+    let deadline = Instant::now() + T;
+    let scratch = loop {
+        let found = files_under(&a.root.join("pods"))
+            .into_iter()
+            .find(|f| f.ends_with("scratch/f"));
+        if let (Some(f), true) = (&found, source.join("file").exists()) {
+            break f.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the container's writes never reached the host"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(std::fs::read_to_string(source.join("file")).unwrap(), "host-data\n");
+    assert_eq!(std::fs::read_to_string(&scratch).unwrap(), "scratch-data\n");
+    // And the pod goes as it came: its mounts and directories under the pods' tmpfs.
+    a.remove("m.yaml");
+    a.wait_gone("m", T);
+    let left = files_under(&a.root.join("pods"));
+    assert!(left.is_empty(), "left under the pods' dir: {left:?}");
+}

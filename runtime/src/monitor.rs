@@ -119,10 +119,6 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         write_reply(&reply, &Reply::Failed { error: msg });
         None
     };
-    let log = match LogWriter::open(&args.log.path, args.log.max_size, args.log.max_files) {
-        Ok(l) => l,
-        Err(e) => return fail(format!("opening log {}: {e}", args.log.path.display())),
-    };
     // The rootfs is the host's mount (the agent unmounts it): a fork of an isolated zygote
     // mounts it there, then builds the container in a namespace of its own (crate::mount_ns).
     let isolated = crate::zygote::isolated();
@@ -131,6 +127,13 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
             return fail(format!("entering the host's mount namespace: {e}"));
         }
     }
+    // Opened in the host's namespace, as every path here: the zygote's copy lacks the disks and
+    // tmpfs mounted elsewhere (a log dir on a partition of its own), and there the log would
+    // go to the directory the mount hides.
+    let log = match LogWriter::open(&args.log.path, args.log.max_size, args.log.max_files) {
+        Ok(l) => l,
+        Err(e) => return fail(format!("opening log {}: {e}", args.log.path.display())),
+    };
     if let Err(e) = crate::rootfs::mount_overlay(&args.rootfs) {
         return fail(format!("rootfs: {e}"));
     }

@@ -43,6 +43,8 @@ pub struct Agent {
     pub env: Vec<(String, String)>,
     /// The agent's stderr is a pipe whose reading end is closed at once (every log write fails).
     stderr_closed: bool,
+    /// The root dir is a tmpfs the test mounted before the agent started (unmounted on drop).
+    root_on_tmpfs: bool,
 }
 
 /// Whether the KubeletConfiguration lines `config` set top-level field `name`.
@@ -153,7 +155,39 @@ impl Agent {
         Agent::build_with(name, extra, config, own_cgroup, None, "none", Vec::new())
     }
 
+    /// An agent whose root dir is a tmpfs of its own, mounted before it starts (a node whose
+    /// /var/lib is a partition of its own).
+    pub fn start_on_tmpfs_root(name: &str, extra: &[&str], config: &str) -> Agent {
+        let mut a = Agent::prepare(name, extra, config, false, None, "none", Vec::new());
+        std::fs::create_dir_all(&a.root).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &a.root,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=256m"),
+        )
+        .expect("mounting a tmpfs on the root dir");
+        a.root_on_tmpfs = true;
+        a.spawn();
+        a
+    }
+
     fn build_with(
+        name: &str,
+        extra: &[&str],
+        config: &str,
+        own_cgroup: bool,
+        netns: Option<PathBuf>,
+        network: &str,
+        env: Vec<(String, String)>,
+    ) -> Agent {
+        let mut a = Agent::prepare(name, extra, config, own_cgroup, netns, network, env);
+        a.spawn();
+        a
+    }
+
+    fn prepare(
         name: &str,
         extra: &[&str],
         config: &str,
@@ -169,7 +203,7 @@ impl Agent {
         let cgroups = Cgroups::detect().expect("cgroups");
         let cgroup = NestedRoot::create(&cgroups, &format!("ferrolet-it-{name}-{}", std::process::id()))
             .expect("nested cgroup root");
-        let mut a = Agent {
+        Agent {
             name: name.to_string(),
             root: dir.join("root"),
             manifests: dir.join("manifests"),
@@ -185,9 +219,8 @@ impl Agent {
             network: network.to_string(),
             env,
             stderr_closed: false,
-        };
-        a.spawn();
-        a
+            root_on_tmpfs: false,
+        }
     }
 
     /// The listeners' settings the test did not set: loopback, no read-only port, and free
@@ -519,6 +552,9 @@ impl Drop for Agent {
         }
         if let Err(e) = self.cgroup.cleanup() {
             eprintln!("cgroup cleanup: {e}");
+        }
+        if self.root_on_tmpfs {
+            let _ = nix::mount::umount2(&self.root, nix::mount::MntFlags::MNT_DETACH);
         }
         if std::thread::panicking() {
             eprintln!("--- agent log of {} ---\n{}", self.name, tail(&self.agent_log(), 60));
