@@ -223,6 +223,11 @@ fn bad_network_config_shows_in_pod_status_and_spares_other_pods() {
 // CNI mode
 
 fn cni_config(net: &TestNet, subnet: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    cni_config_on(net, subnet, "cni-it0")
+}
+
+/// [`cni_config`] with the pods on `bridge`.
+fn cni_config_on(net: &TestNet, subnet: &str, bridge: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let conf = net.dir.join("net.d");
     let ipam = net.dir.join("cni-ipam");
     std::fs::create_dir_all(&conf).unwrap();
@@ -232,7 +237,7 @@ fn cni_config(net: &TestNet, subnet: &str) -> (std::path::PathBuf, std::path::Pa
             "cniVersion": "1.0.0",
             "name": "ferrolet-it",
             "plugins": [
-                {"type": "bridge", "bridge": "cni-it0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+                {"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": true, "hairpinMode": true,
                  "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
                           "routes": [{"dst": "0.0.0.0/0"}], "dataDir": ipam}},
                 {"type": "portmap", "capabilities": {"portMappings": true}}
@@ -329,8 +334,44 @@ fn cni_bad_config_is_reported_then_fixed() {
     let (_, ipam) = cni_config(&net, "10.67.1.0/24");
     let ip = pod_ip(&running_with_ip(&a, "p"));
     assert!(in_subnet(&ip, "10.67.1."), "{ip}");
-    assert_eq!(allocations(&ipam), vec![ip]);
+    assert_eq!(allocations(&ipam), vec![ip.clone()]);
     assert_eq!(node_ready(&a).0, "True", "the node is Ready with its network");
+
+    // Changed in place, without a restart: the next pod is on the new config's subnet
+    // (kubelet's network status sync loads the directory again every 5 s).
+    cni_config_on(&net, "10.67.2.0/24", "cni-it1");
+    a.write("q.yaml", &web("q", 8081, "", ""));
+    let ip_q = pod_ip(&running_with_ip(&a, "q"));
+    assert!(in_subnet(&ip_q, "10.67.2."), "a pod after the change: {ip_q}");
+    // Broken in place: the node goes NotReady with the error, a new pod waits with it, and a
+    // pod made with the old config is still torn down with it (its lease goes).
+    std::fs::write(
+        conf.join("10-it.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"ferrolet-it","plugins":[{"type":"no-such-plugin"}]}"#,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + T;
+    while !node_ready(&a).1.contains("no-such-plugin") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never went NotReady for the broken config: {:?}",
+            node_ready(&a)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(node_ready(&a).0, "False");
+    a.write("r.yaml", &web("r", 8082, "", ""));
+    a.wait_for("r", "waiting with the broken config", T, |p| {
+        waiting_message(p, "web").is_some_and(|m| m.contains("no-such-plugin"))
+    });
+    a.remove("p.yaml");
+    a.wait_gone("p", T);
+    assert!(allocations(&ipam).iter().all(|i| *i != ip), "p's lease was left");
+    // Fixed again: ready, and the waiting pod runs.
+    cni_config_on(&net, "10.67.2.0/24", "cni-it1");
+    let ip_r = pod_ip(&running_with_ip(&a, "r"));
+    assert!(in_subnet(&ip_r, "10.67.2."), "{ip_r}");
+    assert_eq!(node_ready(&a).0, "True");
 }
 
 /// The node's Ready condition (status, message) as the agent reports it (standalone:

@@ -102,6 +102,17 @@ impl NetPlug {
         })
     }
 
+    /// Load the network's configuration file again (CNI: the config directory; the bridge's
+    /// settings are the caller's and never change). Ok(true): it changed, and new
+    /// attachments use it. An error: it changed and cannot be used; new attachments are refused
+    /// with that error until a reload succeeds. Existing attachments keep their configuration.
+    pub async fn reload(&self) -> Result<bool> {
+        match &self.inner {
+            Inner::Bridge(_) => Ok(false),
+            Inner::Cni(c) => c.reload().await,
+        }
+    }
+
     /// "bridge" or "cni".
     pub fn mode_name(&self) -> &'static str {
         match self.inner {

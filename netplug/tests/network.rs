@@ -149,6 +149,10 @@ fn main() {
         trial("cni_killed_mid_add_gc_collects", cni_killed_mid_add_gc_collects),
         trial("cni_teardown_with_garbled_record", cni_teardown_with_garbled_record),
         trial("cni_bad_config_unknown_plugin", cni_bad_config_unknown_plugin),
+        trial(
+            "cni_config_changed_in_place_is_reloaded",
+            cni_config_changed_in_place_is_reloaded,
+        ),
         trial("cni_bad_config_invalid_json", cni_bad_config_invalid_json),
         trial("cni_plugin_error_is_decoded", cni_plugin_error_is_decoded),
         trial("setup_time_bridge_vs_cni", setup_time_bridge_vs_cni),
@@ -1470,6 +1474,73 @@ fn cni_teardown_with_garbled_record() -> Result<()> {
         ensure!(!lease.exists(), "[{id}] lease left");
         ensure!(!record.exists(), "[{id}] record left");
     }
+    Ok(())
+}
+
+/// The config directory is loaded again on `reload` (the agent's network status sync): a
+/// changed config is used for new attachments while the old ones are deleted with theirs; one
+/// that cannot be used (or none) refuses new attachments by its error, until it is fixed.
+fn cni_config_changed_in_place_is_reloaded() -> Result<()> {
+    let ipam = state("cni-rel-ipam");
+    let conf = cni_cfg("cni-rel", &cni_conflist("relnet", "cnirel0", "10.25.0.0/24", &ipam))?;
+    let file = conf.conf_dir.join("10-test.conflist");
+    let net = block_on(NetPlug::new(Mode::Cni(conf.clone())))?;
+    ensure!(!block_on(net.reload())?, "an unchanged config reloaded as changed");
+    let in_net = |ip: IpAddr, net: &str| net.parse::<ipnet::IpNet>().is_ok_and(|n| n.contains(&ip));
+    let a = Pod::new("c-rel-a")?;
+    let ip_a = block_on(net.setup(&a.req))?.ips[0];
+    ensure!(in_net(ip_a, "10.25.0.0/24"), "{ip_a}");
+
+    std::fs::write(&file, cni_conflist("relnet2", "cnirel1", "10.25.1.0/24", &ipam))?;
+    ensure!(block_on(net.reload())?, "a changed config was not reloaded");
+    let b = Pod::new("c-rel-b")?;
+    let ip_b = block_on(net.setup(&b.req))?.ips[0];
+    ensure!(
+        in_net(ip_b, "10.25.1.0/24"),
+        "new attachments use the new config: {ip_b}"
+    );
+    // A was made with the first config and is deleted with it: its lease there goes.
+    let lease_a = ipam.join("relnet").join(ip_a.to_string());
+    ensure!(lease_a.exists(), "no lease {}", lease_a.display());
+    block_on(net.teardown(&a.req))?;
+    ensure!(!lease_a.exists(), "the first config's lease was left");
+
+    let broken = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "relnet3",
+        "plugins": [{"type": "bridge", "bridge": "cnirel2"}, {"type": "no-such-plugin"}]
+    });
+    std::fs::write(&file, broken.to_string())?;
+    let e = chain(&block_on(net.reload()).unwrap_err()).to_string();
+    ensure!(e.contains("\"no-such-plugin\" not found"), "{e}");
+    let c = Pod::new("c-rel-c")?;
+    let e = chain(&block_on(net.setup(&c.req)).unwrap_err()).to_string();
+    ensure!(
+        e.contains("cannot be used") && e.contains("no-such-plugin"),
+        "a setup with a broken config: {e}"
+    );
+    std::fs::remove_file(&file)?;
+    let e = chain(&block_on(net.reload()).unwrap_err()).to_string();
+    ensure!(e.contains("no network config"), "{e}");
+    // B, made before, is still checked and deleted with its own config.
+    block_on(net.check(&b.req)).context("CHECK with the directory empty")?;
+
+    // Fixed (the config in force again): usable, not a change.
+    std::fs::write(&file, cni_conflist("relnet2", "cnirel1", "10.25.1.0/24", &ipam))?;
+    ensure!(
+        !block_on(net.reload())?,
+        "the config in force, written back, is no change"
+    );
+    let ip_c = block_on(net.setup(&c.req))?.ips[0];
+    ensure!(in_net(ip_c, "10.25.1.0/24"), "{ip_c}");
+    for p in [&b, &c] {
+        block_on(net.teardown(&p.req))?;
+    }
+    let left: Vec<_> = std::fs::read_dir(ipam.join("relnet2"))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("10.25."))
+        .collect();
+    ensure!(left.is_empty(), "leases left: {left:?}");
     Ok(())
 }
 

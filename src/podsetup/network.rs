@@ -103,6 +103,13 @@ impl NetworkStatus {
     }
 }
 
+/// The Node's Ready message for a network that is not, in kubelet's words.
+fn not_ready_message(e: &anyhow::Error) -> String {
+    format!(
+        "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: {e:#}"
+    )
+}
+
 /// The agent's pod network.
 pub struct PodNetwork {
     settings: NetworkSettings,
@@ -122,10 +129,23 @@ impl PodNetwork {
     }
 
     /// kubelet's syncNetworkStatus, every few seconds: a network not built yet is tried again,
-    /// so the Node's Ready condition follows it.
+    /// one built loads its configuration again (a CNI config changed in place is used by the
+    /// next pods, one that cannot be used makes the node NotReady), and the Node's Ready
+    /// condition follows.
     pub async fn recheck(&self) {
-        if self.enabled() && self.plug.lock().await.is_none() {
+        if !self.enabled() {
+            return;
+        }
+        let built = self.plug.lock().await.clone();
+        let Some(plug) = built else {
             let _ = self.plug().await;
+            return;
+        };
+        match plug.reload().await {
+            Ok(_) => self.status.set(None),
+            Err(e) => self.status.set(Some(not_ready_message(
+                &anyhow::Error::new(e).context(format!("network {} not ready", self.settings.mode)),
+            ))),
         }
     }
 
@@ -153,9 +173,7 @@ impl PodNetwork {
             Ok(p) => Arc::new(p),
             Err(e) => {
                 let e = anyhow::Error::new(e).context(format!("network {} not ready", self.settings.mode));
-                self.status.set(Some(format!(
-                    "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: {e:#}"
-                )));
+                self.status.set(Some(not_ready_message(&e)));
                 return Err(e);
             }
         };

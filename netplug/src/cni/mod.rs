@@ -2,6 +2,12 @@
 //!
 //! - `NetPlug::new` loads the lexically first config of `conf_dir`, checks every plugin binary
 //!   is in `bin_dirs` and asks each (VERSION) whether it supports the config's `cniVersion`.
+//! - `NetPlug::reload` (the agent calls it every few seconds, as kubelet's network status sync
+//!   and containerd's watch of the directory do, and each ADD calls it first: a read of the
+//!   directory and one file, the checks only when it changed) loads the directory again: a changed config
+//!   that passes the same checks is the one new attachments are made with; one that does not
+//!   (or none at all) refuses new attachments with its error until the directory is fixed.
+//!   Attachments made before are checked and deleted with the config they were made with.
 //! - ADD runs the plugins in order, each result becoming the next one's `prevResult`; the
 //!   final result is cached with the config it was made with (`results/`, like libcni's
 //!   /var/lib/cni/results). A failed ADD is undone with DEL before the error is returned.
@@ -20,6 +26,7 @@ use config::NetConfList;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -68,12 +75,20 @@ struct CachedResult {
 
 pub(crate) struct CniNet {
     cfg: CniConfig,
-    list: NetConfList,
-    /// Binary of each plugin type, resolved at start.
-    bins: Vec<PathBuf>,
+    /// The configuration new attachments are made with ([`CniNet::reload`] replaces it).
+    current: RwLock<Current>,
     cni_path: String,
     records: Records,
     results_dir: PathBuf,
+}
+
+/// The directory's configuration as last loaded.
+struct Current {
+    /// The last configuration that passed every check.
+    list: Arc<NetConfList>,
+    /// Why the directory's configuration, changed since, does not: new attachments are refused
+    /// with it (those made before keep theirs).
+    broken: Option<String>,
 }
 
 fn split_args(args: &str) -> Vec<[String; 2]> {
@@ -81,6 +96,54 @@ fn split_args(args: &str) -> Vec<[String; 2]> {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| [k.to_string(), v.to_string()])
         .collect()
+}
+
+fn plugin_types(list: &NetConfList) -> String {
+    list.plugins
+        .iter()
+        .map(|p| p.plugin_type.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What a configuration must pass to be used: every plugin's binary is in `bin_dirs`, and each
+/// distinct plugin (asked once, VERSION) supports the config's cniVersion.
+async fn probe(list: &NetConfList, cfg: &CniConfig, cni_path: &str) -> Result<()> {
+    let mut seen = BTreeSet::new();
+    for pc in &list.plugins {
+        let bin = find_plugin(&pc.plugin_type, &cfg.bin_dirs)
+            .map_err(|e| Error::cni_config(&list.file, format!("network {:?}: {}", list.name, chain(&e))))?;
+        if !seen.insert(pc.plugin_type.clone()) {
+            continue;
+        }
+        let inv = Invocation {
+            command: "VERSION",
+            container_id: "",
+            netns: "",
+            ifname: "",
+            args: "",
+            path: cni_path,
+        };
+        let stdin = json!({"cniVersion": list.cni_version}).to_string();
+        let out = exec_plugin(&bin, &pc.plugin_type, &inv, stdin.as_bytes(), cfg.timeout).await?;
+        let v = parse_result(&pc.plugin_type, "VERSION", &out)?;
+        let supported: Vec<String> = v["supportedVersions"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        if !supported.contains(&list.cni_version) {
+            return Err(Error::cni_config(
+                &list.file,
+                format!(
+                    "plugin {} does not support cniVersion {} (it supports: {})",
+                    pc.plugin_type,
+                    list.cni_version,
+                    supported.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl CniNet {
@@ -91,71 +154,82 @@ impl CniNet {
         if cfg.timeout.is_zero() {
             return Err(Error::invalid_config("timeout", "zero"));
         }
-        let list = NetConfList::load_dir(&cfg.conf_dir)?;
-        let mut bins = Vec::new();
-        for pc in &list.plugins {
-            bins.push(
-                find_plugin(&pc.plugin_type, &cfg.bin_dirs)
-                    .map_err(|e| Error::cni_config(&list.file, format!("network {:?}: {}", list.name, chain(&e))))?,
-            );
-        }
         let cni_path = std::env::join_paths(&cfg.bin_dirs)
             .map_err(|e| Error::invalid_config("bin_dirs", e.to_string()))?
             .to_string_lossy()
             .into_owned();
+        let list = NetConfList::load_dir(&cfg.conf_dir)?;
+        probe(&list, &cfg, &cni_path).await?;
         let records = Records::new(&cfg.state_dir)?;
         let results_dir = cfg.state_dir.join("results");
         fsutil::ensure_dir(&results_dir)?;
-        let net = CniNet {
+        info!(config = %list.file.display(), network = %list.name, version = %list.cni_version,
+              plugins = %plugin_types(&list), "CNI network ready");
+        Ok(CniNet {
             cfg,
-            list,
-            bins,
+            current: RwLock::new(Current {
+                list: Arc::new(list),
+                broken: None,
+            }),
             cni_path,
             records,
             results_dir,
-        };
-        net.probe_versions().await?;
-        info!(config = %net.list.file.display(), network = %net.list.name, version = %net.list.cni_version,
-              plugins = %net.list.plugins.iter().map(|p| p.plugin_type.as_str()).collect::<Vec<_>>().join(","),
-              "CNI network ready");
-        Ok(net)
+        })
     }
 
-    /// VERSION each distinct plugin once; each must support the config's cniVersion.
-    async fn probe_versions(&self) -> Result<()> {
-        let mut seen = BTreeSet::new();
-        for (pc, bin) in self.list.plugins.iter().zip(&self.bins) {
-            if !seen.insert(pc.plugin_type.clone()) {
-                continue;
+    /// Load the config directory again. Ok(true): its configuration changed, passed the checks
+    /// of [`CniNet::new`] and is the one new attachments are made with from now on. An error:
+    /// it changed and does not pass (or the directory has none): new attachments are refused
+    /// with that error until a reload succeeds.
+    pub async fn reload(&self) -> Result<bool> {
+        let loaded = match NetConfList::load_dir(&self.cfg.conf_dir) {
+            Ok(l) if l == *self.list() => Ok(None),
+            Ok(l) => probe(&l, &self.cfg, &self.cni_path).await.map(|()| Some(l)),
+            Err(e) => Err(e),
+        };
+        let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
+        match loaded {
+            Ok(None) => {
+                if cur.broken.take().is_some() {
+                    info!(config = %cur.list.file.display(), "CNI config usable again, unchanged");
+                }
+                Ok(false)
             }
-            let inv = Invocation {
-                command: "VERSION",
-                container_id: "",
-                netns: "",
-                ifname: "",
-                args: "",
-                path: &self.cni_path,
-            };
-            let stdin = json!({"cniVersion": self.list.cni_version}).to_string();
-            let out = exec_plugin(bin, &pc.plugin_type, &inv, stdin.as_bytes(), self.cfg.timeout).await?;
-            let v = parse_result(&pc.plugin_type, "VERSION", &out)?;
-            let supported: Vec<String> = v["supportedVersions"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
-                .unwrap_or_default();
-            if !supported.contains(&self.list.cni_version) {
-                return Err(Error::cni_config(
-                    &self.list.file,
-                    format!(
-                        "plugin {} does not support cniVersion {} (it supports: {})",
-                        pc.plugin_type,
-                        self.list.cni_version,
-                        supported.join(", ")
-                    ),
-                ));
+            Ok(Some(list)) => {
+                info!(config = %list.file.display(), network = %list.name, version = %list.cni_version,
+                      plugins = %plugin_types(&list), "CNI config changed; new pods use it");
+                *cur = Current {
+                    list: Arc::new(list),
+                    broken: None,
+                };
+                Ok(true)
+            }
+            Err(e) => {
+                let why = chain(&e).to_string();
+                if cur.broken.as_ref() != Some(&why) {
+                    warn!(error = %why, "CNI config changed and cannot be used; new pods wait for a good one");
+                }
+                cur.broken = Some(why);
+                Err(e)
             }
         }
-        Ok(())
+    }
+
+    /// The configuration in force.
+    fn list(&self) -> Arc<NetConfList> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).list.clone()
+    }
+
+    /// The configuration for a new attachment, or why there is none.
+    fn list_for_setup(&self) -> Result<Arc<NetConfList>> {
+        let cur = self.current.read().unwrap_or_else(|e| e.into_inner());
+        match &cur.broken {
+            Some(why) => Err(Error::CniConfig {
+                file: self.cfg.conf_dir.display().to_string(),
+                reason: format!("the directory's configuration changed and cannot be used: {why}"),
+            }),
+            None => Ok(cur.list.clone()),
+        }
     }
 
     fn cache_path(&self, network: &str, id: &str, ifname: &str) -> PathBuf {
@@ -190,6 +264,10 @@ impl CniNet {
 
     pub async fn setup(&self, req: &SandboxNetwork) -> Result<NetworkStatus> {
         let id = &req.sandbox_id;
+        // The directory as it is now: a pod made right after its config changed gets the new
+        // one (an error is kept by reload and returned just below).
+        let _ = self.reload().await;
+        let list = self.list_for_setup()?;
         if let Some(old) = self.records.read::<Record>(id)? {
             warn!(sandbox = %id, "sandbox already has a CNI attachment; deleting it first");
             self.del(&old).await?;
@@ -199,20 +277,20 @@ impl CniNet {
             sandbox_id: id.clone(),
             netns: req.netns.clone(),
             ifname: req.ifname.clone(),
-            network: self.list.name.clone(),
+            network: list.name.clone(),
             cni_args: config::cni_args(req),
             capability_args: config::capability_args(req),
-            config: self.list.to_value(),
+            config: list.to_value(),
             ready: false,
         };
         self.records.write(id, &rec).await?;
         let netns = req.netns.to_string_lossy().into_owned();
         let mut prev: Option<Value> = None;
         let mut failure = None;
-        for idx in 0..self.list.plugins.len() {
-            let ptype = self.list.plugins[idx].plugin_type.clone();
+        for idx in 0..list.plugins.len() {
+            let ptype = list.plugins[idx].plugin_type.clone();
             match self
-                .run_plugin(&self.list, idx, "ADD", &rec, &netns, prev.as_ref())
+                .run_plugin(&list, idx, "ADD", &rec, &netns, prev.as_ref())
                 .await
                 .and_then(|out| parse_result(&ptype, "ADD", &out))
             {
@@ -233,12 +311,7 @@ impl CniNet {
                 let status = result::status_from_result(&result, &req.ifname);
                 if status.ips.is_empty() {
                     Err(Error::PluginOutput {
-                        plugin: self
-                            .list
-                            .plugins
-                            .last()
-                            .map(|p| p.plugin_type.clone())
-                            .unwrap_or_default(),
+                        plugin: list.plugins.last().map(|p| p.plugin_type.clone()).unwrap_or_default(),
                         command: "ADD".into(),
                         reason: "the result of the plugin chain has no IP address".into(),
                     })
@@ -254,17 +327,17 @@ impl CniNet {
                     kind: "cniCacheV1".into(),
                     container_id: id.clone(),
                     ifname: req.ifname.clone(),
-                    network: self.list.name.clone(),
+                    network: list.name.clone(),
                     cni_args: split_args(&rec.cni_args),
                     capability_args: rec.capability_args.clone(),
                     config: rec.config.clone(),
                     result,
                 };
-                let cache_path = self.cache_path(&self.list.name, id, &req.ifname);
+                let cache_path = self.cache_path(&list.name, id, &req.ifname);
                 crate::blocking(move || fsutil::write_json_atomic(&cache_path, &cache)).await?;
                 let rec = Record { ready: true, ..rec };
                 self.records.write(id, &rec).await?;
-                info!(sandbox = %id, network = %self.list.name, ips = ?status.ips, "CNI network set up");
+                info!(sandbox = %id, network = %list.name, ips = ?status.ips, "CNI network set up");
                 Ok(status)
             }
             Err(e) => {
@@ -353,14 +426,15 @@ impl CniNet {
                 }));
             }
         }
+        let list = self.list();
         Ok(req.map(|req| Record {
             sandbox_id: id.to_string(),
             netns: req.netns.clone(),
             ifname: req.ifname.clone(),
-            network: self.list.name.clone(),
+            network: list.name.clone(),
             cni_args: config::cni_args(req),
             capability_args: config::capability_args(req),
-            config: self.list.to_value(),
+            config: list.to_value(),
             ready: false,
         }))
     }
