@@ -50,6 +50,9 @@ pub struct BuildInput {
     pub node_memory: i64,
     /// The ConfigMaps, Secrets and Service variables the environment uses (fetched already).
     pub env_objects: crate::objects::EnvObjects,
+    /// The process namespace to join instead of the pod's (or one of its own): an ephemeral
+    /// container's target's (`targetContainerName`).
+    pub pid_namespace: Option<PathBuf>,
 }
 
 /// Errors here are kubelet's CreateContainerConfigError.
@@ -102,7 +105,10 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         pid: match (&input.sandbox.pid, spec.host_pid.unwrap_or(false)) {
             (_, true) => NamespaceMode::Host,
             (Some(pin), false) => NamespaceMode::Path(pin.clone()),
-            (None, false) => NamespaceMode::Private,
+            (None, false) => match &input.pid_namespace {
+                Some(target) => NamespaceMode::Path(target.clone()),
+                None => NamespaceMode::Private,
+            },
         },
     };
 

@@ -29,6 +29,8 @@ pub enum ContainerKind {
     Sidecar,
     /// One of `spec.containers`.
     App,
+    /// One of `spec.ephemeralContainers` (`kubectl debug`): started once, never restarted.
+    Ephemeral,
 }
 
 impl ContainerKind {
@@ -37,6 +39,7 @@ impl ContainerKind {
             ContainerKind::Init => "init",
             ContainerKind::Sidecar => "sidecar",
             ContainerKind::App => "app",
+            ContainerKind::Ephemeral => "ephemeral",
         }
     }
 }

@@ -81,7 +81,7 @@ pub fn container_name(entry: &PodEntry, requested: Option<&str>) -> Result<Strin
     let p = &entry.pod;
     let all: Vec<&str> = crate::pod::all_containers(p).map(|c| c.name.as_str()).collect();
     if let Some(r) = requested.filter(|r| !r.is_empty()) {
-        if all.contains(&r) {
+        if all.contains(&r) || crate::pod::is_ephemeral_name(p, r) {
             return Ok(r.to_string());
         }
         bail!("container {r} is not valid for pod {}", crate::pod::name(p));
@@ -105,13 +105,7 @@ pub fn container_name(entry: &PodEntry, requested: Option<&str>) -> Result<Strin
 /// The log file and container id to read, from the pod's status.
 pub fn locate(rt: &Runtime, entry: &PodEntry, container: &str, previous: bool) -> Result<(PathBuf, String)> {
     let st = &entry.status;
-    let statuses = st
-        .container_statuses
-        .iter()
-        .flatten()
-        .chain(st.init_container_statuses.iter().flatten());
-    let cs = statuses
-        .into_iter()
+    let cs = crate::pod::all_statuses(st)
         .find(|c| c.name == container)
         .ok_or_else(|| anyhow!("container {container:?} has no status yet"))?;
     let id = if previous {

@@ -111,6 +111,59 @@ pub fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
     all_containers(pod).find(|c| c.name == name)
 }
 
+/// The pod's ephemeral containers (`kubectl debug`) as containers: kubelet runs them from the
+/// fields they share with containers (EphemeralContainerCommon). Which container's process
+/// namespace one joins is [`ephemeral_target`]. Not among [`all_containers`]: they have no
+/// resources, probes, ports or hooks, and count for neither QoS nor readiness.
+pub fn ephemeral_containers(pod: &Pod) -> Vec<Container> {
+    spec(pod)
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .filter_map(|e| {
+            let mut v = serde_json::to_value(e).ok()?;
+            v.as_object_mut()?.remove("targetContainerName");
+            serde_json::from_value(v).ok()
+        })
+        .collect()
+}
+
+/// Whether `name` is one of the pod's ephemeral containers.
+pub fn is_ephemeral_name(pod: &Pod, name: &str) -> bool {
+    spec(pod).ephemeral_containers.iter().flatten().any(|e| e.name == name)
+}
+
+/// The container whose process namespace the ephemeral container `name` shares
+/// (`targetContainerName`, `kubectl debug --target`).
+pub fn ephemeral_target<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
+    spec(pod)
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .and_then(|e| e.target_container_name.as_deref())
+        .filter(|t| !t.is_empty())
+}
+
+/// The container named `name` of any list, ephemeral containers included (owned: those are
+/// converted, [`ephemeral_containers`]).
+pub fn container_spec(pod: &Pod, name: &str) -> Option<Container> {
+    container(pod, name)
+        .cloned()
+        .or_else(|| ephemeral_containers(pod).into_iter().find(|c| c.name == name))
+}
+
+/// Every container status of a pod status: app, init, then ephemeral containers'.
+pub fn all_statuses(
+    st: &k8s_openapi::api::core::v1::PodStatus,
+) -> impl Iterator<Item = &k8s_openapi::api::core::v1::ContainerStatus> {
+    st.container_statuses
+        .iter()
+        .flatten()
+        .chain(st.init_container_statuses.iter().flatten())
+        .chain(st.ephemeral_container_statuses.iter().flatten())
+}
+
 /// A sidecar: an init container with `restartPolicy: Always`.
 pub fn is_sidecar(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")

@@ -33,6 +33,11 @@ pub fn validate(pod: &Pod) -> Vec<String> {
     if spec.containers.is_empty() {
         errs.push("spec.containers: Required value".into());
     }
+    // kubelet validates a static pod as the API server validates a new pod: ephemeral
+    // containers come only later, through the ephemeralcontainers subresource.
+    if spec.ephemeral_containers.as_ref().is_some_and(|e| !e.is_empty()) {
+        errs.push("spec.ephemeralContainers: Forbidden: cannot be set on create".into());
+    }
     match spec.restart_policy.as_deref() {
         Some("Always") | Some("OnFailure") | Some("Never") | None => {}
         Some(o) => errs.push(format!(
@@ -431,9 +436,6 @@ fn volume_sources(v: &Volume) -> usize {
 /// from the static pod path ([`crate::objects::local`]).
 pub fn unsupported(pod: &Pod) -> Option<String> {
     let spec = pod.spec.as_ref()?;
-    if spec.ephemeral_containers.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Some("spec.ephemeralContainers: not supported".into());
-    }
     if let Some(rc) = spec.runtime_class_name.as_deref().filter(|s| !s.is_empty()) {
         return Some(format!(
             "spec.runtimeClassName: {rc:?}: ferrolet has one runtime and no runtime classes"
@@ -569,6 +571,20 @@ mod tests {
             !e.contains("readinessProbe.successThreshold"),
             "readiness may need several: {e}"
         );
+    }
+
+    #[test]
+    fn a_static_pod_may_not_name_ephemeral_containers() {
+        let p = pod(
+            serde_json::json!({"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"x"}],
+            "ephemeralContainers":[{"name":"dbg","image":"x"}]}}),
+        );
+        assert_eq!(
+            validate(&p),
+            ["spec.ephemeralContainers: Forbidden: cannot be set on create"]
+        );
+        // From the API server (where the subresource added them) they are admitted.
+        assert_eq!(unsupported(&p), None);
     }
 
     #[test]

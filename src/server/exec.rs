@@ -103,14 +103,7 @@ async fn run(st: &Arc<State>, req: &ExecRequest, fds: Vec<OwnedFd>, stream: Unix
         .find(&req.namespace, &req.pod, &st.node_name)
         .ok_or_else(|| anyhow!("pod {}/{} not found", req.namespace, req.pod))?;
     let name = container_name(&entry, req.container.as_deref())?;
-    let statuses = entry
-        .status
-        .container_statuses
-        .iter()
-        .flatten()
-        .chain(entry.status.init_container_statuses.iter().flatten());
-    let cs = statuses
-        .into_iter()
+    let cs = crate::pod::all_statuses(&entry.status)
         .find(|c| c.name == name)
         .ok_or_else(|| anyhow!("container {name} has no status yet"))?;
     if cs.state.as_ref().and_then(|s| s.running.as_ref()).is_none() {

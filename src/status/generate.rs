@@ -309,8 +309,23 @@ pub fn compute(input: &StatusInput) -> PodStatus {
         qos_class: Some(qos::qos_class(p).as_str().into()),
         init_container_statuses: Some(init).filter(|v| !v.is_empty()),
         container_statuses: Some(apps),
+        ephemeral_container_statuses: Some(ephemeral_statuses(input)).filter(|v| !v.is_empty()),
         ..Default::default()
     }
+}
+
+/// kubelet's ephemeralContainerStatuses: the same shape as the others, never ready (they have
+/// no readiness probe and count for no condition), started while running.
+fn ephemeral_statuses(input: &StatusInput) -> Vec<ContainerStatus> {
+    pod::ephemeral_containers(input.pod)
+        .iter()
+        .map(|c| {
+            let mut st = container_status(input, c, reasons::CONTAINER_CREATING);
+            st.ready = false;
+            st.started = Some(st.state.as_ref().is_some_and(|s| s.running.is_some()));
+            st
+        })
+        .collect()
 }
 
 /// kubelet's words for each readiness gate of `p` whose condition is not True in the pod's

@@ -168,6 +168,22 @@ fn take(pods: &mut BTreeMap<String, Entry>, r: Request) {
     }
 }
 
+/// The status as a strategic merge patch. Conditions are merged by type, so a field the new
+/// condition lacks would keep the old one's value (a Ready condition turned True kept
+/// "ContainersNotReady" as its reason): each condition's reason and message are written, as
+/// null when absent, which deletes them, as kubelet's two-way patch does.
+fn status_patch(status: &PodStatus) -> serde_json::Value {
+    let mut v = serde_json::to_value(status).unwrap_or_default();
+    if let Some(conds) = v.get_mut("conditions").and_then(|c| c.as_array_mut()) {
+        for c in conds.iter_mut().filter_map(|c| c.as_object_mut()) {
+            for field in ["reason", "message"] {
+                c.entry(field).or_insert(serde_json::Value::Null);
+            }
+        }
+    }
+    v
+}
+
 /// kubelet never moves a pod out of Succeeded or Failed.
 fn goes_back(before: Option<&PodStatus>, next: &PodStatus) -> bool {
     let terminal = |s: &PodStatus| Phase::of(s).is_some_and(Phase::is_terminal);
@@ -189,7 +205,7 @@ async fn write(client: &kube::Client, e: &mut Entry) -> Outcome {
         // The UID in the patch is a precondition: a new pod of the same name is never touched.
         let patch = serde_json::json!({
             "metadata": {"uid": e.to.uid},
-            "status": status,
+            "status": status_patch(&status),
         });
         match api
             .patch_status(&e.to.name, &PatchParams::default(), &Patch::Strategic(&patch))
@@ -278,6 +294,29 @@ mod tests {
         assert_eq!(m["u"].pending, None);
         take(&mut m, Request::Status(to(), Box::new(st("Failed"))));
         assert_eq!(m["u"].pending, Some(st("Failed")));
+    }
+
+    #[test]
+    fn the_patch_deletes_a_condition_reason_and_message_that_went() {
+        let mut s = st("Running");
+        s.conditions = Some(vec![
+            k8s_openapi::api::core::v1::PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            },
+            k8s_openapi::api::core::v1::PodCondition {
+                type_: "Initialized".into(),
+                status: "False".into(),
+                reason: Some("ContainersNotInitialized".into()),
+                ..Default::default()
+            },
+        ]);
+        let p = status_patch(&s);
+        assert_eq!(p["conditions"][0]["reason"], serde_json::Value::Null);
+        assert!(p["conditions"][0].as_object().unwrap().contains_key("message"));
+        assert_eq!(p["conditions"][1]["reason"], "ContainersNotInitialized");
+        assert_eq!(p["phase"], "Running");
     }
 
     #[test]

@@ -111,7 +111,8 @@ impl Planner<'_> {
     fn stop_strays(&mut self) {
         let cs = self.input.containers;
         for (name, attempts) in &cs.by_name {
-            let in_spec = pod::container(self.input.pod, name).is_some();
+            let in_spec =
+                pod::container(self.input.pod, name).is_some() || pod::is_ephemeral_name(self.input.pod, name);
             let stray = attempts.iter().skip(if in_spec { 1 } else { 0 });
             for v in stray.filter(|v| v.is_active()) {
                 let why = if in_spec {
@@ -120,6 +121,20 @@ impl Planner<'_> {
                     "the container is not in the pod spec"
                 };
                 self.kill(v, why);
+            }
+        }
+    }
+
+    /// Ephemeral containers (`kubectl debug`) start once each, as soon as the pod has its
+    /// sandbox, initialized or not, and are never restarted (kubelet's computePodActions): one
+    /// that has a runtime container, in any state, is left as it is.
+    fn start_ephemeral(&mut self) {
+        if self.plan.completed {
+            return;
+        }
+        for c in pod::ephemeral_containers(self.input.pod) {
+            if self.input.containers.latest(&c.name).is_none() {
+                self.start_new(&c, Kind::Ephemeral, None);
             }
         }
     }
@@ -220,6 +235,7 @@ pub fn plan(input: &PlanInput) -> Plan {
             }
             p.plan.completed = true;
         }
+        p.start_ephemeral();
         return p.plan;
     }
 
@@ -281,10 +297,12 @@ pub fn plan(input: &PlanInput) -> Plan {
             ViewState::Exited(_) => {}
         }
     }
+    p.start_ephemeral();
     // Sidecars were listed last-first for stopping; start them in their declared order.
     p.plan.start.sort_by_key(|s| match s.kind {
         Kind::Init | Kind::Sidecar => 0,
         Kind::App => 1,
+        Kind::Ephemeral => 2,
     });
     p.plan
 }
@@ -390,6 +408,40 @@ mod tests {
         let p = t.plan(v);
         assert!(p.initialized);
         assert_eq!(names(&p), ["a", "b"]);
+    }
+
+    #[test]
+    fn ephemeral_containers_start_once_initialized_or_not_and_never_again() {
+        let t = T::new(
+            serde_json::json!({"metadata":{"name":"p"},"spec":{"restartPolicy":"Always",
+            "initContainers":[{"name":"i1","image":"x"}],
+            "containers":[{"name":"a","image":"x"}],
+            "ephemeralContainers":[{"name":"dbg","image":"x","targetContainerName":"a"}]}}),
+        );
+        // Before initialization, beside the first init container.
+        let p = t.plan(vec![]);
+        assert_eq!(names(&p), ["i1", "dbg"]);
+        assert_eq!(p.start[1].kind, Kind::Ephemeral);
+        // After it, after the app containers.
+        assert_eq!(names(&t.plan(vec![view("i1", 0, exited(0))])), ["a", "dbg"]);
+        // Running, exited (with any code) or created: left as it is, and not a stray.
+        for state in [ViewState::Running, exited(1), exited(0), ViewState::Created] {
+            let v = vec![
+                view("i1", 0, exited(0)),
+                view("a", 0, ViewState::Running),
+                view("dbg", 0, state.clone()),
+            ];
+            let p = t.plan(v);
+            assert!(p.start.is_empty() && p.kill.is_empty(), "{state:?}: {p:?}");
+        }
+        // A pod that completed starts none.
+        let never = T::new(
+            serde_json::json!({"metadata":{"name":"p"},"spec":{"restartPolicy":"Never",
+            "containers":[{"name":"a","image":"x"}],
+            "ephemeralContainers":[{"name":"dbg","image":"x"}]}}),
+        );
+        let p = never.plan(vec![view("a", 0, exited(0))]);
+        assert!(p.completed && p.start.is_empty(), "{p:?}");
     }
 
     #[test]

@@ -499,7 +499,7 @@ impl PodWorker {
     ) -> impl std::future::Future<Output = ()> + 'static {
         kill_container(
             self.m.rt.clone(),
-            pod::container(&self.pod, &v.name).cloned(),
+            pod::container_spec(&self.pod, &v.name),
             self.target(),
             pod::full_name(&self.pod),
             v,

@@ -247,7 +247,8 @@ impl PodWorker {
             let started = self.start_one(s).await;
             let container_type = match s.kind {
                 ContainerKind::App => "container",
-                _ => "init_container",
+                ContainerKind::Ephemeral => "ephemeral_container",
+                ContainerKind::Init | ContainerKind::Sidecar => "init_container",
             };
             crate::metrics::global().container_started(container_type, started.as_ref().err().map(|w| w.reason));
             match started {
@@ -261,7 +262,7 @@ impl PodWorker {
                     }
                     self.report.waiting.insert(s.name.clone(), w);
                     // An init container that cannot start blocks the ones after it.
-                    if s.kind != ContainerKind::App {
+                    if matches!(s.kind, ContainerKind::Init | ContainerKind::Sidecar) {
                         break;
                     }
                 }
@@ -312,7 +313,7 @@ impl PodWorker {
     /// Create, start and hook one container (kubelet's startContainer), keeping track of what
     /// was created.
     async fn start_one(&mut self, s: &Start) -> Result<(), Waiting> {
-        let Some(c) = pod::container(&self.pod, &s.name).cloned() else {
+        let Some(c) = pod::container_spec(&self.pod, &s.name) else {
             return Err(Waiting::new(
                 reasons::CREATE_CONTAINER_CONFIG_ERROR,
                 format!("container {} is not in the pod spec", s.name),
@@ -340,6 +341,10 @@ impl PodWorker {
         for w in crate::kuberuntime::env::invalid_env_from_keys(&self.pod, &c, &env_objects) {
             self.event(None, reasons::EVENT_INVALID_ENV_VAR_NAMES, &w);
         }
+        let pid_namespace = match s.kind {
+            ContainerKind::Ephemeral => self.target_pid_namespace(&s.name)?,
+            _ => None,
+        };
         let input = BuildInput {
             cfg: m.cfg.clone(),
             pod: self.pod.clone(),
@@ -353,6 +358,7 @@ impl PodWorker {
             facts,
             node_memory: m.node.capacity.memory,
             env_objects,
+            pid_namespace,
         };
         let id = start::create_container(&m.rt, &m.images, input, image_id).await?;
         if first {
@@ -382,6 +388,10 @@ impl PodWorker {
             reasons::EVENT_STARTED,
             &format!("Started container {} (image {image})", c.name),
         );
+        // Ephemeral containers have no lifecycle hooks (the API refuses them).
+        if s.kind == ContainerKind::Ephemeral {
+            return Ok(());
+        }
         let timeout = m.cfg.runtime_request_timeout;
         if let Err(w) = start::run_post_start(&m.rt, &self.pod, &c, &id, &self.target(), timeout).await {
             // The restart that follows waits out the crash-loop back-off.
@@ -389,6 +399,37 @@ impl PodWorker {
             return Err(w);
         }
         Ok(())
+    }
+
+    /// The process namespace of the container the ephemeral container `name` targets
+    /// (`targetContainerName`), through its init: it must be running, as kubelet requires
+    /// (the start is retried until it is).
+    fn target_pid_namespace(&mut self, name: &str) -> Result<Option<std::path::PathBuf>, Waiting> {
+        let Some(target) = pod::ephemeral_target(&self.pod, name).map(str::to_string) else {
+            return Ok(None);
+        };
+        let not_running = || {
+            Waiting::new(
+                reasons::CREATE_CONTAINER_CONFIG_ERROR,
+                format!("the target container {target:?} of ephemeral container {name:?} is not running"),
+            )
+            .retry_in(start::RETRY)
+        };
+        let views = self.views();
+        let v = views
+            .latest(&target)
+            .filter(|v| v.is_running())
+            .ok_or_else(not_running)?;
+        let pid = self
+            .m
+            .rt
+            .inspect(&v.id)
+            .ok()
+            .and_then(|i| i.monitor)
+            .map(|m| m.init_pid)
+            .filter(|p| *p > 0)
+            .ok_or_else(not_running)?;
+        Ok(Some(std::path::PathBuf::from(format!("/proc/{pid}/ns/pid"))))
     }
 
     /// Keep the newest two attempts of each container (the current one and the one behind

@@ -30,6 +30,10 @@ pub fn tests() -> Vec<Trial> {
             "a_readiness_gate_patched_by_a_client_makes_the_pod_ready",
             a_readiness_gate_patched_by_a_client_makes_the_pod_ready,
         ),
+        test(
+            "kubectl_debug_runs_an_ephemeral_container_in_its_targets_processes",
+            kubectl_debug_runs_an_ephemeral_container_in_its_targets_processes,
+        ),
     ]
 }
 
@@ -373,5 +377,100 @@ spec:
     c.kubectl_ok(&["delete", "pod", "gated", "--wait=false"]);
     c.wait("the gated pod to go", Duration::from_secs(30), || {
         c.get_json(&["pod", "gated"]).is_none()
+    });
+}
+
+/// `kubectl debug` adds an ephemeral container through the pod's ephemeralcontainers
+/// subresource: the node starts it in the running pod, in its target's process namespace
+/// with `--target`, in one of its own without; reports it in ephemeralContainerStatuses;
+/// serves its logs; and never restarts it once it has exited.
+fn kubectl_debug_runs_an_ephemeral_container_in_its_targets_processes() {
+    let c = cluster();
+    let node = c.node("debug");
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: debugged, namespace: default}}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {{name: app, image: {IMAGE}, command: [sleep, "3601"]}}
+"#,
+        node = node.node
+    ));
+    let ready = |p: &serde_json::Value| -> serde_json::Value {
+        p["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready").cloned())
+            .unwrap_or_default()
+    };
+    c.wait("the pod running and Ready", Duration::from_secs(30), || {
+        c.get_json(&["pod", "debugged"])
+            .is_some_and(|p| p["status"]["phase"] == "Running" && ready(&p)["status"] == "True")
+    });
+    // The status is a merge patch: the reason and message of a Ready that was False go.
+    let r = ready(&c.get_json(&["pod", "debugged"]).unwrap());
+    assert!(r.get("reason").is_none() && r.get("message").is_none(), "{r}");
+    for (name, target) in [("dbg", Some("app")), ("loner", None)] {
+        let mut args = vec![
+            "debug",
+            "debugged",
+            "--image",
+            IMAGE,
+            "--container",
+            name,
+            "--image-pull-policy",
+            "IfNotPresent",
+        ];
+        if let Some(t) = target {
+            args.extend(["--target", t]);
+        }
+        args.extend(["--", "sh", "-c", "ps -o pid,args; sleep 2"]);
+        c.kubectl_ok(&args);
+    }
+    let status = |name: &str| -> serde_json::Value {
+        c.get_json(&["pod", "debugged"])
+            .and_then(|p| {
+                p["status"]["ephemeralContainerStatuses"]
+                    .as_array()
+                    .and_then(|s| s.iter().find(|s| s["name"] == name).cloned())
+            })
+            .unwrap_or_default()
+    };
+    for name in ["dbg", "loner"] {
+        c.wait(
+            &format!("ephemeral container {name} ran and exited 0"),
+            Duration::from_secs(30),
+            || status(name)["state"]["terminated"]["exitCode"] == 0,
+        );
+    }
+    let targeted = c.kubectl_ok(&["logs", "debugged", "-c", "dbg"]);
+    assert!(
+        targeted.lines().any(|l| l.trim() == "1 sleep 3601"),
+        "--target shares the app's processes (its init is pid 1):\n{targeted}"
+    );
+    let alone = c.kubectl_ok(&["logs", "debugged", "-c", "loner"]);
+    assert!(
+        !alone.contains("sleep 3601") && alone.lines().any(|l| l.trim().starts_with("1 sh -c")),
+        "without a target, a process namespace of its own:\n{alone}"
+    );
+    // Exited for good: never restarted, never ready, and the app untouched.
+    std::thread::sleep(Duration::from_secs(3));
+    for name in ["dbg", "loner"] {
+        let st = status(name);
+        assert_eq!(st["restartCount"], 0, "{st}");
+        assert_eq!(st["ready"], false, "{st}");
+        assert!(st["state"]["terminated"].is_object(), "{st}");
+        assert!(st["containerID"].as_str().is_some_and(|id| !id.is_empty()), "{st}");
+    }
+    let p = c.get_json(&["pod", "debugged"]).unwrap();
+    let app = &p["status"]["containerStatuses"][0];
+    assert!(app["state"]["running"].is_object() && app["restartCount"] == 0, "{app}");
+    c.kubectl_ok(&["delete", "pod", "debugged", "--wait=false"]);
+    c.wait("the debugged pod to go", Duration::from_secs(30), || {
+        c.get_json(&["pod", "debugged"]).is_none()
     });
 }

@@ -166,14 +166,7 @@ pub fn lookup_running(st: &State, t: &Target) -> Result<Found, Box<Response>> {
 
 /// The runtime id of `name` in the pod's status when it is running.
 pub(crate) fn running_id(entry: &PodEntry, name: &str) -> Option<String> {
-    let statuses = entry
-        .status
-        .container_statuses
-        .iter()
-        .flatten()
-        .chain(entry.status.init_container_statuses.iter().flatten())
-        .chain(entry.status.ephemeral_container_statuses.iter().flatten());
-    let cs = statuses.into_iter().find(|c| c.name == name)?;
+    let cs = crate::pod::all_statuses(&entry.status).find(|c| c.name == name)?;
     cs.state.as_ref()?.running.as_ref()?;
     Some(runtime_container_id(cs.container_id.as_deref()?).to_string())
 }
