@@ -58,11 +58,19 @@ if [ ! -x "$aa/sbin/apparmor_parser" ]; then
   rm -f "$cache"/apparmor_*.deb
 fi
 
-# 2. The test binaries (built by the host run already; cargo only links what changed).
+# 2. The test binaries (built by the host run already; cargo only links what changed). With
+# FERROLET_TEST_EXECUTABLES (scripts/test: cargo's JSON lines of the test binaries it built), no
+# cargo here: the host's test run, beside this lane, holds the build directory's lock.
 cd "$repo"
 images/build-busybox.sh >/dev/null
-cargo build --quiet
-mapfile -t tests < <(cargo test --no-run --message-format=json --workspace 2>/dev/null |
+if [ -n "${FERROLET_TEST_EXECUTABLES:-}" ]; then
+  [ -x "$repo/target/debug/ferrolet" ] || { echo "vm: target/debug/ferrolet is not built" >&2; exit 1; }
+  list_executables() { cat "$FERROLET_TEST_EXECUTABLES"; }
+else
+  cargo build --quiet
+  list_executables() { cargo test --no-run --message-format=json --workspace 2>/dev/null; }
+fi
+mapfile -t tests < <(list_executables |
   grep '"executable":"' | grep -E '"name":"(containers|boundary|static_pods|stats|resources|eviction|pod_security)"' |
   sed -E 's/.*"name":"([a-z_]+)".*"executable":"([^"]+)".*/\1 \2/')
 [ ${#tests[@]} -eq 7 ] || { echo "vm: test binaries not found: ${tests[*]}" >&2; exit 1; }
