@@ -393,10 +393,34 @@ async fn serve_logs(st: Arc<State>, namespace: &str, pod: &str, opts: LogOptions
     };
     let (tx, rx) = mpsc::channel::<bytes::Bytes>(16);
     tokio::spawn(logs::stream(st.rt.clone(), path, id, opts, tx));
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
-    });
-    ([(header::CONTENT_TYPE, "text/plain")], Body::from_stream(stream)).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain")],
+        Body::from_stream(flushed_before_the_end(rx)),
+    )
+        .into_response()
+}
+
+/// The chunks `rx` yields as a response body whose last data chunk is flushed before the
+/// chunked encoding's terminating chunk is written, as kubelet's flushing writer does (each
+/// write flushed, the terminator sent when the handler returns). Written together, the two
+/// share a TLS record, and Go's chunked reader (net/http/internal/chunked.go) then returns
+/// the data together with io.EOF; the API server's WebSocket log copier (wsstream's
+/// messageCopy) checks the error before the count and drops that data, so a log read
+/// through the API server over WebSocket (binary.k8s.io) came back empty while `kubectl
+/// logs` (io.Copy, which keeps it) worked. hyper flushes what it has written whenever the body
+/// is not ready, so the stream is not ready once before it ends.
+fn flushed_before_the_end(
+    rx: mpsc::Receiver<bytes::Bytes>,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> {
+    futures::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            Some(b) => Some((Ok(b), rx)),
+            None => {
+                tokio::task::yield_now().await;
+                None
+            }
+        }
+    })
 }
 
 /// Serve `router` on a unix socket (owner-only).
