@@ -139,6 +139,7 @@ struct KubeletConfigurationV1beta1 {
     authorization: Option<V1beta1Authorization>,
     healthz_port: Option<i32>,
     healthz_bind_address: Option<String>,
+    enable_debugging_handlers: Option<bool>,
     cluster_domain: Option<String>,
     #[serde(rename = "clusterDNS")]
     cluster_dns: Option<Vec<String>>,
@@ -339,9 +340,11 @@ fn tls_port_with_client_certificates_and_the_healthz_port() {
     let configz: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(configz["kubeletconfig"]["port"], port);
     assert_eq!(configz["kubeletconfig"]["authorization"]["mode"], "AlwaysAllow");
+    assert_eq!(configz["kubeletconfig"]["enableDebuggingHandlers"], true);
     let typed: KubeletConfigurationV1beta1 = serde_json::from_value(configz["kubeletconfig"].clone())
         .unwrap_or_else(|e| panic!("/configz does not decode with kubelet's types: {e}\n{configz}"));
     assert_eq!(typed.kube_api_qps, Some(50));
+    assert_eq!(typed.enable_debugging_handlers, Some(true));
     assert_eq!(typed.port, Some(port as i32));
     let (code, body) = curl(&with_cert, &format!("{base}/spec/"));
     assert_eq!(code, 200, "{body}");
@@ -379,6 +382,109 @@ fn tls_port_with_client_certificates_and_the_healthz_port() {
     wait_until("the kubelet port after the restart", Duration::from_secs(20), || {
         curl(&with_cert, &format!("{base}/healthz")).0 == 200
     });
+}
+
+/// `enableDebuggingHandlers: false` (kubelet's InstallDebuggingDisabledHandlers): on the
+/// kubelet port exec, attach, port-forward, run, container and node logs, /runningpods/ and
+/// /debug/pprof/ answer 405 "Debug endpoints are disabled." whatever the method, /configz is
+/// not served, and health, pods, spec, stats and metrics are; the CLI's owner-only socket keeps
+/// every route, and its /configz shows the setting.
+#[test]
+fn debugging_handlers_off_refuse_exec_logs_and_port_forward() {
+    let pki = tempfile::tempdir().unwrap();
+    client_pki(pki.path(), "kube-apiserver-kubelet-client", "system:masters");
+    let (port, healthz) = (free_port(), free_port());
+    let config = format!(
+        "port: {port}\nhealthzPort: {healthz}\nenableDebuggingHandlers: false\nauthentication:\n  x509:\n    clientCAFile: {}\n",
+        pki.path().join("ca.crt").display()
+    );
+    let mut a = Agent::start_with_config("server-nodebug", &[], &config);
+    a.write("web.yaml", &pod_yaml("web", "Always", "echo hello-nodebug; sleep 3600"));
+    a.wait_phase("web", "Running", Duration::from_secs(30));
+    let pod = format!("web-{}", a.node);
+
+    let base = format!("https://localhost:{port}");
+    let ca = a.root.join("pki/kubelet.crt");
+    let (cert, key) = (pki.path().join("client.crt"), pki.path().join("client.key"));
+    let with_cert = [
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ];
+    wait_until("the kubelet port", Duration::from_secs(20), || {
+        curl(&with_cert, &format!("{base}/healthz")) == (200, "ok".into())
+    });
+
+    let disabled = (405, "Debug endpoints are disabled.\n".to_string());
+    let upgrade_spdy = ["-H", "Connection: Upgrade", "-H", "Upgrade: SPDY/3.1"];
+    let refused: [(&str, String, &[&str]); 12] = [
+        ("GET", format!("/containerLogs/default/{pod}/main"), &[]),
+        ("GET", format!("/containerLogs/default/{pod}/main?follow=true"), &[]),
+        (
+            "POST",
+            format!("/exec/default/{pod}/main?command=echo&output=1"),
+            &upgrade_spdy,
+        ),
+        ("GET", format!("/exec/default/{pod}/main?command=echo&output=1"), &[]),
+        ("POST", format!("/attach/default/{pod}/main?output=1"), &upgrade_spdy),
+        ("POST", format!("/portForward/default/{pod}"), &upgrade_spdy),
+        ("GET", format!("/portForward/default/{pod}?port=80"), &[]),
+        ("POST", format!("/run/default/{pod}/main?cmd=echo%20hi"), &[]),
+        ("GET", "/logs/".into(), &[]),
+        ("GET", "/logs/syslog".into(), &[]),
+        ("GET", "/runningpods/".into(), &[]),
+        ("GET", "/debug/pprof/".into(), &[]),
+    ];
+    for (method, path, extra) in refused {
+        let mut args = with_cert.to_vec();
+        args.extend(["-X", method]);
+        args.extend(extra);
+        assert_eq!(curl(&args, &format!("{base}{path}")), disabled, "{method} {path}");
+    }
+    // kubelet registers /configz with the debugging handlers only
+    assert_eq!(curl(&with_cert, &format!("{base}/configz")).0, 404);
+    // still behind authentication: no credential is 401, not 405
+    let (code, body) = curl(
+        &["--cacert", ca.to_str().unwrap()],
+        &format!("{base}/containerLogs/default/{pod}/main"),
+    );
+    assert_eq!((code, body.as_str()), (401, "Unauthorized"));
+
+    // the default handlers are served
+    let (code, body) = curl(&with_cert, &format!("{base}/pods"));
+    assert_eq!(code, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["metadata"]["name"] == pod));
+    let (code, body) = curl(&with_cert, &format!("{base}/stats/summary"));
+    assert_eq!(code, 200, "{body}");
+    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(summary["node"]["nodeName"], a.node.as_str(), "{summary}");
+    let (code, body) = curl(&with_cert, &format!("{base}/spec/"));
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = curl(&with_cert, &format!("{base}/metrics"));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        curl(&[], &format!("http://127.0.0.1:{healthz}/healthz")),
+        (200, "ok".into())
+    );
+
+    // the owner-only CLI socket keeps the logs and shows the setting in /configz
+    let (code, body) = a.get(&format!("/containerLogs/default/{pod}/main")).unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("hello-nodebug"), "{body}");
+    let (code, body) = a.get("/configz").unwrap();
+    assert_eq!(code, 200);
+    let configz: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(configz["kubeletconfig"]["enableDebuggingHandlers"], false, "{configz}");
+    a.stop();
 }
 
 /// Processes on the machine whose arguments, joined by spaces, are `cmdline`.

@@ -82,6 +82,7 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
         },
         "healthzPort": s.healthz_port,
         "healthzBindAddress": s.healthz_bind_address.to_string(),
+        "enableDebuggingHandlers": s.enable_debugging_handlers,
     });
     let node = json!({
         "clusterDomain": cfg.cluster_domain,
@@ -216,6 +217,7 @@ mod tests {
         let v = kubelet_configuration(&cfg);
         assert_eq!(v["port"], 10250);
         assert_eq!(v["healthzPort"], 10248);
+        assert_eq!(v["enableDebuggingHandlers"], true);
         assert_eq!(
             v["authentication"]["webhook"]["enabled"], false,
             "standalone: no token review"

@@ -16,7 +16,6 @@ use crate::pod::units::{bytes, parse_duration};
 /// KubeletConfiguration fields accepted but not acted on (yet).
 pub const KNOWN_UNSUPPORTED: &[&str] = &[
     "tlsCipherSuites",
-    "enableDebuggingHandlers",
     "enableContentionProfiling",
     "kubeletCgroups",
     "systemCgroups",
@@ -138,6 +137,7 @@ fn apply_map(cfg: &mut Config, map: &Map<String, Value>, base: &Path) -> Result<
             "tlsMinVersion" => cfg.serving.tls_min_version = TlsVersion::parse(f, &string(f, v)?)?,
             "serverTLSBootstrap" => cfg.serving.server_tls_bootstrap = boolean(f, v)?,
             "healthzPort" => cfg.serving.healthz_port = port(f, v)?,
+            "enableDebuggingHandlers" => cfg.serving.enable_debugging_handlers = boolean(f, v)?,
             "healthzBindAddress" => cfg.serving.healthz_bind_address = ip(f, v)?,
             "authentication" => serving::apply_authentication(&mut cfg.serving, v, base)?,
             "authorization" => serving::apply_authorization(&mut cfg.serving, v)?,
@@ -543,6 +543,18 @@ mod tests {
         );
         let e = apply(&format!("{HEAD}runOnce: sometimes\n")).unwrap_err().to_string();
         assert!(e.contains("runOnce"), "{e}");
+    }
+
+    #[test]
+    fn enable_debugging_handlers_is_read_and_defaults_on() {
+        assert!(Config::default().serving.enable_debugging_handlers);
+        let (c, w) = apply(&format!("{HEAD}enableDebuggingHandlers: false\n")).unwrap();
+        assert!(!c.serving.enable_debugging_handlers);
+        assert!(w.is_empty(), "acted on, not ignored: {w:?}");
+        let e = apply(&format!("{HEAD}enableDebuggingHandlers: no-thanks\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("enableDebuggingHandlers"), "{e}");
     }
 
     #[test]

@@ -162,6 +162,9 @@ pub struct RunFlags {
     pub healthz_port: Option<u16>,
     #[arg(long = "healthz-bind-address")]
     pub healthz_bind_address: Option<std::net::IpAddr>,
+    /// Serve exec, attach, port-forward, run and the logs (kubelet's default true).
+    #[arg(long = "enable-debugging-handlers", num_args = 0..=1, default_missing_value = "true")]
+    pub enable_debugging_handlers: Option<bool>,
     /// CA bundle client certificates are verified against.
     #[arg(long = "client-ca-file")]
     pub client_ca_file: Option<PathBuf>,
@@ -588,6 +591,9 @@ fn apply_serving(s: &mut ServingConfig, f: &RunFlags) -> Result<()> {
     }
     if let Some(a) = f.healthz_bind_address {
         s.healthz_bind_address = a;
+    }
+    if let Some(b) = f.enable_debugging_handlers {
+        s.enable_debugging_handlers = b;
     }
     if let Some(p) = &f.client_ca_file {
         s.client_ca_file = Some(absolute(p)?);

@@ -95,6 +95,10 @@ pub struct ServingConfig {
     pub authz_mode: Option<AuthzMode>,
     pub authz_cache_authorized_ttl: Duration,
     pub authz_cache_unauthorized_ttl: Duration,
+    /// Serve the debugging routes (exec, attach, port-forward, run, container and node logs,
+    /// /runningpods/, /configz) on the kubelet port; off, they answer 405 "Debug endpoints are
+    /// disabled." as kubelet's (enableDebuggingHandlers, --enable-debugging-handlers).
+    pub enable_debugging_handlers: bool,
 }
 
 impl Default for ServingConfig {
@@ -114,6 +118,7 @@ impl Default for ServingConfig {
             authz_mode: None,
             authz_cache_authorized_ttl: Duration::from_secs(300),
             authz_cache_unauthorized_ttl: Duration::from_secs(30),
+            enable_debugging_handlers: true,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The agent's servers (kubelet's pkg/kubelet/server), see docs/server.md:
 //! - the kubelet API on `address:port` (10250): TLS ([`tls`], [`certs`]), every request
-//!   authenticated and authorized ([`auth`]), serving [`kubelet_router`];
+//!   authenticated and authorized ([`auth`]), serving [`kubelet_router`]; with
+//!   `enableDebuggingHandlers` off its debugging routes answer 405 as kubelet's;
 //! - `/healthz` alone, plain, on `healthzBindAddress:healthzPort` (127.0.0.1:10248; 0 is off);
 //! - kubelet's read-only port, off unless `readOnlyPort` is set: kubelet's default handlers,
 //!   `/healthz`, `/pods`, `/spec`, the stats ([`crate::stats::routes`]) and the metrics
@@ -200,25 +201,70 @@ fn authn_summary(cfg: &Config) -> String {
 }
 
 /// The kubelet API served on `port` behind authentication and authorization. Every route
-/// added here is guarded: the filter is applied to the whole router where it is served.
+/// added here is guarded: the filter is applied to the whole router where it is served. With
+/// `enableDebuggingHandlers` off the debugging routes answer as kubelet's disabled ones.
 pub fn kubelet_router(state: Arc<State>) -> Router {
+    let debugging = if state.config.serving.enable_debugging_handlers {
+        debugging_routes()
+    } else {
+        debugging_disabled_routes()
+    };
+    default_routes().merge(debugging).with_state(state)
+}
+
+/// What kubelet's InstallDefaultHandlers serves whatever `enableDebuggingHandlers` says:
+/// health, pods, spec, metrics, stats.
+fn default_routes() -> Router<Arc<State>> {
     Router::new()
         .route("/healthz", get(healthz::all))
         .route("/healthz/{check}", get(healthz::one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
-        .route("/runningpods/", get(node::runningpods))
-        .route("/configz", get(node::configz))
         .route("/spec/", get(node::spec))
         .route("/spec", get(node::spec))
+        .merge(metrics::routes())
+        .merge(crate::stats::routes())
+}
+
+/// kubelet's InstallDebuggingHandlers (and the system log handler it installs with them):
+/// exec, attach, port-forward, run, container and node logs, /configz, /runningpods/.
+fn debugging_routes() -> Router<Arc<State>> {
+    Router::new()
+        .route("/runningpods/", get(node::runningpods))
+        .route("/configz", get(node::configz))
         .route("/logs/", get(system_logs))
         .route("/logs/{*path}", get(system_logs))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
-        .merge(metrics::routes())
-        .merge(crate::stats::routes())
         .merge(streaming::routes())
-        .with_state(state)
 }
+
+/// kubelet's InstallDebuggingDisabledHandlers: each debugging path, and everything under it,
+/// answers any method with 405 "Debug endpoints are disabled." (Go's http.Error: plain text,
+/// a newline at the end). /configz is not served at all, as kubelet registers it only with
+/// the debugging handlers.
+fn debugging_disabled_routes() -> Router<Arc<State>> {
+    const PATHS: [&str; 8] = [
+        "/run/",
+        "/exec/",
+        "/attach/",
+        "/portForward/",
+        "/containerLogs/",
+        "/runningpods/",
+        "/debug/pprof/",
+        "/logs/",
+    ];
+    PATHS.iter().fold(Router::new(), |r, p| {
+        r.route(p, axum::routing::any(debugging_disabled))
+            .route(&format!("{p}{{*rest}}"), axum::routing::any(debugging_disabled))
+    })
+}
+
+async fn debugging_disabled() -> Response {
+    streaming::plain_error(StatusCode::METHOD_NOT_ALLOWED, DEBUGGING_DISABLED)
+}
+
+/// kubelet's body for a debugging route when `enableDebuggingHandlers` is off.
+pub const DEBUGGING_DISABLED: &str = "Debug endpoints are disabled.\n";
 
 /// `/logs/...`: files and listings under /var/log.
 async fn system_logs(uri: axum::http::Uri) -> Response {
@@ -250,16 +296,16 @@ pub fn read_only_router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-/// Everything, for the CLI's socket (owner-only, no authentication): the kubelet endpoints
-/// and the manifest errors.
+/// Everything, for the CLI's socket (owner-only, no authentication): the kubelet endpoints,
+/// the debugging ones whatever `enableDebuggingHandlers` says (it guards the network port;
+/// `ferrolet logs` and the operator's own tools keep working), and the manifest errors.
 pub fn local_router(state: Arc<State>) -> Router {
-    kubelet_router(state.clone()).merge(
-        Router::new()
-            .route("/ferrolet/pods", get(ferrolet_pods))
-            .route("/ferrolet/node", get(ferrolet_node))
-            .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
-            .with_state(state),
-    )
+    default_routes()
+        .merge(debugging_routes())
+        .route("/ferrolet/pods", get(ferrolet_pods))
+        .route("/ferrolet/node", get(ferrolet_node))
+        .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
+        .with_state(state)
 }
 
 fn error(code: StatusCode, msg: impl Into<String>) -> Response {
@@ -347,10 +393,34 @@ async fn serve_logs(st: Arc<State>, namespace: &str, pod: &str, opts: LogOptions
     };
     let (tx, rx) = mpsc::channel::<bytes::Bytes>(16);
     tokio::spawn(logs::stream(st.rt.clone(), path, id, opts, tx));
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
-    });
-    ([(header::CONTENT_TYPE, "text/plain")], Body::from_stream(stream)).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain")],
+        Body::from_stream(flushed_before_the_end(rx)),
+    )
+        .into_response()
+}
+
+/// The chunks `rx` yields as a response body whose last data chunk is flushed before the
+/// chunked encoding's terminating chunk is written, as kubelet's flushing writer does (each
+/// write flushed, the terminator sent when the handler returns). Written together, the two
+/// share a TLS record, and Go's chunked reader (net/http/internal/chunked.go) then returns
+/// the data together with io.EOF; the API server's WebSocket log copier (wsstream's
+/// messageCopy) checks the error before the count and drops that data, so a log read
+/// through the API server over WebSocket (binary.k8s.io) came back empty while `kubectl
+/// logs` (io.Copy, which keeps it) worked. hyper flushes what it has written whenever the body
+/// is not ready, so the stream is not ready once before it ends.
+fn flushed_before_the_end(
+    rx: mpsc::Receiver<bytes::Bytes>,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> {
+    futures::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            Some(b) => Some((Ok(b), rx)),
+            None => {
+                tokio::task::yield_now().await;
+                None
+            }
+        }
+    })
 }
 
 /// Serve `router` on a unix socket (owner-only).

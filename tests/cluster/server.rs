@@ -4,7 +4,9 @@
 //! credential (allowed by the Node authorizer). A ServiceAccount token without RBAC is
 //! forbidden, with RBAC on nodes/proxy, nodes/stats, nodes/metrics and nodes/log it gets
 //! through; the API server's own client certificate (X.509 v1, group system:masters) gets
-//! through; `kubectl logs -f` and `kubectl get --raw .../proxy/...` go through the API server.
+//! through; `kubectl logs -f` and `kubectl get --raw .../proxy/...` go through the API server,
+//! and so does a pod's log read over WebSocket (`binary.k8s.io`, `base64.binary.k8s.io`) as
+//! client libraries and dashboards read it.
 //! The serving certificate bootstrap asks the kubelet-serving signer and serves what an admin
 //! approves.
 
@@ -25,6 +27,10 @@ pub fn tests() -> Vec<Trial> {
         test(
             "kubelet_api_is_reached_through_the_api_server_proxy",
             kubelet_api_is_reached_through_the_api_server_proxy,
+        ),
+        test(
+            "container_logs_over_websocket_through_the_api_server",
+            container_logs_over_websocket_through_the_api_server,
         ),
         test(
             "serving_certificate_is_requested_and_served_once_approved",
@@ -271,6 +277,184 @@ fn kubelet_api_is_reached_through_the_api_server_proxy() {
     assert!(spec["memory_capacity"].as_u64().unwrap() > 0, "{spec}");
     assert_eq!(raw("/healthz"), "ok");
     c.kubectl(&["delete", "pod", "srvproxy-lines", "--wait=false"]);
+}
+
+/// What a WebSocket read of a pod's log through the API server delivered: the bytes of every
+/// data message in order (base64 ones decoded), how many non-empty ones there were, and how long
+/// the stream lasted.
+struct WsLog {
+    bytes: Vec<u8>,
+    messages: usize,
+    took: Duration,
+}
+
+/// `GET /api/v1/namespaces/default/pods/POD/log?QUERY` on the API server over WebSocket with
+/// `subprotocol` and a bearer `token`, as client-go's and the JavaScript clients' log readers
+/// do, read until the server closes the stream.
+fn websocket_log(pod: &str, query: &str, subprotocol: &'static str, token: &str) -> WsLog {
+    use futures::StreamExt;
+    use rustls::pki_types::pem::PemObject;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let c = cluster();
+    let api = c.apiserver.clone();
+    let ca = c.ca.clone();
+    let url = format!(
+        "{}/api/v1/namespaces/default/pods/{pod}/log?{query}",
+        api.replacen("https://", "wss://", 1)
+    );
+    let bearer = format!("Bearer {token}");
+    // the API server listens inside the cluster's namespace: connect from a thread in it
+    c.net.in_ns(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut roots = rustls::RootCertStore::empty();
+            for der in rustls::pki_types::CertificateDer::pem_file_iter(&ca).expect("the cluster CA") {
+                roots.add(der.unwrap()).unwrap();
+            }
+            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+            let tls = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let authority = api.trim_start_matches("https://").to_string();
+            let (host, _) = authority.rsplit_once(':').expect("host:port");
+            let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
+            let tcp = tokio::net::TcpStream::connect(&authority)
+                .await
+                .expect("the API server");
+            let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+                .connect(name, tcp)
+                .await
+                .expect("TLS to the API server");
+            let mut req = url.as_str().into_client_request().unwrap();
+            req.headers_mut().insert("Authorization", bearer.parse().unwrap());
+            req.headers_mut()
+                .insert("Sec-WebSocket-Protocol", subprotocol.parse().unwrap());
+            let started = Instant::now();
+            let (mut ws, answer) = tokio_tungstenite::client_async(req, stream)
+                .await
+                .unwrap_or_else(|e| panic!("WebSocket handshake for {url}: {e}"));
+            assert_eq!(
+                answer
+                    .headers()
+                    .get("Sec-WebSocket-Protocol")
+                    .map(|v| v.to_str().unwrap()),
+                Some(subprotocol),
+                "{answer:?}"
+            );
+            let mut out = WsLog {
+                bytes: Vec::new(),
+                messages: 0,
+                took: Duration::ZERO,
+            };
+            let read = async {
+                while let Some(m) = ws.next().await {
+                    match m.unwrap_or_else(|e| panic!("reading {url}: {e}")) {
+                        // the API server's first message is an empty one (its ping)
+                        Message::Binary(b) if b.is_empty() => {}
+                        Message::Text(t) if t.is_empty() => {}
+                        Message::Binary(b) => {
+                            out.messages += 1;
+                            out.bytes.extend_from_slice(&b);
+                        }
+                        Message::Text(t) => {
+                            use base64::Engine;
+                            out.messages += 1;
+                            let b = base64::engine::general_purpose::STANDARD
+                                .decode(t.as_str())
+                                .unwrap_or_else(|e| panic!("{subprotocol} message {t:?}: {e}"));
+                            out.bytes.extend_from_slice(&b);
+                        }
+                        Message::Close(_) => break,
+                        _ => {}
+                    }
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(90), read)
+                .await
+                .unwrap_or_else(|_| panic!("{url}: the stream did not end in 90 s"));
+            out.took = started.elapsed();
+            out
+        })
+    })
+}
+
+/// A pod's log read through the API server over WebSocket, with each of the API server's
+/// subprotocols for it, delivers the container's lines (kubelet's /containerLogs answer
+/// wrapped by the API server into WebSocket messages); with follow=true it streams the lines
+/// of a running container as they come and ends when the container exits.
+fn container_logs_over_websocket_through_the_api_server() {
+    let c = cluster();
+    let node = c.node("srvws");
+    run_pod(
+        &node,
+        "srvws-lines",
+        "for i in 1 2 3; do echo ws-line-$i; done; sleep 3600",
+        "Always",
+    );
+    run_pod(
+        &node,
+        "srvws-follow",
+        "sleep 4; for i in 1 2 3 4 5; do echo follow-$i; sleep 1; done",
+        "Never",
+    );
+    c.apply(
+        r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: srvws-reader, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: srvws-pod-logs}
+rules:
+- {apiGroups: [""], resources: [pods, pods/log], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: srvws-pod-logs}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: srvws-pod-logs}
+subjects:
+- {kind: ServiceAccount, name: srvws-reader, namespace: default}
+"#,
+    );
+    let token = c.kubectl_ok(&["create", "token", "srvws-reader"]).trim().to_string();
+    wait_running("srvws-follow");
+
+    // follow first, while the container still sleeps before its lines
+    let followed = websocket_log("srvws-follow", "container=app&follow=true", "binary.k8s.io", &token);
+    assert_eq!(
+        String::from_utf8_lossy(&followed.bytes),
+        "follow-1\nfollow-2\nfollow-3\nfollow-4\nfollow-5\n"
+    );
+    assert!(
+        followed.took >= Duration::from_secs(3),
+        "it followed the running container: {:?}",
+        followed.took
+    );
+    assert!(followed.messages >= 2, "the lines came as they were written");
+
+    wait_running("srvws-lines");
+    let want = "ws-line-1\nws-line-2\nws-line-3\n";
+    wait_for("the lines in kubectl logs", Duration::from_secs(30), || {
+        c.kubectl(&["logs", "srvws-lines"]).stdout == want.as_bytes()
+    });
+    for subprotocol in ["binary.k8s.io", "base64.binary.k8s.io"] {
+        let got = websocket_log("srvws-lines", "container=app", subprotocol, &token);
+        assert_eq!(String::from_utf8_lossy(&got.bytes), want, "{subprotocol}");
+        let got = websocket_log("srvws-lines", "container=app&tailLines=1", subprotocol, &token);
+        assert_eq!(String::from_utf8_lossy(&got.bytes), "ws-line-3\n", "{subprotocol}");
+    }
+
+    c.kubectl(&["delete", "clusterrolebinding,clusterrole", "srvws-pod-logs"]);
+    c.kubectl(&["delete", "serviceaccount", "srvws-reader"]);
+    c.kubectl(&["delete", "pod", "srvws-lines", "srvws-follow", "--wait=false"]);
 }
 
 fn serving_certificate_is_requested_and_served_once_approved() {
