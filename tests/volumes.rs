@@ -435,14 +435,7 @@ struct TestMounts {
 impl TestMounts {
     fn tmpfs(&mut self, at: &Path) {
         std::fs::create_dir_all(at).unwrap();
-        nix::mount::mount(
-            Some("tmpfs"),
-            at,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some("size=64m"),
-        )
-        .unwrap_or_else(|e| panic!("mounting a tmpfs at {}: {e}", at.display()));
+        mount_tmpfs_of(at, "64m");
         self.at.push(at.to_path_buf());
     }
 }

@@ -318,25 +318,34 @@ spec:
     });
 }
 
+/// Pod `name` (namespace default) bound to `node`: one container `app` sleeping `secs`, a
+/// grace period of 1 s, and `spec` (indented YAML lines) added to its spec.
+fn sleeper(name: &str, node: &str, secs: &str, spec: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+{spec}  containers:
+  - {{name: app, image: {IMAGE}, command: [sleep, "{secs}"]}}
+"#
+    )
+}
+
 /// readinessGates: the pod is Ready only once a client sets each gate's condition True through
 /// the status subresource (kubelet's NeedToReconcilePodReadiness: the new object is synced).
 fn a_readiness_gate_patched_by_a_client_makes_the_pod_ready() {
     let c = cluster();
     let node = c.node("gates");
-    c.apply(&format!(
-        r#"
-apiVersion: v1
-kind: Pod
-metadata: {{name: gated, namespace: default}}
-spec:
-  nodeName: {node}
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  readinessGates: [{{conditionType: example.com/gate}}]
-  containers:
-  - {{name: app, image: {IMAGE}, command: [sleep, "3600"]}}
-"#,
-        node = node.node
+    c.apply(&sleeper(
+        "gated",
+        &node.node,
+        "3600",
+        "  readinessGates: [{conditionType: example.com/gate}]\n",
     ));
     let condition = |p: &serde_json::Value, t: &str| -> serde_json::Value {
         p["status"]["conditions"]
@@ -387,20 +396,7 @@ spec:
 fn kubectl_debug_runs_an_ephemeral_container_in_its_targets_processes() {
     let c = cluster();
     let node = c.node("debug");
-    c.apply(&format!(
-        r#"
-apiVersion: v1
-kind: Pod
-metadata: {{name: debugged, namespace: default}}
-spec:
-  nodeName: {node}
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - {{name: app, image: {IMAGE}, command: [sleep, "3601"]}}
-"#,
-        node = node.node
-    ));
+    c.apply(&sleeper("debugged", &node.node, "3601", ""));
     let ready = |p: &serde_json::Value| -> serde_json::Value {
         p["status"]["conditions"]
             .as_array()

@@ -131,7 +131,7 @@ impl Agent {
     /// An agent inside the test network namespace `ns` with pod network `network`
     /// (bridge, cni or none).
     pub fn start_in_netns(name: &str, ns: &Path, network: &str, extra: &[&str], config: &str) -> Agent {
-        Agent::build_with(name, extra, config, false, Some(ns.to_path_buf()), network, Vec::new())
+        Agent::prepare(name, extra, config, false, Some(ns.to_path_buf()), network, Vec::new()).started()
     }
 
     /// Like [`Agent::start_in_netns`], with flags and more environment for the agent.
@@ -143,16 +143,16 @@ impl Agent {
         config: &str,
         env: Vec<(String, String)>,
     ) -> Agent {
-        Agent::build_with(name, extra, config, false, Some(ns.to_path_buf()), network, env)
+        Agent::prepare(name, extra, config, false, Some(ns.to_path_buf()), network, env).started()
     }
 
     /// Like [`Agent::start_in_netns`], with more environment for the agent.
     pub fn start_in_netns_env(name: &str, ns: &Path, network: &str, config: &str, env: Vec<(String, String)>) -> Agent {
-        Agent::build_with(name, &[], config, false, Some(ns.to_path_buf()), network, env)
+        Agent::prepare(name, &[], config, false, Some(ns.to_path_buf()), network, env).started()
     }
 
     fn build(name: &str, extra: &[&str], config: &str, own_cgroup: bool) -> Agent {
-        Agent::build_with(name, extra, config, own_cgroup, None, "none", Vec::new())
+        Agent::prepare(name, extra, config, own_cgroup, None, "none", Vec::new()).started()
     }
 
     /// An agent whose root dir is a tmpfs of its own, mounted before it starts (a node whose
@@ -160,31 +160,15 @@ impl Agent {
     pub fn start_on_tmpfs_root(name: &str, extra: &[&str], config: &str) -> Agent {
         let mut a = Agent::prepare(name, extra, config, false, None, "none", Vec::new());
         std::fs::create_dir_all(&a.root).unwrap();
-        nix::mount::mount(
-            Some("tmpfs"),
-            &a.root,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some("size=256m"),
-        )
-        .expect("mounting a tmpfs on the root dir");
+        mount_tmpfs_of(&a.root, "256m");
         a.root_on_tmpfs = true;
-        a.spawn();
-        a
+        a.started()
     }
 
-    fn build_with(
-        name: &str,
-        extra: &[&str],
-        config: &str,
-        own_cgroup: bool,
-        netns: Option<PathBuf>,
-        network: &str,
-        env: Vec<(String, String)>,
-    ) -> Agent {
-        let mut a = Agent::prepare(name, extra, config, own_cgroup, netns, network, env);
-        a.spawn();
-        a
+    /// Start the agent [`Agent::prepare`] set up; returns once it answers /healthz.
+    fn started(mut self) -> Agent {
+        self.spawn();
+        self
     }
 
     fn prepare(
@@ -708,12 +692,17 @@ pub fn curl_with(mut curl: Command, args: &[&str], url: &str) -> (u16, String) {
 
 /// A small tmpfs mounted at `at` (the caller unmounts it).
 pub fn mount_tmpfs(at: &Path) {
+    mount_tmpfs_of(at, "1m");
+}
+
+/// A tmpfs of `size` (tmpfs's `size=` option) mounted at `at` (the caller unmounts it).
+pub fn mount_tmpfs_of(at: &Path, size: &str) {
     nix::mount::mount(
         Some("tmpfs"),
         at,
         Some("tmpfs"),
         nix::mount::MsFlags::empty(),
-        Some("size=1m"),
+        Some(format!("size={size}").as_str()),
     )
     .unwrap_or_else(|e| panic!("mounting a tmpfs at {}: {e}", at.display()));
 }
