@@ -865,7 +865,7 @@ fn memory_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<V
     std::thread::sleep(Duration::from_secs(2));
     let mut rows = Vec::new();
     let n = opts.burst as f64;
-    let idle = procstat::Split::of(&a);
+    let idle = procstat::Split::of(a.pid(), &a.processes(), &a.root);
     rows.extend(idle.rows("idle agent", None));
     settle_before("the burst");
     eprintln!("== ferrolet: burst of {}, memory", opts.burst);
@@ -877,11 +877,11 @@ fn memory_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<V
         wait_mark(&a.marks, &format!("mem{i}"), Duration::from_secs(300))?;
     }
     std::thread::sleep(Duration::from_secs(2));
-    let full = procstat::Split::of(&a);
+    let full = procstat::Split::of(a.pid(), &a.processes(), &a.root);
     rows.extend(full.rows(&format!("{} pods, 2 s after the burst", opts.burst), Some((&idle, n))));
     eprintln!("== ferrolet: {}s idle with {} pods", opts.cpu_seconds, opts.burst);
     std::thread::sleep(Duration::from_secs(opts.cpu_seconds));
-    let later = procstat::Split::of(&a);
+    let later = procstat::Split::of(a.pid(), &a.processes(), &a.root);
     rows.extend(later.rows(
         &format!("{} pods, after {} s idle", opts.burst, opts.cpu_seconds),
         Some((&idle, n)),

@@ -142,11 +142,12 @@ pub struct Split {
 }
 
 impl Split {
-    pub fn of(a: &crate::agent::Agent) -> Split {
-        let procs = a.processes();
-        let agent = rollup(a.pid());
+    /// The split of the agent `pid` whose processes are `procs` (itself first) and whose root
+    /// dir is `root`.
+    pub fn of(pid: i32, procs: &[i32], root: &Path) -> Split {
+        let agent = rollup(pid);
         let get = |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-        let mons = monitors(&a.root);
+        let mons = monitors(root);
         let zygote: u64 = procs[1..]
             .iter()
             .filter(|p| !mons.contains(p))

@@ -21,7 +21,6 @@ pub mod exe_seal;
 pub mod idmap;
 pub mod image;
 pub mod migration_warmer;
-mod monitor;
 mod mount_api;
 pub mod mount_ns;
 pub mod namespaces;

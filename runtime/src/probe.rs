@@ -11,7 +11,7 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-/// The name (`comm`) every monitor gives itself ([`crate::monitor`]).
+/// The name (`comm`) every monitor gives itself ((`zygote::monitor`)).
 pub(crate) const MONITOR_COMM: &str = "ferrolet-mon";
 
 /// `comm` of a process.

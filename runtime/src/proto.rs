@@ -3,11 +3,12 @@
 //! worker writes its replies, one JSON line each, to the reply pipe.
 //!
 //! Three parties speak it: the agent's client ([`crate::zygote`]), the zygote's workers
-//! (`zygote::server`) and the container monitors ([`crate::monitor`]), which answer a `Create`
-//! themselves. So it belongs to none of them: the monitor is not part of the zygote (it
-//! outlives it and the agent), and the zygote only forks the monitor, through
-//! `monitor::run`. With the protocol here and the process chores in [`crate::process`], the
-//! imports run one way: zygote -> monitor -> {proto, process}.
+//! (`zygote::server`) and the container monitors (`zygote::monitor`), which answer a `Create`
+//! themselves. So it belongs to none of them. The monitor lives with the zygote that forks it
+//! (though it outlives the zygote and the agent), and takes from it only the isolation and the
+//! confinement every fork inherits. With the protocol here and the process chores in
+//! [`crate::process`], the imports run one way: zygote server -> monitor -> {isolation,
+//! confine, proto, process}.
 
 use std::io::{IoSlice, IoSliceMut, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -7,6 +7,7 @@
 //! ([`rank`]), one per round, with reason Evicted and kubelet's message. Its conditions feed
 //! the Node's status and the admission of new pods. docs/eviction.md.
 
+mod admit;
 pub mod local_storage;
 mod manager;
 pub mod rank;
@@ -100,7 +101,7 @@ impl Eviction {
     /// kubelet's eviction admit handler: under memory pressure only, pods other than
     /// BestEffort are admitted (and BestEffort ones tolerating the memory-pressure taint); under
     /// any other pressure no pod is; critical pods always are.
-    pub fn admit(&self, p: &Pod) -> Result<(), crate::podconfig::admission::Rejection> {
-        crate::podconfig::admission::eviction_admit(p, &self.conditions(), self.in_cluster)
+    pub fn admit(&self, p: &Pod) -> Result<(), crate::lifecycle::admit::Rejection> {
+        admit::eviction_admit(p, &self.conditions(), self.in_cluster)
     }
 }

@@ -5,6 +5,8 @@
 //! right after the container starts (a failure kills the container), preStop before the stop
 //! signal, out of the grace period. Error messages are kubelet's.
 
+pub mod admit;
+
 use std::time::Duration;
 
 use ferrolet_runtime::{ExecSpec, Runtime};

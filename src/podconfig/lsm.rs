@@ -12,13 +12,9 @@ use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::{Container, Pod, SELinuxOptions};
 
-use super::admission::Rejection;
+use crate::lifecycle::admit::Rejection;
+pub use crate::lifecycle::admit::{REASON_APPARMOR, REASON_SELINUX};
 use crate::pod;
-
-/// kubelet's AppArmor admit handler's reason.
-pub const REASON_APPARMOR: &str = "AppArmor";
-/// ferrolet's reason for a pod whose SELinux labels it cannot apply.
-pub const REASON_SELINUX: &str = "SELinux";
 /// The deprecated per-container annotation (`<prefix><container name>`).
 pub const APPARMOR_ANNOTATION_PREFIX: &str = "container.apparmor.security.beta.kubernetes.io/";
 

@@ -4,7 +4,7 @@
 //!   `enableDebuggingHandlers` off its debugging routes answer 405 as kubelet's;
 //! - `/healthz` alone, plain, on `healthzBindAddress:healthzPort` (127.0.0.1:10248; 0 is off);
 //! - kubelet's read-only port, off unless `readOnlyPort` is set: kubelet's default handlers,
-//!   `/healthz`, `/pods`, `/spec`, the stats ([`crate::stats::routes`]) and the metrics
+//!   `/healthz`, `/pods`, `/spec`, the stats ([`stats`]) and the metrics
 //!   ([`metrics`]), none of the debugging ones (logs, exec...);
 //! - the CLI's unix socket (owner-only, no authentication): the kubelet endpoints and the
 //!   `/ferrolet/...` extras (pods with manifest errors, logs with a default container);
@@ -19,6 +19,7 @@ mod healthz;
 pub mod metrics;
 mod node;
 pub mod node_logs;
+mod stats;
 pub mod streaming;
 pub mod tls;
 
@@ -223,7 +224,7 @@ fn default_routes() -> Router<Arc<State>> {
         .route("/spec/", get(node::spec))
         .route("/spec", get(node::spec))
         .merge(metrics::routes())
-        .merge(crate::stats::routes())
+        .merge(stats::routes())
 }
 
 /// kubelet's InstallDebuggingHandlers (and the system log handler it installs with them):
@@ -292,7 +293,7 @@ pub fn read_only_router(state: Arc<State>) -> Router {
         .route("/spec/", get(node::spec))
         .route("/spec", get(node::spec))
         .merge(metrics::routes())
-        .merge(crate::stats::routes())
+        .merge(stats::routes())
         .with_state(state)
 }
 

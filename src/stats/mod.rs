@@ -15,7 +15,6 @@ pub mod fs;
 pub mod net;
 mod prom;
 pub mod rate;
-mod routes;
 pub mod sampler;
 pub mod summary;
 
@@ -28,7 +27,6 @@ use bytes::Bytes;
 use ferrolet_runtime::cgroups::CgroupStats;
 use tracing::{trace, warn};
 
-pub use routes::routes;
 use sampler::Sources;
 use summary::{PodReference, Summary, Time};
 

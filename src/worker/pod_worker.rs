@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use super::killed::Killed;
 use super::Managers;
 use crate::backoff::Backoff;
 use crate::kuberuntime::kill::{kill_container, MIN_GRACE};
@@ -28,7 +27,7 @@ use crate::podsetup::volumes::VolumeHost;
 use crate::probe::netns::PodTarget;
 use crate::prober::{self, ProbeEvent, Probes};
 use crate::status::phase::Phase;
-use crate::status::{self, PersistedStatus, StatusManager};
+use crate::status::{self, Killed, PersistedStatus, StatusManager};
 use crate::tasks::{panic_message, POD_WORKER};
 
 /// Where a pod is in its life on the node (kubelet's pod worker states, each with its sync

@@ -23,6 +23,7 @@ use base64::Engine as _;
 use regex::Regex;
 use serde::Deserialize;
 
+pub use super::tls::TlsConfig;
 use super::{Credentials, PullError};
 use crate::image::reference::{Reference, DEFAULT_REGISTRY};
 
@@ -67,30 +68,6 @@ pub struct HostConfig {
     /// Used instead of the pull's own credentials for this host.
     pub auth: Option<Credentials>,
     pub tls: TlsConfig,
-}
-
-/// `configs.<host>.tls`, with the files' contents read when the configuration was loaded.
-/// `Debug` names the files and leaves their contents out (the client key is among them).
-#[derive(Clone, Default, PartialEq)]
-pub struct TlsConfig {
-    pub ca_file: Option<PathBuf>,
-    pub cert_file: Option<PathBuf>,
-    pub key_file: Option<PathBuf>,
-    pub insecure_skip_verify: bool,
-    pub(crate) ca_pem: Option<Vec<u8>>,
-    pub(crate) cert_pem: Option<Vec<u8>>,
-    pub(crate) key_pem: Option<Vec<u8>>,
-}
-
-impl fmt::Debug for TlsConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TlsConfig")
-            .field("ca_file", &self.ca_file)
-            .field("cert_file", &self.cert_file)
-            .field("key_file", &self.key_file)
-            .field("insecure_skip_verify", &self.insecure_skip_verify)
-            .finish_non_exhaustive()
-    }
 }
 
 // The file as written.
@@ -243,7 +220,7 @@ impl RegistryConfig {
                 }
                 tls.insecure_skip_verify = t.insecure_skip_verify.unwrap_or(false);
                 // Check the material now, so a bad file is reported where it is named.
-                super::client::tls_config(&tls).map_err(|e| bad(origin, &field("tls"), e))?;
+                super::tls::tls_config(&tls).map_err(|e| bad(origin, &field("tls"), e))?;
             }
             out.configs.insert(host, HostConfig { auth, tls });
         }

@@ -13,6 +13,7 @@ mod flight;
 mod platform;
 mod pull;
 mod space;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,8 +4,9 @@
 //! zygote's side is [`server`]; what travels between them is [`crate::proto`].
 
 pub(crate) mod confine;
+mod isolation;
+mod monitor;
 mod server;
-pub(crate) use server::{forget_isolation, isolated};
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;

@@ -65,7 +65,7 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
         }
         let reply = fds.remove(0);
         if let Request::Isolate { root } = &req {
-            write_reply(&reply, &isolate(root));
+            write_reply(&reply, &super::isolation::isolate(root));
             continue;
         }
         let mut req = req;
@@ -146,7 +146,7 @@ fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             let _ = nix::unistd::setsid();
             // SAFETY: still single-threaded.
             match unsafe { fork() } {
-                Ok(ForkResult::Child) => crate::monitor::run(*args, reply),
+                Ok(ForkResult::Child) => super::monitor::run(*args, reply),
                 Ok(ForkResult::Parent { .. }) => 0,
                 Err(e) => {
                     write_reply(
@@ -297,7 +297,7 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
 /// libcontainer leaves a `tenant-tty-*.sock` symlink to the console socket per exec.
 /// Open a host path the zygote's copy of the mounts may lack (a namespace pin).
 fn open_in_host(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    match isolated() {
+    match super::isolation::isolated() {
         Some(iso) => crate::mount_ns::in_host(&iso, || std::fs::File::open(path))?,
         None => std::fs::File::open(path),
     }
@@ -353,55 +353,11 @@ fn wait_exec(pid: Pid, reply: &OwnedFd) -> i32 {
     }
 }
 
-/// The zygote's own mount namespace, once the agent asked for it (crate::mount_ns): its forks
-/// go between it and the host's. Set once. The zygote is one thread: the lock is never
-/// contended, nor held at a fork.
-static ISOLATED: std::sync::Mutex<Option<std::sync::Arc<crate::mount_ns::Isolated>>> = std::sync::Mutex::new(None);
-
-fn isolated_slot() -> std::sync::MutexGuard<'static, Option<std::sync::Arc<crate::mount_ns::Isolated>>> {
-    ISOLATED.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The isolation of this zygote's forks, if the agent asked for it and it succeeded.
-pub(crate) fn isolated() -> Option<std::sync::Arc<crate::mount_ns::Isolated>> {
-    isolated_slot().clone()
-}
-
-/// In a fork that is done with namespaces (a monitor, once its container is built): close the
-/// namespace fds it inherited, which would otherwise keep an old namespace of the zygote alive
-/// for as long as the container runs.
-pub(crate) fn forget_isolation() {
-    isolated_slot().take();
-}
-
-/// Isolate the zygote, once: a second request for the root it isolated from is answered as
-/// done, for another root refused.
-fn isolate(root: &std::path::Path) -> Reply {
-    let mut slot = isolated_slot();
-    if let Some(iso) = slot.as_ref() {
-        return match std::fs::canonicalize(root) {
-            Ok(r) if r == iso.root => Reply::Ok,
-            _ => Reply::Failed {
-                error: format!("the zygote is isolated already, for {}", iso.root.display()),
-            },
-        };
-    }
-    match crate::mount_ns::isolate(root) {
-        Ok(iso) => {
-            *slot = Some(std::sync::Arc::new(iso));
-            Reply::Ok
-        }
-        // Back in the host's namespace, as crate::mount_ns::isolate leaves it on failure:
-        // forks build in the host's namespace, as without isolation.
-        Err(e) => Reply::Failed { error: e.to_string() },
-    }
-}
-
 /// The pod's namespaces (crate::namespaces), made in the host's mount namespace: the pins
 /// are the host's mounts, which the agent unmounts and monitors copy.
 #[inline(never)]
 fn pin(args: &PinArgs) -> Result<crate::namespaces::Pinned, String> {
-    if let Some(iso) = isolated() {
+    if let Some(iso) = super::isolation::isolated() {
         crate::mount_ns::enter_host(&iso).map_err(|e| e.to_string())?;
     }
     crate::namespaces::pin(&args.dir, &args.pins)

@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use super::{Snapshot, View};
-use crate::server::State;
+use super::State;
+use crate::stats::{Snapshot, View};
 
 /// The Prometheus text format's content type.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";

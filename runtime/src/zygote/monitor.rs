@@ -6,9 +6,10 @@
 //! threads, no async: a poll loop over the output, a pidfd and the attach socket
 //! (docs/runtime.md#terminals-and-attach). It outlives the agent.
 //!
-//! A zygote worker forks it and calls [`run`]; that is the only tie between the two. The
-//! monitor answers the `Create` request itself over [`crate::proto`] and uses the process
-//! chores of [`crate::process`], and imports nothing of the zygote.
+//! A zygote worker forks it and calls [`run`]. The monitor answers the `Create` request itself
+//! over [`crate::proto`] and uses the process chores of [`crate::process`]; of the zygote it
+//! takes only what every fork inherits: the isolation ([`super::isolation`]) and the
+//! confinement it applies ([`super::confine`]).
 
 use std::fs::File;
 use std::io::Read;
@@ -121,7 +122,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     };
     // The rootfs is the host's mount (the agent unmounts it): a fork of an isolated zygote
     // mounts it there, then builds the container in a namespace of its own (crate::mount_ns).
-    let isolated = crate::zygote::isolated();
+    let isolated = super::isolation::isolated();
     if let Some(iso) = &isolated {
         if let Err(e) = crate::mount_ns::enter_host(iso) {
             return fail(format!("entering the host's mount namespace: {e}"));
@@ -193,7 +194,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         };
         // The confinement is the executor's to apply (proto::Confinement): libcontainer's
         // bundle has none.
-        let executor = crate::zygote::confine::ConfinedExecutor {
+        let executor = super::confine::ConfinedExecutor {
             confinement: args.confinement.clone(),
         };
         b.with_executor(executor)
@@ -231,7 +232,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         }
     }
     drop(isolated);
-    crate::zygote::forget_isolation();
+    super::isolation::forget_isolation();
     // cgroup v2 has no devices controller: the rules become a program on the container's
     // cgroup, attached before anything of the container's own can run (it waits for Start).
     if let Some((policy, cgroup)) = &args.device_program {
