@@ -327,7 +327,9 @@ impl Agent {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Generous: the cgroup v2 lane's guest runs under software emulation, beside the host's
+        // tests, and its agents took over 20 s to come up there.
+        let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             if self.get("/healthz").is_ok() {
                 return;
