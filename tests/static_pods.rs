@@ -289,9 +289,11 @@ spec:
     // Keep running after TERM, writing the time since TERM until SIGKILL comes: at the end of
     // the 2 s grace period, and for grace 0 after 1 s (kubelet's pod workers give a pod's
     // termination at least 1 s; the 2 s minimum is for containers killed in a running pod).
+    // Appended, a line each time: a KILL between a truncating open and its write left the file
+    // empty once, on a busy machine.
     let counting = |file: &str| {
         format!(
-            "trap 'a=$EPOCHREALTIME; while true; do echo \"$a $EPOCHREALTIME\" > /marks/{file}; sleep 0.1; done' TERM; \
+            "trap 'a=$EPOCHREALTIME; while true; do echo \"$a $EPOCHREALTIME\" >> /marks/{file}; sleep 0.1; done' TERM; \
              while true; do sleep 0.1; done"
         )
     };
@@ -327,11 +329,15 @@ spec:
     // time between TERM and KILL, more when the machine is busy (and KILL may come late).
     let lived = |file: &str| -> f64 {
         let text = std::fs::read_to_string(marks.join(file)).unwrap_or_default();
-        let t: Vec<f64> = text.split_whitespace().filter_map(|v| v.parse().ok()).collect();
-        match t[..] {
-            [a, b] => b - a,
-            _ => panic!("{file}: no times after TERM: {text:?}"),
-        }
+        // The last whole line (a KILL may cut the one being written).
+        let last = text.lines().rev().find_map(|l| {
+            let t: Vec<f64> = l.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+            match t[..] {
+                [a, b] => Some(b - a),
+                _ => None,
+            }
+        });
+        last.unwrap_or_else(|| panic!("{file}: no times after TERM: {text:?}"))
     };
     let (stubborn, brief) = (lived("stubborn"), lived("brief"));
     assert!(
