@@ -413,8 +413,15 @@ fn logs_rotate_and_compress_while_the_container_writes() {
             .filter(|p| p.extension().is_none_or(|x| x != "gz"))
             .any(|p| std::fs::read_to_string(p).is_ok_and(|s| s.contains(" finished\n")))
     });
-    // One more round compresses what is left.
+    // One more round compresses what is left; a compression under way (its `.tmp` file, renamed
+    // at the end) is waited for: on a busy machine one took longer than a round.
     std::thread::sleep(Duration::from_secs(4));
+    wait_until("the compressions to finish", Duration::from_secs(60), &a, || {
+        std::fs::read_dir(dir())
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().ends_with(".tmp"))
+    });
     let mut files: Vec<String> = std::fs::read_dir(dir())
         .unwrap()
         .flatten()
