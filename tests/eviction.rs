@@ -413,21 +413,28 @@ fn logs_rotate_and_compress_while_the_container_writes() {
             .filter(|p| p.extension().is_none_or(|x| x != "gz"))
             .any(|p| std::fs::read_to_string(p).is_ok_and(|s| s.contains(" finished\n")))
     });
-    // One more round compresses what is left; a compression under way (its `.tmp` file, renamed
-    // at the end) is waited for: on a busy machine one took longer than a round.
-    std::thread::sleep(Duration::from_secs(4));
-    wait_until("the compressions to finish", Duration::from_secs(60), &a, || {
-        std::fs::read_dir(dir())
+    // The rounds after it rotate and compress what is left. Read once the directory has stayed
+    // the same for a whole round (3 s) with no compression under way (a `.tmp` file): on a busy
+    // machine a fixed wait saw a compression's temporary file, and once a file that a
+    // compression removed between the listing and the read.
+    let listing = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir())
             .unwrap()
             .flatten()
-            .all(|e| !e.file_name().to_string_lossy().ends_with(".tmp"))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let last = std::cell::RefCell::new(listing());
+    wait_until("the logs to settle", Duration::from_secs(90), &a, || {
+        std::thread::sleep(Duration::from_millis(3500));
+        let now = listing();
+        let settled = now == *last.borrow() && !now.iter().any(|f| f.ends_with(".tmp"));
+        *last.borrow_mut() = now;
+        settled
     });
-    let mut files: Vec<String> = std::fs::read_dir(dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    files.sort();
+    let files = last.into_inner();
     let rotated: Vec<&String> = files.iter().filter(|f| f.starts_with("0.log.")).collect();
     assert!(rotated.len() >= 2, "rotated while writing: {files:?}");
     for f in &rotated {
