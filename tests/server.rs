@@ -260,18 +260,29 @@ struct V1beta1CrashLoopBackOff {
     max_container_restart_period: Option<String>,
 }
 
-#[test]
-fn tls_port_with_client_certificates_and_the_healthz_port() {
+/// An agent on free kubelet and healthz ports (`port`, `healthz`) trusting the client CA in
+/// `pki` (a system:masters client certificate made there), with `config` more lines, running
+/// pod `web` that prints `hello`.
+fn agent_with_client_ca(name: &str, config: &str, hello: &str) -> (tempfile::TempDir, u16, u16, Agent) {
     let pki = tempfile::tempdir().unwrap();
     client_pki(pki.path(), "kube-apiserver-kubelet-client", "system:masters");
     let (port, healthz) = (free_port(), free_port());
     let config = format!(
-        "port: {port}\nhealthzPort: {healthz}\nauthentication:\n  x509:\n    clientCAFile: {}\n",
+        "port: {port}\nhealthzPort: {healthz}\n{config}authentication:\n  x509:\n    clientCAFile: {}\n",
         pki.path().join("ca.crt").display()
     );
-    let mut a = Agent::start_with_config("server", &[], &config);
-    a.write("web.yaml", &pod_yaml("web", "Always", "echo hello-10250; sleep 3600"));
+    let a = Agent::start_with_config(name, &[], &config);
+    a.write(
+        "web.yaml",
+        &pod_yaml("web", "Always", &format!("echo {hello}; sleep 3600")),
+    );
     a.wait_phase("web", "Running", Duration::from_secs(30));
+    (pki, port, healthz, a)
+}
+
+#[test]
+fn tls_port_with_client_certificates_and_the_healthz_port() {
+    let (pki, port, healthz, mut a) = agent_with_client_ca("server", "", "hello-10250");
 
     let health = format!("http://127.0.0.1:{healthz}/healthz");
     wait_until("healthz", Duration::from_secs(20), || {
@@ -391,16 +402,8 @@ fn tls_port_with_client_certificates_and_the_healthz_port() {
 /// every route, and its /configz shows the setting.
 #[test]
 fn debugging_handlers_off_refuse_exec_logs_and_port_forward() {
-    let pki = tempfile::tempdir().unwrap();
-    client_pki(pki.path(), "kube-apiserver-kubelet-client", "system:masters");
-    let (port, healthz) = (free_port(), free_port());
-    let config = format!(
-        "port: {port}\nhealthzPort: {healthz}\nenableDebuggingHandlers: false\nauthentication:\n  x509:\n    clientCAFile: {}\n",
-        pki.path().join("ca.crt").display()
-    );
-    let mut a = Agent::start_with_config("server-nodebug", &[], &config);
-    a.write("web.yaml", &pod_yaml("web", "Always", "echo hello-nodebug; sleep 3600"));
-    a.wait_phase("web", "Running", Duration::from_secs(30));
+    let (pki, port, healthz, mut a) =
+        agent_with_client_ca("server-nodebug", "enableDebuggingHandlers: false\n", "hello-nodebug");
     let pod = format!("web-{}", a.node);
 
     let base = format!("https://localhost:{port}");
