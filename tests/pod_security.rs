@@ -455,3 +455,109 @@ fn apparmor_runtime_default_confines_containers() {
         );
     }
 }
+
+/// Where SELinux is enabled (the cgroup v2 lane's second boot, with a small policy of its own:
+/// tests/vm/selinux), pods are labeled as containerd labels them: a pod that names a level runs
+/// its containers at it (a container's own type over its sandbox's label), a pod that names
+/// none gets a level no other pod holds; the rootfs, the container's tmpfs mounts and /dev/shm
+/// are mounted with the mount label, the emptyDir and the files the agent binds are relabeled
+/// to it, a file a container writes carries the level, and an exec'd process runs in the
+/// container's label. A hostPath keeps its label.
+#[test]
+fn selinux_labels_pods_containers_and_their_files() {
+    if !ferrolet_runtime::selinux::enabled() {
+        assert!(
+            std::env::var_os("FERROLET_REQUIRE_SELINUX").is_none(),
+            "FERROLET_REQUIRE_SELINUX is set but SELinux is not enabled here"
+        );
+        skip_loudly(
+            "selinux_labels_pods_containers_and_their_files",
+            "SELinux is not enabled on this kernel (the cgroup v2 lane's SELinux boot enables it)",
+        );
+        return;
+    }
+    let label = |p: &std::path::Path| ferrolet_runtime::selinux::file_label(p).unwrap().unwrap_or_default();
+    let a = Agent::start("selinux", &[]);
+    let host = a.host_dir();
+    std::fs::write(host.join("file"), "x").unwrap();
+    let host_label = label(&host);
+    let script = "echo attr=$(cat /proc/self/attr/current); \
+        grep -E ' (/|/dev|/dev/shm) ' /proc/mounts | sed 's/^/mount=/'; \
+        touch /data/from-$C; echo done; exec sleep 600";
+    let pod = |name: &str, pod_sc: &str, b_sc: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n{pod_sc}  volumes:\n  - {{name: data, emptyDir: {{}}}}\n  - {{name: host, hostPath: {{path: {}}}}}\n  containers:\n  - name: a\n    image: {IMAGE}\n    env: [{{name: C, value: a}}]\n    command: [sh, -c, {script:?}]\n    volumeMounts: [{{name: data, mountPath: /data}}, {{name: host, mountPath: /host}}]\n  - name: b\n    image: {IMAGE}\n    env: [{{name: C, value: b}}]\n    command: [sh, -c, {script:?}]\n    volumeMounts: [{{name: data, mountPath: /data}}]\n{b_sc}",
+            host.display()
+        )
+    };
+    a.write(
+        "named.yaml",
+        &pod(
+            "named",
+            "  securityContext:\n    seLinuxOptions: {level: \"s0:c123,c456\"}\n",
+            "    securityContext:\n      seLinuxOptions: {type: spc_t}\n",
+        ),
+    );
+    a.write("plain1.yaml", &pod("plain1", "", ""));
+    a.write("plain2.yaml", &pod("plain2", "", ""));
+    let line = |out: &str, key: &str| -> Vec<String> {
+        out.lines()
+            .filter_map(|l| l.strip_prefix(key))
+            .map(str::to_string)
+            .collect()
+    };
+    let level_of = |ctx: &str| ctx.splitn(4, ':').nth(3).unwrap_or_default().to_string();
+    let mut plain_levels = Vec::new();
+    for name in ["named", "plain1", "plain2"] {
+        a.wait_phase(name, "Running", T);
+        let p = a.pod(name).unwrap();
+        let uid = p.metadata.uid.clone().unwrap();
+        let pod_dir = a.root.join("pods").join(&uid);
+        let out_a = log_with_container(&a, name, "a", "done");
+        let out_b = log_with_container(&a, name, "b", "done");
+        let attr_a = line(&out_a, "attr=").pop().unwrap_or_default();
+        let attr_b = line(&out_b, "attr=").pop().unwrap_or_default();
+        let level = level_of(&attr_a);
+        if name == "named" {
+            assert_eq!(attr_a, "system_u:system_r:container_t:s0:c123,c456", "{out_a}");
+            assert_eq!(attr_b, "system_u:system_r:spc_t:s0:c123,c456", "{out_b}");
+        } else {
+            assert!(attr_a.starts_with("system_u:system_r:container_t:s0:c"), "{out_a}");
+            assert_eq!(attr_a, attr_b, "the containers of a pod share its label");
+            plain_levels.push(level.clone());
+        }
+        let mount_label = format!("system_u:object_r:container_file_t:{level}");
+        for out in [&out_a, &out_b] {
+            let mounts = line(out, "mount=");
+            assert!(mounts.len() >= 3, "{out}");
+            for m in &mounts {
+                assert!(m.contains(&format!("context=\"{mount_label}\"")), "{name}: {m}");
+            }
+        }
+        let data = pod_dir.join("volumes/kubernetes.io~empty-dir/data");
+        assert_eq!(label(&data), mount_label, "{name}: the emptyDir");
+        for c in ["a", "b"] {
+            let f = data.join(format!("from-{c}"));
+            assert_eq!(
+                level_of(&label(&f)),
+                level,
+                "{name}/{c}: a file the container wrote: {f:?}"
+            );
+        }
+        assert_eq!(label(&pod_dir.join("etc-hosts")), mount_label, "{name}: /etc/hosts");
+        // an exec'd process runs in the container's label
+        let out = a.cli(&[
+            "exec",
+            &format!("{name}-{}", a.node),
+            "-c",
+            "b",
+            "--",
+            "cat",
+            "/proc/self/attr/current",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.trim_end_matches(['\n', '\0']), attr_b, "{name}: exec");
+    }
+    assert_ne!(plain_levels[0], plain_levels[1], "each pod has a level of its own");
+    assert_eq!(label(&host), host_label, "a hostPath is never relabeled");
+}

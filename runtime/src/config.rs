@@ -42,6 +42,16 @@ pub struct ContainerConfig {
     /// in the kernel already; `None` leaves it as its parent's (unconfined).
     #[serde(default)]
     pub apparmor_profile: Option<String>,
+    /// The SELinux context the container's processes run in (OCI `process.selinuxLabel`),
+    /// its first one and every exec'd one; `None` leaves it as the parent's. Set only where
+    /// SELinux is enabled (crate::selinux).
+    #[serde(default)]
+    pub selinux_label: Option<String>,
+    /// The SELinux context of the files the container is given (OCI `linux.mountLabel`): its
+    /// rootfs overlay and the tmpfs and devpts mounts made for it are mounted with it
+    /// (`context=`). The caller relabels the directories it binds in.
+    #[serde(default)]
+    pub mount_label: Option<String>,
     /// Leave /proc paths unmasked (Kubernetes `procMount: Unmasked`).
     pub unmasked_proc: bool,
     pub namespaces: Namespaces,

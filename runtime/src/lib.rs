@@ -33,6 +33,7 @@ pub mod rootfs;
 mod runtime;
 pub mod seccomp;
 mod seccomp_filter;
+pub mod selinux;
 pub mod spec;
 mod tty;
 pub mod user;

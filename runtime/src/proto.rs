@@ -106,6 +106,10 @@ pub(crate) struct Confinement {
     /// host's privileges until then.
     #[serde(default)]
     pub join_user: Option<JoinUser>,
+    /// The SELinux context the process is to run in (`process.selinuxLabel`, which
+    /// libcontainer 0.7 does not apply), set for its execve.
+    #[serde(default)]
+    pub selinux_label: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -128,6 +132,8 @@ impl Confinement {
         if let Some(p) = spec.process_mut().as_mut() {
             c.capabilities = p.capabilities().clone();
             c.no_new_privileges = p.no_new_privileges() == Some(true);
+            c.selinux_label = p.selinux_label().clone().filter(|l| !l.is_empty());
+            p.set_selinux_label(None);
             p.set_capabilities(None);
             p.set_no_new_privileges(None);
         }

@@ -27,6 +27,20 @@ pub struct RootfsSpec {
     /// directory's root is owned by the container's root (host ids `uid`, `gid`).
     #[serde(default)]
     pub idmap: Option<RootIdmap>,
+    /// The container's SELinux mount label: the overlay is mounted with `context=` it.
+    #[serde(default)]
+    pub mount_label: Option<String>,
+}
+
+impl RootfsSpec {
+    /// The `context=` option of the mount label, quoted (a level has commas), with a leading
+    /// comma to append to the overlay's options; empty without a label.
+    fn context_option(&self) -> String {
+        match &self.mount_label {
+            Some(l) if !l.is_empty() => format!(",context=\"{l}\""),
+            _ => String::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -54,9 +68,10 @@ pub fn mount_overlay(spec: &RootfsSpec) -> io::Result<()> {
         spec.lowers.join(":")
     };
     let data = format!(
-        "lowerdir={lowers},upperdir={},workdir={}",
+        "lowerdir={lowers},upperdir={},workdir={}{}",
         spec.upper.display(),
-        spec.work.display()
+        spec.work.display(),
+        spec.context_option()
     );
     let r = nix::mount::mount(
         Some("overlay"),
@@ -99,10 +114,11 @@ fn mount_idmapped_overlay(spec: &RootfsSpec, idmap: &RootIdmap) -> io::Result<()
         std::env::set_current_dir(&staging)?;
         let lowers: Vec<String> = (0..layers.len()).map(|i| i.to_string()).collect();
         let data = format!(
-            "lowerdir={},upperdir={},workdir={}",
+            "lowerdir={},upperdir={},workdir={}{}",
             lowers.join(":"),
             spec.upper.display(),
-            spec.work.display()
+            spec.work.display(),
+            spec.context_option()
         );
         nix::mount::mount(
             Some("overlay"),

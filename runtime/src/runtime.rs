@@ -897,6 +897,7 @@ fn prepare(
                 uid: u.range.host,
                 gid: u.range.host,
             }),
+            mount_label: cfg.mount_label.clone().filter(|l| !l.is_empty()),
         },
         workdir,
         log,

@@ -261,6 +261,9 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
     if let Some(profile) = cfg.apparmor_profile.as_ref().filter(|p| !p.is_empty()) {
         process = process.apparmor_profile(profile.clone());
     }
+    if let Some(label) = cfg.selinux_label.as_ref().filter(|l| !l.is_empty()) {
+        process = process.selinux_label(label.clone());
+    }
     let mut process = process.build().context_cfg("process")?;
     // oci-spec's defaults are not a container runtime's: they set noNewPrivileges, a 1024
     // RLIMIT_NOFILE and inheritable and ambient capabilities. As containerd's and CRI-O's CRI:
@@ -435,7 +438,10 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
         .version("1.0.2")
         .process(process)
         .root(root)
-        .mounts(cgroup_v1_binds(mounts(cfg)?, input, &cgroups_path)?)
+        .mounts(labeled(
+            cgroup_v1_binds(mounts(cfg)?, input, &cgroups_path)?,
+            cfg.mount_label.as_deref(),
+        ))
         .linux(linux.build().context_cfg("linux")?)
         .annotations(
             cfg.annotations
@@ -580,6 +586,26 @@ fn mounts(cfg: &ContainerConfig) -> Result<Vec<OciMount>> {
         );
     }
     Ok(out)
+}
+
+/// The container's tmpfs and devpts mounts with `context=` its SELinux mount label, as runc
+/// mounts them (the rootfs overlay gets it from the monitor: rootfs.rs). Not through
+/// `linux.mountLabel`: libcontainer 0.7 would put the label on every mount but proc and sysfs,
+/// and the cgroup2 and mqueue superblocks, which already exist unlabeled, refuse a mount with
+/// other security settings (runc mounts those two without it). libcontainer mounts these with
+/// fsconfig, one option at a time, so the label's commas need no quoting.
+fn labeled(mut mounts: Vec<OciMount>, label: Option<&str>) -> Vec<OciMount> {
+    let Some(label) = label.filter(|l| !l.is_empty()) else {
+        return mounts;
+    };
+    for m in &mut mounts {
+        if matches!(m.typ().as_deref(), Some("tmpfs" | "devpts")) {
+            let mut opts = m.options().clone().unwrap_or_default();
+            opts.push(format!("context={label}"));
+            m.set_options(Some(opts));
+        }
+    }
+    mounts
 }
 
 /// On cgroup v1, a container that does not own its pid namespace (the pod's shared one, the

@@ -24,6 +24,7 @@ use crate::pod::fieldpath::PodFacts;
 use crate::pod::{self, qos};
 use crate::podsetup::dns;
 use crate::podsetup::sandbox::Sandbox;
+use crate::podsetup::selinux;
 use crate::podsetup::volumes::{self, VolumeHost};
 
 /// Where a pod's container logs go: `<podLogsDir>/<ns>_<name>_<uid>/<container>/<attempt>.log`.
@@ -92,6 +93,8 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     };
 
     let apparmor_profile = apparmor_profile(p, c, privileged, &cfg.root_dir)?;
+    let pods_dir = input.pod_dir.parent().unwrap_or(&input.pod_dir);
+    let selinux_labels = selinux::container_labels(input.sandbox.selinux.as_ref(), c, pods_dir);
 
     let ns_of = |p: &Option<PathBuf>| match p {
         Some(p) => NamespaceMode::Path(p.clone()),
@@ -183,6 +186,24 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     if !tm_path.is_empty() && !taken(&tm_path, &mounts) {
         mounts.push(bind(&tm_path, tm_file.clone(), false));
     }
+    if let Some(l) = &selinux_labels {
+        // What the agent made for the pod, labeled for this container (containerd's
+        // SelinuxRelabel, which kubelet asks for on these); never a hostPath.
+        let own_volumes = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter_map(|m| input.volumes.get(&m.name))
+            .map(|v| v.path.as_path())
+            .filter(|v| v.starts_with(&input.pod_dir));
+        let managed = mounts.iter().map(|m| m.source.as_path()).filter(|s| {
+            *s == tm_file
+                || ["etc-hosts", "hostname", "resolv.conf"]
+                    .iter()
+                    .any(|f| *s == input.pod_dir.join(f))
+        });
+        selinux::relabel_all(own_volumes.chain(managed), &l.mount.to_string())?;
+    }
 
     // In the dotted form, as kubelet sends them (sysctl.d's slash form converted).
     let sysctls: BTreeMap<String, String> = psc
@@ -238,6 +259,8 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         no_new_privileges: csc.allow_privilege_escalation == Some(false),
         seccomp,
         apparmor_profile,
+        selinux_label: selinux_labels.as_ref().map(|l| l.process.to_string()),
+        mount_label: selinux_labels.as_ref().map(|l| l.mount.to_string()),
         unmasked_proc: csc.proc_mount.as_deref() == Some("Unmasked"),
         namespaces,
         user_namespace,

@@ -1,11 +1,9 @@
 //! kubelet's admit handlers' answer (pkg/kubelet/lifecycle's PodAdmitResult): why the node
 //! refuses a pod. The handlers live with what they judge: podconfig's admission (resources,
-//! predicates, sysctls, the OS), podconfig::lsm (AppArmor, SELinux), eviction (node pressure).
+//! predicates, sysctls, the OS), podconfig::lsm (AppArmor), eviction (node pressure).
 
 /// kubelet's reason for a pod whose AppArmor profile cannot be enforced (soft admission).
 pub const REASON_APPARMOR: &str = "AppArmor";
-/// ferrolet's reason for a pod whose SELinux labels it cannot apply (soft admission).
-pub const REASON_SELINUX: &str = "SELinux";
 
 /// Why the node refuses a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,10 +14,10 @@ pub struct Rejection {
 
 impl Rejection {
     /// The message the pod's status carries: kubelet's rejectPod prefixes what a (hard) admit
-    /// handler said with "Pod was rejected: "; the AppArmor and SELinux checks are kubelet's
-    /// soft admission (canRunPod), whose message stands alone.
+    /// handler said with "Pod was rejected: "; the AppArmor check is kubelet's soft admission
+    /// (canRunPod), whose message stands alone.
     pub fn status_message(&self) -> String {
-        if self.reason == REASON_APPARMOR || self.reason == REASON_SELINUX {
+        if self.reason == REASON_APPARMOR {
             self.message.clone()
         } else {
             format!("Pod was rejected: {}", self.message)

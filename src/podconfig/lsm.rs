@@ -4,8 +4,8 @@
 //! "Cannot enforce AppArmor: AppArmor is not enabled on the host"; on a node that does, the
 //! profile is applied to the container's process (src/kuberuntime/container.rs). SELinux: as
 //! kubelet and containerd, seLinuxOptions are ignored (said once) where SELinux is not enabled;
-//! where it is, ferrolet labels nothing yet, so such a pod is refused (reason `SELinux`) rather
-//! than run without the labels it asked for. docs/agent.md#apparmor-and-selinux
+//! where it is, pods and containers are labeled (src/podsetup/selinux.rs, docs/selinux.md).
+//! docs/agent.md#apparmor-and-selinux
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use k8s_openapi::api::core::v1::{Container, Pod, SELinuxOptions};
 
 use crate::lifecycle::admit::Rejection;
-pub use crate::lifecycle::admit::{REASON_APPARMOR, REASON_SELINUX};
+pub use crate::lifecycle::admit::REASON_APPARMOR;
 use crate::pod;
 /// The deprecated per-container annotation (`<prefix><container name>`).
 pub const APPARMOR_ANNOTATION_PREFIX: &str = "container.apparmor.security.beta.kubernetes.io/";
@@ -100,11 +100,7 @@ pub fn apparmor_enabled(root: &Path) -> bool {
 
 /// go-selinux's GetEnabled, in short: selinuxfs is mounted and the process has a context.
 pub fn selinux_enabled(root: &Path) -> bool {
-    root.join("sys/fs/selinux/enforce").exists()
-        && std::fs::read_to_string(root.join("proc/self/attr/current")).is_ok_and(|c| {
-            let c = c.trim_end_matches(['\n', '\0']);
-            !c.is_empty() && c != "kernel"
-        })
+    ferrolet_runtime::selinux::enabled_at(root)
 }
 
 /// Whether the profile of an AppArmor-enabled node's kernel has `name` loaded.
@@ -121,7 +117,8 @@ fn selinux_set(o: Option<&SELinuxOptions>) -> bool {
     })
 }
 
-/// The refusal of a pod whose AppArmor or SELinux settings `host` cannot enforce.
+/// The refusal of a pod whose AppArmor settings `host` cannot enforce. SELinux options never
+/// refuse a pod: they are applied where SELinux is enabled and ignored where not.
 pub fn admit(p: &Pod, host: Host) -> Result<(), Rejection> {
     let apparmor = |why: String| Rejection {
         reason: REASON_APPARMOR.into(),
@@ -146,16 +143,7 @@ pub fn admit(p: &Pod, host: Host) -> Result<(), Rejection> {
             }
         }
     }
-    let spec = pod::spec(p);
-    let pod_level = selinux_set(spec.security_context.as_ref().and_then(|s| s.se_linux_options.as_ref()));
-    let asking: Vec<&str> = pod::all_containers(p)
-        .filter(|c| pod_level || selinux_set(c.security_context.as_ref().and_then(|s| s.se_linux_options.as_ref())))
-        .map(|c| c.name.as_str())
-        .collect();
-    if asking.is_empty() {
-        return Ok(());
-    }
-    if !host.selinux {
+    if !host.selinux && selinux_asked(p) {
         // As kubelet and containerd: labels apply only where SELinux is enabled.
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -164,15 +152,16 @@ pub fn admit(p: &Pod, host: Host) -> Result<(), Rejection> {
                 "seLinuxOptions ignored: SELinux is not enabled on the host (said once)"
             );
         }
-        return Ok(());
     }
-    Err(Rejection {
-        reason: REASON_SELINUX.into(),
-        message: format!(
-            "Cannot enforce SELinux: ferrolet does not apply SELinux labels (seLinuxOptions of {})",
-            asking.join(", ")
-        ),
-    })
+    Ok(())
+}
+
+/// Some container of `p` (or the pod) has seLinuxOptions.
+fn selinux_asked(p: &Pod) -> bool {
+    let spec = pod::spec(p);
+    selinux_set(spec.security_context.as_ref().and_then(|s| s.se_linux_options.as_ref()))
+        || pod::all_containers(p)
+            .any(|c| selinux_set(c.security_context.as_ref().and_then(|s| s.se_linux_options.as_ref())))
 }
 
 #[cfg(test)]
@@ -240,24 +229,21 @@ mod tests {
     }
 
     #[test]
-    fn selinux_options_run_where_selinux_is_off_and_are_refused_where_labels_cannot_apply() {
+    fn selinux_options_never_refuse_a_pod() {
         let p = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": [
             {"name": "a", "image": "i"},
             {"name": "b", "image": "i", "securityContext": {"seLinuxOptions": {"level": "s0:c123,c456"}}}]}}));
+        assert!(selinux_asked(&p));
         assert!(admit(&p, NONE).is_ok());
         let selinux = Host {
             apparmor: false,
             selinux: true,
         };
-        let e = admit(&p, selinux).unwrap_err();
-        assert_eq!(e.reason, "SELinux");
-        assert_eq!(
-            e.message,
-            "Cannot enforce SELinux: ferrolet does not apply SELinux labels (seLinuxOptions of b)"
-        );
+        assert!(admit(&p, selinux).is_ok());
         // Empty options ask for nothing.
         let none = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {
             "securityContext": {"seLinuxOptions": {}}, "containers": [{"name": "a", "image": "i"}]}}));
+        assert!(!selinux_asked(&none));
         assert!(admit(&none, NONE).is_ok());
     }
 

@@ -11,6 +11,7 @@ pub mod dns;
 pub mod network;
 pub mod payloads;
 pub mod sandbox;
+pub mod selinux;
 pub mod userns;
 pub mod volumes;
 

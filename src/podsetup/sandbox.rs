@@ -44,6 +44,10 @@ pub struct Sandbox {
     /// network of its own or networking is off.
     #[serde(default)]
     pub network: Option<String>,
+    /// The pod's SELinux labels, where SELinux is enabled (super::selinux): its containers'
+    /// unless they ask otherwise, and its /dev/shm's.
+    #[serde(default)]
+    pub selinux: Option<super::selinux::SandboxLabels>,
 }
 
 pub fn sandbox_dir(pod_dir: &Path) -> PathBuf {
@@ -140,15 +144,20 @@ pub fn finish(
     userns: Option<IdRange>,
 ) -> Result<Sandbox> {
     let dir = sandbox_dir(pod_dir);
+    let selinux = super::selinux::sandbox_labels(p, pod_dir.parent().unwrap_or(pod_dir));
     let shm = if own.ipc {
         let shm = dir.join("shm");
         std::fs::create_dir_all(&shm)?;
+        let context = selinux
+            .as_ref()
+            .map(|l| format!(",context=\"{}\"", l.mount))
+            .unwrap_or_default();
         nix::mount::mount(
             Some("shm"),
             &shm,
             Some("tmpfs"),
             nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC,
-            Some("mode=1777,size=65536k"),
+            Some(format!("mode=1777,size=65536k{context}").as_str()),
         )
         .context("mounting the pod's /dev/shm")?;
         shm
@@ -169,6 +178,7 @@ pub fn finish(
         pod_ips: Vec::new(),
         boot_id: ferrolet_fsutil::boot_id(),
         network: None,
+        selinux,
     };
     // Saved before any network exists, so a crash after this leaves an id to tear down.
     save(pod_dir, &sb)?;

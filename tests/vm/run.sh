@@ -2,8 +2,10 @@
 # The cgroup v2 lane. These machines are cgroup v1/hybrid, so this boots Debian's 6.1 kernel
 # under QEMU (software emulation: the host's /dev/kvm cannot run a stock kernel) with
 # cgroup_no_v1=all, shares this checkout with the guest over 9p at the same path, and runs the
-# runtime's container tests and the agent's static pod tests there. Exit status: the guest
-# suite's. Logs: target/vm/results/.
+# runtime's container tests and the agent's static pod tests there (AppArmor enforced, as
+# Debian boots); then boots it once more with SELinux instead (security=selinux, a small
+# policy of tests/vm/selinux loaded permissive) for the SELinux labeling test. Exit status: the
+# guest suites'. Logs: target/vm/results/.
 #
 #   tests/vm/run.sh            build what is missing, boot, run, summarize
 #   VM_TIMEOUT=1800 ...        seconds before the guest is given up on (default 1500)
@@ -18,7 +20,7 @@ mkdir -p "$cache" "$results"
 rm -f "$results"/*
 
 need=()
-for p in qemu-system-x86 kmod cpio xz-utils busybox-static; do
+for p in qemu-system-x86 kmod cpio xz-utils busybox-static checkpolicy; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -96,9 +98,15 @@ agent-resources $resources --test-threads 1
 agent-eviction $eviction --test-threads 1 memory_pressure_evicts_besteffort_before_burstable_within_requests
 agent-pod-security env TMPDIR=/disk/tmp $pod_security --test-threads 1
 PLAN
+# The SELinux boot's plan.
+cat >"$results/plan-selinux" <<PLAN
+agent-selinux env FERROLET_REQUIRE_SELINUX=1 $pod_security --test-threads 1 selinux_labels_pods_containers_and_their_files
+PLAN
 if [ -n "${VM_ONLY:-}" ]; then
-  grep -E "^(${VM_ONLY}) " "$results/plan" >"$results/plan.only" || true
-  mv "$results/plan.only" "$results/plan"
+  for plan in plan plan-selinux; do
+    grep -E "^(${VM_ONLY}) " "$results/$plan" >"$results/$plan.only" || true
+    mv "$results/$plan.only" "$results/$plan"
+  done
 fi
 
 # 3. The initramfs: busybox, the modules with their dependencies first, the shared libraries
@@ -110,6 +118,11 @@ cp /bin/busybox "$root/bin/busybox"
 cp "$aa/sbin/apparmor_parser" "$root/sbin/apparmor_parser"
 cp "$repo/tests/vm/init" "$root/init"
 chmod +x "$root/init"
+# SELinux's policy (compiled here) and its container contexts, for the SELinux boot.
+mkdir -p "$root/etc/selinux/ferrolet-test/contexts" "$root/etc/selinux/ferrolet-test/policy"
+cp "$repo/tests/vm/selinux/config" "$root/etc/selinux/config"
+cp "$repo/tests/vm/selinux/lxc_contexts" "$root/etc/selinux/ferrolet-test/contexts/lxc_contexts"
+checkpolicy -M -U allow -o "$root/etc/selinux/ferrolet-test/policy/policy.33" "$repo/tests/vm/selinux/policy.conf" >/dev/null
 echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
 echo "root:x:0:" >"$root/etc/group"
 mods=$kdir/lib/modules/$kver
@@ -143,42 +156,48 @@ rm -f "$work/disk.img"
 truncate -s 8G "$work/disk.img"
 mkfs.ext4 -q -F -L ferrolet-vm "$work/disk.img"
 
-# 5. Boot.
-echo "vm: booting Linux $kver with cgroup v2 only (software emulation)"
-start=$(date +%s)
-set +e
-timeout "${VM_TIMEOUT:-1500}" qemu-system-x86_64 -cpu max -m 2048 -smp 2 -nographic -no-reboot \
-  -kernel "$vmlinux" -initrd "$work/initrd.gz" \
-  -append "console=ttyS0 quiet cgroup_no_v1=all panic=-1 ferrolet.repo=$repo" \
-  -virtfs "local,path=$repo,mount_tag=host0,security_model=none,id=host0" \
-  -drive "file=$work/disk.img,format=raw,if=virtio,cache=unsafe" \
-  </dev/null >"$results/console.log" 2>&1
-qemu_rc=$?
-set -e
-elapsed=$(($(date +%s) - start))
-grep '^VM:' "$results/console.log" || true
-
-# 6. Summary.
+# 5. Boot: once as Debian boots (AppArmor), once with SELinux, each running its plan.
 fail=0
-while read -r name _; do
-  [ -z "$name" ] && continue
-  rc=$(cat "$results/$name.rc" 2>/dev/null || echo missing)
-  summary=$(grep -E '^test result:' "$results/$name.log" 2>/dev/null | tail -1)
-  echo "vm: $name: exit $rc ${summary}"
-  if [ "$rc" != 0 ]; then
+boot() {
+  local plan=$1 append=$2 start elapsed qemu_rc name rc summary
+  [ -s "$results/$plan" ] || return 0
+  echo "vm: booting Linux $kver with cgroup v2 only${append:+ ($append)} (software emulation)"
+  start=$(date +%s)
+  set +e
+  timeout "${VM_TIMEOUT:-1500}" qemu-system-x86_64 -cpu max -m 2048 -smp 2 -nographic -no-reboot \
+    -kernel "$vmlinux" -initrd "$work/initrd.gz" \
+    -append "console=ttyS0 quiet cgroup_no_v1=all panic=-1 ferrolet.repo=$repo ferrolet.plan=$plan $append" \
+    -virtfs "local,path=$repo,mount_tag=host0,security_model=none,id=host0" \
+    -drive "file=$work/disk.img,format=raw,if=virtio,cache=unsafe" \
+    </dev/null >"$results/console-$plan.log" 2>&1
+  qemu_rc=$?
+  set -e
+  elapsed=$(($(date +%s) - start))
+  grep '^VM:' "$results/console-$plan.log" || true
+
+  # 6. Summary.
+  while read -r name _; do
+    [ -z "$name" ] && continue
+    rc=$(cat "$results/$name.rc" 2>/dev/null || echo missing)
+    summary=$(grep -E '^test result:' "$results/$name.log" 2>/dev/null | tail -1)
+    echo "vm: $name: exit $rc ${summary}"
+    if [ "$rc" != 0 ]; then
+      fail=1
+      grep -E '^(test .* FAILED|---- )' "$results/$name.log" 2>/dev/null | head -20 || true
+    fi
+  done <"$results/$plan"
+  if [ -s "$results/cgroups-left-$plan" ]; then
+    echo "vm: cgroups left behind in the guest:"
+    sed 's/^/  /' "$results/cgroups-left-$plan"
     fail=1
-    grep -E '^(test .* FAILED|---- )' "$results/$name.log" 2>/dev/null | head -20 || true
   fi
-done <"$results/plan"
-if [ -s "$results/cgroups-left" ]; then
-  echo "vm: cgroups left behind in the guest:"
-  sed 's/^/  /' "$results/cgroups-left"
-  fail=1
-fi
+  echo "vm: guest ran ${elapsed}s (qemu exit $qemu_rc); logs in $results"
+  if [ "$qemu_rc" = 124 ]; then
+    echo "vm: the guest did not finish within ${VM_TIMEOUT:-1500}s" >&2
+    fail=1
+  fi
+}
+boot plan ""
+boot plan-selinux "security=selinux"
 rm -f "$work/disk.img"
-echo "vm: guest ran ${elapsed}s (qemu exit $qemu_rc); logs in $results"
-if [ "$qemu_rc" = 124 ]; then
-  echo "vm: the guest did not finish within ${VM_TIMEOUT:-1500}s" >&2
-  fail=1
-fi
 exit $fail

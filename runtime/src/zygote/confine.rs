@@ -1,5 +1,6 @@
 //! The last steps before a container's process runs its program: the container's
-//! capabilities, noNewPrivileges and seccomp filter, for its first process and for exec'd ones.
+//! SELinux process label, capabilities, noNewPrivileges and seccomp filter, for its first
+//! process and for exec'd ones.
 //! libcontainer gets a spec without them: its tenant builder would drop the seccomp profile (an
 //! exec'd process would run unfiltered), and it would compile the profile with libseccomp in
 //! every process, where the zygote compiles each profile once (`seccomp_filter`). This executor
@@ -28,6 +29,9 @@ pub(crate) struct ConfinedExecutor {
 impl ConfinedExecutor {
     fn confine(&self) -> Result<(), String> {
         let c = &self.confinement;
+        if let Some(label) = &c.selinux_label {
+            crate::selinux::set_exec_label(label).map_err(|e| e.to_string())?;
+        }
         if let Some(j) = &c.join_user {
             join_user_namespace(j)?;
         }
