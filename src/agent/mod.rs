@@ -3,12 +3,13 @@
 //! the main loop ([`sync_loop`]), the background duties, and the servers (HTTP API, CLI socket,
 //! exec socket). Stopping the agent leaves the pods running; the next start adopts them.
 
+mod cgroup_tree;
 mod code_pages;
 pub mod record;
 pub mod run_once;
 mod sync_loop;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,7 +34,7 @@ use crate::status::StatusManager;
 use crate::tasks::{blocking, spawn_loop, supervise, AfterQuiet, Liveness};
 use crate::worker::cleanup::containers_by_pod;
 use crate::worker::{Managers, PodWorkers};
-use record::{load_record, load_record_at_start, save_record};
+use record::{load_record, save_record};
 use sync_loop::Event;
 
 /// Only one agent per root dir.
@@ -49,114 +50,44 @@ fn lock_root(root: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .map_err(|_| anyhow!("another ferrolet is running with --root-dir {}", root.display()))
 }
 
-/// `dir` and its ancestors up to (not including) the first for which `stop` holds, outermost
-/// first.
-fn up_to(dir: &Path, stop: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
-    let mut chain: Vec<PathBuf> = dir
-        .ancestors()
-        .take_while(|p| !stop(p))
-        .map(Path::to_path_buf)
-        .collect();
-    chain.reverse();
-    chain
-}
-
-/// The cgroup directories the kubepods tree will need that do not exist yet (recorded so
-/// `ferrolet reset` can remove exactly those).
-fn missing_cgroup_dirs(rt: &Runtime, kubepods: &str) -> Vec<PathBuf> {
-    rt.cgroups()
-        .dirs(kubepods)
-        .iter()
-        .flat_map(|dir| up_to(dir, Path::exists))
-        .collect()
-}
-
-/// The directories of `cgroup` (in every hierarchy) strictly below `root` that exist,
-/// outermost first.
-fn existing_dirs_below(rt: &Runtime, root: &str, cgroup: &str) -> Vec<PathBuf> {
-    let cg = rt.cgroups();
-    cg.dirs(root)
-        .into_iter()
-        .zip(cg.dirs(cgroup))
-        .flat_map(|(top, dir)| up_to(&dir, |p| p == top || !p.starts_with(&top)))
-        .filter(|d| d.exists())
-        .collect()
-}
-
 /// How often a pod network that is not ready is tried again (kubelet's runtime status period).
 const NETWORK_STATUS_EVERY: Duration = Duration::from_secs(5);
 
-/// The leaf cgroup the agent moves into on cgroup v2 when its own cgroup holds kubepods.
-const AGENT_LEAF: &str = "ferrolet.agent";
-
-/// The pod cgroup tree: the agent's own cgroup as the default root (moving the agent and its
-/// zygote into a leaf on v2), what it is about to create recorded in agent.json first, then the
-/// QoS level cgroups.
-fn setup_cgroups(
-    cfg: &Config,
-    rt: &Runtime,
-) -> Result<(
-    PodCgroups,
-    ferrolet_runtime::cgroups::CgroupLimits,
-    crate::node::allocatable::Resources,
-)> {
-    let cgroups = PodCgroups::new(cfg, rt.cgroups())?;
-    // cgroup v2 forbids processes beside child cgroups: with the agent's own cgroup as the
-    // parent of kubepods, the agent (and its zygote, and so the monitors) move into a leaf.
-    let own = cgroups.root();
-    let leaf = (cfg.cgroup_root.is_empty() && rt.cgroups().is_v2() && !own.is_empty() && own != "/")
-        .then(|| format!("{own}/{AGENT_LEAF}"));
-    let (mut record, unreadable) = load_record_at_start(&cfg.root_dir);
-    if record.cgroup_root != own {
-        record.created_cgroup_dirs.clear();
-    }
-    if let Some(e) = &unreadable {
-        // What an earlier run created below the pod cgroup root is the agent's whoever made
-        // it; whether the root's own missing ancestors were is lost with the record.
-        let ours = existing_dirs_below(rt, own, &cgroups.kubepods())
-            .into_iter()
-            .chain(leaf.iter().flat_map(|l| existing_dirs_below(rt, own, l)))
-            .collect::<Vec<_>>();
-        warn!(
-            error = %e,
-            taken_as_the_agents = %ours.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
-            "agent.json unreadable: a new one is written; the existing cgroups below the pod cgroup root are recorded as the agent's (reset removes them), any parent of {own} an earlier run created is not known and stays"
-        );
-        record.created_cgroup_dirs.extend(ours);
-    }
-    record.cgroup_root = own.to_string();
-    record.pod_logs_dir = cfg.pod_logs_dir.clone();
-    record.container_log_link_dir = cfg.container_log_link_dir.clone();
-    let mut to_create = missing_cgroup_dirs(rt, &cgroups.kubepods());
-    to_create.extend(leaf.iter().flat_map(|l| missing_cgroup_dirs(rt, l)));
-    for d in to_create {
-        if !record.created_cgroup_dirs.contains(&d) {
-            record.created_cgroup_dirs.push(d);
-        }
-    }
-    // Recorded before anything is created, so a crash in between leaves nothing unknown.
-    save_record(&cfg.root_dir, &record)?;
-    if leaf.is_some() {
-        let me = std::process::id() as i32;
-        ferrolet_runtime::cgroups::vacate_own_cgroup(rt.cgroups(), own, AGENT_LEAF, &[me, rt.zygote_pid()])?;
-    }
-    // kubepods gets the node allocatable (kubelet's createNodeAllocatableCgroups).
-    let capacity = crate::node::machine::capacity(&cfg.root_dir, cfg.max_pods);
-    let kubepods_limits = crate::cm::node_allocatable::kubepods_limits_for(cfg, &capacity, &cgroups);
-    if cfg.cgroups_per_qos {
-        cgroups
-            .init(&kubepods_limits)
-            .context("creating the kubepods cgroups")?;
-    }
-    info!(cgroup_root = %cgroups.root(), v2 = rt.cgroups().is_v2(), "pod cgroups");
-    Ok((cgroups, kubepods_limits, capacity))
-}
-
+/// The agent, in kubelet's order: the host prepared, the runtime opened, the cluster joined
+/// (when there is one), the managers the pod workers share, the sources feeding the pod
+/// config, the background duties, the servers; then it waits for a signal. Stopping leaves the
+/// pods running.
 pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Result<()> {
     for w in &warnings {
         warn!("config: {w}");
     }
-    let mut cfg = Arc::new(cfg);
+    let (cfg, _lock) = prepare_host(cfg)?;
+    let opened = open_runtime(&cfg, zygote).await?;
+    let mut joined = join_cluster(cfg, &opened.rt).await?;
+    let cfg = joined.cfg.clone();
+    let managers = build_managers(&opened, &mut joined).await?;
+    let sources = start_sources(&managers, &joined, opened.adoptable);
+    if cfg.run_once {
+        // As kubelet: no servers; the pods of the first update are run and reported, and the
+        // agent exits, leaving them as they are.
+        info!(node = %cfg.node_name, root = %cfg.root_dir.display(), "ferrolet started in runOnce mode");
+        run_once::run(sources.first_update, managers.pods.clone()).await?;
+        info!("Started kubelet as runonce");
+        return Ok(());
+    }
+    let stats = start_duties(&managers, opened.import, &sources.events)?;
+    serve(&managers, &joined, stats).await?;
+    wait_for_signal().await?;
+    info!("shutting down; pods keep running and are adopted by the next start");
+    let _ = std::fs::remove_file(cfg.socket_path());
+    let _ = std::fs::remove_file(cfg.exec_socket_path());
+    Ok(())
+}
+
+/// The host made ready for the agent: open-files limit and OOM score, the root directory
+/// locked (one agent per root), the directories it writes, dead log links removed.
+fn prepare_host(cfg: Config) -> Result<(Arc<Config>, nix::fcntl::Flock<std::fs::File>)> {
+    let cfg = Arc::new(cfg);
     raise_open_files_limit();
     // kubelet's oomScoreAdj: the agent is the last process the kernel picks.
     match crate::cm::apply_own_oom_score_adj(cfg.cm.oom_score_adj) {
@@ -167,7 +98,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         Err(e) => warn!(error = %format!("{e:#}"), "Failed to ApplyOOMScoreAdj"),
     }
     std::fs::create_dir_all(&cfg.root_dir).with_context(|| format!("creating {}", cfg.root_dir.display()))?;
-    let _lock = lock_root(&cfg.root_dir)?;
+    let lock = lock_root(&cfg.root_dir)?;
     for d in [cfg.pods_dir(), cfg.pod_logs_dir.clone(), cfg.image_import_dir.clone()] {
         std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
     }
@@ -185,7 +116,24 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             let _ = std::fs::create_dir_all(p);
         }
     }
+    Ok((cfg, lock))
+}
 
+/// What [`open_runtime`] found and made.
+struct Opened {
+    rt: Arc<Runtime>,
+    /// The containers of an earlier run, by pod, for the pod workers to adopt.
+    adoptable: std::collections::HashMap<String, Vec<String>>,
+    import: ImportDir,
+    cgroups: PodCgroups,
+    kubepods_limits: ferrolet_runtime::cgroups::CgroupLimits,
+    capacity: crate::node::allocatable::Resources,
+}
+
+/// The runtime opened on the root dir: its mounts isolated, what an interrupted run
+/// half-made removed, the containers of an earlier run found, the demo and dropped images
+/// loaded, the pod cgroup tree made.
+async fn open_runtime(cfg: &Arc<Config>, zygote: ZygoteHandle) -> Result<Opened> {
     let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote)?);
     // Before the first pod: containers are then built without the other pods' mounts in their
     // mount table, so a start does not grow with the pods running (docs/start-path.md).
@@ -222,13 +170,40 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         })
         .await?
     };
-
     let (cgroups, kubepods_limits, capacity) = {
         let (cfg, rt) = (cfg.clone(), rt.clone());
-        blocking(move || setup_cgroups(&cfg, &rt)).await?
+        blocking(move || cgroup_tree::setup_cgroups(&cfg, &rt)).await?
     };
-    // In a cluster: the node's API client, first (a bad credential ends the start here).
-    // runOnce runs the static pods only, as a standalone node.
+    Ok(Opened {
+        rt,
+        adoptable,
+        import,
+        cgroups,
+        kubepods_limits,
+        capacity,
+    })
+}
+
+/// What [`join_cluster`] gives: on a standalone node, no client and no Node object.
+struct Joined {
+    /// The configuration, with the Node's podCIDR in a cluster with the built-in bridge.
+    cfg: Arc<Config>,
+    kube: Option<Kube>,
+    events: Recorder,
+    mirrors: Option<MirrorQueue>,
+    node: NodeInfo,
+    /// The Node kept up in the background; the managers take it.
+    node_handle: Option<crate::node::cluster::NodeHandle>,
+    /// Whether the pod network is ready (the Node's Ready condition), filled once it is built.
+    network_status: crate::podsetup::network::NetworkStatus,
+    /// The eviction manager's conditions (the manager starts once the stats do).
+    eviction: crate::eviction::Eviction,
+}
+
+/// In a cluster: the node's API client (a bad credential ends the start here), the event
+/// recorder and mirror pods through it, the Node registered and kept up in the background,
+/// and its podCIDR. Standalone (and runOnce): a recorder of its own.
+async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined> {
     if cfg.run_once && cfg.in_cluster() {
         warn!("runOnce: only the static pod sources are run; the cluster's kubeconfig is not used");
     }
@@ -252,11 +227,8 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         let cfg = cfg.clone();
         blocking(move || Ok(NodeInfo::detect(&cfg))).await?
     };
-    // Whether the pod network is ready (the Node's Ready condition), filled once it is built.
     let network_status = crate::podsetup::network::NetworkStatus::default();
-    // The eviction manager's conditions (the manager starts once the stats do).
     let eviction = crate::eviction::Eviction::new(cfg.in_cluster());
-    // In a cluster: the Node (registered and kept up in the background) and its podCIDR.
     let mut node_handle = None;
     if let Some(kube) = &kube {
         let images: crate::node::cluster::ImageList = {
@@ -282,64 +254,42 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         }
         node_handle = Some(handle);
     }
-    // The container manager: node allocatable enforced, the QoS tiers kept from the pods,
-    // node OOM kills reported.
+    Ok(Joined {
+        cfg,
+        kube,
+        events,
+        mirrors,
+        node,
+        node_handle,
+        network_status,
+        eviction,
+    })
+}
+
+/// The managers the pod workers share: the container manager (node allocatable, QoS tiers,
+/// OOM watcher), pod setup with its network and objects, the image manager and its puller,
+/// the status manager; and the network status loop.
+async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Managers>> {
+    let (cfg, rt, events) = (&joined.cfg, &opened.rt, &joined.events);
     {
-        let (cfg, cgroups, events) = (cfg.clone(), cgroups.clone(), events.clone());
-        blocking(move || crate::cm::node_allocatable::enforce(&cfg, &cgroups, kubepods_limits, &events)).await?;
+        let (cfg, cgroups, events, limits) = (
+            cfg.clone(),
+            opened.cgroups.clone(),
+            events.clone(),
+            opened.kubepods_limits.clone(),
+        );
+        blocking(move || crate::cm::node_allocatable::enforce(&cfg, &cgroups, limits, &events)).await?;
     }
     let pods = Arc::new(PodManager::default());
-    let qos = {
-        let allocatable_memory = crate::cm::node_allocatable::kubepods_limits(
-            &capacity,
-            None,
-            cfg.system_reserved,
-            cfg.kube_reserved,
-            true,
-            &[],
-        )
-        .memory_limit
-        .unwrap_or(0);
-        let table = pods.clone();
-        let active: crate::cm::qos::ActivePods = Arc::new(move || {
-            table
-                .entries()
-                .into_iter()
-                .filter(|e| !matches!(e.status.phase.as_deref(), Some("Succeeded" | "Failed")))
-                .map(|e| e.pod)
-                .collect()
-        });
-        Arc::new(crate::cm::qos::QosManager::new(
-            cgroups.clone(),
-            allocatable_memory,
-            cfg.cm.qos_reserved_memory,
-            active,
-        ))
-    };
-    {
-        // Right away (kubelet's first round runs at start), then periodically.
-        let q = qos.clone();
-        blocking(move || {
-            q.update(None, None);
-            Ok(())
-        })
-        .await?;
-        let (qos, every) = (qos.clone(), cfg.cm.qos_update_period);
-        spawn_loop("qos tiers", every, move || {
-            let qos = qos.clone();
-            async move {
-                tokio::time::sleep(every).await;
-                let _ = blocking(move || {
-                    qos.update(None, None);
-                    Ok(())
-                })
-                .await;
-                true
-            }
-        });
-    }
+    let qos = qos_manager(cfg, &opened.capacity, &opened.cgroups, &pods).await?;
     crate::cm::oom_watcher::start(events.clone());
-    let setup = PodSetup::new(cfg.clone(), rt.clone(), cgroups, network_status.clone())?.with_qos(qos);
+    let setup = PodSetup::new(
+        cfg.clone(),
+        rt.clone(),
+        opened.cgroups.clone(),
+        joined.network_status.clone(),
+    )?
+    .with_qos(qos);
     {
         let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
         blocking(move || {
@@ -351,9 +301,8 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
     // Before any pod worker: collects the network of sandboxes that are gone.
     setup.network().init().await;
-
     // In a cluster, pods' ConfigMaps, Secrets, tokens and Services come from the API server.
-    let setup = match &kube {
+    let setup = match &joined.kube {
         Some(k) => setup.with_objects(crate::objects::ObjectManager::new(k.clone(), &cfg.node_name)),
         None => setup,
     };
@@ -363,21 +312,24 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         let (cfg, rt) = (cfg.clone(), rt.clone());
         blocking(move || start_puller(&cfg, &rt)).await?
     };
-    watch_registries(&cfg, puller.clone());
-    let liveness = Arc::new(Liveness::default());
+    watch_registries(cfg, puller.clone());
     let managers = Arc::new(Managers {
         cfg: cfg.clone(),
         rt: rt.clone(),
-        node: node.clone(),
+        node: joined.node.clone(),
         pods: pods.clone(),
-        status: StatusManager::new(pods.clone(), kube.clone().map(ApiStatusWriter::start), mirrors.clone()),
+        status: StatusManager::new(
+            pods,
+            joined.kube.clone().map(ApiStatusWriter::start),
+            joined.mirrors.clone(),
+        ),
         setup,
-        images: image_manager(&cfg, &rt, &puller, objects, events.clone())?,
-        liveness: liveness.clone(),
+        images: image_manager(cfg, rt, &puller, objects, events.clone())?,
+        liveness: Arc::new(Liveness::default()),
         events: events.clone(),
-        mirrors: mirrors.clone(),
-        node_api: node_handle,
-        eviction: eviction.clone(),
+        mirrors: joined.mirrors.clone(),
+        node_api: joined.node_handle.take(),
+        eviction: joined.eviction.clone(),
         pods_settled: AfterQuiet::spawn(code_pages::SETTLE, || release_unused_memory("pods settled")),
         sysctls: crate::pod::sysctl::Allowlist::new(&cfg.allowed_unsafe_sysctls)
             .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
@@ -395,8 +347,74 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             }
         });
     }
+    Ok(managers)
+}
 
-    // Sources -> pod config -> pod workers.
+/// The QoS tiers' manager, updated once right away (kubelet's first round runs at start),
+/// then every qosUpdatePeriod.
+async fn qos_manager(
+    cfg: &Arc<Config>,
+    capacity: &crate::node::allocatable::Resources,
+    cgroups: &PodCgroups,
+    pods: &Arc<PodManager>,
+) -> Result<Arc<crate::cm::qos::QosManager>> {
+    let allocatable_memory =
+        crate::cm::node_allocatable::kubepods_limits(capacity, None, cfg.system_reserved, cfg.kube_reserved, true, &[])
+            .memory_limit
+            .unwrap_or(0);
+    let table = pods.clone();
+    let active: crate::cm::qos::ActivePods = Arc::new(move || {
+        table
+            .entries()
+            .into_iter()
+            .filter(|e| !matches!(e.status.phase.as_deref(), Some("Succeeded" | "Failed")))
+            .map(|e| e.pod)
+            .collect()
+    });
+    let qos = Arc::new(crate::cm::qos::QosManager::new(
+        cgroups.clone(),
+        allocatable_memory,
+        cfg.cm.qos_reserved_memory,
+        active,
+    ));
+    let q = qos.clone();
+    blocking(move || {
+        q.update(None, None);
+        Ok(())
+    })
+    .await?;
+    let (q, every) = (qos.clone(), cfg.cm.qos_update_period);
+    spawn_loop("qos tiers", every, move || {
+        let q = q.clone();
+        async move {
+            tokio::time::sleep(every).await;
+            let _ = blocking(move || {
+                q.update(None, None);
+                Ok(())
+            })
+            .await;
+            true
+        }
+    });
+    Ok(qos)
+}
+
+/// What [`start_sources`] gives.
+struct Sources {
+    /// Into the main loop (housekeeping, eviction requests).
+    events: mpsc::UnboundedSender<Event>,
+    /// runOnce: the first update, once its pods ran.
+    first_update: tokio::sync::oneshot::Receiver<Vec<Arc<k8s_openapi::api::core::v1::Pod>>>,
+}
+
+/// Sources -> pod config -> pod workers: the manifest directory, the manifest URL and the API
+/// server feeding the main loop, which the pod workers are started under.
+fn start_sources(
+    managers: &Arc<Managers>,
+    joined: &Joined,
+    adoptable: std::collections::HashMap<String, Vec<String>>,
+) -> Sources {
+    let cfg = &joined.cfg;
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
     let mut sources = Vec::new();
     if let Some(path) = cfg.static_pod_path.clone() {
@@ -418,9 +436,9 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             HttpSource::new(url.clone(), headers.clone(), node_name.clone()).run(snapshots_to(tx.clone()), every)
         });
     }
-    if let Some(kube) = kube.clone() {
+    if let Some(kube) = joined.kube.clone() {
         sources.push(crate::pod::SOURCE_API);
-        let (tx, node_name, mirrors) = (ev_tx.clone(), cfg.node_name.clone(), mirrors.clone());
+        let (tx, node_name, mirrors) = (ev_tx.clone(), cfg.node_name.clone(), joined.mirrors.clone());
         supervise("api source", Duration::from_secs(1), move || {
             ApiSource::new(kube.clone(), node_name.clone(), mirrors.clone()).run(snapshots_to(tx.clone()))
         });
@@ -431,22 +449,27 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     let main_loop = sync_loop::Loop {
         config: PodConfig::new(sources),
         workers,
-        pods: pods.clone(),
-        liveness: liveness.clone(),
+        pods: managers.pods.clone(),
+        liveness: managers.liveness.clone(),
         max_silence: (cfg.sync_frequency * 2).max(Duration::from_secs(300)),
         first_update: cfg.run_once.then_some(first_tx),
     };
     tokio::spawn(sync_loop::run(main_loop, ev_rx, done_rx));
-    if cfg.run_once {
-        // As kubelet: no servers; the pods of the first update are run and reported, and the
-        // agent exits, leaving them as they are.
-        info!(node = %cfg.node_name, root = %cfg.root_dir.display(), "ferrolet started in runOnce mode");
-        run_once::run(first_rx, pods.clone()).await?;
-        info!("Started kubelet as runonce");
-        return Ok(());
+    Sources {
+        events: ev_tx,
+        first_update: first_rx,
     }
+}
 
-    // Background duties: archives dropped in the import directory; housekeeping.
+/// The background duties: images dropped in the import directory, image and container
+/// garbage collection, housekeeping, log rotation, the stats sampler and the eviction manager
+/// over it. Returns the stats, which the servers read.
+fn start_duties(
+    managers: &Arc<Managers>,
+    import: ImportDir,
+    ev_tx: &mpsc::UnboundedSender<Event>,
+) -> Result<Arc<crate::stats::Stats>> {
+    let (cfg, rt, pods, events) = (&managers.cfg, &managers.rt, &managers.pods, &managers.events);
     {
         let (import, rt) = (Arc::new(Mutex::new(import)), rt.clone());
         let every = cfg.file_check_frequency.min(cfg.sync_frequency);
@@ -506,7 +529,6 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             }
         });
     }
-
     // Stats: sampled once per housekeeping interval, walked once per volumeStatsAggPeriod.
     let stats = {
         let agent_cgroup = rt.cgroups().own_path().context("finding the agent's own cgroup")?;
@@ -514,7 +536,7 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             rt: rt.clone(),
             pods: pods.clone(),
             cgroups: managers.setup.cgroups().clone(),
-            node_name: node.name.clone(),
+            node_name: managers.node.name.clone(),
             root_dir: cfg.root_dir.clone(),
             pods_dir: cfg.pods_dir(),
             pod_logs_dir: cfg.pod_logs_dir.clone(),
@@ -529,8 +551,8 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         cfg.eviction.container_gc.clone(),
         cfg.container_log_link_dir.clone(),
     ));
-    start_container_gc(&cfg, container_gc.clone());
-    start_log_rotation(&cfg, rt.clone());
+    start_container_gc(cfg, container_gc.clone());
+    start_log_rotation(cfg, rt.clone());
     crate::eviction::Manager::new(
         cfg.clone(),
         stats.clone(),
@@ -541,21 +563,28 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             containers: container_gc,
             images: image_gc,
         },
-        eviction.clone(),
+        managers.eviction.clone(),
     )
     .start();
+    Ok(stats)
+}
+
+/// The servers (the kubelet API, healthz, the read-only port, the CLI and exec sockets); then
+/// the memory the start-up used let go, and again every minute.
+async fn serve(managers: &Arc<Managers>, joined: &Joined, stats: Arc<crate::stats::Stats>) -> Result<()> {
+    let (cfg, rt) = (&managers.cfg, &managers.rt);
     let state = crate::server::State::new(
         rt.clone(),
-        pods.clone(),
-        node.name.clone(),
-        liveness,
-        mirrors.is_some(),
+        managers.pods.clone(),
+        managers.node.name.clone(),
+        managers.liveness.clone(),
+        joined.mirrors.is_some(),
         cfg.clone(),
         stats,
-        eviction,
-        readiness(rt.clone(), network_status),
+        joined.eviction.clone(),
+        readiness(rt.clone(), joined.network_status.clone()),
     );
-    crate::server::serve_all(&cfg, state, kube.clone(), node.ips.clone()).await?;
+    crate::server::serve_all(cfg, state, joined.kube.clone(), managers.node.ips.clone()).await?;
     info!(
         node = %cfg.node_name,
         root = %cfg.root_dir.display(),
@@ -571,16 +600,16 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
         release_unused_memory("every minute");
         true
     });
+    Ok(())
+}
 
+async fn wait_for_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    info!("shutting down; pods keep running and are adopted by the next start");
-    let _ = std::fs::remove_file(cfg.socket_path());
-    let _ = std::fs::remove_file(cfg.exec_socket_path());
     Ok(())
 }
 
