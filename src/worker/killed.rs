@@ -62,7 +62,7 @@ impl PodWorker {
             .report
             .kill_grace
             .unwrap_or_else(|| Duration::from_secs(pod::grace_period(&self.pod) as u64));
-        let views = self.views();
+        let views = self.views().await;
         if views.all().any(|v| v.is_active()) {
             // The Failed status goes out first, as kubelet sets it before the kill.
             self.publish_status(&views).await;
@@ -75,7 +75,7 @@ impl PodWorker {
                 self.resources.volumes.clear();
             }
         }
-        let views = self.views();
+        let views = self.views().await;
         self.publish_status(&views).await;
         for done in self.report.kill_done.drain(..) {
             let _ = done.send(());

@@ -241,7 +241,7 @@ impl PodWorker {
                         error!(pod = %pod::full_name(&self.pod), "stopping the pod panicked: {}; removing it", panic_message(p));
                     }
                     // Its last status: every container stopped.
-                    let views = self.views();
+                    let views = self.views().await;
                     Box::pin(self.publish_status(&views)).await;
                     crate::metrics::global().pod_worker_round("kill", started.elapsed());
                     self.m.pods_settled.changed();
@@ -417,26 +417,46 @@ impl PodWorker {
         }
     }
 
-    /// The runtime's containers of this pod; ids the runtime no longer has are forgotten.
-    pub fn views(&mut self) -> PodContainers {
+    /// The runtime's containers of this pod, their records read on the blocking pool; ids the
+    /// runtime no longer has are forgotten. A sync round reads them once, and again only after
+    /// it started, stopped or removed one.
+    pub async fn views(&mut self) -> PodContainers {
+        let (rt, ids) = (
+            self.m.rt.clone(),
+            self.containers.known.iter().cloned().collect::<Vec<_>>(),
+        );
+        let read = tokio::task::spawn_blocking(move || {
+            ids.into_iter()
+                .map(|id| {
+                    let r = rt.inspect(&id);
+                    (id, r)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let read = match read {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(pod = %pod::full_name(&self.pod), error = %e, "reading container states");
+                return PodContainers::new(Vec::new());
+            }
+        };
         let mut out = Vec::new();
-        let mut gone = Vec::new();
-        for id in &self.containers.known {
-            match self.m.rt.inspect(id) {
+        for (id, r) in read {
+            match r {
                 Ok(info) => {
                     if !info.record_errors.is_empty() && self.containers.record_errors_reported.insert(id.clone()) {
                         warn!(pod = %pod::full_name(&self.pod), container = %id, state = ?info.state, errors = ?info.record_errors, "container records unreadable; state taken from the kernel");
                     }
                     out.extend(ContainerView::from_info(&info));
                 }
-                Err(e) if e.is_not_found() => gone.push(id.clone()),
+                Err(e) if e.is_not_found() => {
+                    self.containers.known.remove(&id);
+                }
                 Err(e) => {
                     warn!(pod = %pod::full_name(&self.pod), container = %id, error = %ferrolet_fsutil::chain(&e), "reading container state")
                 }
             }
-        }
-        for id in gone {
-            self.containers.known.remove(&id);
         }
         PodContainers::new(out)
     }
@@ -509,7 +529,7 @@ impl PodWorker {
 
     /// Stop every container of the pod (its sandbox changed).
     pub async fn kill_all(&mut self, why: &str) {
-        let views = self.views();
+        let views = self.views().await;
         let grace = Duration::from_secs(pod::grace_period(&self.pod) as u64);
         let stops = views
             .all()

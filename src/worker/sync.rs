@@ -43,11 +43,11 @@ impl PodWorker {
                     Waiting::new(reasons::CONTAINER_CREATING, format!("{e:#}")),
                 );
             }
-            let views = self.views();
+            let views = self.views().await;
             self.publish_status(&views).await;
             return Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default());
         }
-        let views = self.views();
+        let views = self.views().await;
         if self.report.last.is_none() {
             // A new pod has a status before its first container starts (kubelet's SyncPod
             // publishes before the runtime's): a pod of many containers takes a while.
@@ -75,9 +75,14 @@ impl PodWorker {
         });
         self.report.initialized = plan.initialized;
         let wake = self.execute(&plan, &views).await;
-        let mut views = self.views();
+        // Read again only when this round changed what runs (an idle resync reads once).
+        let mut views = if plan.kill.is_empty() && plan.start.is_empty() {
+            views
+        } else {
+            self.views().await
+        };
         if self.remove_dead(&views).await {
-            views = self.views();
+            views = self.views().await;
         }
         // Containers started just now get their probes at once, not at the next resync.
         self.sync_probes(&views);
@@ -240,7 +245,7 @@ impl PodWorker {
             }
             // A long round (many containers) shows its progress at most every second.
             if published.elapsed() >= Duration::from_secs(1) {
-                let v = self.views();
+                let v = self.views().await;
                 self.publish_status(&v).await;
                 published = std::time::Instant::now();
             }
@@ -342,7 +347,7 @@ impl PodWorker {
             self.event(None, reasons::EVENT_INVALID_ENV_VAR_NAMES, &w);
         }
         let pid_namespace = match s.kind {
-            ContainerKind::Ephemeral => self.target_pid_namespace(&s.name)?,
+            ContainerKind::Ephemeral => self.target_pid_namespace(&s.name).await?,
             _ => None,
         };
         let input = BuildInput {
@@ -404,7 +409,7 @@ impl PodWorker {
     /// The process namespace of the container the ephemeral container `name` targets
     /// (`targetContainerName`), through its init: it must be running, as kubelet requires
     /// (the start is retried until it is).
-    fn target_pid_namespace(&mut self, name: &str) -> Result<Option<std::path::PathBuf>, Waiting> {
+    async fn target_pid_namespace(&mut self, name: &str) -> Result<Option<std::path::PathBuf>, Waiting> {
         let Some(target) = pod::ephemeral_target(&self.pod, name).map(str::to_string) else {
             return Ok(None);
         };
@@ -415,7 +420,7 @@ impl PodWorker {
             )
             .retry_in(start::RETRY)
         };
-        let views = self.views();
+        let views = self.views().await;
         let v = views
             .latest(&target)
             .filter(|v| v.is_running())

@@ -33,7 +33,7 @@ impl PodWorker {
     pub(super) async fn stop_containers(&mut self, grace: Duration) {
         let name = pod::full_name(&self.pod);
         self.probes.stop_kinds(&[prober::Kind::Liveness, prober::Kind::Startup]);
-        let views = self.views();
+        let views = self.views().await;
         // App containers (and any running regular init container) first, all at once...
         let first: Vec<_> = views
             .all()
@@ -81,7 +81,7 @@ impl PodWorker {
                     Some(Msg::Probe(ev)) => {
                         let reason = self.probe_kill_message(&ev);
                         self.probes.apply(&ev, reason);
-                        let v = self.views();
+                        let v = self.views().await;
                         self.publish_status(&v).await;
                     }
                     // An update, a removal or a kill waits its turn: applied now, acted on
