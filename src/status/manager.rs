@@ -78,23 +78,27 @@ impl StatusManager {
     }
 
     /// Record the status of pod `p`. `changed`: it differs from the last one recorded, so it
-    /// is persisted too (when the pod still has a directory).
+    /// is persisted too (when the pod still has a directory), before the pod table and the API
+    /// server see it: a status anyone saw is never lost to an agent stopped right after it.
     pub async fn set(&self, p: &Pod, pod_dir: &Path, rec: PersistedStatus, changed: bool) -> anyhow::Result<()> {
-        self.pods.set_status(pod::uid(p), rec.status.clone());
+        let status = rec.status.clone();
+        let persisted = if changed {
+            let path = record_path(pod_dir);
+            blocking(move || {
+                if path.parent().is_some_and(Path::exists) {
+                    write_json_atomic(&path, &rec)?;
+                }
+                Ok(())
+            })
+            .await
+        } else {
+            Ok(())
+        };
         if let Some((api, to)) = self.api_pod(p) {
             // The writer skips what the API server already has.
-            api.status(to, rec.status.clone());
+            api.status(to, status.clone());
         }
-        if !changed {
-            return Ok(());
-        }
-        let path = record_path(pod_dir);
-        blocking(move || {
-            if path.parent().is_some_and(Path::exists) {
-                write_json_atomic(&path, &rec)?;
-            }
-            Ok(())
-        })
-        .await
+        self.pods.set_status(pod::uid(p), status);
+        persisted
     }
 }
