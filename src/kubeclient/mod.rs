@@ -93,16 +93,17 @@ impl Kube {
             .with_context(|| format!("--kubeconfig {}", path.display()))?;
         let kube = Kube::new(build_client(config, &limit)?);
         match (rotate, cred) {
-            (true, Some(current)) => rotation::Rotation {
-                tx: Arc::downgrade(&kube.tx),
-                kubeconfig: kc,
-                store,
-                node: cfg.node_name.clone(),
-                limit,
-                current,
-                bootstrap: cfg.cluster.bootstrap_kubeconfig.clone(),
-            }
-            .spawn(),
+            (true, Some(current)) => rotation::CertificateManager::spawn(
+                rotation::Rotation {
+                    tx: Arc::downgrade(&kube.tx),
+                    kubeconfig: kc,
+                    store,
+                    node: cfg.node_name.clone(),
+                    limit,
+                    bootstrap: cfg.cluster.bootstrap_kubeconfig.clone(),
+                },
+                Some(current),
+            ),
             (true, None) => info!("the kubeconfig authenticates without a client certificate; nothing to rotate"),
             (false, _) => {}
         }

@@ -1,10 +1,11 @@
-//! Client certificate rotation (kubelet's rotateCertificates, run by client-go's
-//! util/certificate Manager): at a jittered 70-90% of the current certificate's lifetime, a
-//! new key and a CertificateSigningRequest sent with the node's own current credential (the
-//! bootstrap credential once that has expired); the issued certificate goes to the certificate
-//! store and a client built on it replaces the one every [`super::Kube`] hands out. Failures
-//! (a panic in an attempt among them) are retried with a doubling back-off (2 s to 5 min) and
-//! logged once per change of error.
+//! Certificate rotation (client-go's util/certificate Manager): one [`CertificateManager`]
+//! renews a certificate at a jittered 70-90% of its lifetime; failures (a panic in an attempt
+//! among them) are retried with a doubling back-off (2 s to 5 min) and logged once per change
+//! of error. Two certificates use it, each with its [`Renewal`]: the client certificate
+//! (kubelet's rotateCertificates, [`Rotation`]: a new key and a CertificateSigningRequest sent
+//! with the node's own current credential, the bootstrap credential once that has expired; the
+//! issued certificate goes to the store and a client built on it replaces the one every
+//! [`super::Kube`] hands out) and the serving certificate (server::certs::bootstrap).
 //!
 //! Tests shorten the wait with `FERROLET_TEST_ROTATE_CERT_AFTER=<seconds>`: each certificate is
 //! then renewed that long after it came into use instead of at its deadline (a control plane
@@ -77,7 +78,85 @@ pub async fn sleep_until_wall(at: SystemTime, stop: impl Fn() -> bool) {
     }
 }
 
-/// What the rotation loop works with.
+/// One kind of certificate's renewal, which [`CertificateManager`] runs: the client
+/// certificate ([`Rotation`]) and the serving certificate (server::certs::bootstrap).
+pub trait Renewal: Send + Sync + 'static {
+    /// What is renewed, for the log ("client certificate").
+    const WHAT: &'static str;
+
+    /// Whether the certificate is still needed; false ends the manager.
+    fn wanted(&self) -> bool {
+        true
+    }
+
+    /// One renewal: a new key, a CertificateSigningRequest, the issued certificate stored and
+    /// put in use. `current`: the certificate in use, if any.
+    fn renew(&self, current: Option<&Credential>) -> impl std::future::Future<Output = Result<Credential>> + Send;
+}
+
+/// client-go's certificate Manager, for either certificate: the current one renewed at its
+/// rotation time ([`rotation_time`]); without one, or after a failure, renewal attempts with a
+/// doubling back-off (2 s to 5 min), each failure (a panic among them) logged once per change
+/// of error.
+pub struct CertificateManager<R: Renewal> {
+    renewal: R,
+    current: Option<Credential>,
+}
+
+impl<R: Renewal> CertificateManager<R> {
+    pub fn spawn(renewal: R, current: Option<Credential>) {
+        tokio::spawn(CertificateManager { renewal, current }.run());
+    }
+
+    async fn run(mut self) {
+        loop {
+            if let Some(c) = &self.current {
+                let at = rotation_time(c.not_before, c.not_after);
+                info!(
+                    expires = %chrono::DateTime::<chrono::Utc>::from(c.not_after).to_rfc3339(),
+                    rotation = %chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339(),
+                    "waiting to rotate the {}",
+                    R::WHAT
+                );
+                sleep_until_wall(at, || !self.renewal.wanted()).await;
+            }
+            let mut backoff = BACKOFF_INITIAL;
+            let mut last_error: Option<String> = None;
+            loop {
+                // Nobody holds the certificate any more: nothing to renew it for.
+                if !self.renewal.wanted() {
+                    return;
+                }
+                let attempt = std::panic::AssertUnwindSafe(self.renewal.renew(self.current.as_ref()))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|p| Err(anyhow::anyhow!("panicked: {}", crate::tasks::panic_message(p))));
+                match attempt {
+                    Ok(cred) => {
+                        info!(
+                            expires = %chrono::DateTime::<chrono::Utc>::from(cred.not_after).to_rfc3339(),
+                            "{} issued",
+                            R::WHAT
+                        );
+                        self.current = Some(cred);
+                        break;
+                    }
+                    Err(e) => {
+                        let msg = format!("{e:#}");
+                        if last_error.as_deref() != Some(msg.as_str()) {
+                            warn!("rotating the {} failed: {msg}; retrying with back-off", R::WHAT);
+                            last_error = Some(msg);
+                        }
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// The client certificate's renewal (kubelet's rotateCertificates).
 pub(super) struct Rotation {
     /// The channel every `Kube` reads its client from; gone when they all are.
     pub tx: Weak<watch::Sender<kube::Client>>,
@@ -86,68 +165,23 @@ pub(super) struct Rotation {
     pub store: CertStore,
     pub node: String,
     pub limit: RateLimitLayer,
-    pub current: Credential,
     /// The bootstrap kubeconfig, if any: renewals ask with it once the current certificate has
     /// expired (kubelet's clientset function falls back to the bootstrap credential).
     pub bootstrap: Option<std::path::PathBuf>,
 }
 
-impl Rotation {
-    pub(super) fn spawn(self) {
-        tokio::spawn(self.run());
+impl Renewal for Rotation {
+    const WHAT: &'static str = "client certificate";
+
+    fn wanted(&self) -> bool {
+        self.tx.strong_count() > 0
     }
 
-    async fn run(mut self) {
-        loop {
-            let at = rotation_time(self.current.not_before, self.current.not_after);
-            info!(
-                expires = %chrono::DateTime::<chrono::Utc>::from(self.current.not_after).to_rfc3339(),
-                rotation = %chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339(),
-                "waiting to rotate the client certificate"
-            );
-            // Nobody holds the handle any more: nothing to rotate for.
-            sleep_until_wall(at, || self.tx.strong_count() == 0).await;
-            if self.tx.strong_count() == 0 {
-                return;
-            }
-            let mut backoff = BACKOFF_INITIAL;
-            let mut last_error: Option<String> = None;
-            loop {
-                let Some(tx) = self.tx.upgrade() else {
-                    return;
-                };
-                // a panic in an attempt is one more failure, not the end of the rotation
-                let attempt = std::panic::AssertUnwindSafe(self.rotate_once(&tx)).catch_unwind().await;
-                let attempt =
-                    attempt.unwrap_or_else(|p| Err(anyhow::anyhow!("panicked: {}", crate::tasks::panic_message(p))));
-                match attempt {
-                    Ok(cred) => {
-                        info!(
-                            expires = %chrono::DateTime::<chrono::Utc>::from(cred.not_after).to_rfc3339(),
-                            "client certificate rotated"
-                        );
-                        self.current = cred;
-                        break;
-                    }
-                    Err(e) => {
-                        let msg = format!("{e:#}");
-                        if last_error.as_deref() != Some(msg.as_str()) {
-                            warn!("rotating the client certificate failed: {msg}; retrying with back-off");
-                            last_error = Some(msg);
-                        }
-                    }
-                }
-                drop(tx);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
-        }
-    }
-
-    /// One renewal: request, store, swap the client.
-    async fn rotate_once(&self, tx: &watch::Sender<kube::Client>) -> Result<Credential> {
+    /// Request, store, swap the client every `Kube` hands out.
+    async fn renew(&self, current: Option<&Credential>) -> Result<Credential> {
+        let tx = self.tx.upgrade().context("no client is in use any more")?;
         let client = match &self.bootstrap {
-            Some(path) if !self.current.valid_at(SystemTime::now()) => {
+            Some(path) if !current.is_some_and(|c| c.valid_at(SystemTime::now())) => {
                 let p = path.clone();
                 let kc = blocking(move || kubeconfig::read(&p)).await?;
                 let config = kubeconfig::client_config(kc, None).await?;

@@ -4,8 +4,9 @@
 //! the node's hostname and addresses, sent with the node's own credential. The issued
 //! certificate is stored as kubelet stores it (`<root>/pki/kubelet-server-<time>.pem` and the
 //! `kubelet-server-current.pem` link, through the client certificate's store), served from the
-//! next handshake on, and renewed at the same jittered 70-90% of its lifetime as the client
-//! certificate. Until the first one is issued handshakes fail, as kubelet's do.
+//! next handshake on, and renewed by the same manager as the client certificate
+//! (kubeclient::rotation::CertificateManager), at a jittered 70-90% of its lifetime. Until
+//! the first one is issued handshakes fail, as kubelet's do.
 //!
 //! Tests shorten the wait with the client rotation's knob (`FERROLET_TEST_ROTATE_CERT_AFTER`).
 //!
@@ -17,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use futures::FutureExt;
 use tracing::{info, warn};
 
 use crate::config::Config;
@@ -30,10 +30,9 @@ use crate::tasks::blocking;
 pub const PAIR: &str = "kubelet-server";
 /// How long one request waits for its certificate (client-go's certificateWaitTimeout).
 const WAIT_LIMIT: Duration = Duration::from_secs(15 * 60);
-const BACKOFF_INITIAL: Duration = Duration::from_secs(2);
-const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
-struct Manager {
+/// The serving certificate's renewal.
+struct Serving {
     kube: Kube,
     store: CertStore,
     node: String,
@@ -60,7 +59,7 @@ pub async fn start(cfg: &Config, ips: Vec<IpAddr>, kube: Kube, cert: Arc<Serving
     } else {
         info!("requesting a serving certificate from the cluster (signer kubernetes.io/kubelet-serving)");
     }
-    let m = Manager {
+    let m = Serving {
         kube,
         store,
         node: cfg.node_name.clone(),
@@ -68,53 +67,15 @@ pub async fn start(cfg: &Config, ips: Vec<IpAddr>, kube: Kube, cert: Arc<Serving
         ips,
         cert,
     };
-    tokio::spawn(m.run(current));
+    rotation::CertificateManager::spawn(m, current);
     Ok(())
 }
 
-impl Manager {
-    async fn run(self, mut current: Option<Credential>) {
-        loop {
-            if let Some(c) = &current {
-                let at = rotation::rotation_time(c.not_before, c.not_after);
-                info!(
-                    expires = %chrono::DateTime::<chrono::Utc>::from(c.not_after).to_rfc3339(),
-                    rotation = %chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339(),
-                    "waiting to rotate the serving certificate"
-                );
-                rotation::sleep_until_wall(at, || false).await;
-            }
-            let mut backoff = BACKOFF_INITIAL;
-            let mut last_error: Option<String> = None;
-            loop {
-                let attempt = std::panic::AssertUnwindSafe(self.renew()).catch_unwind().await;
-                let attempt =
-                    attempt.unwrap_or_else(|p| Err(anyhow::anyhow!("panicked: {}", crate::tasks::panic_message(p))));
-                match attempt {
-                    Ok(cred) => {
-                        info!(
-                            expires = %chrono::DateTime::<chrono::Utc>::from(cred.not_after).to_rfc3339(),
-                            "serving certificate issued"
-                        );
-                        current = Some(cred);
-                        break;
-                    }
-                    Err(e) => {
-                        let msg = format!("{e:#}");
-                        if last_error.as_deref() != Some(msg.as_str()) {
-                            warn!("requesting the serving certificate failed: {msg}; retrying with back-off");
-                            last_error = Some(msg);
-                        }
-                    }
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
-        }
-    }
+impl rotation::Renewal for Serving {
+    const WHAT: &'static str = "serving certificate";
 
     /// One request: key, CSR, wait, store, serve.
-    async fn renew(&self) -> Result<Credential> {
+    async fn renew(&self, _current: Option<&Credential>) -> Result<Credential> {
         let key = csr::new_key()?;
         let request = csr::node_serving_request(&self.node, &key, &self.dns, &self.ips)?;
         let pem = csr::request_certificate_for(
