@@ -1,7 +1,9 @@
 //! The node in a cluster (kubelet's Run for the node object: registerWithAPIServer,
 //! syncNodeStatus on its period and the lease controller): register the Node, then keep its
-//! status and Lease current for the agent's whole life. An API server that is down ends
-//! nothing: every loop retries and catches up when it returns.
+//! status and Lease current for the agent's whole life, and watch the Node (kubelet's node
+//! informer) so admission judges pods against its labels and taints as they are now, not as
+//! registered. An API server that is down ends nothing: every loop retries and catches up when
+//! it returns.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,20 +35,22 @@ pub type ImageList = Arc<dyn Fn() -> Result<Vec<ImageRecord>> + Send + Sync>;
 pub const STARTING: &str = "Starting";
 pub const NODE_ALLOCATABLE_ENFORCED: &str = "NodeAllocatableEnforced";
 
-/// The node the loops keep: its name, and the Node once registered.
+/// The node the loops keep: its name, and the Node as last seen.
 pub struct NodeHandle {
     kube: Kube,
     pub name: String,
+    /// The Node as registered, then as its watch delivers it.
     registered: watch::Receiver<Option<Node>>,
 }
 
 impl NodeHandle {
-    /// The Node as registered, if it is yet (never with registerNode off).
+    /// The Node as the API server last had it (registered by this agent, or found and watched:
+    /// labels and taints added later are here), if it exists yet.
     pub fn node(&self) -> Option<Node> {
         self.registered.borrow().clone()
     }
 
-    /// Wait until the Node is registered (forever with registerNode off).
+    /// Wait until the Node exists (forever with registerNode off and no Node made by others).
     pub async fn registered(&self) -> Node {
         let mut rx = self.registered.clone();
         loop {
@@ -99,6 +103,8 @@ pub async fn start(
     }
     let identity = blocking(|| Ok(machine::identity())).await?;
     let (registered_tx, registered) = watch::channel(None);
+    let registered_tx = Arc::new(registered_tx);
+    tokio::spawn(watch_node(kube.clone(), info.name.clone(), registered_tx.clone()));
     let status_loop = Arc::new(Mutex::new(StatusLoop {
         kube: kube.clone(),
         cfg: cfg.clone(),
@@ -109,6 +115,7 @@ pub async fn start(
         events,
         eviction,
         registered: registered_tx,
+        is_registered: false,
         started: Instant::now(),
         last_report: None,
         ready_posted: false,
@@ -150,6 +157,40 @@ pub async fn start(
         name: info.name,
         registered,
     })
+}
+
+/// kubelet's node informer: the node's own Node (field selector `metadata.name`), listed then
+/// watched, each version sent to `to`; a broken watch re-lists with back-off. A deleted Node
+/// is kept as last seen (the status loop registers it again).
+async fn watch_node(kube: Kube, name: String, to: Arc<watch::Sender<Option<Node>>>) {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, Event};
+    use kube::runtime::WatchStreamExt;
+    let api: Api<Node> = Api::all(kube.client());
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut failing = false;
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(Event::Apply(n) | Event::InitApply(n)) => {
+                if failing {
+                    info!(node = %name, "watching the Node again");
+                    failing = false;
+                }
+                to.send_replace(Some(n));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if !failing {
+                    warn!(node = %name, error = %e, "watching the Node; retrying");
+                    failing = true;
+                }
+            }
+        }
+        if to.is_closed() {
+            return;
+        }
+    }
 }
 
 fn now() -> Time {
@@ -207,8 +248,10 @@ struct StatusLoop {
     readiness: Readiness,
     events: Recorder,
     eviction: crate::eviction::Eviction,
-    /// The Node once registered (`None` until then, and always with registerNode off).
-    registered: watch::Sender<Option<Node>>,
+    /// The Node as last seen (registration and the Node's watch both send).
+    registered: Arc<watch::Sender<Option<Node>>>,
+    /// This agent has registered the Node (registerNode).
+    is_registered: bool,
     started: Instant,
     /// When the status was last posted.
     last_report: Option<Instant>,
@@ -242,13 +285,14 @@ impl StatusLoop {
         let node = register::register(&self.kube, &initial).await;
         record(&self.events, &self.info.name, &recorded);
         self.registered.send_replace(Some(node));
+        self.is_registered = true;
         Ok(())
     }
 
     /// One round: registration first (until it is done), then kubelet's updateNodeStatus: read
     /// the Node, run the setters, post the status when it changed or the report period passed.
     async fn round(&mut self) {
-        if self.cfg.cluster.register_node && self.registered.borrow().is_none() {
+        if self.cfg.cluster.register_node && !self.is_registered {
             if let Err(e) = self.register().await {
                 warn!(node = %self.info.name, error = %format!("{e:#}"), "registering the node");
                 return;

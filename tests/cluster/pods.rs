@@ -34,7 +34,50 @@ pub fn tests() -> Vec<Trial> {
             "kubectl_debug_runs_an_ephemeral_container_in_its_targets_processes",
             kubectl_debug_runs_an_ephemeral_container_in_its_targets_processes,
         ),
+        test(
+            "admission_sees_a_label_added_to_the_node_after_it_registered",
+            admission_sees_a_label_added_to_the_node_after_it_registered,
+        ),
     ]
+}
+
+/// Admission judges a pod against the Node as it is now (kubelet's node informer), not as the
+/// agent registered it: a label added later admits a pod bound with a nodeSelector on it; a
+/// label the node lacks is still refused with kubelet's reason.
+fn admission_sees_a_label_added_to_the_node_after_it_registered() {
+    let c = cluster();
+    let node = c.node("labeled-later");
+    c.wait("the Node registered", Duration::from_secs(60), || {
+        c.get_json(&["node", &node.node]).is_some()
+    });
+    c.kubectl_ok(&["label", "node", &node.node, "ferrolet.test/late=yes"]);
+    // What the scheduler would do next; the agent's watch of its Node delivers the label
+    // within milliseconds, a second is margin.
+    std::thread::sleep(Duration::from_secs(1));
+    c.apply(&sleeper(
+        "selects-late",
+        &node.node,
+        "3600",
+        "  nodeSelector: {ferrolet.test/late: \"yes\"}\n",
+    ));
+    c.apply(&sleeper(
+        "selects-missing",
+        &node.node,
+        "3600",
+        "  nodeSelector: {ferrolet.test/missing: \"yes\"}\n",
+    ));
+    c.wait("the pod on the new label Running", Duration::from_secs(60), || {
+        c.get_json(&["pod", "selects-late"])
+            .is_some_and(|p| p["status"]["phase"] == "Running")
+    });
+    c.wait("the pod on a missing label refused", Duration::from_secs(30), || {
+        c.get_json(&["pod", "selects-missing"])
+            .is_some_and(|p| p["status"]["phase"] == "Failed" && p["status"]["reason"] == "NodeAffinity")
+    });
+    c.kubectl_ok(&["delete", "pod", "selects-late", "selects-missing", "--wait=false"]);
+    c.wait("the pods to go", Duration::from_secs(30), || {
+        c.get_json(&["pod", "selects-late"]).is_none() && c.get_json(&["pod", "selects-missing"]).is_none()
+    });
 }
 
 /// The reasons of the events about pod `name` (namespace default).
