@@ -21,12 +21,11 @@ use crate::kuberuntime::labels;
 use crate::kuberuntime::views::{ContainerView, PodContainers};
 use crate::pod::fieldpath::PodFacts;
 use crate::pod::reasons::{self, Waiting};
-use crate::pod::{self, RestartPolicy};
+use crate::pod::{self, Phase, RestartPolicy};
 use crate::podsetup::sandbox::Sandbox;
 use crate::podsetup::volumes::VolumeHost;
 use crate::probe::netns::PodTarget;
 use crate::prober::{self, ProbeEvent, Probes};
-use crate::status::phase::Phase;
 use crate::status::{self, Killed, PersistedStatus, StatusManager};
 use crate::tasks::{panic_message, POD_WORKER};
 
