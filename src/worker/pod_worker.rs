@@ -376,9 +376,13 @@ impl PodWorker {
     /// An event about this pod (`container`: the one it concerns, if any), with kubelet's
     /// reason; its type follows from the reason.
     pub fn event(&self, container: Option<&str>, reason: &str, message: &str) {
-        self.m
-            .events
-            .pod(&self.pod, container, reasons::event_kind(reason), reason, message);
+        self.m.events.pod(
+            &self.pod,
+            container,
+            crate::events::Kind::of_reason(reason),
+            reason,
+            message,
+        );
     }
 
     /// Where the pod's ports are reached (probes, hooks).
