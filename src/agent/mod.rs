@@ -729,7 +729,7 @@ fn image_manager(
             burst: cfg.images.registry_burst,
         },
         crate::images::CredentialSources {
-            node_config_paths: cfg.docker_config_paths(),
+            node_config_paths: crate::images::credentials::node_config_paths(&cfg.root_dir),
             providers,
             static_pod_path: cfg.static_pod_path.clone(),
             objects,
