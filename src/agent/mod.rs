@@ -270,7 +270,10 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
             images,
             readiness(rt.clone(), network_status.clone()),
             events.clone(),
-            eviction.clone(),
+            {
+                let eviction = eviction.clone();
+                Arc::new(move || eviction.pressure())
+            },
         )
         .await?;
         if cfg.network.mode == crate::config::NetworkMode::Bridge {

@@ -14,6 +14,7 @@ use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
+use super::conditions::Pressure;
 use super::lease::{self, LeaseController};
 use super::status::{self, Observed};
 use super::{allocatable, machine, pod_cidr, register, NodeInfo};
@@ -28,6 +29,8 @@ use crate::tasks::{blocking, spawn_loop};
 pub type Readiness = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 /// The images in the node's store (`rt.images().list()`). Called off the async threads.
 pub type ImageList = Arc<dyn Fn() -> Result<Vec<ImageRecord>> + Send + Sync>;
+/// The node's pressures now, for its conditions: the eviction manager's (src/eviction/).
+pub type PressureFn = Arc<dyn Fn() -> Pressure + Send + Sync>;
 
 /// kubelet's event at start, and the one for the pods' cgroup limit.
 pub const STARTING: &str = "Starting";
@@ -86,7 +89,7 @@ pub async fn start(
     images: ImageList,
     readiness: Readiness,
     events: Recorder,
-    eviction: crate::eviction::Eviction,
+    pressure: PressureFn,
 ) -> Result<NodeHandle> {
     events.node(Kind::Normal, STARTING, "Starting kubelet.");
     // The container manager's event, before registration as in kubelet.
@@ -107,7 +110,7 @@ pub async fn start(
         images,
         readiness,
         events,
-        eviction,
+        pressure,
         registered: registered_tx,
         started: Instant::now(),
         last_report: None,
@@ -169,7 +172,7 @@ async fn observe(
     identity: &machine::Identity,
     images: &ImageList,
     readiness: &Readiness,
-    eviction: &crate::eviction::Eviction,
+    pressure: &PressureFn,
 ) -> Result<Observed> {
     let (cfg2, images, readiness) = (cfg.clone(), images.clone(), readiness.clone());
     let (capacity, records, not_ready) = blocking(move || {
@@ -191,8 +194,7 @@ async fn observe(
         allocatable,
         identity: identity.clone(),
         images,
-        // The eviction manager's conditions (src/eviction/).
-        pressure: eviction.pressure(),
+        pressure: pressure(),
         not_ready,
         kubelet_port: cfg.serving.port.into(),
     })
@@ -206,7 +208,7 @@ struct StatusLoop {
     images: ImageList,
     readiness: Readiness,
     events: Recorder,
-    eviction: crate::eviction::Eviction,
+    pressure: PressureFn,
     /// The Node once registered (`None` until then, and always with registerNode off).
     registered: watch::Sender<Option<Node>>,
     started: Instant,
@@ -228,7 +230,7 @@ impl StatusLoop {
             &self.identity,
             &self.images,
             &self.readiness,
-            &self.eviction,
+            &self.pressure,
         )
         .await
     }
