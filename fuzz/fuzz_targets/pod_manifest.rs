@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = ferrolet::pod::qos::qos_class(&p);
         let _ = ferrolet::pod::qos::pod_requests(&p, "cpu");
         let _ = ferrolet::pod::qos::pod_requests(&p, "memory");
-        let _ = ferrolet::podsetup::cgroups::PodCgroups::limits_for(&p, &Default::default());
+        let _ = ferrolet::cm::pod_container_manager::PodCgroups::limits_for(&p, &Default::default());
         let _ = ferrolet::pod::validation::unsupported(&p);
         let _ = ferrolet::podsetup::network::port_mappings(&p);
         let _ = ferrolet::podsetup::network::bandwidth(&p);

@@ -17,6 +17,7 @@ use ferrolet_runtime::{Runtime, ZygoteHandle};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use crate::cm::pod_container_manager::PodCgroups;
 use crate::config::Config;
 use crate::events::Recorder;
 use crate::images::local::{self, ImportDir};
@@ -26,7 +27,6 @@ use crate::mirror::{MirrorPods, MirrorQueue};
 use crate::node::NodeInfo;
 use crate::pod::manager::PodManager;
 use crate::podconfig::{apiserver::ApiSource, file::FileSource, http::HttpSource, PodConfig};
-use crate::podsetup::cgroups::PodCgroups;
 use crate::podsetup::PodSetup;
 use crate::status::sync::ApiStatusWriter;
 use crate::status::StatusManager;
