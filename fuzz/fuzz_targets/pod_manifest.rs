@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
                 let _ = ferrolet::pod::expansion::expand_all(c.command.as_deref().unwrap_or(&[]), &env);
                 for m in c.volume_mounts.iter().flatten() {
                     if let Some(e) = m.sub_path_expr.as_deref() {
-                        if let Ok(sp) = ferrolet::podsetup::volumes::expand_sub_path(e, &env) {
+                        if let Ok(sp) = ferrolet::volumemanager::volumes::expand_sub_path(e, &env) {
                             assert!(!sp.starts_with('/') && !sp.split('/').any(|x| x == ".."), "{sp}");
                         }
                     }

@@ -23,11 +23,11 @@ use crate::pod::fieldpath::PodFacts;
 use crate::pod::reasons::{self, Waiting};
 use crate::pod::{self, Phase, RestartPolicy};
 use crate::podsetup::sandbox::Sandbox;
-use crate::podsetup::volumes::VolumeHost;
 use crate::probe::netns::PodTarget;
 use crate::prober::{self, ProbeEvent, Probes};
 use crate::status::{self, Killed, PersistedStatus, StatusManager};
 use crate::tasks::{panic_message, POD_WORKER};
+use crate::volumemanager::volumes::VolumeHost;
 
 /// Where a pod is in its life on the node (kubelet's pod worker states, each with its sync
 /// function: SyncPod, SyncTerminatingPod, SyncTerminatedPod).
