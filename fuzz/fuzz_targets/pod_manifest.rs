@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = ferrolet::pod::qos::qos_class(&p);
         let _ = ferrolet::pod::qos::pod_requests(&p, "cpu");
         let _ = ferrolet::pod::qos::pod_requests(&p, "memory");
-        let _ = ferrolet::podsetup::cgroups::PodCgroups::limits_for(&p, &Default::default());
+        let _ = ferrolet::cm::pod_container_manager::PodCgroups::limits_for(&p, &Default::default());
         let _ = ferrolet::pod::validation::unsupported(&p);
         let _ = ferrolet::podsetup::network::port_mappings(&p);
         let _ = ferrolet::podsetup::network::bandwidth(&p);
@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
                 let _ = ferrolet::pod::expansion::expand_all(c.command.as_deref().unwrap_or(&[]), &env);
                 for m in c.volume_mounts.iter().flatten() {
                     if let Some(e) = m.sub_path_expr.as_deref() {
-                        if let Ok(sp) = ferrolet::podsetup::volumes::expand_sub_path(e, &env) {
+                        if let Ok(sp) = ferrolet::volumemanager::volumes::expand_sub_path(e, &env) {
                             assert!(!sp.starts_with('/') && !sp.split('/').any(|x| x == ".."), "{sp}");
                         }
                     }

@@ -9,8 +9,8 @@ use ferrolet_runtime::Runtime;
 use tracing::{info, warn};
 
 use super::record::{load_record_at_start, save_record};
+use crate::cm::pod_container_manager::PodCgroups;
 use crate::config::Config;
-use crate::podsetup::cgroups::PodCgroups;
 
 /// `dir` and its ancestors up to (not including) the first for which `stop` holds, outermost
 /// first.

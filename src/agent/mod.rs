@@ -18,6 +18,7 @@ use ferrolet_runtime::{Runtime, ZygoteHandle};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use crate::cm::pod_container_manager::PodCgroups;
 use crate::config::Config;
 use crate::events::Recorder;
 use crate::images::local::{self, ImportDir};
@@ -27,7 +28,6 @@ use crate::mirror::{MirrorPods, MirrorQueue};
 use crate::node::NodeInfo;
 use crate::pod::manager::PodManager;
 use crate::podconfig::{apiserver::ApiSource, file::FileSource, http::HttpSource, PodConfig};
-use crate::podsetup::cgroups::PodCgroups;
 use crate::podsetup::PodSetup;
 use crate::status::sync::ApiStatusWriter;
 use crate::status::StatusManager;
@@ -242,7 +242,10 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
             images,
             readiness(rt.clone(), network_status.clone()),
             events.clone(),
-            eviction.clone(),
+            {
+                let eviction = eviction.clone();
+                Arc::new(move || eviction.pressure())
+            },
         )
         .await?;
         if cfg.network.mode == crate::config::NetworkMode::Bridge {
@@ -758,7 +761,7 @@ fn image_manager(
             burst: cfg.images.registry_burst,
         },
         crate::images::CredentialSources {
-            node_config_paths: cfg.docker_config_paths(),
+            node_config_paths: crate::images::credentials::node_config_paths(&cfg.root_dir),
             providers,
             static_pod_path: cfg.static_pod_path.clone(),
             objects,

@@ -25,7 +25,8 @@ use ferrolet_runtime::{Runtime, ZygoteHandle};
 use crate::agent::record::{record_path, AgentRecord};
 use crate::kuberuntime::labels::LABEL_POD_UID;
 use crate::podsetup::network::NetworkSettings;
-use crate::podsetup::{sandbox, volumes};
+use crate::podsetup::sandbox;
+use crate::volumemanager::volumes;
 
 /// Containers and the image ids they use, read from disk.
 pub fn image_users(root: &Path) -> Vec<(String, Digest)> {

@@ -1,10 +1,11 @@
-//! kubelet's container manager, the parts above the pod cgroups (docs/cgroups.md): the QoS
-//! tiers kept in step with the pods ([`qos`]), node allocatable enforced on `kubepods` and on
-//! the reserved cgroups ([`node_allocatable`]), and OOM handling: node-level OOM kills read
+//! kubelet's container manager (docs/cgroups.md): the pod cgroups ([`pod_container_manager`]),
+//! the QoS tiers kept in step with the pods ([`qos`]), node allocatable enforced on `kubepods`
+//! and on the reserved cgroups ([`node_allocatable`]), and OOM handling: node-level OOM kills read
 //! from the kernel log ([`oom_watcher`]) and the agent's own oom_score_adj.
 
 pub mod node_allocatable;
 pub mod oom_watcher;
+pub mod pod_container_manager;
 pub mod qos;
 pub mod swap;
 

@@ -11,11 +11,11 @@ use anyhow::{bail, Result};
 use ferrolet_runtime::cgroups::{hugepage_size_name, CgroupLimits};
 use tracing::info;
 
+use super::pod_container_manager::PodCgroups;
 use crate::config::{Config, Reserved};
 use crate::events::{Kind, Recorder};
 use crate::node::allocatable::{hugepage_resource, Resources};
 use crate::pod::qos;
-use crate::podsetup::cgroups::PodCgroups;
 
 /// kubelet's getCgroupConfig of the node allocatable for `kubepods`: `capacity` (with `max_pid`,
 /// kubelet's internal pid capacity), less the reservations when `enforce_pods`.

@@ -11,8 +11,8 @@ use ferrolet_runtime::cgroups::CgroupLimits;
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
+use super::pod_container_manager::PodCgroups;
 use crate::pod::{self, qos};
-use crate::podsetup::cgroups::PodCgroups;
 
 /// The pods that count: admitted and not finished (kubelet's activePods).
 pub type ActivePods = Arc<dyn Fn() -> Vec<Arc<Pod>> + Send + Sync>;

@@ -649,11 +649,6 @@ impl Config {
             .unwrap_or_else(|| self.root_dir.join("registries.yaml"))
     }
 
-    /// The node's docker config files, searched in order.
-    pub fn docker_config_paths(&self) -> Vec<PathBuf> {
-        crate::images::credentials::node_config_paths(&self.root_dir)
-    }
-
     /// Joined to a cluster (a kubeconfig is configured).
     pub fn in_cluster(&self) -> bool {
         self.cluster.kubeconfig.is_some()

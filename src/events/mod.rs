@@ -36,6 +36,25 @@ impl Kind {
             Kind::Warning => "Warning",
         }
     }
+
+    /// The type of a pod event with `reason` (one of [`pod::reasons`]): Warning for those
+    /// kubelet records as warnings, else Normal.
+    pub fn of_reason(reason: &str) -> Kind {
+        use pod::reasons::{
+            EVENT_BACK_OFF, EVENT_FAILED_POST_START_HOOK, EVENT_FAILED_PRE_STOP_HOOK, EVENT_INVALID_ENV_VAR_NAMES,
+            EVENT_PROBE_WARNING, EVENT_UNHEALTHY,
+        };
+        match reason {
+            EVENT_BACK_OFF
+            | EVENT_UNHEALTHY
+            | EVENT_PROBE_WARNING
+            | EVENT_FAILED_POST_START_HOOK
+            | EVENT_FAILED_PRE_STOP_HOOK
+            | EVENT_INVALID_ENV_VAR_NAMES => Kind::Warning,
+            r if r.starts_with("Failed") => Kind::Warning,
+            _ => Kind::Normal,
+        }
+    }
 }
 
 /// Where events go; cheap to clone, never blocks the caller.

@@ -14,9 +14,8 @@ use crate::config::Config;
 use crate::events::{Kind, Recorder};
 use crate::images::gc::ImageGc;
 use crate::kuberuntime::gc::ContainerGc;
-use crate::pod::{self, manager::PodManager};
+use crate::pod::{self, manager::PodManager, Phase};
 use crate::stats::{Snapshot, Stats};
-use crate::status::Phase;
 use crate::tasks::blocking;
 
 /// How long the manager waits for an evicted pod's containers to stop (kubelet's

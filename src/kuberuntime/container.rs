@@ -25,7 +25,7 @@ use crate::pod::{self, qos};
 use crate::podsetup::dns;
 use crate::podsetup::sandbox::Sandbox;
 use crate::podsetup::selinux;
-use crate::podsetup::volumes::{self, VolumeHost};
+use crate::volumemanager::volumes::{self, VolumeHost};
 
 /// Where a pod's container logs go: `<podLogsDir>/<ns>_<name>_<uid>/<container>/<attempt>.log`.
 pub fn pod_log_dir(cfg: &Config, p: &Pod) -> PathBuf {

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use super::labels::{LABEL_CONTAINER_NAME, LABEL_POD_UID};
 use crate::config::eviction::ContainerGcConfig;
 use crate::pod::manager::PodManager;
-use crate::status::Phase;
+use crate::pod::Phase;
 
 /// A dead container, as GC weighs it.
 #[derive(Debug, Clone, PartialEq, Eq)]

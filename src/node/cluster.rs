@@ -16,6 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
+use super::conditions::Pressure;
 use super::lease::{self, LeaseController};
 use super::status::{self, Observed};
 use super::{allocatable, machine, pod_cidr, register, NodeInfo};
@@ -30,6 +31,8 @@ use crate::tasks::{blocking, spawn_loop};
 pub type Readiness = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 /// The images in the node's store (`rt.images().list()`). Called off the async threads.
 pub type ImageList = Arc<dyn Fn() -> Result<Vec<ImageRecord>> + Send + Sync>;
+/// The node's pressures now, for its conditions: the eviction manager's (src/eviction/).
+pub type PressureFn = Arc<dyn Fn() -> Pressure + Send + Sync>;
 
 /// kubelet's event at start, and the one for the pods' cgroup limit.
 pub const STARTING: &str = "Starting";
@@ -90,7 +93,7 @@ pub async fn start(
     images: ImageList,
     readiness: Readiness,
     events: Recorder,
-    eviction: crate::eviction::Eviction,
+    pressure: PressureFn,
 ) -> Result<NodeHandle> {
     events.node(Kind::Normal, STARTING, "Starting kubelet.");
     // The container manager's event, before registration as in kubelet.
@@ -113,7 +116,7 @@ pub async fn start(
         images,
         readiness,
         events,
-        eviction,
+        pressure,
         registered: registered_tx,
         is_registered: false,
         started: Instant::now(),
@@ -210,7 +213,7 @@ async fn observe(
     identity: &machine::Identity,
     images: &ImageList,
     readiness: &Readiness,
-    eviction: &crate::eviction::Eviction,
+    pressure: &PressureFn,
 ) -> Result<Observed> {
     let (cfg2, images, readiness) = (cfg.clone(), images.clone(), readiness.clone());
     let (capacity, records, not_ready) = blocking(move || {
@@ -232,8 +235,7 @@ async fn observe(
         allocatable,
         identity: identity.clone(),
         images,
-        // The eviction manager's conditions (src/eviction/).
-        pressure: eviction.pressure(),
+        pressure: pressure(),
         not_ready,
         kubelet_port: cfg.serving.port.into(),
     })
@@ -247,7 +249,7 @@ struct StatusLoop {
     images: ImageList,
     readiness: Readiness,
     events: Recorder,
-    eviction: crate::eviction::Eviction,
+    pressure: PressureFn,
     /// The Node as last seen (registration and the Node's watch both send).
     registered: Arc<watch::Sender<Option<Node>>>,
     /// This agent has registered the Node (registerNode).
@@ -271,7 +273,7 @@ impl StatusLoop {
             &self.identity,
             &self.images,
             &self.readiness,
-            &self.eviction,
+            &self.pressure,
         )
         .await
     }

@@ -73,9 +73,9 @@ impl PodManager {
     }
 
     /// The phase of a pod's latest status, read in place (no copy of the status).
-    pub fn phase(&self, uid: &str) -> Option<crate::status::Phase> {
+    pub fn phase(&self, uid: &str) -> Option<super::Phase> {
         let pods = self.pods.read().unwrap_or_else(|e| e.into_inner());
-        crate::status::Phase::of(&pods.get(uid)?.status)
+        super::Phase::of(&pods.get(uid)?.status)
     }
 
     pub fn entries(&self) -> Vec<PodEntry> {

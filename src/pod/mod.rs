@@ -9,6 +9,7 @@ pub mod expansion;
 pub mod fieldpath;
 pub mod manager;
 pub mod manifest;
+mod phase;
 pub mod qos;
 pub mod reasons;
 pub mod sysctl;
@@ -16,6 +17,8 @@ pub mod units;
 pub mod validation;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+
+pub use phase::Phase;
 
 /// kubelet's annotations on static pods.
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";

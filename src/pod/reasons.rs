@@ -63,20 +63,6 @@ pub const EVENT_FAILED_MOUNT: &str = "FailedMount";
 /// ferrolet's own: an evicted static pod runs again once the node's pressure is gone.
 pub const EVENT_RERUN_AFTER_EVICTION: &str = "RerunAfterEviction";
 
-/// Whether an event with `reason` is a Warning (kubelet records these as warnings) or Normal.
-pub fn event_kind(reason: &str) -> crate::events::Kind {
-    match reason {
-        EVENT_BACK_OFF
-        | EVENT_UNHEALTHY
-        | EVENT_PROBE_WARNING
-        | EVENT_FAILED_POST_START_HOOK
-        | EVENT_FAILED_PRE_STOP_HOOK
-        | EVENT_INVALID_ENV_VAR_NAMES => crate::events::Kind::Warning,
-        r if r.starts_with("Failed") => crate::events::Kind::Warning,
-        _ => crate::events::Kind::Normal,
-    }
-}
-
 /// Why a container is not running, as its waiting state shows it, and when the pod worker
 /// should try again (kubelet's SyncResult errors: the reason names the error).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -432,8 +432,8 @@ fn volume_sources(v: &Volume) -> usize {
 /// Features ferrolet does not run, each with the reason a user sees in the pod's status.
 /// Returns the first one found. Volumes are not judged here: as kubelet, a volume no plugin
 /// serves is the volume manager's FailedMount (the pod waits in ContainerCreating with the
-/// reason, see [`crate::volumemanager::plugins`]); static pods read ConfigMaps and Secrets
-/// from the static pod path ([`crate::objects::local`]).
+/// reason, see src/volumemanager/plugins.rs); static pods read ConfigMaps and Secrets from
+/// the static pod path (src/objects/local.rs).
 pub fn unsupported(pod: &Pod) -> Option<String> {
     let spec = pod.spec.as_ref()?;
     if let Some(rc) = spec.runtime_class_name.as_deref().filter(|s| !s.is_empty()) {

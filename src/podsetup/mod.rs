@@ -1,19 +1,14 @@
 //! Everything a pod needs on the node before its containers can run, and its removal after:
-//! the pod cgroup ([`cgroups`], kubelet's pod container manager), the sandbox namespaces and
-//! /dev/shm ([`sandbox`]), the pod network ([`network`]), volumes ([`volumes`], their files from
-//! [`payloads`] written by the [`atomic_writer`]) and the files kubelet manages for every pod
-//! ([`dns`]). [`PodSetup`] puts them together in kubelet's order
+//! the pod cgroup (kubelet's pod container manager, in [`crate::cm`]), the sandbox namespaces and
+//! /dev/shm ([`sandbox`]), the pod network ([`network`]), volumes (the [`crate::volumemanager`])
+//! and the files kubelet manages for every pod ([`dns`]). [`PodSetup`] puts them together in kubelet's order
 //! and keeps the blocking parts (mounts, cgroupfs, fsync'd writes) off the async threads.
 
-pub mod atomic_writer;
-pub mod cgroups;
 pub mod dns;
 pub mod network;
-pub mod payloads;
 pub mod sandbox;
 pub mod selinux;
 pub mod userns;
-pub mod volumes;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,17 +19,17 @@ use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tracing::warn;
 
+use crate::cm::pod_container_manager::PodCgroups;
 use crate::config::Config;
 use crate::objects::local::LocalObjects;
 use crate::objects::{EnvObjects, ObjectManager, VolumeObjects};
 use crate::pod::{self, fieldpath::PodFacts};
 use crate::tasks::blocking;
+use crate::volumemanager::volumes::VolumeHost;
 use crate::volumemanager::VolumeManager;
-use cgroups::PodCgroups;
 use ferrolet_runtime::migration_warmer::{MigrationWarmer, WarmHold};
 use network::PodNetwork;
 use sandbox::Sandbox;
-use volumes::VolumeHost;
 
 pub struct PodSetup {
     cfg: Arc<Config>,
@@ -239,7 +234,7 @@ impl PodSetup {
 
     /// Set up every volume of the pod through the volume manager (on every sync: configMap,
     /// secret, projected and downwardAPI volumes follow their sources); returns where each
-    /// lives on the node. An error from a volume is a [`volumes::SetUpFailed`].
+    /// lives on the node. An error from a volume is a [`crate::volumemanager::volumes::SetUpFailed`].
     pub async fn mount_volumes(
         &self,
         p: &Arc<Pod>,

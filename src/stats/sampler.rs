@@ -17,9 +17,9 @@ use super::net::{self, Iface};
 use super::rate::{CpuHistory, CpuSample};
 use super::summary::*;
 use super::{CgroupEntry, Snapshot};
+use crate::cm::pod_container_manager::PodCgroups;
 use crate::kuberuntime::labels::{LABEL_CONTAINER_NAME, LABEL_POD_UID};
 use crate::pod::manager::PodManager;
-use crate::podsetup::cgroups::PodCgroups;
 
 /// What the sampler reads from.
 pub struct Sources {

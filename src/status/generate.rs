@@ -13,11 +13,11 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::phase::{phase, Phase};
+use super::phase::phase;
 use crate::kuberuntime::status_container_id;
 use crate::kuberuntime::views::{parse_time, ContainerView, PodContainers, ViewState};
 use crate::pod::reasons::{self, Waiting};
-use crate::pod::{self, qos};
+use crate::pod::{self, qos, Phase};
 
 pub fn ktime(t: DateTime<Utc>) -> Time {
     let secs = t.timestamp();

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::PodStatus;
 
 use super::generate::{killed, DISRUPTION_TARGET};
-use super::phase::Phase;
+use crate::pod::Phase;
 
 /// Why the pod was stopped for good while still wanted: its status is Failed with this reason
 /// and message.

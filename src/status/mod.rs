@@ -10,4 +10,3 @@ pub mod sync;
 pub use generate::{compute, gate_conditions, killed, rejected, unready_gates, StatusInput, DISRUPTION_TARGET};
 pub use killed::Killed;
 pub use manager::{PersistedStatus, StatusManager};
-pub use phase::Phase;

@@ -3,42 +3,7 @@
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
-use crate::pod::{self, RestartPolicy};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-}
-
-impl Phase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Pending => "Pending",
-            Phase::Running => "Running",
-            Phase::Succeeded => "Succeeded",
-            Phase::Failed => "Failed",
-        }
-    }
-
-    /// Succeeded or Failed: nothing of the pod runs again.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Phase::Succeeded | Phase::Failed)
-    }
-
-    /// The phase a status reports, if any.
-    pub fn of(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<Phase> {
-        match status.phase.as_deref()? {
-            "Pending" => Some(Phase::Pending),
-            "Running" => Some(Phase::Running),
-            "Succeeded" => Some(Phase::Succeeded),
-            "Failed" => Some(Phase::Failed),
-            _ => None,
-        }
-    }
-}
+use crate::pod::{self, Phase, RestartPolicy};
 
 /// kubelet's getPhase.
 pub fn phase(p: &Pod, init: &[ContainerStatus], apps: &[ContainerStatus]) -> Phase {

@@ -17,9 +17,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::Phase;
 use crate::kubeclient::Kube;
-use crate::pod;
+use crate::pod::{self, Phase};
 
 /// The API object a status belongs to: for a static pod, its mirror pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

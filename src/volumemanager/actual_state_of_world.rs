@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::plugins::Plugin;
-use crate::podsetup::volumes::{is_mountpoint, pod_volumes_dir};
+use super::volumes::{is_mountpoint, pod_volumes_dir};
 
 /// A volume set up for a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

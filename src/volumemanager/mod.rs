@@ -2,8 +2,9 @@
 //! specs), the volumes set up on the node ([`actual_state_of_world`], rebuilt from the disk
 //! when the agent starts), and the [`reconciler`] that brings the one to the other. Which
 //! plugin serves a volume, and which volume types are refused and why, is [`plugins`]; the
-//! mechanics of each plugin (tmpfs, hostPath checks, the atomic writer, fsGroup ownership,
-//! subPath binds) are in [`crate::podsetup::volumes`].
+//! mechanics of each plugin (tmpfs, hostPath checks, fsGroup ownership, subPath binds) are in
+//! [`volumes`], the files of object-backed volumes in [`payloads`], written by the
+//! [`atomic_writer`].
 //!
 //! kubelet runs its reconciler in a loop of its own and has pod workers wait for it
 //! (WaitForAttachAndMount); here the pod worker's sync runs the reconciler's pass for its pod
@@ -13,9 +14,12 @@
 //! their sources, as kubelet's.
 
 pub mod actual_state_of_world;
+mod atomic_writer;
 pub mod desired_state_of_world;
+mod payloads;
 pub mod plugins;
 pub mod reconciler;
+pub mod volumes;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -26,9 +30,9 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::objects::VolumeObjects;
 use crate::pod::fieldpath::PodFacts;
-use crate::podsetup::volumes::{self, VolumeHost};
 use actual_state_of_world::ActualStateOfWorld;
 use desired_state_of_world::DesiredStateOfWorld;
+use volumes::VolumeHost;
 
 pub struct VolumeManager {
     dsw: Mutex<DesiredStateOfWorld>,
@@ -157,11 +161,11 @@ mod tests {
             std::fs::read_to_string(info.path.join("labels")).unwrap(),
             "app=\"web\""
         );
-        let before = std::fs::read_link(cfg.path.join(crate::podsetup::atomic_writer::DATA_DIR)).unwrap();
+        let before = std::fs::read_link(cfg.path.join(atomic_writer::DATA_DIR)).unwrap();
         vm.mount_pod(&p, &dir, &facts(), &objects("two"), None).unwrap();
         assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "two");
         assert_ne!(
-            std::fs::read_link(cfg.path.join(crate::podsetup::atomic_writer::DATA_DIR)).unwrap(),
+            std::fs::read_link(cfg.path.join(atomic_writer::DATA_DIR)).unwrap(),
             before
         );
         // A missing configMap names itself as kubelet does.

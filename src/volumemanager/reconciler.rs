@@ -12,13 +12,13 @@ use anyhow::{anyhow, Result};
 
 use super::actual_state_of_world::{ActualStateOfWorld, MountedVolume};
 use super::desired_state_of_world::{PodToMount, VolumeToMount};
+use super::payloads;
 use super::plugins::Plugin;
+use super::volumes::{self, is_mountpoint, pod_volumes_dir, FsGroup, SetUpFailed, VolumeHost};
+use crate::cm::pod_container_manager::PodCgroups;
 use crate::objects::VolumeObjects;
 use crate::pod;
 use crate::pod::fieldpath::PodFacts;
-use crate::podsetup::cgroups::PodCgroups;
-use crate::podsetup::payloads;
-use crate::podsetup::volumes::{self, is_mountpoint, pod_volumes_dir, FsGroup, SetUpFailed, VolumeHost};
 
 /// What setting up a pod's volumes reads besides the pod.
 pub struct SetUpInputs<'a> {

@@ -12,8 +12,8 @@ use tracing::info;
 
 use super::pod_worker::PodWorker;
 use crate::pod::reasons;
-use crate::pod::{self};
-use crate::status::{Killed, Phase};
+use crate::pod::{self, Phase};
+use crate::status::Killed;
 
 /// When a pod started at `start` runs out of its `activeDeadlineSeconds` (kubelet's
 /// pastActiveDeadline counts from status.startTime).

@@ -27,11 +27,11 @@ use crate::config::Config;
 use crate::images::ImageManager;
 use crate::node::NodeInfo;
 use crate::pod::manager::PodManager;
-use crate::pod::{self};
+use crate::pod::{self, Phase};
 use crate::podconfig::admission::{self, Rejection};
 use crate::podconfig::PodOp;
 use crate::podsetup::PodSetup;
-use crate::status::{Phase, StatusManager};
+use crate::status::StatusManager;
 use crate::tasks::Liveness;
 use pod_worker::{Lifecycle, Msg, PodWorker};
 

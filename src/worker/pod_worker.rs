@@ -21,14 +21,13 @@ use crate::kuberuntime::labels;
 use crate::kuberuntime::views::{ContainerView, PodContainers};
 use crate::pod::fieldpath::PodFacts;
 use crate::pod::reasons::{self, Waiting};
-use crate::pod::{self, RestartPolicy};
+use crate::pod::{self, Phase, RestartPolicy};
 use crate::podsetup::sandbox::Sandbox;
-use crate::podsetup::volumes::VolumeHost;
 use crate::probe::netns::PodTarget;
 use crate::prober::{self, ProbeEvent, Probes};
-use crate::status::phase::Phase;
 use crate::status::{self, Killed, PersistedStatus, StatusManager};
 use crate::tasks::{panic_message, POD_WORKER};
+use crate::volumemanager::volumes::VolumeHost;
 
 /// Where a pod is in its life on the node (kubelet's pod worker states, each with its sync
 /// function: SyncPod, SyncTerminatingPod, SyncTerminatedPod).
@@ -377,9 +376,13 @@ impl PodWorker {
     /// An event about this pod (`container`: the one it concerns, if any), with kubelet's
     /// reason; its type follows from the reason.
     pub fn event(&self, container: Option<&str>, reason: &str, message: &str) {
-        self.m
-            .events
-            .pod(&self.pod, container, reasons::event_kind(reason), reason, message);
+        self.m.events.pod(
+            &self.pod,
+            container,
+            crate::events::Kind::of_reason(reason),
+            reason,
+            message,
+        );
     }
 
     /// Where the pod's ports are reached (probes, hooks).

@@ -155,7 +155,7 @@ impl PodWorker {
         {
             Ok(v) => v,
             Err(e) => {
-                if let Some(f) = e.downcast_ref::<crate::podsetup::volumes::SetUpFailed>() {
+                if let Some(f) = e.downcast_ref::<crate::volumemanager::volumes::SetUpFailed>() {
                     self.event(None, reasons::EVENT_FAILED_MOUNT, &f.to_string());
                 }
                 return Err(e);

@@ -122,7 +122,7 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
         images,
         readiness,
         events,
-        ferrolet::eviction::Eviction::default(),
+        Arc::new(ferrolet::node::conditions::Pressure::default),
     )
     .await
     .unwrap();

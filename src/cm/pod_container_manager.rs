@@ -1,4 +1,5 @@
-//! Pod cgroups the way kubelet's cgroupfs driver lays them out (docs/cgroups.md#layout):
+//! kubelet's pod container manager: pod cgroups the way kubelet's cgroupfs driver lays them
+//! out (docs/cgroups.md#layout):
 //! `<cgroupRoot>/kubepods/{burstable,besteffort}/pod<uid>` (Guaranteed pods directly under
 //! `kubepods`), each pod's cgroup limited by the sum of its containers' requests and limits.
 //! The container cgroups below them are created by the runtime.
