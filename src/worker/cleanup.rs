@@ -16,7 +16,7 @@ use crate::kuberuntime::labels::LABEL_POD_UID;
 use crate::pod;
 use crate::tasks::blocking;
 
-impl PodWorkers {
+impl PodWorkers<Managers> {
     /// Once every source has reported (`all_sources_seen`), terminate what exists on the node
     /// for pods no source wants. Runs once.
     pub async fn clean_orphans(&mut self, all_sources_seen: bool) {
@@ -94,7 +94,9 @@ impl PodWorkers {
         .await
         .unwrap_or(fallback)
     }
+}
 
+impl<H: super::WorkerHost> PodWorkers<H> {
     /// Tear down everything the node has for `uid`: the pod `stored` (as last recorded), or a
     /// stand-in when there is none.
     pub(super) fn terminate_orphan(&mut self, uid: String, stored: Option<Pod>) {

@@ -33,7 +33,8 @@ use crate::podconfig::PodOp;
 use crate::podsetup::PodSetup;
 use crate::status::StatusManager;
 use crate::tasks::Liveness;
-use pod_worker::{Lifecycle, Msg, PodWorker};
+use pod_worker::PodWorker;
+pub use pod_worker::{Lifecycle, Msg};
 
 /// The node-wide managers every pod worker uses (kubelet keeps them on its Kubelet struct).
 pub struct Managers {
@@ -73,6 +74,64 @@ impl Managers {
 
     pub fn pod_dir(&self, uid: &str) -> PathBuf {
         self.cfg.pods_dir().join(uid)
+    }
+}
+
+/// What the pod workers need of the node (kubelet's podWorkers is given its sync functions,
+/// and the Kubelet's managers answer admission): the pod table, the admit handlers, a refused
+/// pod's event and status, events, and the start of one pod's worker. [`Managers`] is the
+/// node's; the tests below put a recording one in, so the routing of pod operations is tested
+/// without a kernel.
+pub trait WorkerHost: Send + Sync + 'static {
+    fn pods(&self) -> &PodManager;
+    /// kubelet's admit handlers in order (eviction, sysctls, resources and predicates), with
+    /// the pods admitted and still active.
+    fn admit(&self, p: &Pod, active: &[Arc<Pod>]) -> Result<(), Rejection>;
+    /// A refused pod: its Warning event and its Failed status.
+    fn refused(&self, p: &Arc<Pod>, r: &Rejection);
+    /// A Normal event about `p`.
+    fn event(&self, p: &Pod, reason: &str, message: &str);
+    /// Start the worker of `p` in `lifecycle`, adopting `known` containers; the worker ends
+    /// when it drops its receiver.
+    fn start_worker(
+        self: &Arc<Self>,
+        p: Arc<Pod>,
+        known: Vec<String>,
+        lifecycle: Lifecycle,
+    ) -> mpsc::UnboundedSender<Msg>;
+}
+
+impl WorkerHost for Managers {
+    fn pods(&self) -> &PodManager {
+        &self.pods
+    }
+
+    fn admit(&self, p: &Pod, active: &[Arc<Pod>]) -> Result<(), Rejection> {
+        // kubelet's eviction admit handler comes first.
+        self.eviction
+            .admit(p)
+            .and_then(|()| admission::sysctls(p, &self.sysctls))
+            .and_then(|()| admission::admit(p, active, &self.node, &self.node_object()))
+    }
+
+    fn refused(&self, p: &Arc<Pod>, r: &Rejection) {
+        self.events
+            .pod(p, None, crate::events::Kind::Warning, &r.reason, &r.message);
+        let st = crate::status::rejected(p, &r.reason, &r.status_message(), &self.node.ip_strings());
+        self.status.set_refused(p, st);
+    }
+
+    fn event(&self, p: &Pod, reason: &str, message: &str) {
+        self.events.pod(p, None, crate::events::Kind::Normal, reason, message);
+    }
+
+    fn start_worker(
+        self: &Arc<Self>,
+        p: Arc<Pod>,
+        known: Vec<String>,
+        lifecycle: Lifecycle,
+    ) -> mpsc::UnboundedSender<Msg> {
+        PodWorker::spawn(self.clone(), p, known, lifecycle)
     }
 }
 
@@ -119,8 +178,8 @@ impl Slot {
     }
 }
 
-pub struct PodWorkers {
-    m: Arc<Managers>,
+pub struct PodWorkers<H: WorkerHost = Managers> {
+    m: Arc<H>,
     slots: HashMap<String, Slot>,
     /// Pods to start once the pod before them (same UID or same namespace/name) has finished
     /// terminating, in arrival order: kubelet never runs two static pods of one name at once.
@@ -133,14 +192,14 @@ pub struct PodWorkers {
     orphans_cleaned: bool,
 }
 
-impl PodWorkers {
+impl<H: WorkerHost> PodWorkers<H> {
     /// `adoptable`: the runtime's containers from an earlier run, by pod UID. Finished workers'
     /// UIDs go to `done`; pass them back to [`finished`](Self::finished).
     pub fn new(
-        m: Arc<Managers>,
+        m: Arc<H>,
         adoptable: HashMap<String, Vec<String>>,
         done: mpsc::UnboundedSender<String>,
-    ) -> PodWorkers {
+    ) -> PodWorkers<H> {
         PodWorkers {
             m,
             slots: HashMap::new(),
@@ -180,7 +239,7 @@ impl PodWorkers {
             // kubelet never runs a pod again that has finished: an agent restarted after the
             // node lost the pod's containers (a reboot) must not run it a second time.
             info!(pod = %pod::full_name(&p), "ADD of a pod that has finished: nothing runs");
-            self.m.pods.upsert(&uid, p.clone(), p.status.clone());
+            self.m.pods().upsert(&uid, p.clone(), p.status.clone());
             self.slots.insert(uid, Slot::Inert { pod: p });
             return;
         }
@@ -192,13 +251,7 @@ impl PodWorkers {
             self.spawn(p, known, Lifecycle::Terminating);
             return;
         }
-        // kubelet's eviction admit handler comes first.
-        let admitted = self
-            .m
-            .eviction
-            .admit(&p)
-            .and_then(|()| admission::sysctls(&p, &self.m.sysctls))
-            .and_then(|()| admission::admit(&p, &self.active_pods(), &self.m.node, &self.m.node_object()));
+        let admitted = self.m.admit(&p, &self.active_pods());
         match admitted {
             Ok(()) => {
                 info!(pod = %pod::full_name(&p), "ADD");
@@ -212,11 +265,7 @@ impl PodWorkers {
 
     fn reject(&mut self, uid: String, p: Arc<Pod>, r: Rejection) {
         warn!(pod = %pod::full_name(&p), reason = %r.reason, "pod rejected: {}", r.message);
-        self.m
-            .events
-            .pod(&p, None, crate::events::Kind::Warning, &r.reason, &r.message);
-        let st = crate::status::rejected(&p, &r.reason, &r.status_message(), &self.m.node.ip_strings());
-        self.m.status.set_refused(&p, st);
+        self.m.refused(&p, &r);
         self.slots.insert(uid, Slot::Inert { pod: p });
     }
 
@@ -269,7 +318,7 @@ impl PodWorkers {
             Some(Slot::Inert { pod }) => {
                 info!(pod = %pod::full_name(pod), "REMOVE: the refused pod is gone");
                 let p = (**pod).clone();
-                self.m.pods.remove(uid);
+                self.m.pods().remove(uid);
                 self.slots.remove(uid);
                 // Containers an earlier run left for it are still to be stopped.
                 if self.adoptable.contains_key(uid) {
@@ -309,7 +358,7 @@ impl PodWorkers {
         }
         let evicted = self
             .m
-            .pods
+            .pods()
             .get(uid)
             .is_some_and(|e| crate::eviction::evicted_for_pressure(&e.status));
         if !pod::is_static(pod) || !evicted {
@@ -318,10 +367,8 @@ impl PodWorkers {
         *terminating = true;
         let _ = tx.send(Msg::Terminate);
         let p = pod.clone();
-        self.m.events.pod(
+        self.m.event(
             &p,
-            None,
-            crate::events::Kind::Normal,
             crate::pod::reasons::EVENT_RERUN_AFTER_EVICTION,
             "The node is no longer under pressure: the evicted static pod runs again",
         );
@@ -336,7 +383,7 @@ impl PodWorkers {
             // the worker computes the Ready condition anew.
             let gates_changed = crate::status::gate_conditions(pod) != crate::status::gate_conditions(&p);
             *pod = p.clone();
-            self.m.pods.set_pod(&uid, p.clone());
+            self.m.pods().set_pod(&uid, p.clone());
             if let (
                 true,
                 Some(Slot::Worker {
@@ -371,7 +418,7 @@ impl PodWorkers {
                 } => Some((uid, pod)),
                 _ => None,
             })
-            .filter(|(uid, _)| !self.m.pods.phase(uid).is_some_and(Phase::is_terminal))
+            .filter(|(uid, _)| !self.m.pods().phase(uid).is_some_and(Phase::is_terminal))
             .map(|(_, p)| p.clone())
             .collect()
     }
@@ -380,7 +427,7 @@ impl PodWorkers {
     fn spawn(&mut self, p: Arc<Pod>, known: Vec<String>, lifecycle: Lifecycle) {
         let uid = pod::uid(&p).to_string();
         let terminating = lifecycle != Lifecycle::Syncing;
-        let tx = PodWorker::spawn(self.m.clone(), p.clone(), known, lifecycle);
+        let tx = self.m.start_worker(p.clone(), known, lifecycle);
         // The worker is done when its end of the channel is gone.
         let (watch, done, u) = (tx.clone(), self.done.clone(), uid.clone());
         tokio::spawn(async move {
@@ -395,5 +442,303 @@ impl PodWorkers {
                 terminating,
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The routing of pod operations (kubelet's pod_workers_test, with fake sync functions):
+    //! a recording host stands in for the node, each "worker" is the receiving end of its
+    //! channel, and a worker ends when the test drops that end.
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    use super::*;
+
+    struct Started {
+        uid: String,
+        lifecycle: Lifecycle,
+        known: Vec<String>,
+        pod: Arc<Pod>,
+        rx: mpsc::UnboundedReceiver<Msg>,
+    }
+
+    #[derive(Default)]
+    struct Fake {
+        pods: PodManager,
+        /// Pod names admission refuses.
+        refuse: Mutex<HashSet<String>>,
+        refused: Mutex<Vec<(String, String)>>,
+        events: Mutex<Vec<String>>,
+        /// The active pods' names each admission saw.
+        admitted_against: Mutex<Vec<Vec<String>>>,
+        started: Mutex<Vec<Started>>,
+    }
+
+    impl WorkerHost for Fake {
+        fn pods(&self) -> &PodManager {
+            &self.pods
+        }
+
+        fn admit(&self, p: &Pod, active: &[Arc<Pod>]) -> Result<(), Rejection> {
+            let mut names: Vec<String> = active.iter().map(|a| pod::name(a).to_string()).collect();
+            names.sort();
+            self.admitted_against.lock().unwrap().push(names);
+            if self.refuse.lock().unwrap().contains(pod::name(p)) {
+                return Err(Rejection {
+                    reason: "OutOfcpu".into(),
+                    message: "Node didn't have enough resource: cpu".into(),
+                });
+            }
+            Ok(())
+        }
+
+        fn refused(&self, p: &Arc<Pod>, r: &Rejection) {
+            self.refused
+                .lock()
+                .unwrap()
+                .push((pod::name(p).to_string(), r.reason.clone()));
+            self.pods.upsert(pod::uid(p), p.clone(), None);
+        }
+
+        fn event(&self, _p: &Pod, reason: &str, _message: &str) {
+            self.events.lock().unwrap().push(reason.to_string());
+        }
+
+        fn start_worker(
+            self: &Arc<Self>,
+            p: Arc<Pod>,
+            known: Vec<String>,
+            lifecycle: Lifecycle,
+        ) -> mpsc::UnboundedSender<Msg> {
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.pods.upsert(pod::uid(&p), p.clone(), None);
+            self.started.lock().unwrap().push(Started {
+                uid: pod::uid(&p).to_string(),
+                lifecycle,
+                known,
+                pod: p,
+                rx,
+            });
+            tx
+        }
+    }
+
+    fn pod_of(v: serde_json::Value) -> Arc<Pod> {
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn pod(name: &str, uid: &str) -> Arc<Pod> {
+        pod_of(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default", "uid": uid},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}}))
+    }
+
+    fn workers(adoptable: HashMap<String, Vec<String>>) -> (Arc<Fake>, PodWorkers<Fake>) {
+        let fake = Arc::new(Fake::default());
+        let (done, _) = mpsc::unbounded_channel();
+        (fake.clone(), PodWorkers::new(fake, adoptable, done))
+    }
+
+    /// The worker started for `uid` (the latest), taken out of the fake.
+    fn take(fake: &Fake, uid: &str) -> Started {
+        let mut started = fake.started.lock().unwrap();
+        let i = started
+            .iter()
+            .rposition(|s| s.uid == uid)
+            .expect("a worker was started");
+        started.remove(i)
+    }
+
+    fn started_uids(fake: &Fake) -> Vec<String> {
+        fake.started.lock().unwrap().iter().map(|s| s.uid.clone()).collect()
+    }
+
+    /// What a worker was sent so far, in order.
+    fn sent(w: &mut Started) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(m) = w.rx.try_recv() {
+            out.push(match m {
+                Msg::Update(p) => format!("update:{}", p.metadata.resource_version.clone().unwrap_or_default()),
+                Msg::Terminate => "terminate".into(),
+                Msg::Wake => "wake".into(),
+                Msg::Probe(_) => "probe".into(),
+                Msg::Kill(k) => format!("kill:{}", k.reason),
+            });
+        }
+        out
+    }
+
+    fn versioned(p: &Arc<Pod>, rv: &str) -> Arc<Pod> {
+        let mut q = (**p).clone();
+        q.metadata.resource_version = Some(rv.into());
+        Arc::new(q)
+    }
+
+    fn deleted(p: &Arc<Pod>, rv: &str) -> Arc<Pod> {
+        let mut q = (*versioned(p, rv)).clone();
+        q.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+        Arc::new(q)
+    }
+
+    fn kill(reason: &str) -> KillPod {
+        KillPod {
+            reason: reason.into(),
+            message: "m".into(),
+            grace: None,
+            disruption: false,
+            done: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_admitted_pod_gets_a_syncing_worker_and_a_refused_one_a_status_only() {
+        let (fake, mut w) = workers(HashMap::new());
+        fake.refuse.lock().unwrap().insert("big".into());
+        w.handle(PodOp::Add(pod("a", "u1")));
+        w.handle(PodOp::Add(pod("big", "u2")));
+        assert_eq!(started_uids(&fake), ["u1"]);
+        assert_eq!(take(&fake, "u1").lifecycle, Lifecycle::Syncing);
+        assert_eq!(
+            *fake.refused.lock().unwrap(),
+            [("big".to_string(), "OutOfcpu".to_string())]
+        );
+        // a refused pod stays refused: an update starts nothing, its removal forgets it
+        w.handle(PodOp::Update(versioned(&pod("big", "u2"), "2")));
+        w.handle(PodOp::Add(pod("big", "u2")));
+        assert!(started_uids(&fake).is_empty());
+        assert!(fake.pods.get("u2").is_some());
+        w.handle(PodOp::Remove(pod("big", "u2")));
+        assert!(fake.pods.get("u2").is_none());
+    }
+
+    #[tokio::test]
+    async fn updates_go_to_the_worker_and_a_requested_deletion_terminates_it() {
+        let (fake, mut w) = workers(HashMap::new());
+        let a = pod("a", "u1");
+        w.handle(PodOp::Add(a.clone()));
+        let mut worker = take(&fake, "u1");
+        w.handle(PodOp::Update(versioned(&a, "2")));
+        // an ADD of a pod that runs already is an update
+        w.handle(PodOp::Add(versioned(&a, "3")));
+        w.handle(PodOp::Update(deleted(&a, "4")));
+        assert_eq!(sent(&mut worker), ["update:2", "update:3", "update:4", "terminate"]);
+        // terminating: neither updates nor a removal reach it again
+        w.handle(PodOp::Update(versioned(&a, "5")));
+        w.handle(PodOp::Remove(a.clone()));
+        assert!(sent(&mut worker).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_pod_of_the_same_name_waits_until_the_terminating_one_has_finished() {
+        let (fake, mut w) = workers(HashMap::new());
+        w.handle(PodOp::Add(pod("web", "old")));
+        let mut old = take(&fake, "old");
+        w.handle(PodOp::Remove(pod("web", "old")));
+        assert_eq!(sent(&mut old), ["terminate"]);
+        // the new pod of that name waits, taking its updates while it does
+        w.handle(PodOp::Add(pod("web", "new")));
+        w.handle(PodOp::Update(versioned(&pod("web", "new"), "7")));
+        // another name does not wait
+        w.handle(PodOp::Add(pod("other", "o1")));
+        assert_eq!(started_uids(&fake), ["o1"]);
+        // the old worker is done: the waiting pod starts, as last updated
+        drop(old);
+        w.finished("old");
+        let new = take(&fake, "new");
+        assert_eq!(new.lifecycle, Lifecycle::Syncing);
+        assert_eq!(new.pod.metadata.resource_version.as_deref(), Some("7"));
+        // a pending pod removed before it started never starts
+        w.handle(PodOp::Remove(pod("web", "new")));
+        w.handle(PodOp::Add(pod("web", "newer")));
+        w.handle(PodOp::Remove(pod("web", "newer")));
+        w.finished("new");
+        assert!(!started_uids(&fake).contains(&"newer".to_string()));
+    }
+
+    #[tokio::test]
+    async fn finished_and_deleted_pods_never_sync_again() {
+        let (fake, mut w) = workers(HashMap::from([("u2".to_string(), vec!["c1".to_string()])]));
+        // an API pod that finished before this agent saw it: nothing runs
+        let done = pod_of(serde_json::json!({
+            "metadata": {"name": "done", "namespace": "default", "uid": "u1"},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Succeeded"}}));
+        w.handle(PodOp::Add(done));
+        assert!(started_uids(&fake).is_empty());
+        assert_eq!(
+            fake.pods.get("u1").and_then(|e| e.status.phase),
+            Some("Succeeded".to_string())
+        );
+        // one being deleted already is terminated, adopting what an earlier run left of it
+        w.handle(PodOp::Add(deleted(&pod("going", "u2"), "1")));
+        let going = take(&fake, "u2");
+        assert_eq!(going.lifecycle, Lifecycle::Terminating);
+        assert_eq!(going.known, ["c1"]);
+        assert!(fake.admitted_against.lock().unwrap().is_empty(), "neither was admitted");
+    }
+
+    #[tokio::test]
+    async fn admission_counts_the_active_pods_only() {
+        let (fake, mut w) = workers(HashMap::new());
+        w.handle(PodOp::Add(pod("a", "u1")));
+        w.handle(PodOp::Add(pod("b", "u2")));
+        w.handle(PodOp::Remove(pod("a", "u1")));
+        // b has finished (its phase is terminal): it holds no resources any more
+        fake.pods.upsert(
+            "u2",
+            pod("b", "u2"),
+            Some(k8s_openapi::api::core::v1::PodStatus {
+                phase: Some("Failed".into()),
+                ..Default::default()
+            }),
+        );
+        w.handle(PodOp::Add(pod("c", "u3")));
+        assert_eq!(
+            *fake.admitted_against.lock().unwrap(),
+            [vec![], vec!["a".to_string()], vec![]]
+        );
+    }
+
+    #[tokio::test]
+    async fn kills_reach_running_workers_and_reruns_only_evicted_static_pods() {
+        let (fake, mut w) = workers(HashMap::new());
+        w.handle(PodOp::Add(pod("a", "u1")));
+        let mut a = take(&fake, "u1");
+        w.kill("u1", kill("Evicted"));
+        w.kill("nobody", kill("Evicted"));
+        assert_eq!(sent(&mut a), ["kill:Evicted"]);
+        // a pod that is not a static pod evicted here is not run again
+        w.rerun("u1");
+        assert!(sent(&mut a).is_empty());
+        w.handle(PodOp::Remove(pod("a", "u1")));
+        w.kill("u1", kill("Evicted"));
+        assert_eq!(sent(&mut a), ["terminate"]);
+
+        // an evicted static pod: terminated, then ADDed again once gone
+        let s = pod_of(serde_json::json!({
+            "metadata": {"name": "s", "namespace": "default", "uid": "s1",
+                         "annotations": {"kubernetes.io/config.source": "file"}},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}}));
+        w.handle(PodOp::Add(s.clone()));
+        let mut first = take(&fake, "s1");
+        let evicted: k8s_openapi::api::core::v1::PodStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Failed", "reason": "Evicted",
+            "conditions": [{"type": crate::status::DISRUPTION_TARGET, "status": "True"}]}))
+        .unwrap();
+        assert!(crate::eviction::evicted_for_pressure(&evicted));
+        fake.pods.upsert("s1", s.clone(), Some(evicted));
+        w.rerun("s1");
+        assert_eq!(sent(&mut first), ["terminate"]);
+        assert_eq!(
+            *fake.events.lock().unwrap(),
+            [crate::pod::reasons::EVENT_RERUN_AFTER_EVICTION]
+        );
+        drop(first);
+        fake.pods.remove("s1");
+        w.finished("s1");
+        assert_eq!(take(&fake, "s1").lifecycle, Lifecycle::Syncing);
     }
 }

@@ -615,3 +615,15 @@ impl PodWorker {
         self.report.last = Some(st);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removal_retries_double_from_a_second_to_a_minute() {
+        let mut d = RetryDelay::default();
+        let secs: Vec<u64> = (0..9).map(|_| d.next_delay().as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+}
