@@ -94,7 +94,9 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
 
     let apparmor_profile = apparmor_profile(p, c, privileged, &cfg.root_dir)?;
     let pods_dir = input.pod_dir.parent().unwrap_or(&input.pod_dir);
-    let selinux_labels = selinux::container_labels(input.sandbox.selinux.as_ref(), c, pods_dir);
+    let selinux_labels = selinux::container_labels(input.sandbox.selinux.as_ref(), c, || {
+        crate::podsetup::sandbox::selinux_levels(pods_dir)
+    });
 
     let ns_of = |p: &Option<PathBuf>| match p {
         Some(p) => NamespaceMode::Path(p.clone()),

@@ -144,7 +144,7 @@ pub fn finish(
     userns: Option<IdRange>,
 ) -> Result<Sandbox> {
     let dir = sandbox_dir(pod_dir);
-    let selinux = super::selinux::sandbox_labels(p, pod_dir.parent().unwrap_or(pod_dir));
+    let selinux = super::selinux::sandbox_labels(p, || selinux_levels(pod_dir.parent().unwrap_or(pod_dir)));
     let shm = if own.ipc {
         let shm = dir.join("shm");
         std::fs::create_dir_all(&shm)?;
@@ -193,6 +193,17 @@ pub fn recorded_ids(pods_dir: &Path) -> Vec<String> {
         .flatten()
         .filter_map(|e| load(&e.path()).ok().flatten())
         .map(|s| s.id)
+        .collect()
+}
+
+/// The SELinux levels the sandboxes recorded under `pods_dir` hold (a new pod's must differ).
+pub fn selinux_levels(pods_dir: &Path) -> std::collections::HashSet<String> {
+    std::fs::read_dir(pods_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| load(&e.path()).ok().flatten())
+        .filter_map(|s| s.selinux.and_then(|l| l.level()))
         .collect()
 }
 

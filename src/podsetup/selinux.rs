@@ -77,25 +77,15 @@ fn container_options(c: &Container) -> Options {
     options(c.security_context.as_ref().and_then(|s| s.se_linux_options.as_ref()))
 }
 
-/// The levels the sandboxes recorded under `pods_dir` hold.
-fn levels_in_use(pods_dir: &Path) -> HashSet<String> {
-    std::fs::read_dir(pods_dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| super::sandbox::load(&e.path()).ok().flatten())
-        .filter_map(|s| s.selinux.and_then(|l| l.level()))
-        .collect()
-}
-
-/// The labels of a new sandbox of `p` (`pods_dir`: where the other pods' records are, whose
-/// levels it must not take). None where SELinux is not enabled, and where the policy has no
-/// container contexts and the pod asks for none (as go-selinux: then nothing is labeled).
-pub fn sandbox_labels(p: &Pod, pods_dir: &Path) -> Option<SandboxLabels> {
+/// The labels of a new sandbox of `p` (`in_use`: the levels the other pods' sandboxes hold,
+/// asked only when a fresh level is needed). None where SELinux is not enabled, and where the
+/// policy has no container contexts and the pod asks for none (as go-selinux: then nothing
+/// is labeled).
+pub fn sandbox_labels(p: &Pod, in_use: impl FnOnce() -> HashSet<String>) -> Option<SandboxLabels> {
     if !enabled() {
         return None;
     }
-    labels_for(policy(), p, || levels_in_use(pods_dir)).map(|l| SandboxLabels::of(&l))
+    labels_for(policy(), p, in_use).map(|l| SandboxLabels::of(&l))
 }
 
 fn labels_for(policy: &Policy, p: &Pod, in_use: impl FnOnce() -> HashSet<String>) -> Option<Labels> {
@@ -107,12 +97,17 @@ fn labels_for(policy: &Policy, p: &Pod, in_use: impl FnOnce() -> HashSet<String>
     Some(policy.labels(&opts, || label::unique_level(&in_use())))
 }
 
-/// A container's labels: its sandbox's, with its own seLinuxOptions over them.
-pub fn container_labels(sandbox: Option<&SandboxLabels>, c: &Container, pods_dir: &Path) -> Option<Labels> {
+/// A container's labels: its sandbox's, with its own seLinuxOptions over them (`in_use`: as
+/// for [`sandbox_labels`]).
+pub fn container_labels(
+    sandbox: Option<&SandboxLabels>,
+    c: &Container,
+    in_use: impl FnOnce() -> HashSet<String>,
+) -> Option<Labels> {
     if !enabled() {
         return None;
     }
-    container_labels_with(policy(), sandbox, c, || levels_in_use(pods_dir))
+    container_labels_with(policy(), sandbox, c, in_use)
 }
 
 fn container_labels_with(
