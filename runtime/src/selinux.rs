@@ -56,6 +56,35 @@ impl fmt::Display for Context {
     }
 }
 
+/// Whether `value` may be the `field` ("user", "role", "type", "level") of a context: names of
+/// letters, digits, `_`, `.` and `-`; a level also `:` and `,` (`s0-s0:c0.c1023`). Labels go
+/// into mount option strings (`context="..."`): a quote, `=` or blank there would let a pod's
+/// options add mount options of their own.
+pub fn check_field(field: &str, value: &str) -> Result<(), String> {
+    let extra: &[char] = if field == "level" { &[':', ','] } else { &[] };
+    let ok = !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') || extra.contains(&c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} {value:?} is not an SELinux {field}: letters, digits, '_', '.', '-'{}",
+            if field == "level" { ", ':' and ','" } else { "" }
+        ))
+    }
+}
+
+/// [`check_field`] for each field of a whole context (`user:role:type:level`).
+pub fn check_label(label: &str) -> Result<(), String> {
+    let c = Context::parse(label)?;
+    check_field("user", &c.user)?;
+    check_field("role", &c.role)?;
+    check_field("type", &c.type_)?;
+    check_field("level", &c.level)
+}
+
 /// What a container asks for (Kubernetes seLinuxOptions); an empty field keeps the base's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Options {
@@ -204,9 +233,16 @@ pub fn set_exec_label(label: &str) -> io::Result<()> {
 }
 
 /// Label `path` and everything under it `label` (go-selinux's Relabel, private: the
-/// container's own level), without following symlinks. System directories are refused, as
-/// go-selinux refuses them.
+/// container's own level), never following a symlink. Below `path` the walk holds each
+/// directory open and names entries through it (`/proc/self/fd/<dir>/<name>`), so a container
+/// that swaps a directory of a shared volume for a symlink mid-walk cannot steer it onto the
+/// host's files. System directories are refused, as go-selinux refuses them.
 pub fn relabel(path: &Path, label: &str) -> io::Result<()> {
+    relabel_as(path, XATTR, label)
+}
+
+/// [`relabel`], setting the xattr `name` (tests use a trusted.* one: this host has no SELinux).
+fn relabel_as(path: &Path, name: &str, label: &str) -> io::Result<()> {
     const REFUSED: &[&str] = &[
         "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/proc", "/sys", "/usr", "/var",
     ];
@@ -216,14 +252,41 @@ pub fn relabel(path: &Path, label: &str) -> io::Result<()> {
             format!("relabeling {} is not allowed", path.display()),
         ));
     }
-    let mut stack: Vec<PathBuf> = vec![path.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        xattr::set(&p, XATTR, label.as_bytes())
-            .map_err(|e| io::Error::new(e.kind(), format!("labeling {} {label}: {e}", p.display())))?;
-        let meta = std::fs::symlink_metadata(&p)?;
-        if meta.is_dir() {
-            for e in std::fs::read_dir(&p)? {
-                stack.push(e?.path());
+    let set = |p: &Path| {
+        xattr::set(p, name, label.as_bytes())
+            .map_err(|e| io::Error::new(e.kind(), format!("labeling {} {label}: {e}", p.display())))
+    };
+    set(path)?;
+    if !std::fs::symlink_metadata(path)?.is_dir() {
+        return Ok(());
+    }
+    let open_dir = |p: &Path| {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(p)
+    };
+    let mut dirs = vec![open_dir(path)?];
+    while let Some(dir) = dirs.pop() {
+        use std::os::fd::AsRawFd;
+        let at = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        for e in std::fs::read_dir(&at)? {
+            let e = e?;
+            let entry = at.join(e.file_name());
+            match set(&entry) {
+                Ok(()) => {}
+                // gone meanwhile (the container removed it)
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(err),
+            }
+            if e.file_type()?.is_dir() {
+                match open_dir(&entry) {
+                    Ok(d) => dirs.push(d),
+                    // removed, or swapped for a symlink or a file since it was listed: not ours to follow
+                    Err(err) if matches!(err.raw_os_error(), Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)) => {}
+                    Err(err) => return Err(err),
+                }
             }
         }
     }
@@ -310,6 +373,41 @@ mod tests {
             assert!(cats.len() == 2 && cats[0] < cats[1] && cats[1] < 1024, "{l}");
             assert!(taken.insert(l));
         }
+    }
+
+    #[test]
+    fn fields_that_could_add_mount_options_are_refused() {
+        assert!(check_label("system_u:system_r:container_t:s0:c1,c2").is_ok());
+        assert!(check_label("system_u:system_r:kernel_t:s0-s0:c0.c1023").is_ok());
+        assert!(check_field("level", "s0\",upperdir=/etc").is_err());
+        assert!(check_field("type", "spc_t,ro").is_err());
+        assert!(check_field("user", "a b").is_err());
+        assert!(check_label("u:r:t:s0\"").is_err());
+        assert_eq!(
+            check_field("level", "s0=1").unwrap_err(),
+            "level \"s0=1\" is not an SELinux level: letters, digits, '_', '.', '-', ':' and ','"
+        );
+    }
+
+    #[test]
+    fn a_symlink_in_the_tree_is_labeled_itself_never_its_target() {
+        // user.* stands in for security.selinux (this host has no SELinux); the walk is the same
+        let d = tempfile::tempdir().unwrap();
+        let (tree, outside) = (d.path().join("tree"), d.path().join("outside"));
+        std::fs::create_dir_all(tree.join("sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(tree.join("sub/f"), "x").unwrap();
+        std::fs::write(outside.join("secret"), "x").unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("escape")).unwrap();
+        relabel_as(&tree, "trusted.ferrolet-test", "l").unwrap();
+        let get = |p: &Path| xattr::get(p, "trusted.ferrolet-test").unwrap();
+        assert_eq!(get(&tree.join("sub/f")).as_deref(), Some(&b"l"[..]));
+        assert_eq!(get(&tree.join("sub")).as_deref(), Some(&b"l"[..]));
+        assert!(
+            get(&outside.join("secret")).is_none(),
+            "the symlink's target is the host's"
+        );
+        assert!(get(&outside).is_none());
     }
 
     #[test]

@@ -262,7 +262,11 @@ pub fn build_spec(input: &SpecInput) -> Result<Spec> {
         process = process.apparmor_profile(profile.clone());
     }
     if let Some(label) = cfg.selinux_label.as_ref().filter(|l| !l.is_empty()) {
+        crate::selinux::check_label(label).map_err(|e| Error::invalid_config("selinuxLabel", e))?;
         process = process.selinux_label(label.clone());
+    }
+    if let Some(label) = cfg.mount_label.as_ref().filter(|l| !l.is_empty()) {
+        crate::selinux::check_label(label).map_err(|e| Error::invalid_config("mountLabel", e))?;
     }
     let mut process = process.build().context_cfg("process")?;
     // oci-spec's defaults are not a container runtime's: they set noNewPrivileges, a 1024

@@ -96,7 +96,8 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     let pods_dir = input.pod_dir.parent().unwrap_or(&input.pod_dir);
     let selinux_labels = selinux::container_labels(input.sandbox.selinux.as_ref(), c, || {
         crate::podsetup::sandbox::selinux_levels(pods_dir)
-    });
+    })
+    .map_err(anyhow::Error::msg)?;
 
     let ns_of = |p: &Option<PathBuf>| match p {
         Some(p) => NamespaceMode::Path(p.clone()),

@@ -144,7 +144,8 @@ pub fn finish(
     userns: Option<IdRange>,
 ) -> Result<Sandbox> {
     let dir = sandbox_dir(pod_dir);
-    let selinux = super::selinux::sandbox_labels(p, || selinux_levels(pod_dir.parent().unwrap_or(pod_dir)));
+    let selinux = super::selinux::sandbox_labels(p, || selinux_levels(pod_dir.parent().unwrap_or(pod_dir)))
+        .map_err(|e| anyhow::anyhow!(e))?;
     let shm = if own.ipc {
         let shm = dir.join("shm");
         std::fs::create_dir_all(&shm)?;
