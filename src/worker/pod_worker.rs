@@ -437,12 +437,11 @@ impl PodWorker {
                 .collect::<Vec<_>>()
         })
         .await;
+        // An empty list would read as "no containers" and start them again: a panic in the
+        // read goes on to the round, which is retried.
         let read = match read {
             Ok(r) => r,
-            Err(e) => {
-                warn!(pod = %pod::full_name(&self.pod), error = %e, "reading container states");
-                return PodContainers::new(Vec::new());
-            }
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
         let mut out = Vec::new();
         for (id, r) in read {
