@@ -34,6 +34,8 @@ pub struct Cluster {
     nodes: AtomicU32,
     /// The controller-manager's pid and command line, to start it again when it dies.
     controller_manager: std::sync::Mutex<(i32, Vec<String>)>,
+    /// Held while the control plane signs a node certificate (see `node_kubeconfig`).
+    signing: std::sync::Mutex<()>,
 }
 
 impl Cluster {
@@ -79,6 +81,7 @@ impl Cluster {
             script,
             nodes: AtomicU32::new(0),
             controller_manager: std::sync::Mutex::new((0, Vec::new())),
+            signing: std::sync::Mutex::new(()),
         };
         let cm = c
             .component("kube-controller-manager")
@@ -153,7 +156,11 @@ impl Cluster {
     }
 
     /// A kubeconfig with a client certificate for system:node:NODE.
+    ///
+    /// Calls are serialized: the script signs with `openssl x509 -CAcreateserial`, which reads
+    /// and rewrites the CA's serial file, and two signings at once fail with nothing on stderr.
     pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
+        let _one_at_a_time = self.signing.lock().unwrap_or_else(|e| e.into_inner());
         let out = Command::new("bash")
             .arg(&self.script)
             .arg("node-kubeconfig")
