@@ -13,6 +13,7 @@
 
 pub mod agent;
 pub mod backoff;
+pub mod checkpoint;
 pub mod cli;
 pub mod cm;
 pub mod config;

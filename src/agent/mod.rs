@@ -198,6 +198,9 @@ struct Joined {
     network_status: crate::podsetup::network::NetworkStatus,
     /// The eviction manager's conditions (the manager starts once the stats do).
     eviction: crate::eviction::Eviction,
+    /// In a cluster: what the node keeps of the API server's pods and objects for a start
+    /// without it.
+    checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
 }
 
 /// In a cluster: the node's API client (a bad credential ends the start here), the event
@@ -210,6 +213,13 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
     let kube = match cfg.in_cluster() && !cfg.run_once {
         true => Some(Kube::connect(&cfg).await?),
         false => None,
+    };
+    let checkpoint = match &kube {
+        Some(_) => {
+            let root = cfg.root_dir.clone();
+            Some(blocking(move || crate::checkpoint::Checkpoint::open(&root)).await?)
+        }
+        None => None,
     };
     let events = match &kube {
         Some(k) => Recorder::cluster(
@@ -230,7 +240,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
     let network_status = crate::podsetup::network::NetworkStatus::default();
     let eviction = crate::eviction::Eviction::new(cfg.in_cluster());
     let mut node_handle = None;
-    if let Some(kube) = &kube {
+    if let (Some(kube), Some(checkpoint)) = (&kube, &checkpoint) {
         let images: crate::node::cluster::ImageList = {
             let rt = rt.clone();
             Arc::new(move || Ok(rt.images().list()?))
@@ -246,6 +256,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
                 let eviction = eviction.clone();
                 Arc::new(move || eviction.pressure())
             },
+            checkpoint.clone(),
         )
         .await?;
         if cfg.network.mode == crate::config::NetworkMode::Bridge {
@@ -266,6 +277,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
         node_handle,
         network_status,
         eviction,
+        checkpoint,
     })
 }
 
@@ -305,9 +317,13 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
     // Before any pod worker: collects the network of sandboxes that are gone.
     setup.network().init().await;
     // In a cluster, pods' ConfigMaps, Secrets, tokens and Services come from the API server.
-    let setup = match &joined.kube {
-        Some(k) => setup.with_objects(crate::objects::ObjectManager::new(k.clone(), &cfg.node_name)),
-        None => setup,
+    let setup = match (&joined.kube, &joined.checkpoint) {
+        (Some(k), Some(cp)) => setup.with_objects(crate::objects::ObjectManager::new(
+            k.clone(),
+            &cfg.node_name,
+            cp.clone(),
+        )),
+        _ => setup,
     };
     let objects = setup.objects().cloned();
     // Pulls from registries, and the registries.yaml re-read when it changes.
@@ -439,11 +455,12 @@ fn start_sources(
             HttpSource::new(url.clone(), headers.clone(), node_name.clone()).run(snapshots_to(tx.clone()), every)
         });
     }
-    if let Some(kube) = joined.kube.clone() {
+    if let (Some(kube), Some(checkpoint)) = (joined.kube.clone(), joined.checkpoint.clone()) {
         sources.push(crate::pod::SOURCE_API);
         let (tx, node_name, mirrors) = (ev_tx.clone(), cfg.node_name.clone(), joined.mirrors.clone());
         supervise("api source", Duration::from_secs(1), move || {
-            ApiSource::new(kube.clone(), node_name.clone(), mirrors.clone()).run(snapshots_to(tx.clone()))
+            ApiSource::new(kube.clone(), node_name.clone(), mirrors.clone(), checkpoint.clone())
+                .run(snapshots_to(tx.clone()))
         });
     }
     let (done_tx, done_rx) = mpsc::unbounded_channel();
@@ -586,6 +603,7 @@ async fn serve(managers: &Arc<Managers>, joined: &Joined, stats: Arc<crate::stat
         stats,
         joined.eviction.clone(),
         readiness(rt.clone(), joined.network_status.clone()),
+        joined.checkpoint.clone(),
     );
     crate::server::serve_all(cfg, state, joined.kube.clone(), managers.node.ips.clone()).await?;
     info!(

@@ -20,6 +20,7 @@ use super::conditions::Pressure;
 use super::lease::{self, LeaseController};
 use super::status::{self, Observed};
 use super::{allocatable, machine, pod_cidr, register, NodeInfo};
+use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::events::{Kind, Recorder};
 use crate::kubeclient::Kube;
@@ -44,6 +45,8 @@ pub struct NodeHandle {
     pub name: String,
     /// The Node as registered, then as its watch delivers it.
     registered: watch::Receiver<Option<Node>>,
+    /// Where each version the watch delivers is kept, for a start without the API server.
+    checkpoint: Arc<Checkpoint>,
 }
 
 impl NodeHandle {
@@ -51,6 +54,12 @@ impl NodeHandle {
     /// labels and taints added later are here), if it exists yet.
     pub fn node(&self) -> Option<Node> {
         self.registered.borrow().clone()
+    }
+
+    /// The Node as the API server has it, or else as this node last saw it (its checkpoint,
+    /// while the server has been away since the agent started).
+    pub fn node_or_last_seen(&self) -> Option<Node> {
+        self.node().or_else(|| self.checkpoint.node())
     }
 
     /// Wait until the Node exists (forever with registerNode off and no Node made by others).
@@ -86,6 +95,7 @@ const FAST_UPDATES_FOR: Duration = Duration::from_secs(120);
 /// every nodeStatusUpdateFrequency (every second until Ready is first posted, for at most
 /// [`FAST_UPDATES_FOR`]) and posts it when it changed or every nodeStatusReportFrequency; and the
 /// Lease loop, every nodeLeaseDurationSeconds/4.
+#[allow(clippy::too_many_arguments)]
 pub async fn start(
     kube: Kube,
     cfg: Arc<Config>,
@@ -94,6 +104,7 @@ pub async fn start(
     readiness: Readiness,
     events: Recorder,
     pressure: PressureFn,
+    checkpoint: Arc<Checkpoint>,
 ) -> Result<NodeHandle> {
     events.node(Kind::Normal, STARTING, "Starting kubelet.");
     // The container manager's event, before registration as in kubelet.
@@ -107,7 +118,12 @@ pub async fn start(
     let identity = blocking(|| Ok(machine::identity())).await?;
     let (registered_tx, registered) = watch::channel(None);
     let registered_tx = Arc::new(registered_tx);
-    tokio::spawn(watch_node(kube.clone(), info.name.clone(), registered_tx.clone()));
+    tokio::spawn(watch_node(
+        kube.clone(),
+        info.name.clone(),
+        registered_tx.clone(),
+        checkpoint.clone(),
+    ));
     let status_loop = Arc::new(Mutex::new(StatusLoop {
         kube: kube.clone(),
         cfg: cfg.clone(),
@@ -159,13 +175,15 @@ pub async fn start(
         kube,
         name: info.name,
         registered,
+        checkpoint,
     })
 }
 
 /// kubelet's node informer: the node's own Node (field selector `metadata.name`), listed then
 /// watched, each version sent to `to`; a broken watch re-lists with back-off. A deleted Node
-/// is kept as last seen (the status loop registers it again).
-async fn watch_node(kube: Kube, name: String, to: Arc<watch::Sender<Option<Node>>>) {
+/// is kept as last seen (the status loop registers it again). Each version is also written to
+/// the checkpoint.
+async fn watch_node(kube: Kube, name: String, to: Arc<watch::Sender<Option<Node>>>, checkpoint: Arc<Checkpoint>) {
     use futures::StreamExt;
     use kube::runtime::watcher::{self, Event};
     use kube::runtime::WatchStreamExt;
@@ -179,6 +197,10 @@ async fn watch_node(kube: Kube, name: String, to: Arc<watch::Sender<Option<Node>
                 if failing {
                     info!(node = %name, "watching the Node again");
                     failing = false;
+                }
+                let (cp, copy) = (checkpoint.clone(), n.clone());
+                if let Err(e) = blocking(move || cp.set_node(&copy)).await {
+                    warn!(error = %format!("{e:#}"), "writing the Node's checkpoint");
                 }
                 to.send_replace(Some(n));
             }

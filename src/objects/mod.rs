@@ -6,6 +6,12 @@
 //!
 //! What a container's environment or a pod's volumes need is fetched here, asynchronously, into
 //! plain values ([`EnvObjects`], [`VolumeObjects`]) that the pure builders below read.
+//!
+//! Everything fetched is also kept in the node's checkpoint with the pods that use it, and
+//! served from there while the API server cannot be reached (a Secret the server says is gone
+//! is forgotten, never served): a node started without its server fills its pods' volumes and
+//! env as they last were (docs/offline.md). Tokens are served as kept, expired or not; the
+//! pod's own client retries, and the next fetch once the server is back renews them.
 
 pub mod local;
 pub mod services;
@@ -18,10 +24,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, ServiceAccountTokenProjection};
 
+use crate::checkpoint::{Checkpoint, Object};
 use crate::kubeclient::Kube;
 use crate::pod;
+use crate::tasks::blocking;
 pub use store::Lookup;
-use store::{ObjectKey, Store};
+use store::{FetchError, ObjectKey, Store};
 use tokens::{TokenKey, TokenManager};
 
 /// kubelet's default TTL of cached ConfigMaps and Secrets, when the Node has no
@@ -75,11 +83,13 @@ pub struct ObjectManager {
     secrets: Store<Secret>,
     tokens: TokenManager,
     services: services::ServiceCache,
+    checkpoint: Arc<Checkpoint>,
 }
 
 impl ObjectManager {
-    pub fn new(kube: Kube, node_name: &str) -> Arc<ObjectManager> {
+    pub fn new(kube: Kube, node_name: &str, checkpoint: Arc<Checkpoint>) -> Arc<ObjectManager> {
         Arc::new(ObjectManager {
+            checkpoint,
             kube,
             node_name: node_name.to_string(),
             ttl: std::sync::Mutex::new(None),
@@ -116,12 +126,77 @@ impl ObjectManager {
 
     pub async fn config_map(&self, ns: &str, name: &str) -> Lookup<ConfigMap> {
         let ttl = self.object_ttl().await;
-        self.config_maps.get(&self.kube, ns, name, ttl).await
+        let got = self.config_maps.get(&self.kube, ns, name, ttl).await;
+        let uids = self.config_maps.pods_referencing(&(ns.to_string(), name.to_string()));
+        self.kept(
+            got,
+            uids,
+            ns,
+            name,
+            false,
+            |cp, ns, name| cp.config_map(ns, name),
+            |cp, uids, o| cp.record_object(uids, Object::ConfigMap(o)),
+        )
+        .await
     }
 
     pub async fn secret(&self, ns: &str, name: &str) -> Lookup<Secret> {
         let ttl = self.object_ttl().await;
-        self.secrets.get(&self.kube, ns, name, ttl).await
+        let got = self.secrets.get(&self.kube, ns, name, ttl).await;
+        let uids = self.secrets.pods_referencing(&(ns.to_string(), name.to_string()));
+        self.kept(
+            got,
+            uids,
+            ns,
+            name,
+            true,
+            |cp, ns, name| cp.secret(ns, name),
+            |cp, uids, o| cp.record_object(uids, Object::Secret(o)),
+        )
+        .await
+    }
+
+    /// What a fetch of `ns/name` for the pods `uids` found, kept in the checkpoint (found:
+    /// recorded with the pods; gone: forgotten); while the server cannot be reached, what the
+    /// checkpoint kept.
+    #[allow(clippy::too_many_arguments)]
+    async fn kept<K: Clone + Send + Sync + 'static>(
+        &self,
+        got: Result<Option<Arc<K>>, FetchError>,
+        uids: Vec<String>,
+        ns: &str,
+        name: &str,
+        secret: bool,
+        last: impl FnOnce(&Checkpoint, &str, &str) -> Option<K>,
+        record: fn(&Checkpoint, &[String], &K) -> anyhow::Result<()>,
+    ) -> Lookup<K> {
+        let cp = self.checkpoint.clone();
+        match got {
+            Ok(Some(o)) => {
+                if !uids.is_empty() {
+                    let kept = o.clone();
+                    if let Err(e) = blocking(move || record(&cp, &uids, &kept)).await {
+                        tracing::warn!(namespace = ns, name, error = %format!("{e:#}"), "checkpointing an object");
+                    }
+                }
+                Ok(Some(o))
+            }
+            Ok(None) => {
+                let (ns2, name2) = (ns.to_string(), name.to_string());
+                if let Err(e) = blocking(move || cp.forget_object(&uids, &ns2, &name2, secret)).await {
+                    tracing::warn!(namespace = ns, name, error = %format!("{e:#}"), "checkpointing an object");
+                }
+                Ok(None)
+            }
+            Err(e) if e.unreachable => match last(&self.checkpoint, ns, name) {
+                Some(o) => {
+                    tracing::debug!(namespace = ns, name, error = %e.message, "API server unreachable; serving the checkpoint's copy");
+                    Ok(Some(Arc::new(o)))
+                }
+                None => Err(e.message),
+            },
+            Err(e) => Err(e.message),
+        }
     }
 
     /// kubelet's getTTL: the Node's `node.alpha.kubernetes.io/ttl` seconds (read at most every
@@ -162,7 +237,27 @@ impl ObjectManager {
             pod_name: pod::name(p).to_string(),
             pod_uid: pod::uid(p).to_string(),
         };
-        self.tokens.get(&self.kube, &key).await
+        let kept_as = format!(
+            "{}|{}|{}",
+            key.service_account,
+            key.audiences.join(","),
+            key.expiration_seconds
+        );
+        let uid = key.pod_uid.clone();
+        match self.tokens.get(&self.kube, &key).await {
+            Ok(token) => {
+                if self.checkpoint.token(&uid, &kept_as).as_deref() != Some(token.as_str()) {
+                    let (cp, t) = (self.checkpoint.clone(), token.clone());
+                    if let Err(e) = blocking(move || cp.record_token(&uid, &kept_as, &t)).await {
+                        tracing::warn!(error = %format!("{e:#}"), "checkpointing a token");
+                    }
+                }
+                Ok(token)
+            }
+            // Served as kept, expired or not: the pod's client retries, and the next fetch
+            // renews it.
+            Err(e) => self.checkpoint.token(&uid, &kept_as).ok_or(e),
+        }
     }
 
     /// What `c`'s env and envFrom reference, and the Service variables of the pod.
@@ -172,11 +267,20 @@ impl ObjectManager {
         let (cms, secrets) = container_references(c);
         (out.config_maps, out.secrets) = self.fetch(ns, cms, secrets).await;
         let links = pod::spec(p).enable_service_links.unwrap_or(true);
-        out.service_env = self
-            .services
-            .list(&self.kube)
-            .await
-            .map(|l| services::env_vars(&l, ns, links));
+        let uid = pod::uid(p).to_string();
+        out.service_env = match self.services.list(&self.kube).await {
+            Ok(l) => {
+                let env = services::env_vars(&l, ns, links);
+                if self.checkpoint.service_env(&uid).as_ref() != Some(&env) {
+                    let (cp, kept) = (self.checkpoint.clone(), env.clone());
+                    if let Err(e) = blocking(move || cp.record_service_env(&uid, &kept)).await {
+                        tracing::warn!(error = %format!("{e:#}"), "checkpointing service env vars");
+                    }
+                }
+                Ok(env)
+            }
+            Err(e) => self.checkpoint.service_env(&uid).ok_or(e),
+        };
         out
     }
 

@@ -18,6 +18,16 @@ use crate::kubeclient::Kube;
 /// (the API server's message).
 pub type Lookup<K> = Result<Option<Arc<K>>, String>;
 
+/// Why an object could not be read from the API server.
+#[derive(Debug, Clone)]
+pub struct FetchError {
+    /// The API server's message, else the error chain.
+    pub message: String,
+    /// The API server gave no answer of its own (not reached, or it answered 5xx): what the
+    /// node last saw of the object still stands.
+    pub unreachable: bool,
+}
+
 /// `(namespace, name)`.
 pub type ObjectKey = (String, String);
 
@@ -81,8 +91,17 @@ where
         entries.retain(|k, _| pods.values().any(|(_, refs)| refs.contains(k)));
     }
 
+    /// The pods registered as referencing `key`.
+    pub fn pods_referencing(&self, key: &ObjectKey) -> Vec<String> {
+        let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        pods.iter()
+            .filter(|(_, (_, refs))| refs.contains(key))
+            .map(|(uid, _)| uid.clone())
+            .collect()
+    }
+
     /// The object, from the cache while younger than `ttl`, else from the API server.
-    pub async fn get(&self, kube: &Kube, ns: &str, name: &str, ttl: Duration) -> Lookup<K> {
+    pub async fn get(&self, kube: &Kube, ns: &str, name: &str, ttl: Duration) -> Result<Option<Arc<K>>, FetchError> {
         let key = (ns.to_string(), name.to_string());
         {
             let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -115,8 +134,19 @@ where
                 self.entries.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
                 Ok(None)
             }
-            Err(e) => Err(api_message(&e)),
+            Err(e) => Err(FetchError {
+                message: api_message(&e),
+                unreachable: unreachable(&e),
+            }),
         }
+    }
+}
+
+/// The API server was not reached, or failed itself (5xx): no answer about the object.
+pub fn unreachable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500,
+        _ => true,
     }
 }
 

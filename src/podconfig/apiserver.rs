@@ -6,9 +6,16 @@
 //!
 //! Mirror pods (the API server's copies of this node's static pods) are not pods to run; they
 //! are left out, and a change to one is passed to the mirror pods' task.
+//!
+//! Every snapshot is written to the node's checkpoint ([`crate::checkpoint`]) before it is
+//! handed on. When the API server cannot be reached at start (its first list fails, or has not
+//! come within [`RESTORE_AFTER`]), the checkpointed pods are sent as this source's snapshot,
+//! with the same UIDs, and the node's view is stale until the server's list replaces them:
+//! the pod config's diff then changes only what changed meanwhile (docs/offline.md).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -19,20 +26,60 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::Snapshot;
+use crate::checkpoint::Checkpoint;
 use crate::kubeclient::Kube;
 use crate::mirror::MirrorQueue;
 use crate::pod;
+
+/// How long the first list may take before the node runs its checkpointed pods (a server
+/// that refuses the connection is known unreachable at once).
+pub const RESTORE_AFTER: Duration = Duration::from_secs(1);
 
 pub struct ApiSource {
     kube: Kube,
     node: String,
     /// Told when a mirror pod changes, so one deleted by a user comes back.
     mirrors: Option<MirrorQueue>,
+    checkpoint: Arc<Checkpoint>,
+    /// When the agent started (the restore's time is logged from it).
+    started: Instant,
 }
 
 impl ApiSource {
-    pub fn new(kube: Kube, node: String, mirrors: Option<MirrorQueue>) -> ApiSource {
-        ApiSource { kube, node, mirrors }
+    pub fn new(kube: Kube, node: String, mirrors: Option<MirrorQueue>, checkpoint: Arc<Checkpoint>) -> ApiSource {
+        ApiSource {
+            kube,
+            node,
+            mirrors,
+            checkpoint,
+            started: Instant::now(),
+        }
+    }
+
+    /// Write the pods to the checkpoint (a failure is logged: the pods still run).
+    async fn checkpoint(&self, pods: &BTreeMap<String, Arc<Pod>>) {
+        let (cp, list): (_, Vec<Arc<Pod>>) = (self.checkpoint.clone(), pods.values().cloned().collect());
+        if let Err(e) = crate::tasks::blocking(move || cp.set_pods(&list)).await {
+            warn!(error = %format!("{e:#}"), "writing the pods' checkpoint");
+        }
+    }
+
+    /// The API server is not there at start: send the checkpointed pods as this source's.
+    fn restore(&self, why: &str, tx: &mpsc::UnboundedSender<Snapshot>) -> bool {
+        let pods: Vec<Arc<Pod>> = self.checkpoint.pods().into_iter().filter_map(accept).collect();
+        self.checkpoint.view().restored(pods.len(), why);
+        warn!(
+            pods = pods.len(),
+            after = ?self.started.elapsed(),
+            error = why,
+            "the API server is unreachable: running this node's pods from the local checkpoint until it is back"
+        );
+        tx.send(Snapshot {
+            source: pod::SOURCE_API,
+            pods,
+            errors: Default::default(),
+        })
+        .is_ok()
     }
 
     /// Watch until the receiver is gone (a broken watch is resumed, never the end).
@@ -45,7 +92,26 @@ impl ApiSource {
         let mut relist: Option<BTreeMap<String, Arc<Pod>>> = None;
         let mut listed_once = false;
         let mut failing = false;
-        while let Some(ev) = events.next().await {
+        // The checkpoint is offered once, before the first list, when it holds pods.
+        let mut may_restore = !self.checkpoint.pods().is_empty();
+        let restore_deadline = tokio::time::sleep(RESTORE_AFTER);
+        tokio::pin!(restore_deadline);
+        loop {
+            let ev = if may_restore {
+                tokio::select! {
+                    ev = events.next() => ev,
+                    _ = &mut restore_deadline => {
+                        may_restore = false;
+                        if !self.restore("no answer to the first list", &tx) {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                events.next().await
+            };
+            let Some(ev) = ev else { break };
             let changed = match ev {
                 Ok(Event::Init) => {
                     relist = Some(BTreeMap::new());
@@ -64,7 +130,15 @@ impl ApiSource {
                     if !listed_once {
                         info!(pods = pods.len(), "pods bound to this node listed from the API server");
                     }
+                    if let Some(stale) = self.checkpoint.view().fresh() {
+                        info!(
+                            stale_for = ?stale.since.elapsed().unwrap_or_default(),
+                            pods = pods.len(),
+                            "the API server is back: this node's pods are reconciled with its list"
+                        );
+                    }
                     listed_once = true;
+                    may_restore = false;
                     true
                 }
                 Ok(Event::Apply(p)) | Ok(Event::Delete(p)) if pod::is_mirror(&p) => {
@@ -87,6 +161,14 @@ impl ApiSource {
                         warn!(error = %e, "watching this node's pods; retrying");
                     }
                     failing = true;
+                    let why = e.to_string();
+                    self.checkpoint.view().unreachable(&why);
+                    if may_restore {
+                        may_restore = false;
+                        if !self.restore(&why, &tx) {
+                            return;
+                        }
+                    }
                     continue;
                 }
             };
@@ -95,6 +177,7 @@ impl ApiSource {
                 failing = false;
             }
             if changed && listed_once && relist.is_none() {
+                self.checkpoint(&pods).await;
                 let snap = Snapshot {
                     source: pod::SOURCE_API,
                     pods: pods.values().cloned().collect(),

@@ -2,6 +2,10 @@
 //! `podworkers`), each also at `/healthz/<name>`. Plain `ok` when all pass; otherwise status 500
 //! with one `[+]`/`[-]` line per check and the reasons withheld from the response (they are
 //! logged), as kubelet's healthz handler does; `?verbose` lists the checks when all pass too.
+//!
+//! In a cluster `?verbose` also says how current the node's view of the API server is
+//! (`[+]apiserver-view fresh`, or `stale since ...` while the node runs on its checkpoint):
+//! a node that runs its pods without the server is healthy, so it never fails the check.
 
 use std::sync::Arc;
 
@@ -49,6 +53,9 @@ pub async fn all(axum::extract::State(st): axum::extract::State<Arc<State>>, Que
         return (StatusCode::INTERNAL_SERVER_ERROR, lines).into_response();
     }
     if q.verbose.is_some() {
+        if let Some(cp) = &st.checkpoint {
+            lines.push_str(&format!("[+]apiserver-view {}\n", cp.view().describe()));
+        }
         lines.push_str("healthz check passed\n");
         return lines.into_response();
     }

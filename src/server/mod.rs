@@ -64,6 +64,8 @@ pub struct State {
     pub eviction: crate::eviction::Eviction,
     /// Why the node is not ready (the runtime, the pod network), for /ferrolet/node's Ready.
     pub readiness: crate::node::cluster::Readiness,
+    /// In a cluster: the checkpoint, whose view of the API server /healthz?verbose shows.
+    pub checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
 }
 
 impl State {
@@ -78,6 +80,7 @@ impl State {
         stats: Arc<Stats>,
         eviction: crate::eviction::Eviction,
         readiness: crate::node::cluster::Readiness,
+        checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
     ) -> Arc<State> {
         Arc::new(State {
             rt,
@@ -89,6 +92,7 @@ impl State {
             stats,
             eviction,
             readiness,
+            checkpoint,
         })
     }
 }

@@ -63,12 +63,13 @@ pub struct Managers {
 }
 
 impl Managers {
-    /// The Node pods are admitted against: as registered, or as it would be registered (its
-    /// labels and taints from the configuration) on a standalone node or before registration.
+    /// The Node pods are admitted against: as the API server has it, or as last seen while
+    /// the server has been away since the start, or as it would be registered (its labels and
+    /// taints from the configuration) on a standalone node or before the first registration.
     pub fn node_object(&self) -> k8s_openapi::api::core::v1::Node {
         self.node_api
             .as_ref()
-            .and_then(|n| n.node())
+            .and_then(|n| n.node_or_last_seen())
             .unwrap_or_else(|| crate::node::register::initial_node(&self.cfg))
     }
 

@@ -123,6 +123,7 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
         readiness,
         events,
         Arc::new(ferrolet::node::conditions::Pressure::default),
+        ferrolet::checkpoint::Checkpoint::open(&cfg.root_dir).unwrap(),
     )
     .await
     .unwrap();
