@@ -86,6 +86,7 @@ async fn run(kube: Kube, mut rx: mpsc::UnboundedReceiver<Request>) {
     let mut pods: BTreeMap<String, Entry> = BTreeMap::new();
     let mut retry = Duration::from_millis(200);
     let mut failing = false;
+    let mut last_error: Option<String> = None;
     loop {
         // Wait for work, or for the retry when something is left.
         let busy = pods.values().any(|e| e.pending.is_some() || e.delete);
@@ -121,9 +122,11 @@ async fn run(kube: Kube, mut rx: mpsc::UnboundedReceiver<Request>) {
                     pods.remove(&uid);
                 }
                 Outcome::Failed(err) => {
-                    if !failing {
+                    // Said once per failure, and again when the failure is another.
+                    if !failing || last_error.as_deref() != Some(err.as_str()) {
                         warn!(pod = %format!("{}/{}", e.to.namespace, e.to.name), error = %err, "writing the pod's status to the API server; will retry");
                     }
+                    last_error = Some(err);
                     all_ok = false;
                     // The rest would fail the same way: wait and retry them all.
                     break;
@@ -135,6 +138,7 @@ async fn run(kube: Kube, mut rx: mpsc::UnboundedReceiver<Request>) {
                 info!("pod statuses written to the API server again");
             }
             failing = false;
+            last_error = None;
             retry = Duration::from_millis(200);
         } else {
             failing = true;
@@ -171,8 +175,16 @@ fn take(pods: &mut BTreeMap<String, Entry>, r: Request) {
 /// condition lacks would keep the old one's value (a Ready condition turned True kept
 /// "ContainersNotReady" as its reason): each condition's reason and message are written, as
 /// null when absent, which deletes them, as kubelet's two-way patch does.
-fn status_patch(status: &PodStatus) -> serde_json::Value {
+///
+/// `podIPs` is merged by `ip`: the IPs in `stale_ips` (the API server's that the pod no longer
+/// has) are deleted, as kubelet's two-way patch deletes them.
+fn status_patch(status: &PodStatus, stale_ips: &[String]) -> serde_json::Value {
     let mut v = serde_json::to_value(status).unwrap_or_default();
+    if let Some(ips) = v.get_mut("podIPs").and_then(|c| c.as_array_mut()) {
+        for ip in stale_ips {
+            ips.push(serde_json::json!({"ip": ip, "$patch": "delete"}));
+        }
+    }
     if let Some(conds) = v.get_mut("conditions").and_then(|c| c.as_array_mut()) {
         for c in conds.iter_mut().filter_map(|c| c.as_object_mut()) {
             for field in ["reason", "message"] {
@@ -202,14 +214,37 @@ async fn write(client: &kube::Client, e: &mut Entry) -> Outcome {
     let api: Api<Pod> = Api::namespaced(client.clone(), &e.to.namespace);
     if let Some(status) = e.pending.clone() {
         // The UID in the patch is a precondition: a new pod of the same name is never touched.
-        let patch = serde_json::json!({
-            "metadata": {"uid": e.to.uid},
-            "status": status_patch(&status),
-        });
-        match api
-            .patch_status(&e.to.name, &PatchParams::default(), &Patch::Strategic(&patch))
-            .await
-        {
+        let patch = |stale_ips: &[String]| {
+            serde_json::json!({
+                "metadata": {"uid": e.to.uid},
+                "status": status_patch(&status, stale_ips),
+            })
+        };
+        let mut written = api
+            .patch_status(&e.to.name, &PatchParams::default(), &Patch::Strategic(&patch(&[])))
+            .await;
+        // A pod whose sandbox was made anew (after a reboot) has a new IP, and the merge kept
+        // the old one beside it, which the API server refuses ("may specify no more than one
+        // IP for each IP family"): the IPs it has are read, and those that went deleted.
+        if matches!(&written, Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("status.podIPs")) {
+            written = match api.get(&e.to.name).await {
+                Ok(now) => {
+                    let mine: Vec<&str> = status.pod_ips.iter().flatten().map(|p| p.ip.as_str()).collect();
+                    let stale: Vec<String> = now
+                        .status
+                        .and_then(|s| s.pod_ips)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|p| p.ip)
+                        .filter(|ip| !mine.contains(&ip.as_str()))
+                        .collect();
+                    api.patch_status(&e.to.name, &PatchParams::default(), &Patch::Strategic(&patch(&stale)))
+                        .await
+                }
+                Err(err) => Err(err),
+            };
+        }
+        match written {
             Ok(_) => {
                 e.written = Some(status);
                 e.pending = None;
@@ -311,11 +346,22 @@ mod tests {
                 ..Default::default()
             },
         ]);
-        let p = status_patch(&s);
+        let p = status_patch(&s, &[]);
         assert_eq!(p["conditions"][0]["reason"], serde_json::Value::Null);
         assert!(p["conditions"][0].as_object().unwrap().contains_key("message"));
         assert_eq!(p["conditions"][1]["reason"], "ContainersNotInitialized");
         assert_eq!(p["phase"], "Running");
+    }
+
+    #[test]
+    fn the_patch_deletes_pod_ips_that_went() {
+        let mut s = st("Running");
+        s.pod_ips = Some(vec![k8s_openapi::api::core::v1::PodIP { ip: "10.0.0.9".into() }]);
+        let p = status_patch(&s, &[]);
+        assert_eq!(
+            p["podIPs"],
+            serde_json::json!([{"ip": "10.0.0.9"}, {"$patch": "replace"}])
+        );
     }
 
     #[test]

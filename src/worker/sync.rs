@@ -37,13 +37,18 @@ impl PodWorker {
         }
         if let Err(e) = self.prepare_pod().await {
             warn!(pod = %pod::full_name(&self.pod), error = %format!("{e:#}"), "pod setup failed; will retry");
-            for c in pod::all_containers(&self.pod) {
-                self.report.waiting.insert(
-                    c.name.clone(),
-                    Waiting::new(reasons::CONTAINER_CREATING, format!("{e:#}")),
-                );
-            }
             let views = self.views().await;
+            // A container that runs keeps running and says so: a refresh that failed (a
+            // ConfigMap the API server would not give for a while) is no reason to show it as
+            // being created again.
+            for c in pod::all_containers(&self.pod) {
+                if !views.latest(&c.name).is_some_and(|v| v.is_active()) {
+                    self.report.waiting.insert(
+                        c.name.clone(),
+                        Waiting::new(reasons::CONTAINER_CREATING, format!("{e:#}")),
+                    );
+                }
+            }
             self.publish_status(&views).await;
             return Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default());
         }
