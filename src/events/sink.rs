@@ -1,18 +1,24 @@
 //! Writing events to the API server (client-go's broadcaster and recordToSink as kubelet starts
 //! them): callers put events on a bounded queue and never wait; one writer takes them in order,
 //! correlates them, and creates or patches them at most `eventRecordQPS` a second (bursts of
-//! `eventBurst`). An API server that cannot be reached is tried 12 times, 10 s apart (the first
-//! wait jittered), then the event is given up; one that refuses the event (invalid, forbidden,
-//! already there) is not asked again. A full queue drops new events, counted.
+//! `eventBurst`). One that the API server refuses (invalid, forbidden, already there) is not
+//! asked again.
+//!
+//! Unlike client-go, which gives an event up after 12 tries, an API server that cannot be
+//! reached is tried again (10 s apart, the first wait jittered) until it answers: an edge node
+//! away from its server for hours posts what happened meanwhile, in order, once it is back.
+//! The queue holds [`QUEUE`] events; when it is full the oldest waiting one is dropped for the
+//! new one, counted ([`Sink::dropped`]) and logged once per overflow.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use super::correlator::{Correlated, Correlator};
@@ -21,25 +27,87 @@ use crate::kubeclient::Kube;
 
 /// Events waiting to be written (client-go's maxQueuedEvents).
 pub const QUEUE: usize = 1000;
-/// Tries per event (client-go's maxTriesPerEvent) and the wait between them.
-pub const MAX_TRIES: u32 = 12;
+/// The wait between tries of an event the API server did not answer.
 pub const RETRY_SLEEP: Duration = Duration::from_secs(10);
+
+/// The events waiting, oldest first.
+struct Queue {
+    events: Mutex<VecDeque<Event>>,
+    capacity: usize,
+    /// Told when an event is queued.
+    queued: Notify,
+    dropped: AtomicU64,
+    /// The queue overflowed and has not drained since (its warning is said once).
+    dropping: std::sync::atomic::AtomicBool,
+}
+
+impl Queue {
+    fn new(capacity: usize) -> Queue {
+        Queue {
+            events: Mutex::new(VecDeque::new()),
+            capacity: capacity.max(1),
+            queued: Notify::new(),
+            dropped: AtomicU64::new(0),
+            dropping: Default::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Event>> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queue `event`; when full, the oldest waiting event makes room (returned).
+    fn push(&self, event: Event) -> Option<Event> {
+        let oldest = {
+            let mut q = self.lock();
+            q.push_back(event);
+            (q.len() > self.capacity).then(|| q.pop_front()).flatten()
+        };
+        self.queued.notify_one();
+        if oldest.is_some() {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if !self.dropping.swap(true, Ordering::Relaxed) {
+                warn!(
+                    queue = self.capacity,
+                    dropped_total = n,
+                    "event queue full (API server slow or unreachable); dropping the oldest events until it drains"
+                );
+            }
+        }
+        oldest
+    }
+
+    /// The oldest waiting event, waiting for one.
+    async fn pop(&self) -> Event {
+        loop {
+            let next = self.lock().pop_front();
+            if let Some(e) = next {
+                return e;
+            }
+            if self.dropping.swap(false, Ordering::Relaxed) {
+                info!(
+                    dropped_total = self.dropped.load(Ordering::Relaxed),
+                    "event queue drained"
+                );
+            }
+            self.queued.notified().await;
+        }
+    }
+}
 
 /// The callers' end of the queue; cheap to clone.
 #[derive(Clone)]
 pub struct Sink {
-    tx: mpsc::Sender<Event>,
-    dropped: Arc<AtomicU64>,
-    dropping: Arc<AtomicBool>,
+    queue: Arc<Queue>,
 }
 
 impl Sink {
     /// Start the writer (on the current tokio runtime). `qps` 0: no rate limit.
     pub fn start(kube: Kube, qps: u32, burst: u32) -> Sink {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let queue = Arc::new(Queue::new(QUEUE));
         let origin = Instant::now();
         let writer = Writer {
-            rx,
+            queue: queue.clone(),
             kube,
             correlator: Correlator::new(),
             limiter: (qps > 0).then(|| TokenBucket::new(f64::from(qps), burst.max(1), 0.0)),
@@ -50,42 +118,19 @@ impl Sink {
             let w = writer.clone();
             async move { w.lock().await.round().await }
         });
-        Sink {
-            tx,
-            dropped: Arc::new(AtomicU64::new(0)),
-            dropping: Arc::new(AtomicBool::new(false)),
-        }
+        Sink { queue }
     }
 
-    /// Queue an event; dropped (and counted) when the queue is full.
+    /// Queue an event; when the queue is full the oldest waiting one is dropped (counted).
     pub fn send(&self, event: Event) {
-        match self.tx.try_send(event) {
-            Ok(()) => {
-                if self.dropping.swap(false, Ordering::Relaxed) {
-                    info!(
-                        dropped_total = self.dropped.load(Ordering::Relaxed),
-                        "event queue has room again"
-                    );
-                }
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-                if !self.dropping.swap(true, Ordering::Relaxed) {
-                    warn!(
-                        queue = QUEUE,
-                        dropped_total = n,
-                        "event queue full (API server slow or unreachable); dropping events until it drains"
-                    );
-                }
-            }
-            // The writer is gone only when the runtime shuts down.
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        if let Some(old) = self.queue.push(event) {
+            debug!(event = %describe(&old), "event dropped: the queue is full");
         }
     }
 
     /// Events dropped so far because the queue was full.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.queue.dropped.load(Ordering::Relaxed)
     }
 }
 
@@ -127,7 +172,7 @@ fn describe(e: &Event) -> String {
 }
 
 struct Writer {
-    rx: mpsc::Receiver<Event>,
+    queue: Arc<Queue>,
     kube: Kube,
     correlator: Correlator,
     limiter: Option<TokenBucket>,
@@ -135,11 +180,9 @@ struct Writer {
 }
 
 impl Writer {
-    /// Write the next event; false once every sender is gone.
+    /// Write the next event.
     async fn round(&mut self) -> bool {
-        let Some(event) = self.rx.recv().await else {
-            return false;
-        };
+        let event = self.queue.pop().await;
         self.write(event).await;
         true
     }
@@ -150,7 +193,8 @@ impl Writer {
             debug!(event = %what, "event dropped by the spam filter (too many about one object)");
             return;
         };
-        for attempt in 1..=MAX_TRIES {
+        let mut attempt = 1u64;
+        loop {
             match self.record(&c).await {
                 Ok(saved) => {
                     self.correlator.update_state(&saved);
@@ -169,18 +213,15 @@ impl Writer {
                     return;
                 }
                 Err(Failure::Unreachable(e)) => {
-                    if attempt == MAX_TRIES {
-                        warn!(event = %what, tries = MAX_TRIES, "giving up on the event: {e}");
-                        return;
-                    }
                     if attempt == 1 {
-                        warn!(event = %what, "could not write the event, retrying: {e}");
+                        warn!(event = %what, "could not write the event; retrying until the API server answers: {e}");
                     }
                     let sleep = if attempt == 1 {
                         RETRY_SLEEP.mul_f64(jitter())
                     } else {
                         RETRY_SLEEP
                     };
+                    attempt += 1;
                     tokio::time::sleep(sleep).await;
                 }
             }
@@ -216,5 +257,40 @@ impl Writer {
         event.metadata.resource_version = None;
         self.throttle().await;
         api.create(&PostParams::default(), &event).await.map_err(classify)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(n: usize) -> Event {
+        Event {
+            reason: Some(format!("R{n}")),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_the_oldest_and_keeps_the_order() {
+        let q = Queue::new(3);
+        for n in 0..5 {
+            let dropped = q.push(event(n));
+            assert_eq!(
+                dropped.map(|e| e.reason.unwrap()),
+                (n >= 3).then(|| format!("R{}", n - 3))
+            );
+        }
+        assert_eq!(q.dropped.load(Ordering::Relaxed), 2);
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(q.pop().await.reason.unwrap());
+        }
+        assert_eq!(got, ["R2", "R3", "R4"]);
+        // An empty queue waits for the next event.
+        let waiting = tokio::time::timeout(Duration::from_millis(50), q.pop()).await;
+        assert!(waiting.is_err());
+        q.push(event(9));
+        assert_eq!(q.pop().await.reason.unwrap(), "R9");
     }
 }
