@@ -1,7 +1,11 @@
 //! The API server away: pods keep running, the agent restarts without restarting a container,
-//! and the statuses catch up when the API server is back.
+//! and the statuses catch up when the API server is back; a node that loses power while the
+//! server is away brings its pods back from its checkpoint and reconciles when it returns.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
 
 use libtest_mimic::Trial;
 
@@ -9,10 +13,287 @@ use crate::common::IMAGE;
 use crate::{cluster, test};
 
 pub fn tests() -> Vec<Trial> {
-    vec![test(
-        "api_server_outage_restarts_nothing_and_statuses_catch_up",
-        api_server_outage_restarts_nothing_and_statuses_catch_up,
-    )]
+    vec![
+        test(
+            "api_server_outage_restarts_nothing_and_statuses_catch_up",
+            api_server_outage_restarts_nothing_and_statuses_catch_up,
+        ),
+        test(
+            "power_cut_without_the_api_server_brings_the_pods_back_from_the_checkpoint",
+            power_cut_without_the_api_server_brings_the_pods_back_from_the_checkpoint,
+        ),
+    ]
+}
+
+/// How many pods the offline boot brings back (the closing numbers are over these).
+const OFFLINE_PODS: usize = 20;
+
+fn ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn container_id(p: &Pod) -> Option<&str> {
+    let c = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    c.state.as_ref()?.running.as_ref()?;
+    c.container_id.as_deref()
+}
+
+fn started_at(p: &Pod) -> Option<String> {
+    let c = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    Some(format!(
+        "{:?}",
+        c.state.as_ref()?.running.as_ref()?.started_at.as_ref()?
+    ))
+}
+
+/// The node's pods by name, or none while its API does not answer.
+fn local_pods(node: &crate::common::Agent) -> Option<BTreeMap<String, Pod>> {
+    let (code, body) = node.get("/pods").ok()?;
+    if code != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    let pods: Vec<Pod> = serde_json::from_value(v["items"].clone()).ok()?;
+    Some(
+        pods.into_iter()
+            .filter_map(|p| Some((p.metadata.name.clone()?, p)))
+            .collect(),
+    )
+}
+
+fn power_cut_without_the_api_server_brings_the_pods_back_from_the_checkpoint() {
+    let c = cluster();
+    let mut node = c.node("offline");
+    let name = node.node.clone();
+    c.apply(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: offline-cm, namespace: default}
+data: {greeting: hello}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: offline-secret, namespace: default}
+stringData: {pw: s3cret}
+"#,
+    );
+    // A label the scheduler placed a pod by, added after the node registered: admission after
+    // the power cut must still see it (the Node is checkpointed too).
+    c.wait("the node to register", Duration::from_secs(60), || {
+        c.get_json(&["node", &name]).is_some()
+    });
+    c.kubectl_ok(&["label", "node", &name, "offline-test=placed"]);
+    let mut names: Vec<String> = (0..OFFLINE_PODS).map(|i| format!("offline-{i}")).collect();
+    names.push("offline-deleted".into());
+    for (i, pod) in names.iter().enumerate() {
+        // The first pod also mounts the ServiceAccount token (a projected volume with the
+        // token and the kube-root-ca.crt ConfigMap); the second is placed by the new label.
+        let automount = i == 0;
+        let selector = if i == 1 {
+            "nodeSelector: {offline-test: placed}"
+        } else {
+            ""
+        };
+        let token_check = if automount {
+            " && test -s /var/run/secrets/kubernetes.io/serviceaccount/token && test -s /var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+        } else {
+            ""
+        };
+        c.apply(&format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {pod}, namespace: default}}
+spec:
+  nodeName: {name}
+  automountServiceAccountToken: {automount}
+  terminationGracePeriodSeconds: 1
+  {selector}
+  volumes:
+  - {{name: cm, configMap: {{name: offline-cm}}}}
+  - {{name: sec, secret: {{secretName: offline-secret}}}}
+  containers:
+  - name: app
+    image: {IMAGE}
+    command: [sh, -c, "sleep 3600"]
+    env:
+    - {{name: GREETING, valueFrom: {{configMapKeyRef: {{name: offline-cm, key: greeting}}}}}}
+    volumeMounts:
+    - {{name: cm, mountPath: /cm}}
+    - {{name: sec, mountPath: /sec}}
+    readinessProbe:
+      exec: {{command: [sh, -c, "grep -qx hello /cm/greeting && grep -qx s3cret /sec/pw && test x$GREETING = xhello{token_check}"]}}
+      periodSeconds: 1
+"#
+        ));
+    }
+    c.wait("every pod Ready in the API", Duration::from_secs(120), || {
+        names.iter().all(|n| {
+            c.get_json(&["pod", n]).is_some_and(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            })
+        })
+    });
+    // The label reached the node's checkpoint with the Node's watch.
+    let node_checkpoint = node.root.join("checkpoint/node.json");
+    c.wait("the Node's label in the checkpoint", Duration::from_secs(30), || {
+        std::fs::read_to_string(&node_checkpoint).is_ok_and(|s| s.contains("offline-test"))
+    });
+    let pods_dir = node.root.join("checkpoint/pods");
+    let files: Vec<_> = std::fs::read_dir(&pods_dir).unwrap().flatten().collect();
+    let bytes: u64 = files.iter().map(|f| f.metadata().unwrap().len()).sum();
+    eprintln!(
+        "checkpoint: {} pod files, {} bytes on disk ({} a pod)",
+        files.len(),
+        bytes,
+        bytes / files.len().max(1) as u64
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&pods_dir), 0o700);
+        for f in &files {
+            assert_eq!(mode(&f.path()), 0o600, "{}", f.path().display());
+        }
+    }
+
+    // The containers before the power cut: those after it are others.
+    let before: BTreeMap<String, String> = names
+        .iter()
+        .map(|n| {
+            let p = c.get_json(&["pod", n]).unwrap();
+            let id = p["status"]["containerStatuses"][0]["containerID"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            (n.clone(), id)
+        })
+        .collect();
+    // The power goes while the API server is away; meanwhile a pod is deleted for good.
+    node.kill9();
+    c.kubectl_ok(&["delete", "pod", "offline-deleted", "--grace-period=0", "--force"]);
+    let stopped = c.stop_apiserver();
+    node.simulate_power_cut();
+    let boot = Instant::now();
+    node.boot();
+    let mut back: BTreeMap<String, Duration> = BTreeMap::new();
+    let deadline = boot + Duration::from_secs(90);
+    let mut last = BTreeMap::new();
+    while back.len() < names.len() {
+        if let Some(pods) = local_pods(&node) {
+            for n in &names {
+                let anew = |p: &Pod| container_id(p).is_some_and(|id| id != before[n]);
+                if !back.contains_key(n) && pods.get(n).is_some_and(|p| ready(p) && anew(p)) {
+                    back.insert(n.clone(), boot.elapsed());
+                }
+            }
+            last = pods;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every pod came back without the API server: back {:?}\nmissing {:?}\n--- agent log ---\n{}",
+            back.keys().collect::<Vec<_>>(),
+            names.iter().filter(|n| !back.contains_key(*n)).collect::<Vec<_>>(),
+            crate::common::tail(&node.agent_log(), 60)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut times: Vec<Duration> = names[..OFFLINE_PODS].iter().map(|n| back[n]).collect();
+    times.sort();
+    eprintln!(
+        "offline boot: {} pods Ready from the checkpoint, p50 {:?}, max {:?} after the agent's start",
+        times.len(),
+        times[times.len() / 2],
+        times[times.len() - 1]
+    );
+    let (_, health) = node.get("/healthz?verbose").unwrap();
+    let health = String::from_utf8_lossy(&health).to_string();
+    assert!(health.contains("[+]apiserver-view stale since"), "{health}");
+    assert!(
+        health.contains(&format!("{} pods restored from the local checkpoint", names.len())),
+        "{health}"
+    );
+    assert!(node
+        .agent_log()
+        .contains("running this node's pods from the local checkpoint"));
+    let started: BTreeMap<String, Option<String>> = last
+        .iter()
+        .filter(|(n, _)| names.contains(n))
+        .map(|(n, p)| (n.clone(), started_at(p)))
+        .collect();
+
+    // The server returns: the deleted pod stops, the others run on untouched.
+    c.restart_apiserver(stopped);
+    node.wait_log("the API server is back", Duration::from_secs(60));
+    c.wait("the deleted pod to leave the node", Duration::from_secs(60), || {
+        local_pods(&node).is_some_and(|p| !p.contains_key("offline-deleted"))
+    });
+    assert!(!pods_dir.join("offline-deleted.json").exists());
+    // Each pod's status reaches the API server: its new container, Ready, its new IP.
+    c.wait("the statuses to converge", Duration::from_secs(60), || {
+        let local = local_pods(&node).unwrap_or_default();
+        names[..OFFLINE_PODS].iter().all(|n| {
+            c.get_json(&["pod", n]).is_some_and(|p| {
+                let mine = local.get(n);
+                p["status"]["containerStatuses"][0]["ready"] == true
+                    && mine
+                        .and_then(container_id)
+                        .is_some_and(|id| p["status"]["containerStatuses"][0]["containerID"] == id)
+                    && mine
+                        .and_then(|m| m.status.as_ref()?.pod_ip.clone())
+                        .is_some_and(|ip| p["status"]["podIPs"] == serde_json::json!([{"ip": ip}]))
+            })
+        })
+    });
+    let now = local_pods(&node).unwrap();
+    for n in &names[..OFFLINE_PODS] {
+        if started_at(&now[n]) != started[n] {
+            let log = node.agent_log();
+            let about: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains(&format!("{n}_")) && !l.contains("DEBUG") || l.contains("API server"))
+                .collect();
+            panic!(
+                "{n} was restarted when the API server came back: started {:?}, then {:?}\n{}",
+                started[n],
+                started_at(&now[n]),
+                about.join("\n")
+            );
+        }
+    }
+    let (_, health) = node.get("/healthz?verbose").unwrap();
+    assert!(String::from_utf8_lossy(&health).contains("[+]apiserver-view fresh"));
+    // What happened during the outage reaches the API server once it is back.
+    c.wait("the outage's events to be posted", Duration::from_secs(60), || {
+        let out = c.kubectl_ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=offline-1,reason=SandboxChanged",
+            "-o",
+            "name",
+        ]);
+        !out.trim().is_empty()
+    });
+    for n in &names[..OFFLINE_PODS] {
+        c.kubectl_ok(&["delete", "pod", n, "--wait=false"]);
+    }
+    c.kubectl_ok(&["delete", "configmap", "offline-cm"]);
+    c.kubectl_ok(&["delete", "secret", "offline-secret"]);
+    c.wait("the pods to go", Duration::from_secs(90), || {
+        names[..OFFLINE_PODS].iter().all(|n| c.get_json(&["pod", n]).is_none())
+    });
+    assert_eq!(
+        std::fs::read_dir(&pods_dir).unwrap().count(),
+        0,
+        "the checkpoint keeps pods that left the node"
+    );
 }
 
 fn api_server_outage_restarts_nothing_and_statuses_catch_up() {

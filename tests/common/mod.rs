@@ -501,6 +501,94 @@ impl Agent {
         self.spawn();
     }
 
+    /// A power cut and a boot, as far as this node can tell: the agent killed, every process
+    /// of its containers killed (monitors first, by the pids and start times they recorded;
+    /// then everything in the node's cgroups), the node's cgroups removed, every mount under
+    /// the agent's directories unmounted (overlays, volumes, namespace pins, /dev/shm), and the
+    /// runtime's and sandboxes' records marked as written in another boot. What is on disk
+    /// stays. The agent is not started again.
+    pub fn simulate_power_cut(&mut self) {
+        self.kill9();
+        for record in dirs_in(&self.root.join("containers")) {
+            let Ok(m) = std::fs::read(record.join("monitor.json")) else {
+                continue;
+            };
+            let Ok(m) = serde_json::from_slice::<Value>(&m) else {
+                continue;
+            };
+            if let (Some(pid), Some(start)) = (m["monitorPid"].as_i64(), m["monitorStart"].as_u64()) {
+                if start_time(pid as i32) == Some(start) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+        let cgroups = Cgroups::detect().unwrap();
+        let tree: Vec<PathBuf> = cgroups.all_dirs(self.cgroup.path());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut alive = 0;
+            for top in &tree {
+                for dir in cgroup_tree(top) {
+                    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        alive += 1;
+                        let _ =
+                            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                    }
+                }
+            }
+            if alive == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the node's processes did not die");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for top in &tree {
+            // Deepest first; the nested root itself stays (the agent is started in it again).
+            let mut dirs = cgroup_tree(top);
+            dirs.retain(|d| d != top);
+            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+            for d in dirs {
+                let _ = std::fs::remove_dir(&d);
+            }
+        }
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mut mounts: Vec<PathBuf> = mountinfo
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(|m| PathBuf::from(m.replace("\\040", " ")))
+            .filter(|m| m.starts_with(&self.dir) && !(self.root_on_tmpfs && *m == self.root))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+        for m in mounts {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        let records = dirs_in(&self.root.join("containers"))
+            .into_iter()
+            .map(|d| d.join("container.json"))
+            .chain(
+                dirs_in(&self.root.join("pods"))
+                    .into_iter()
+                    .map(|d| d.join("sandbox.json")),
+            );
+        for file in records {
+            let Ok(data) = std::fs::read(&file) else { continue };
+            let mut v: Value = serde_json::from_slice(&data).unwrap();
+            if v.get("bootId").is_some() {
+                v["bootId"] = "00000000-0000-0000-0000-simulated-old".into();
+                std::fs::write(&file, serde_json::to_vec(&v).unwrap()).unwrap();
+            }
+        }
+    }
+
+    /// Start the agent again after [`Agent::simulate_power_cut`].
+    pub fn boot(&mut self) {
+        self.spawn();
+    }
+
     /// Restart the agent (kill -9) with a stderr nobody reads: every log line fails to write.
     pub fn restart_with_closed_stderr(&mut self) {
         self.kill9();
@@ -547,6 +635,32 @@ impl Drop for Agent {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The directories in `dir` (none when it is missing).
+fn dirs_in(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+        .unwrap_or_default()
+}
+
+/// `top` and every cgroup below it.
+fn cgroup_tree(top: &Path) -> Vec<PathBuf> {
+    let mut out = vec![top.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        let below = dirs_in(&out[i]);
+        out.extend(below);
+        i += 1;
+    }
+    out
+}
+
+/// A process's start time (clock ticks after boot), to be sure a pid is still the process.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state is field 3, starttime field 22.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Say that a test is skipped where the run's output shows it: straight to stderr, past the
