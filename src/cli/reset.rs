@@ -1,5 +1,6 @@
 //! `ferrolet reset`: stop and remove everything an agent created (pods, containers, sandboxes,
-//! volumes, the pod network, the kubepods cgroup tree, pod logs, sockets), for tearing down a
+//! volumes, the pod network, the kubepods cgroup tree, pod logs, sockets, the checkpoint of the
+//! API server's pods), for tearing down a
 //! demo or a node. What lies outside the root dir it finds in the agent's record
 //! ([`crate::agent::record`]).
 //!
@@ -183,6 +184,12 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
             failed.add(format!("removing {}: {err}", dir.display()));
         }
         pods += 1;
+    }
+
+    // The checkpoint of the API server's pods (docs/offline.md): a node reset must not bring
+    // them back at its next start without the server.
+    if let Err(e) = ferrolet_fsutil::remove_tree(&root.join("checkpoint")) {
+        failed.add(format!("the checkpoint: {}", chain(&e)));
     }
 
     for k in &kubepods {
