@@ -1187,3 +1187,47 @@ fn stdin_and_tty_pods_run_and_log() {
         assert_eq!(restarts(&after, c), 0, "{c}");
     }
 }
+
+/// Started by systemd (`Type=notify`, examples/ferrolet.service): the agent says READY=1 once
+/// its manifests' pods went to the pod workers, feeds the watchdog while it is live, and says
+/// STOPPING=1 on SIGTERM. The test is the service manager's end of the notify socket.
+#[test]
+fn systemd_hears_ready_after_the_first_pods_then_the_watchdog_then_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(T)).unwrap();
+    let recv = || {
+        let mut buf = [0u8; 4096];
+        let n = sock.recv(&mut buf).expect("a message on the notify socket");
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    };
+    let mut a = Agent::unstarted_with_env(
+        "sdnotify",
+        vec![
+            ("NOTIFY_SOCKET".into(), path.display().to_string()),
+            ("WATCHDOG_USEC".into(), "400000".into()),
+        ],
+    );
+    a.write("ready.yaml", &pod_yaml("ready", "Always", "sleep 3600"));
+    a.boot();
+    let first = recv();
+    assert!(first.lines().any(|l| l == "READY=1"), "{first:?}");
+    assert!(
+        a.pod("ready").is_some(),
+        "READY=1 came before the manifest's pod was taken"
+    );
+    for _ in 0..3 {
+        let m = recv();
+        assert_eq!(m.trim(), "WATCHDOG=1");
+    }
+    a.stop();
+    let mut last = String::new();
+    while let Ok(m) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(recv)) {
+        last = m;
+        if last.contains("STOPPING=1") {
+            break;
+        }
+    }
+    assert!(last.contains("STOPPING=1"), "{last:?}");
+}

@@ -8,6 +8,7 @@ mod code_pages;
 pub mod record;
 pub mod run_once;
 mod sync_loop;
+mod systemd;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -77,7 +78,9 @@ pub async fn run(cfg: Config, zygote: ZygoteHandle, warnings: Vec<String>) -> Re
     }
     let stats = start_duties(&managers, opened.import, &sources.events)?;
     serve(&managers, &joined, stats).await?;
+    systemd::start(sources.all_seen, managers.liveness.clone());
     wait_for_signal().await?;
+    systemd::stopping();
     info!("shutting down; pods keep running and are adopted by the next start");
     let _ = std::fs::remove_file(cfg.socket_path());
     let _ = std::fs::remove_file(cfg.exec_socket_path());
@@ -424,6 +427,8 @@ struct Sources {
     events: mpsc::UnboundedSender<Event>,
     /// runOnce: the first update, once its pods ran.
     first_update: tokio::sync::oneshot::Receiver<Vec<Arc<k8s_openapi::api::core::v1::Pod>>>,
+    /// Fires once every source's first pods went to the pod workers.
+    all_seen: tokio::sync::oneshot::Receiver<()>,
 }
 
 /// Sources -> pod config -> pod workers: the manifest directory, the manifest URL and the API
@@ -466,6 +471,7 @@ fn start_sources(
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let workers = PodWorkers::new(managers.clone(), adoptable, done_tx);
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
     let main_loop = sync_loop::Loop {
         config: PodConfig::new(sources),
         workers,
@@ -473,11 +479,13 @@ fn start_sources(
         liveness: managers.liveness.clone(),
         max_silence: (cfg.sync_frequency * 2).max(Duration::from_secs(300)),
         first_update: cfg.run_once.then_some(first_tx),
+        all_seen: Some(seen_tx),
     };
     tokio::spawn(sync_loop::run(main_loop, ev_rx, done_rx));
     Sources {
         events: ev_tx,
         first_update: first_rx,
+        all_seen: seen_rx,
     }
 }
 

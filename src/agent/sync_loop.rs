@@ -37,6 +37,8 @@ pub struct Loop {
     pub max_silence: Duration,
     /// runOnce: told the pods of the first update the sources send.
     pub first_update: Option<tokio::sync::oneshot::Sender<Vec<Arc<k8s_openapi::api::core::v1::Pod>>>>,
+    /// Told once every source has reported and its pods went to the workers (READY=1).
+    pub all_seen: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 pub async fn run(l: Loop, mut events: mpsc::UnboundedReceiver<Event>, mut finished: mpsc::UnboundedReceiver<String>) {
@@ -47,9 +49,18 @@ pub async fn run(l: Loop, mut events: mpsc::UnboundedReceiver<Event>, mut finish
         liveness,
         max_silence,
         mut first_update,
+        mut all_seen,
     } = l;
     // With no sources at all there is nothing to wait for.
     workers.clean_orphans(config.all_sources_seen()).await;
+    let mut tell_all_seen = |seen: bool| {
+        if seen {
+            if let Some(tx) = all_seen.take() {
+                let _ = tx.send(());
+            }
+        }
+    };
+    tell_all_seen(config.all_sources_seen());
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         liveness.beat(SYNC_LOOP, max_silence);
@@ -76,6 +87,7 @@ pub async fn run(l: Loop, mut events: mpsc::UnboundedReceiver<Event>, mut finish
                         workers.handle(op);
                     }
                     workers.clean_orphans(config.all_sources_seen()).await;
+                    tell_all_seen(config.all_sources_seen());
                 }
                 Step::Event(Event::Housekeeping) => workers.housekeeping().await,
                 Step::Event(Event::Kill(uid, k)) => workers.kill(&uid, k),

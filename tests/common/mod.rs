@@ -165,6 +165,12 @@ impl Agent {
         a.started()
     }
 
+    /// An agent set up with more environment but not started: write its manifests, then
+    /// [`Agent::boot`] it.
+    pub fn unstarted_with_env(name: &str, env: Vec<(String, String)>) -> Agent {
+        Agent::prepare(name, &[], "", false, None, "none", env)
+    }
+
     /// Start the agent [`Agent::prepare`] set up; returns once it answers /healthz.
     fn started(mut self) -> Agent {
         self.spawn();
