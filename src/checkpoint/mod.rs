@@ -167,11 +167,11 @@ impl Checkpoint {
                 continue;
             };
             seen.insert(uid.to_string());
-            // The resourceVersion changes with every change; the annotation of when the
-            // pod was seen does not count.
-            let same = held.get(uid).is_some_and(|r| match &p.metadata.resource_version {
-                Some(v) => r.pod.metadata.resource_version.as_ref() == Some(v),
-                None => r.pod == **p,
+            // A new resourceVersion that changed only the status (the node's own status
+            // writes come back through the watch) or bookkeeping is not written: the pod runs
+            // the same from either, and each write is an fsync.
+            let same = held.get(uid).is_some_and(|r| {
+                r.pod.metadata.resource_version == p.metadata.resource_version || as_run(&r.pod) == as_run(p)
             });
             if same {
                 continue;
@@ -349,6 +349,19 @@ impl Checkpoint {
     }
 }
 
+/// What of a pod decides how it runs: all but its status, resourceVersion, managedFields and
+/// the annotation of when the node saw it.
+fn as_run(p: &Pod) -> Pod {
+    let mut p = p.clone();
+    p.status = None;
+    p.metadata.resource_version = None;
+    p.metadata.managed_fields = None;
+    if let Some(a) = p.metadata.annotations.as_mut() {
+        a.remove("kubernetes.io/config.seen");
+    }
+    p
+}
+
 /// The one with the highest resourceVersion (resourceVersions are opaque strings, but etcd's
 /// are numbers; equal lengths compare as numbers do).
 fn newest<'a, T>(items: impl Iterator<Item = &'a T>, version: impl Fn(&T) -> &Option<String>) -> Option<&'a T> {
@@ -395,8 +408,15 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let c = Checkpoint::open(root.path()).unwrap();
         assert_eq!(c.set_pods(&[pod("a", "1"), pod("b", "1")]).unwrap(), (2, 0));
-        // The same versions again write nothing.
+        // The same versions again write nothing, nor does a new version that only changed
+        // the status.
         assert_eq!(c.set_pods(&[pod("a", "1"), pod("b", "1")]).unwrap(), (0, 0));
+        let mut status_only = (*pod("a", "7")).clone();
+        status_only.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        });
+        assert_eq!(c.set_pods(&[Arc::new(status_only), pod("b", "1")]).unwrap(), (0, 0));
         c.record_object(&["a".into()], Object::ConfigMap(&config_map("cm", "5", "one")))
             .unwrap();
         let secret: Secret = serde_json::from_value(serde_json::json!({
@@ -433,7 +453,9 @@ mod tests {
         assert!(again.config_map("ns", "cm").is_none());
 
         // Pod a leaves the node: its file goes, with its token; b keeps the Secret.
-        assert_eq!(again.set_pods(&[pod("b", "2")]).unwrap(), (1, 1));
+        let mut relabeled = (*pod("b", "2")).clone();
+        relabeled.metadata.labels = Some([("tier".to_string(), "edge".to_string())].into());
+        assert_eq!(again.set_pods(&[Arc::new(relabeled)]).unwrap(), (1, 1));
         assert!(!dir.join("pods/a.json").exists());
         assert!(again.token("a", "default|api|3600").is_none());
         assert!(again.secret("ns", "s").is_some());
