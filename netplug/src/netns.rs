@@ -25,6 +25,7 @@ pub fn open_netns(path: &Path) -> Result<File> {
         ));
     }
     // SAFETY: NS_GET_NSTYPE takes no argument and returns the CLONE_NEW* type of the namespace.
+    // nix has no namespace ioctls (only the macros that make unsafe ones).
     let ty = unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_NSTYPE as _) };
     if ty >= 0 && ty != libc::CLONE_NEWNET {
         return Err(Error::netns(path, "not a network namespace"));
@@ -79,7 +80,8 @@ pub async fn netns_handle(path: &Path) -> Result<Handle> {
         Ok(sock.into_raw_fd())
     })
     .await?;
-    // SAFETY: `fd` is a netlink socket we own, handed over from the namespace thread.
+    // SAFETY: `fd` is a netlink socket we own, handed over from the namespace thread. Not libc:
+    // netlink-sys has no safe conversion from its Socket to its TokioSocket.
     let sock = unsafe { netlink_sys::TokioSocket::from_raw_fd(fd) };
     let (conn, handle, _) = rtnetlink::from_socket(sock);
     tokio::spawn(conn);

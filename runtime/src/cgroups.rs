@@ -575,12 +575,9 @@ pub fn working_set(usage: u64, inactive_file: Option<u64>) -> u64 {
 
 /// USER_HZ, the unit of cpuacct.stat and /proc/stat.
 pub fn clock_ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as u64
-    } else {
-        100
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as u64,
+        _ => 100,
     }
 }
 

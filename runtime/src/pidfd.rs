@@ -4,7 +4,7 @@
 //! ([`process_matches`]).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use tokio::io::unix::AsyncFd;
 
@@ -17,7 +17,7 @@ impl PidFd {
     /// Open a pidfd for `pid`. Callers check the process start time first when the pid came
     /// from a file, so a reused pid is not mistaken for the process recorded there.
     pub fn open(pid: i32) -> io::Result<PidFd> {
-        // SAFETY: plain syscall with integer arguments.
+        // SAFETY: plain syscall with integer arguments. nix 0.29 has no pidfd calls.
         let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if r < 0 {
             return Err(io::Error::last_os_error());
@@ -32,7 +32,7 @@ impl PidFd {
     }
 
     pub fn send_signal(&self, signal: i32) -> io::Result<()> {
-        // SAFETY: valid pidfd, null siginfo, no flags.
+        // SAFETY: valid pidfd, null siginfo, no flags. nix 0.29 has no pidfd calls.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_pidfd_send_signal,
@@ -55,14 +55,10 @@ impl PidFd {
 
     /// True once the process has exited.
     pub fn has_exited(&self) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout.
-        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-        r > 0 && pfd.revents & libc::POLLIN != 0
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut pfd = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+        let r = poll(&mut pfd, PollTimeout::ZERO);
+        matches!(r, Ok(n) if n > 0) && pfd[0].revents().is_some_and(|e| e.contains(PollFlags::POLLIN))
     }
 
     /// Wait until the process exits (the pidfd becomes readable).

@@ -129,8 +129,7 @@ impl Filter {
                     }
                 };
                 let code = i32::from(std::io::Write::write_all(&mut std::fs::File::from(w), &out).is_err());
-                // SAFETY: leaving the child without running the parent's destructors.
-                unsafe { libc::_exit(code) }
+                crate::process::exit(code)
             }
             Ok(nix::unistd::ForkResult::Parent { child }) => {
                 drop(w);
@@ -190,6 +189,7 @@ impl Filter {
             filter: self.program.as_ptr() as *mut libc::sock_filter,
         };
         // SAFETY: `prog` points at `self.program`, which outlives the call; the kernel copies it.
+        // nix has no seccomp(2).
         let r = unsafe {
             libc::syscall(
                 libc::SYS_seccomp,
@@ -346,8 +346,7 @@ pub(crate) mod tests {
                 } else {
                     99
                 };
-                // SAFETY: leaving the child without running the parent's destructors.
-                unsafe { libc::_exit(code) }
+                crate::process::exit(code)
             }
             nix::unistd::ForkResult::Parent { child } => match nix::sys::wait::waitpid(child, None).unwrap() {
                 nix::sys::wait::WaitStatus::Exited(_, c) => c,
@@ -408,7 +407,8 @@ pub(crate) mod tests {
             if f.load().is_err() {
                 return 1;
             }
-            // SAFETY: plain system calls.
+            // SAFETY: plain system calls. The filter is tested on the bare system calls, as
+            // the kernel sees them: no wrapper of nix's or glibc's in between.
             let ppid = unsafe { libc::syscall(libc::SYS_getppid) };
             let ppid_errno = std::io::Error::last_os_error().raw_os_error();
             let pid = unsafe { libc::getpid() };
@@ -423,7 +423,7 @@ pub(crate) mod tests {
         assert_eq!(code, 0);
         // Without the filter the same calls succeed.
         let code = in_child(|| {
-            // SAFETY: plain system calls.
+            // SAFETY: plain system calls, as above.
             let ppid = unsafe { libc::syscall(libc::SYS_getppid) };
             if ppid > 0 && unsafe { libc::kill(libc::getpid(), 0) } == 0 {
                 0

@@ -207,20 +207,8 @@ fn components(path: &str) -> impl Iterator<Item = String> + '_ {
 
 /// overlayfs' opaque marker on a directory of an unpacked layer.
 fn opaque(dir: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str())) else {
-        return false;
-    };
-    let mut v = [0u8; 1];
-    // SAFETY: lgetxattr into a one-byte buffer; a path and a name that are C strings.
-    let n = unsafe {
-        libc::lgetxattr(
-            c.as_ptr(),
-            c"trusted.overlay.opaque".as_ptr(),
-            v.as_mut_ptr() as *mut libc::c_void,
-            1,
-        )
-    };
-    n == 1 && v[0] == b'y'
+    // lgetxattr: a symlink's own attributes, as overlayfs reads them.
+    matches!(xattr::get(dir, "trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
 }
 
 fn parse_passwd(s: &str) -> Vec<PasswdEntry> {
@@ -529,22 +517,7 @@ mod tests {
     }
 
     fn xattr_set(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
-        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-        let n = std::ffi::CString::new(name).unwrap();
-        // SAFETY: C strings and a value buffer of the given length.
-        let r = unsafe {
-            libc::lsetxattr(
-                c.as_ptr(),
-                n.as_ptr(),
-                value.as_ptr() as *const libc::c_void,
-                value.len(),
-                0,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
+        // lsetxattr: never through a symlink.
+        xattr::set(p, name, value)
     }
 }

@@ -44,8 +44,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     set_title(&format!("ferrolet-monitor {}", args.display_name));
     detach_stdio();
     // Orphans of the container (in a shared or host pid namespace) come to us to be reaped.
-    // SAFETY: plain prctl.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let _ = nix::sys::prctl::set_child_subreaper(true);
 
     let Some(Created {
         init,
@@ -259,7 +258,8 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     };
     // From here on a reader or attacher that went away must not kill the monitor (the
     // container, cloned above, keeps the default disposition).
-    // SAFETY: ignoring a signal.
+    // SAFETY: SIG_IGN runs no code of this process. nix's signal() is unsafe itself (a handler
+    // could be any function), so it would not remove this block.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     // A failed bind leaves the container unattachable, not unlogged.
     let (attach, _bind_error) = AttachServer::bind(&args.bundle, setup);
