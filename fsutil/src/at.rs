@@ -48,7 +48,7 @@ pub fn open(dir: BorrowedFd<'_>, name: impl AsRef<Path>, flags: OFlag, mode: Mod
 /// under the rules of `resolve` (`RESOLVE_BENEATH`, `RESOLVE_IN_ROOT`, `RESOLVE_NO_SYMLINKS`,
 /// `RESOLVE_NO_MAGICLINKS`...). Errors as the kernel's: `EXDEV` for an escape, `EAGAIN` when
 /// a rename raced with `..` (try again), `ENOSYS` on older kernels.
-pub fn open_resolved(
+pub(crate) fn open_resolved(
     dir: BorrowedFd<'_>,
     path: impl AsRef<Path>,
     flags: OFlag,

@@ -104,16 +104,6 @@ impl RootDir {
         })
     }
 
-    /// Use an open directory fd as a root (resolving beneath it, as [`open`](Self::open));
-    /// `path` only names it in error messages.
-    pub fn from_fd(fd: OwnedFd, path: impl Into<PathBuf>) -> RootDir {
-        RootDir {
-            fd,
-            path: path.into(),
-            in_root: false,
-        }
-    }
-
     /// The root's path as given (for messages; never used to reach the root again).
     pub fn path(&self) -> &Path {
         &self.path
@@ -149,7 +139,7 @@ impl RootDir {
     /// that do not follow it (`mknodat`, `symlinkat`, `openat` with `O_NOFOLLOW`, `unlinkat`,
     /// `fchownat` with `AT_SYMLINK_NOFOLLOW`...). `rel` must end in a name (not `.`, `..` or
     /// nothing): `EINVAL` otherwise.
-    pub fn open_parent(&self, rel: impl AsRef<Path>) -> Result<(OwnedFd, OsString)> {
+    pub(crate) fn open_parent(&self, rel: impl AsRef<Path>) -> Result<(OwnedFd, OsString)> {
         let rel = rel.as_ref();
         let (parent, name) = split_last(rel).map_err(|e| self.err("opening the parent of", rel, e))?;
         let fd = resolve(self.fd.as_fd(), parent, libc::O_PATH | libc::O_DIRECTORY, self.in_root)

@@ -23,7 +23,7 @@ struct MountAttr {
 
 /// A detached copy of the mount at `path` (with what is below it when `recursive`), its owners
 /// mapped through the user namespace `userns` (a `/proc/<pid>/ns/user` file or a pin of one).
-pub fn idmapped_copy(path: &Path, userns: &Path, recursive: bool) -> io::Result<OwnedFd> {
+pub(crate) fn idmapped_copy(path: &Path, userns: &Path, recursive: bool) -> io::Result<OwnedFd> {
     let ns = std::fs::File::open(userns).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", userns.display())))?;
     let flags = OPEN_TREE_CLONE | if recursive { AT_RECURSIVE } else { 0 };
     let tree = open_tree(path, flags)

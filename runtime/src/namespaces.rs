@@ -108,7 +108,7 @@ pub struct Pinned {
 }
 
 /// The namespace files [`pin`] may create under its directory.
-pub const PIN_NAMES: &[&str] = &["net", "ipc", "uts", "pid", "user"];
+pub(crate) const PIN_NAMES: &[&str] = &["net", "ipc", "uts", "pid", "user"];
 
 /// New namespaces for a pod, bind-mounted to files under `dir` (what CRI-O's pinns does), in the
 /// calling process's mount namespace (the host's). Runs in a zygote worker, which it changes.

@@ -4,7 +4,7 @@
 //! ([`process_matches`]).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use tokio::io::unix::AsyncFd;
 
@@ -53,14 +53,6 @@ impl PidFd {
         Ok(())
     }
 
-    /// True once the process has exited.
-    pub fn has_exited(&self) -> bool {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let mut pfd = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
-        let r = poll(&mut pfd, PollTimeout::ZERO);
-        matches!(r, Ok(n) if n > 0) && pfd[0].revents().is_some_and(|e| e.contains(PollFlags::POLLIN))
-    }
-
     /// Wait until the process exits (the pidfd becomes readable).
     pub async fn exited(self) -> io::Result<()> {
         // SAFETY: OwnedFd always returns the same valid fd for its whole life.
@@ -70,7 +62,7 @@ impl PidFd {
         Ok(())
     }
 
-    pub fn into_fd(self) -> OwnedFd {
+    pub(crate) fn into_fd(self) -> OwnedFd {
         self.fd
     }
 }

@@ -127,7 +127,7 @@ pub(crate) struct JoinUser {
 
 impl Confinement {
     /// Take the confinement out of `spec`, leaving it as libcontainer is to see it.
-    pub fn take(spec: &mut oci_spec::runtime::Spec) -> Confinement {
+    pub(crate) fn take(spec: &mut oci_spec::runtime::Spec) -> Confinement {
         let mut c = Confinement::default();
         if let Some(p) = spec.process_mut().as_mut() {
             c.capabilities = p.capabilities().clone();

@@ -507,7 +507,7 @@ fn allow(names: Vec<String>) -> LinuxSyscall {
 }
 
 /// Build the RuntimeDefault profile for a container holding `capabilities` (`CAP_*` names).
-pub fn runtime_default(capabilities: &[String]) -> LinuxSeccomp {
+pub(crate) fn runtime_default(capabilities: &[String]) -> LinuxSeccomp {
     let has = |c: &str| capabilities.iter().any(|x| x == c);
     let mut rules = vec![allow(
         BASE.iter()

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedUser {
+pub(crate) struct ResolvedUser {
     pub uid: u32,
     pub gid: u32,
     pub additional_gids: Vec<u32>,
@@ -37,13 +37,13 @@ struct GroupEntry {
 /// directories merge unless opaque, whiteouts hide), every symlink resolved by this code inside
 /// the image, never by the kernel on the node (an image's `/etc -> /host/dir` must not make the
 /// node's files the container's), with a hop limit, and at most [`MAX_FILE`] bytes read.
-pub struct ImageFiles {
+pub(crate) struct ImageFiles {
     /// Top layer first.
     layers: Vec<PathBuf>,
 }
 
 /// The most bytes read of an image file (its /etc/passwd, /etc/group): larger ones are refused.
-pub const MAX_FILE: u64 = 4 << 20;
+pub(crate) const MAX_FILE: u64 = 4 << 20;
 /// Symlinks followed in one lookup, as the kernel's MAXSYMLINKS.
 const MAX_HOPS: usize = 40;
 
@@ -56,7 +56,7 @@ enum Entry {
 
 impl ImageFiles {
     /// `layers` bottom first, as the image lists them.
-    pub fn new(layers: &[PathBuf]) -> Self {
+    pub(crate) fn new(layers: &[PathBuf]) -> Self {
         ImageFiles {
             layers: layers.iter().rev().cloned().collect(),
         }
@@ -65,7 +65,7 @@ impl ImageFiles {
     /// The content of the regular file at `path` (absolute in the image). `Ok(None)` when the
     /// image has no such file; an error for a file it cannot read as the container would (a
     /// symlink loop, a file over [`MAX_FILE`]).
-    pub fn read(&self, path: &str) -> std::result::Result<Option<String>, String> {
+    pub(crate) fn read(&self, path: &str) -> std::result::Result<Option<String>, String> {
         let Some(file) = self.lookup(path)? else {
             return Ok(None);
         };
@@ -250,7 +250,7 @@ fn parse_group(s: &str) -> Vec<GroupEntry> {
 /// ensureAdditionalGids: `id` shows `groups=<gid>,...`), then with `merge_image_groups`
 /// (Kubernetes `supplementalGroupsPolicy: Merge`, the default) the groups the user is a member
 /// of in the image's /etc/group, then the supplemental groups (supplementalGroups, fsGroup).
-pub fn resolve_user(
+pub(crate) fn resolve_user(
     files: &ImageFiles,
     image_user: &str,
     uid_override: Option<u32>,

@@ -141,7 +141,7 @@ pub fn attach(prog: &OwnedFd, cgroup: &Path) -> Result<(), String> {
 /// them, summed over every program that user has loaded; the default 64 KiB runs out after a
 /// few dozen containers. Raised for the calling process only (a monitor, after its container
 /// was cloned: the container keeps its own limit).
-pub fn raise_memlock_limit() {
+pub(crate) fn raise_memlock_limit() {
     use nix::sys::resource::{setrlimit, Resource, RLIM_INFINITY};
     // Failing leaves the old limit.
     let _ = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY);

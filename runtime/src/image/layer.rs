@@ -33,7 +33,7 @@ pub enum Compression {
     Zstd,
 }
 
-pub fn detect_compression(head: &[u8]) -> Compression {
+pub(crate) fn detect_compression(head: &[u8]) -> Compression {
     if head.starts_with(&[0x1f, 0x8b]) {
         Compression::Gzip
     } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
@@ -44,7 +44,7 @@ pub fn detect_compression(head: &[u8]) -> Compression {
 }
 
 /// Wrap `r` in the decompressor its first bytes call for.
-pub fn decompressed<'a, R: Read + 'a>(r: R) -> io::Result<Box<dyn Read + 'a>> {
+pub(crate) fn decompressed<'a, R: Read + 'a>(r: R) -> io::Result<Box<dyn Read + 'a>> {
     let mut br = BufReader::with_capacity(256 * 1024, r);
     let kind = detect_compression(br.fill_buf()?);
     Ok(match kind {
@@ -83,13 +83,13 @@ impl Default for LayerLimits {
 
 impl LayerLimits {
     /// The most bytes a layer whose blob has `blob_size` bytes may unpack to.
-    pub fn for_blob(&self, blob_size: u64) -> u64 {
+    pub(crate) fn for_blob(&self, blob_size: u64) -> u64 {
         self.for_archive(blob_size).min(self.max_bytes)
     }
 
     /// The most bytes a (compressed) image archive of `size` bytes may decompress to: the
     /// same ratio, without the per-layer cap (an archive holds many layers).
-    pub fn for_archive(&self, size: u64) -> u64 {
+    pub(crate) fn for_archive(&self, size: u64) -> u64 {
         size.saturating_mul(self.max_ratio).max(self.ratio_floor)
     }
 }

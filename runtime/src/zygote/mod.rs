@@ -111,7 +111,7 @@ pub(crate) fn fill_heap_holes() {
     }
 }
 
-pub struct ZygoteClient {
+pub(crate) struct ZygoteClient {
     sock: Mutex<OwnedFd>,
     pid: i32,
 }
@@ -147,14 +147,14 @@ impl Replies {
 }
 
 impl ZygoteClient {
-    pub fn new(handle: ZygoteHandle) -> ZygoteClient {
+    pub(crate) fn new(handle: ZygoteHandle) -> ZygoteClient {
         ZygoteClient {
             sock: Mutex::new(handle.sock),
             pid: handle.pid,
         }
     }
 
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.pid
     }
 
