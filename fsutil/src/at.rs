@@ -2,7 +2,7 @@
 //! [`BorrowedFd`] and the name beneath it as a path, returns fds as [`OwnedFd`], and fails
 //! with an [`Error`] that says what was being done to which name (its
 //! [`errno`](Error::errno) is the call's). [`RootDir`](crate::RootDir) and the layer unpacker
-//! create, open and remove through these, so nothing else needs `unsafe` for them.
+//! create, open and remove through these, so nothing else needs a raw system call for them.
 //!
 //! Every fd opened here is close-on-exec (`O_CLOEXEC` is always added). Names are used as
 //! given: resolve them with [`RootDir`](crate::RootDir) first when the directory is not

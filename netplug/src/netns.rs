@@ -25,7 +25,7 @@ pub(crate) fn open_netns(path: &Path) -> Result<File> {
         ));
     }
     // SAFETY: NS_GET_NSTYPE takes no argument and returns the CLONE_NEW* type of the namespace.
-    // nix has no namespace ioctls (only the macros that make unsafe ones).
+    // nix has no namespace ioctls (only macros that generate raw ones).
     let ty = unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_NSTYPE as _) };
     if ty >= 0 && ty != libc::CLONE_NEWNET {
         return Err(Error::netns(path, "not a network namespace"));

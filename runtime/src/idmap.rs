@@ -51,6 +51,7 @@ fn set_idmap(tree: &OwnedFd, ns: &std::fs::File, recursive: bool) -> io::Result<
     };
     let flags = libc::AT_EMPTY_PATH as libc::c_uint | if recursive { AT_RECURSIVE } else { 0 };
     // SAFETY: mount_setattr(fd, "", flags, attr, size) on our detached tree with a valid attr.
+    // nix 0.29 has none of the new mount API.
     let r = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,

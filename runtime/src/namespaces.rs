@@ -321,7 +321,7 @@ fn loopback_up() -> std::io::Result<()> {
     }
     // SAFETY: SIOCGIFFLAGS and SIOCSIFFLAGS read and write the ifreq given, which outlives the
     // calls, on a socket we own; reading `ifru_flags` of the union the kernel just filled.
-    // nix has no interface-flags ioctls (only the macros that make unsafe ones).
+    // nix has no interface-flags ioctls (only macros that generate raw ones).
     let r = unsafe {
         let mut r = libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut ifr);
         if r == 0 {
@@ -371,7 +371,7 @@ pub mod pod_init {
         crate::process::close_other_fds(-1);
         // Children whose parent ignores SIGCHLD are reaped by the kernel as they exit: the
         // orphans reparented to this process never linger as zombies.
-        // SAFETY: SIG_IGN runs no code of this process. nix's signal() is unsafe itself (a
+        // SAFETY: SIG_IGN runs no code of this process. nix's signal() needs this block too (a
         // handler could be any function).
         unsafe {
             let _ = nix::sys::signal::signal(nix::sys::signal::Signal::SIGCHLD, nix::sys::signal::SigHandler::SigIgn);

@@ -38,7 +38,7 @@ pub(crate) fn reset_signals() {
     for s in Signal::iterator() {
         if s != Signal::SIGKILL && s != Signal::SIGSTOP {
             // SAFETY: installing the default disposition, which runs no code of this process.
-            // nix's sigaction is unsafe itself (a handler could be any function).
+            // nix's sigaction needs this block too (a handler could be any function).
             let _ = unsafe { sigaction(s, &dfl) };
         }
     }
@@ -156,7 +156,8 @@ impl ArgvArea {
     /// Whether the environment's strings are still where the kernel put them, in this area.
     fn holds_environment(&self) -> bool {
         // SAFETY: single-threaded (checked by the caller), so `environ` is not changing; its
-        // entries up to the null one are valid pointers.
+        // entries up to the null one are valid pointers. (glibc's variable: nix has no
+        // environment access.)
         unsafe {
             let mut e = environ;
             while !e.is_null() && !(*e).is_null() {
@@ -210,7 +211,8 @@ impl ArgvArea {
 fn move_environment_to_heap() {
     let vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
     // SAFETY: single-threaded (checked by the caller), so nothing reads the environment
-    // meanwhile; clearenv only resets `environ`. nix's clearenv is unsafe for the same reason.
+    // meanwhile; clearenv only resets `environ`. nix's clearenv needs a block for the same
+    // reason.
     unsafe { libc::clearenv() };
     for (k, v) in vars {
         std::env::set_var(k, v);
@@ -223,6 +225,7 @@ fn move_environment_to_heap() {
 pub fn trim_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the kernel.
+    // nix has no allocator calls (nor has it mallopt, malloc or free, below).
     unsafe {
         libc::malloc_trim(0);
     }
@@ -296,7 +299,8 @@ fn run_on_own_stack(
     len: usize,
 ) -> bool {
     // SAFETY: a fresh private anonymous mapping, unmapped below only after the thread using it
-    // was joined; the attribute object is initialised before use and destroyed once.
+    // was joined; the attribute object is initialised before use and destroyed once. nix has
+    // no pthread calls (a thread on a stack of our own), and its mmap needs a block as well.
     unsafe {
         let stack = libc::mmap(
             std::ptr::null_mut(),

@@ -26,7 +26,7 @@ pub fn resize_tty(master: BorrowedFd<'_>, width: u16, height: u16) -> Result<()>
         ws_ypixel: 0,
     };
     // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which outlives the call. nix has
-    // no window-size call (only the macros that make unsafe ioctls).
+    // no window-size call (only macros that generate raw ioctls).
     let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
     if r != 0 {
         return Err(ferrolet_fsutil::Error::io(
@@ -174,7 +174,7 @@ fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &str) -> io::Resul
 /// Make `fd` non-blocking (the monitor polls it and must never block on it).
 pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) {
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    // As before, a failed F_GETFL leaves the flags at O_NONBLOCK alone.
+    // F_GETFL does not fail on an open fd; if it did, -1 goes on as libc's result did before.
     let fl = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL).unwrap_or(-1);
     let _ = fcntl(
         fd.as_raw_fd(),

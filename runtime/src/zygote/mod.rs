@@ -165,7 +165,7 @@ impl ZygoteClient {
         // The worker writes blocking; only our end is non-blocking.
         {
             use nix::fcntl::{fcntl, FcntlArg, OFlag};
-            // As before, a failed F_GETFL makes the flags 0 (-1 without O_NONBLOCK was them all).
+            // F_GETFL does not fail on an open fd; if it did, -1 goes on as libc's did before.
             let fl = fcntl(w.as_raw_fd(), FcntlArg::F_GETFL).unwrap_or(-1);
             let _ = fcntl(
                 w.as_raw_fd(),

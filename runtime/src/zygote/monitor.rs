@@ -258,8 +258,8 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     };
     // From here on a reader or attacher that went away must not kill the monitor (the
     // container, cloned above, keeps the default disposition).
-    // SAFETY: SIG_IGN runs no code of this process. nix's signal() is unsafe itself (a handler
-    // could be any function), so it would not remove this block.
+    // SAFETY: SIG_IGN runs no code of this process. nix's signal() needs this block too (a
+    // handler could be any function).
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     // A failed bind leaves the container unattachable, not unlogged.
     let (attach, _bind_error) = AttachServer::bind(&args.bundle, setup);
@@ -329,7 +329,8 @@ fn release_unused_stack() {
     if bottom < top && sp < bottom + (64 << 20) {
         // SAFETY: [bottom, top) is the part of this thread's stack mapping below the frames in
         // use (the stack grows down from above `sp`); MADV_DONTNEED on private anonymous
-        // memory only replaces its pages with zero-filled ones on the next touch.
+        // memory only replaces its pages with zero-filled ones on the next touch. nix's madvise
+        // needs this block as well.
         unsafe {
             libc::madvise(bottom as *mut libc::c_void, top - bottom, libc::MADV_DONTNEED);
         }
