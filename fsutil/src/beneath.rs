@@ -34,13 +34,15 @@
 //!
 //! The root itself is trusted: [`RootDir::open`] follows symlinks in its own path.
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::at::{self, Mode, OFlag, ResolveFlag, SFlag};
 use crate::error::{Error, Result};
 
 /// Symlinks expanded in one resolution before it fails with `ELOOP`, as the kernel's limit.
@@ -89,25 +91,17 @@ impl RootDir {
     }
 
     fn open_mode(path: &Path, in_root: bool) -> Result<RootDir> {
-        let c = cstr(path.as_os_str()).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-        // SAFETY: `c` is a valid NUL-terminated path.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-        let fd = owned(fd).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        // O_RDONLY is 0: std's read access adds nothing to O_PATH (and std adds O_CLOEXEC).
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(path)
+            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
         Ok(RootDir {
-            fd,
+            fd: file.into(),
             path: path.to_path_buf(),
             in_root,
         })
-    }
-
-    /// Use an open directory fd as a root (resolving beneath it, as [`open`](Self::open));
-    /// `path` only names it in error messages.
-    pub fn from_fd(fd: OwnedFd, path: impl Into<PathBuf>) -> RootDir {
-        RootDir {
-            fd,
-            path: path.into(),
-            in_root: false,
-        }
     }
 
     /// The root's path as given (for messages; never used to reach the root again).
@@ -145,7 +139,7 @@ impl RootDir {
     /// that do not follow it (`mknodat`, `symlinkat`, `openat` with `O_NOFOLLOW`, `unlinkat`,
     /// `fchownat` with `AT_SYMLINK_NOFOLLOW`...). `rel` must end in a name (not `.`, `..` or
     /// nothing): `EINVAL` otherwise.
-    pub fn open_parent(&self, rel: impl AsRef<Path>) -> Result<(OwnedFd, OsString)> {
+    pub(crate) fn open_parent(&self, rel: impl AsRef<Path>) -> Result<(OwnedFd, OsString)> {
         let rel = rel.as_ref();
         let (parent, name) = split_last(rel).map_err(|e| self.err("opening the parent of", rel, e))?;
         let fd = resolve(self.fd.as_fd(), parent, libc::O_PATH | libc::O_DIRECTORY, self.in_root)
@@ -176,7 +170,10 @@ impl RootDir {
         remove_all_at(parent.as_fd(), &name).map_err(|e| self.err("removing", rel, e))
     }
 
-    fn err(&self, what: &str, rel: &Path, e: io::Error) -> Error {
+    /// The error of an operation on `rel`: says what, on which path beneath which root; the
+    /// cause is the system call's errno (the inner step's own context is left out).
+    fn err(&self, what: &str, rel: &Path, e: Error) -> Error {
+        let e = cause(e);
         let context = if e.raw_os_error() == Some(libc::EXDEV) && !self.in_root {
             format!(
                 "{what} {}: it leads outside {} (through `..` or a symlink)",
@@ -198,115 +195,65 @@ impl AsFd for RootDir {
 
 /// Remove the entry `name` of the directory `dir`, recursively if it is a directory, never
 /// following a symlink. A missing entry is fine; returns whether something was removed.
-pub fn remove_all_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
-    let c = cstr(name)?;
-    // SAFETY: valid fd and NUL-terminated name.
-    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
+pub fn remove_all_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<bool> {
+    let e = match at::unlink(dir, name) {
+        Ok(()) => return Ok(true),
+        Err(e) => e,
+    };
+    match e.errno() {
         Some(libc::ENOENT) => return Ok(false),
         Some(libc::EISDIR) | Some(libc::EPERM) => {}
         _ => return Err(e),
     }
     // A directory (EPERM is what some filesystems say for unlink of a directory).
-    // SAFETY: valid fd and NUL-terminated name.
-    let sub = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    let sub = match owned(sub) {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
+    let sub = match at::open(dir, name, flags, Mode::empty()) {
         Ok(fd) => fd,
         // not a directory after all: the unlink's error is the one to report
         Err(_) => return Err(e),
     };
-    for child in list_dir(sub.as_fd())? {
+    for child in at::list(sub.as_fd())? {
         remove_all_at(sub.as_fd(), &child)?;
     }
-    // SAFETY: valid fd and NUL-terminated name.
-    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ENOENT) {
-            return Err(e);
-        }
-    }
-    Ok(true)
-}
-
-/// Names in the directory open as `dir` (not `.` and `..`).
-fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
-    // fdopendir takes the fd over: give it a duplicate opened for reading.
-    // SAFETY: valid fd; "." is NUL-terminated.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c".".as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    let fd = owned(fd)?;
-    // SAFETY: `fd` is an open directory; on success the DIR owns it.
-    let d = unsafe { libc::fdopendir(fd.as_raw_fd()) };
-    if d.is_null() {
-        return Err(io::Error::last_os_error());
-    }
-    std::mem::forget(fd);
-    let mut names = Vec::new();
-    loop {
-        // SAFETY: `d` is a valid DIR*; errno is cleared to tell the end from an error.
-        unsafe { *libc::__errno_location() = 0 };
-        // SAFETY: as above.
-        let ent = unsafe { libc::readdir64(d) };
-        if ent.is_null() {
-            let errno = io::Error::last_os_error();
-            // SAFETY: `d` is valid and closed once.
-            unsafe { libc::closedir(d) };
-            if errno.raw_os_error().unwrap_or(0) != 0 {
-                return Err(errno);
-            }
-            return Ok(names);
-        }
-        // SAFETY: d_name is NUL-terminated within the dirent readdir returned.
-        let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) };
-        let bytes = name.to_bytes();
-        if bytes != b"." && bytes != b".." {
-            names.push(OsString::from_vec(bytes.to_vec()));
-        }
+    match at::rmdir(dir, name) {
+        Err(e) if !e.is_not_found() => Err(e),
+        _ => Ok(true),
     }
 }
 
-fn split_last(rel: &Path) -> io::Result<(&Path, OsString)> {
+fn split_last(rel: &Path) -> Result<(&Path, OsString)> {
     match rel.components().next_back() {
         Some(Component::Normal(n)) => Ok((rel.parent().unwrap_or(Path::new("")), n.to_os_string())),
-        _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        _ => Err(errno(libc::EINVAL)),
     }
 }
 
-fn cstr(s: &OsStr) -> io::Result<CString> {
-    CString::new(s.as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+/// An error of a step whose context the caller gives ([`RootDir::err`]): only the errno counts.
+fn errno(n: i32) -> Error {
+    Error::sys("resolving", nix::errno::Errno::from_raw(n))
 }
 
-fn owned(fd: RawFd) -> io::Result<OwnedFd> {
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+/// The cause of a step's error, as the `io::Error` the resolution's errors have always had.
+fn cause(e: Error) -> io::Error {
+    match e {
+        Error::Io { source, .. } => source,
+        Error::Sys { source, .. } => source.into(),
+        e @ Error::Json { .. } => io::Error::other(e),
     }
-    // SAFETY: a fresh fd the caller owns from now on.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn errno(n: i32) -> io::Error {
-    io::Error::from_raw_os_error(n)
+fn no_nul() -> Error {
+    Error::io(
+        "resolving",
+        io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"),
+    )
 }
 
 /// Check `rel`: beneath the root an absolute path is refused like openat2 does (EXDEV); in
 /// the root it starts at the root.
-fn check_rel(rel: &Path, in_root: bool) -> io::Result<&Path> {
+fn check_rel(rel: &Path, in_root: bool) -> Result<&Path> {
     if rel.as_os_str().as_bytes().contains(&0) {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"));
+        return Err(no_nul());
     }
     match rel.strip_prefix("/") {
         Ok(stripped) if in_root => Ok(stripped),
@@ -316,7 +263,7 @@ fn check_rel(rel: &Path, in_root: bool) -> io::Result<&Path> {
 }
 
 /// Resolve `rel` beneath (or in) `root` and open it with `flags`.
-fn resolve(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> io::Result<OwnedFd> {
+fn resolve(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> Result<OwnedFd> {
     // O_TMPFILE includes O_DIRECTORY: compare all of its bits.
     if flags & libc::O_CREAT != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE {
         return Err(errno(libc::EINVAL));
@@ -324,53 +271,32 @@ fn resolve(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) 
     let rel = check_rel(rel, in_root)?;
     if !NO_OPENAT2.load(Ordering::Relaxed) && !force_walk() {
         match openat2_beneath(root, rel, flags, in_root) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+            Err(e) if e.errno() == Some(libc::ENOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
             // A rename elsewhere raced with `..`: the walk below is race-free too. EPERM is
             // what some seccomp filters answer for system calls they do not know; a real
             // EPERM comes again from the walk.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EPERM)) => {}
+            Err(e) if matches!(e.errno(), Some(libc::EAGAIN) | Some(libc::EPERM)) => {}
             r => return r,
         }
     }
     walk(root, rel, flags, in_root)
 }
 
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
-fn openat2_beneath(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> io::Result<OwnedFd> {
+fn openat2_beneath(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> Result<OwnedFd> {
     let path = if rel.as_os_str().is_empty() {
-        CString::from(c".")
+        Path::new(".")
     } else {
-        cstr(rel.as_os_str())?
+        rel
     };
-    let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC) as u32 as u64,
-        mode: 0,
-        resolve: libc::RESOLVE_NO_MAGICLINKS
-            | if in_root {
-                libc::RESOLVE_IN_ROOT
-            } else {
-                libc::RESOLVE_BENEATH
-            },
-    };
-    for _ in 0..8 {
-        // SAFETY: valid fd, NUL-terminated path, `how` outlives the call and its size is given.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                root.as_raw_fd(),
-                path.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            )
+    let resolve = ResolveFlag::RESOLVE_NO_MAGICLINKS
+        | if in_root {
+            ResolveFlag::RESOLVE_IN_ROOT
+        } else {
+            ResolveFlag::RESOLVE_BENEATH
         };
-        match owned(fd as RawFd) {
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => continue,
+    for _ in 0..8 {
+        match at::open_resolved(root, path, OFlag::from_bits_retain(flags), resolve) {
+            Err(e) if e.errno() == Some(libc::EAGAIN) => continue,
             r => return r,
         }
     }
@@ -378,7 +304,7 @@ fn openat2_beneath(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root
 }
 
 /// The component walk used where openat2 is missing. Same rules, same errors.
-fn walk(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> io::Result<OwnedFd> {
+fn walk(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> Result<OwnedFd> {
     let nofollow = flags & libc::O_NOFOLLOW != 0;
     let mut todo: Vec<OsString> = Vec::new(); // a stack: the next component is the last element
     push_components(&mut todo, rel.as_os_str().as_bytes());
@@ -404,24 +330,22 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: libc::c_int, in_root: bool) -> 
             let is_link = match &r {
                 // With O_PATH a symlink opens as itself.
                 Ok(fd) => flags & libc::O_PATH != 0 && fd_is_symlink(fd.as_fd())?,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
-                    at_is_symlink(cur, &name)?
-                }
+                Err(e) if matches!(e.errno(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => at_is_symlink(cur, &name)?,
                 Err(_) => false,
             };
             if !is_link || nofollow {
                 return r;
             }
-            let target = read_link_at(cur, &name)?;
+            let target = at::readlink(cur, &name)?;
             expand(&mut todo, &mut stack, &target, &mut links, in_root)?;
             continue;
         }
         let fd = open_at_raw(cur, &name, libc::O_PATH | libc::O_NOFOLLOW)?;
-        let st = fstat(fd.as_fd())?;
+        let st = at::fstat(fd.as_fd())?;
         match st.st_mode & libc::S_IFMT {
             libc::S_IFDIR => stack.push(fd),
             libc::S_IFLNK => {
-                let target = read_link_at(fd.as_fd(), OsStr::new(""))?;
+                let target = at::readlink(fd.as_fd(), "")?;
                 expand(&mut todo, &mut stack, &target, &mut links, in_root)?;
             }
             _ => return Err(errno(libc::ENOTDIR)),
@@ -437,7 +361,7 @@ fn expand(
     target: &OsStr,
     links: &mut u32,
     in_root: bool,
-) -> io::Result<()> {
+) -> Result<()> {
     *links += 1;
     if *links > MAX_SYMLINKS {
         return Err(errno(libc::ELOOP));
@@ -466,50 +390,20 @@ fn push_components(todo: &mut Vec<OsString>, path: &[u8]) {
     }
 }
 
-fn open_at_raw(dir: BorrowedFd<'_>, name: &OsStr, flags: libc::c_int) -> io::Result<OwnedFd> {
-    let c = cstr(name)?;
-    // SAFETY: valid fd and NUL-terminated name; no O_CREAT, so no mode.
-    owned(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC) })
+fn open_at_raw(dir: BorrowedFd<'_>, name: &OsStr, flags: libc::c_int) -> Result<OwnedFd> {
+    // No O_CREAT (refused above), so no mode.
+    at::open(dir, name, OFlag::from_bits_retain(flags), Mode::empty())
 }
 
-fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
-    // SAFETY: zeroed stat is a valid out buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and buffer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st)
+fn fd_is_symlink(fd: BorrowedFd<'_>) -> Result<bool> {
+    Ok(at::is_type(at::fstat(fd)?.st_mode, SFlag::S_IFLNK))
 }
 
-fn fd_is_symlink(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    Ok(fstat(fd)?.st_mode & libc::S_IFMT == libc::S_IFLNK)
+fn at_is_symlink(dir: BorrowedFd<'_>, name: &OsStr) -> Result<bool> {
+    Ok(at::is_type(at::stat_nofollow(dir, name)?.st_mode, SFlag::S_IFLNK))
 }
 
-fn at_is_symlink(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
-    let c = cstr(name)?;
-    // SAFETY: zeroed stat is a valid out buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd, name and buffer.
-    if unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st.st_mode & libc::S_IFMT == libc::S_IFLNK)
-}
-
-fn read_link_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OsString> {
-    let c = cstr(name)?;
-    let mut buf = vec![0u8; libc::PATH_MAX as usize];
-    // SAFETY: valid fd, name and buffer of the given length.
-    let n = unsafe { libc::readlinkat(dir.as_raw_fd(), c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(n as usize);
-    Ok(OsString::from_vec(buf))
-}
-
-fn mkdir_all(root: BorrowedFd<'_>, rel: &Path, mode: u32, in_root: bool) -> io::Result<OwnedFd> {
+fn mkdir_all(root: BorrowedFd<'_>, rel: &Path, mode: u32, in_root: bool) -> Result<OwnedFd> {
     let rel = check_rel(rel, in_root)?;
     let dir = |p: &Path| resolve(root, p, libc::O_PATH | libc::O_DIRECTORY, in_root);
     let mut cur = dir(Path::new(""))?;
@@ -528,15 +422,11 @@ fn mkdir_all(root: BorrowedFd<'_>, rel: &Path, mode: u32, in_root: bool) -> io::
         prefix.push(name);
         match dir(&prefix) {
             Ok(fd) => cur = fd,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                let cn = cstr(name)?;
-                // SAFETY: valid fd and NUL-terminated name.
-                if unsafe { libc::mkdirat(cur.as_raw_fd(), cn.as_ptr(), mode as libc::mode_t) } != 0 {
-                    let e = io::Error::last_os_error();
+            Err(e) if e.errno() == Some(libc::ENOENT) => {
+                match at::mkdir(cur.as_fd(), name, Mode::from_bits_truncate(mode as libc::mode_t)) {
                     // EEXIST: made meanwhile, or a dangling symlink (then resolving fails below).
-                    if e.raw_os_error() != Some(libc::EEXIST) {
-                        return Err(e);
-                    }
+                    Err(e) if e.errno() != Some(libc::EEXIST) => return Err(e),
+                    _ => {}
                 }
                 cur = dir(&prefix)?;
             }
@@ -598,6 +488,7 @@ mod tests {
     }
 
     fn fd_path(fd: &OwnedFd) -> PathBuf {
+        use std::os::fd::AsRawFd;
         fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap()
     }
 
@@ -705,10 +596,7 @@ mod tests {
             let (p, name) = r.open_parent("dir/f").unwrap();
             fs::rename(root.join("dir"), root.join("moved")).unwrap();
             symlink(&outside, root.join("dir")).unwrap();
-            let c = cstr(&name).unwrap();
-            // SAFETY: valid fd and name.
-            let fd = unsafe { libc::mknodat(p.as_raw_fd(), c.as_ptr(), libc::S_IFIFO | 0o600, 0) };
-            assert_eq!(fd, 0);
+            at::mknod(p.as_fd(), &name, SFlag::S_IFIFO, Mode::from_bits_truncate(0o600), 0).unwrap();
             assert!(root.join("moved/f").exists(), "{how}");
             assert!(empty(&outside), "{how}");
         });

@@ -18,7 +18,8 @@ pub fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     let mut filled = 0;
     while filled < bytes {
-        // SAFETY: the pointer and length describe the unfilled part of `buf`.
+        // SAFETY: the pointer and length describe the unfilled part of `buf`, which outlives
+        // the call. nix 0.29 has no getrandom(2) (and std's randomness is not public).
         let n = unsafe { libc::getrandom(buf[filled..].as_mut_ptr() as *mut libc::c_void, bytes - filled, 0) };
         if n > 0 {
             filled += n as usize;

@@ -3,7 +3,8 @@
 //! directory), JSON records, tolerant removal and listing, process-unique and random names, the
 //! boot id; [`RootDir`], which resolves, creates, opens and removes paths strictly beneath a
 //! directory whose content is not trusted (image layers, volumes), refusing symlink and `..`
-//! escapes; and the error type they return.
+//! escapes, over [`at`], the `*at` system calls as safe functions; and the error type they
+//! return.
 //!
 //! Errors follow the Rust API guidelines: an [`Error`]'s `Display` says what was being done
 //! ("writing /var/lib/ferrolet/x.json"), its [`source`](std::error::Error::source) is the
@@ -13,6 +14,7 @@
 //! No Kubernetes. From async code, run these calls through [`blocking`], which moves them off
 //! the async runtime's worker threads.
 
+pub mod at;
 mod beneath;
 mod error;
 mod fs;

@@ -102,7 +102,7 @@ pub(crate) struct BridgeNet {
 }
 
 impl BridgeNet {
-    pub async fn new(cfg: BridgeConfig) -> Result<Self> {
+    pub(crate) async fn new(cfg: BridgeConfig) -> Result<Self> {
         validate_ifname(&cfg.bridge).map_err(|r| Error::invalid_config("bridge", r))?;
         if cfg.nft_table.is_empty()
             || cfg.nft_table.len() > 64
@@ -296,7 +296,7 @@ impl BridgeNet {
         Ok(None)
     }
 
-    pub async fn setup(&self, req: &SandboxNetwork) -> Result<NetworkStatus> {
+    pub(crate) async fn setup(&self, req: &SandboxNetwork) -> Result<NetworkStatus> {
         let id = &req.sandbox_id;
         for ip in &req.requested_ips {
             if ip.is_ipv4() != self.subnet.network().is_ipv4() {
@@ -607,7 +607,7 @@ impl BridgeNet {
         }
     }
 
-    pub async fn teardown(&self, req: &SandboxNetwork) -> Result<()> {
+    pub(crate) async fn teardown(&self, req: &SandboxNetwork) -> Result<()> {
         match self.teardown_record(&req.sandbox_id) {
             Some(rec) => self.undo(&rec).await,
             None => {
@@ -623,7 +623,7 @@ impl BridgeNet {
         }
     }
 
-    pub async fn teardown_by_id(&self, id: &str) -> Result<()> {
+    pub(crate) async fn teardown_by_id(&self, id: &str) -> Result<()> {
         match self.teardown_record(id) {
             Some(rec) => self.undo(&rec).await,
             None => {
@@ -649,7 +649,7 @@ impl BridgeNet {
         self.nft.remove(&stale).await
     }
 
-    pub async fn check(&self, req: &SandboxNetwork) -> Result<()> {
+    pub(crate) async fn check(&self, req: &SandboxNetwork) -> Result<()> {
         let id = &req.sandbox_id;
         let rec: Record = self
             .records
@@ -769,7 +769,7 @@ impl BridgeNet {
     /// Remove the node-wide parts: the nftables table and the bridge, both attempted (the
     /// first failure is returned). Sandboxes are the caller's to tear down first (their records
     /// and IPs stay otherwise).
-    pub async fn uninstall(&self) -> Result<()> {
+    pub(crate) async fn uninstall(&self) -> Result<()> {
         let mut first_err = None;
         if let Err(e) = self.nft.delete_table().await {
             warn!(table = %self.cfg.nft_table, error = %chain(&e), "removing the nftables table failed");
@@ -791,7 +791,7 @@ impl BridgeNet {
         first_err.map_or(Ok(()), Err)
     }
 
-    pub async fn gc_candidates(&self) -> Result<BTreeSet<String>> {
+    pub(crate) async fn gc_candidates(&self) -> Result<BTreeSet<String>> {
         let h = netns::node_handle()?;
         Ok(self.known_ids(&h).await?.0)
     }
@@ -801,7 +801,7 @@ impl BridgeNet {
     /// not allocated to a live sandbox. IP files that name no sandbox (torn, garbage) are
     /// released when no sandbox is live (the IP can be no one's); while some are, they stay
     /// allocated, and the first is returned as an error after everything else was done.
-    pub async fn gc_sweep(&self, live: &HashSet<&str>) -> Result<()> {
+    pub(crate) async fn gc_sweep(&self, live: &HashSet<&str>) -> Result<()> {
         let h = netns::node_handle()?;
         let (_, ports) = self.known_ids(&h).await?;
         let live_veths: HashSet<String> = live.iter().map(|i| veth_name(i)).collect();

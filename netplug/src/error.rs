@@ -169,7 +169,7 @@ impl Error {
     }
 
     /// True when the error is "that object already exists".
-    pub fn is_exists(&self) -> bool {
+    pub(crate) fn is_exists(&self) -> bool {
         self.errno() == Some(libc::EEXIST)
     }
 }

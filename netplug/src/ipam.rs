@@ -31,7 +31,7 @@ const CURSOR: &str = "last_reserved_ip";
 
 /// The allocator of one subnet.
 #[derive(Debug, Clone)]
-pub struct Ipam {
+pub(crate) struct Ipam {
     dir: PathBuf,
     subnet: IpNet,
     gateway: IpAddr,
@@ -105,7 +105,7 @@ pub(crate) fn candidates(range: HostRange, cursor: Option<u128>) -> impl Iterato
 
 impl Ipam {
     /// The allocator of `subnet` storing under `state_dir/ipam/`. `gateway` is never allocated.
-    pub fn new(state_dir: &Path, subnet: IpNet, gateway: IpAddr) -> Result<Self> {
+    pub(crate) fn new(state_dir: &Path, subnet: IpNet, gateway: IpAddr) -> Result<Self> {
         if host_range(&subnet).is_none() {
             return Err(Error::invalid_config(
                 "subnet",
@@ -132,7 +132,7 @@ impl Ipam {
     /// Allocate one IP to `sandbox_id`: a requested IP of this subnet's family if any (error
     /// when it is taken or unassignable), else the next free one. An IP already owned by the
     /// sandbox (a setup retried after a crash) is returned again instead of taking another.
-    pub fn allocate(&self, sandbox_id: &str, requested: &[IpAddr]) -> Result<IpAddr> {
+    pub(crate) fn allocate(&self, sandbox_id: &str, requested: &[IpAddr]) -> Result<IpAddr> {
         let owned = self.owned_by(sandbox_id)?;
         let wanted: Vec<IpAddr> = requested
             .iter()
@@ -231,7 +231,7 @@ impl Ipam {
     }
 
     /// What the file of `ip` says: `None` when the IP is free.
-    pub fn holder(&self, ip: IpAddr) -> Option<Holder> {
+    pub(crate) fn holder(&self, ip: IpAddr) -> Option<Holder> {
         let path = self.file(ip);
         match fs::read(&path) {
             Ok(data) => Some(holder_of(&data)),
@@ -242,7 +242,7 @@ impl Ipam {
 
     /// The sandbox holding `ip`, if any. An IP file that names no sandbox (torn, garbage,
     /// unreadable) is an error; see [`Ipam::holder`].
-    pub fn owner(&self, ip: IpAddr) -> Result<Option<String>> {
+    pub(crate) fn owner(&self, ip: IpAddr) -> Result<Option<String>> {
         match self.holder(ip) {
             None => Ok(None),
             Some(Holder::Sandbox(s)) => Ok(Some(s)),
@@ -253,7 +253,7 @@ impl Ipam {
     /// Every allocation: (ip, owner), and apart the IPs whose file names no sandbox, with
     /// why. Those stay allocated (a live pod may hold the IP) until
     /// [`Ipam::release_unreadable`].
-    pub fn scan(&self) -> Result<Scan> {
+    pub(crate) fn scan(&self) -> Result<Scan> {
         let mut scan = Scan::default();
         for name in fsutil::list_names(&self.dir)? {
             let Ok(ip) = name.parse::<IpAddr>() else { continue };
@@ -269,7 +269,7 @@ impl Ipam {
     /// Every allocation whose file names a sandbox: (ip, owner). Unreadable IP files are left
     /// out (with a warning), not an error: one torn file must not stop every allocation,
     /// teardown and gc.
-    pub fn allocations(&self) -> Result<Vec<(IpAddr, String)>> {
+    pub(crate) fn allocations(&self) -> Result<Vec<(IpAddr, String)>> {
         let Scan { owned, unreadable } = self.scan()?;
         for (ip, why) in unreadable {
             warn!(%ip, subnet = %self.subnet, problem = %why, "IP allocation names no sandbox; the IP stays taken");
@@ -278,7 +278,7 @@ impl Ipam {
     }
 
     /// IPs owned by `sandbox_id`.
-    pub fn owned_by(&self, sandbox_id: &str) -> Result<Vec<IpAddr>> {
+    pub(crate) fn owned_by(&self, sandbox_id: &str) -> Result<Vec<IpAddr>> {
         Ok(self
             .allocations()?
             .into_iter()
@@ -289,7 +289,7 @@ impl Ipam {
 
     /// Release `ip` if `sandbox_id` owns it. Returns whether something was released. An IP
     /// whose file names no sandbox is not released here (it may be a live pod's).
-    pub fn release(&self, ip: IpAddr, sandbox_id: &str) -> Result<bool> {
+    pub(crate) fn release(&self, ip: IpAddr, sandbox_id: &str) -> Result<bool> {
         match self.holder(ip) {
             Some(Holder::Sandbox(owner)) if owner == sandbox_id => {
                 let released = fsutil::remove_file_opt(&self.file(ip))?;
@@ -305,7 +305,7 @@ impl Ipam {
 
     /// Release `ip` when its file (still) names no sandbox: for when no sandbox is live, so the
     /// IP can be no one's. Returns whether it was released.
-    pub fn release_unreadable(&self, ip: IpAddr) -> Result<bool> {
+    pub(crate) fn release_unreadable(&self, ip: IpAddr) -> Result<bool> {
         match self.holder(ip) {
             Some(Holder::Unreadable(why)) => {
                 let released = fsutil::remove_file_opt(&self.file(ip))?;
@@ -320,7 +320,7 @@ impl Ipam {
     }
 
     /// Release every IP of `sandbox_id`; returns them.
-    pub fn release_all(&self, sandbox_id: &str) -> Result<Vec<IpAddr>> {
+    pub(crate) fn release_all(&self, sandbox_id: &str) -> Result<Vec<IpAddr>> {
         let mut out = Vec::new();
         for ip in self.owned_by(sandbox_id)? {
             if self.release(ip, sandbox_id)? {
@@ -349,7 +349,7 @@ enum Claim {
 
 /// Every allocation file of a subnet, by what it says.
 #[derive(Debug, Default)]
-pub struct Scan {
+pub(crate) struct Scan {
     /// (ip, sandbox id)
     pub owned: Vec<(IpAddr, String)>,
     /// (ip, why): files that name no sandbox.
@@ -358,7 +358,7 @@ pub struct Scan {
 
 /// What an IP's allocation file says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Holder {
+pub(crate) enum Holder {
     Sandbox(String),
     /// The file does not name a sandbox (torn write, garbage, I/O error): why.
     Unreadable(String),

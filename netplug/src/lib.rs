@@ -33,9 +33,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 pub use error::{Error, PluginFailure, Result};
-pub use types::{
-    validate_sandbox_id, Bandwidth, BridgeConfig, CniConfig, Mode, NetworkStatus, PortMapping, Protocol, SandboxNetwork,
-};
+pub(crate) use types::validate_sandbox_id;
+pub use types::{Bandwidth, BridgeConfig, CniConfig, Mode, NetworkStatus, PortMapping, Protocol, SandboxNetwork};
 
 use bridge::BridgeNet;
 use cni::CniNet;

@@ -14,7 +14,7 @@ use crate::error::{Context, Error, Result};
 
 /// Open a network namespace file, checking that it is one. Errors name the path; a missing
 /// file is an `Fs` error for which [`Error::is_not_found`] is true.
-pub fn open_netns(path: &Path) -> Result<File> {
+pub(crate) fn open_netns(path: &Path) -> Result<File> {
     let f = File::open(path).with_context(|| format!("opening network namespace {}", path.display()))?;
     let st = nix::sys::statfs::fstatfs(f.as_fd())
         .with_context(|| format!("statfs of network namespace {}", path.display()))?;
@@ -25,6 +25,7 @@ pub fn open_netns(path: &Path) -> Result<File> {
         ));
     }
     // SAFETY: NS_GET_NSTYPE takes no argument and returns the CLONE_NEW* type of the namespace.
+    // nix has no namespace ioctls (only macros that generate raw ones).
     let ty = unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_NSTYPE as _) };
     if ty >= 0 && ty != libc::CLONE_NEWNET {
         return Err(Error::netns(path, "not a network namespace"));
@@ -36,13 +37,13 @@ pub fn open_netns(path: &Path) -> Result<File> {
 const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 
 /// True when `path` opens as a network namespace file (a pinned netns that still exists).
-pub fn netns_exists(path: &Path) -> bool {
+pub(crate) fn netns_exists(path: &Path) -> bool {
     open_netns(path).is_ok()
 }
 
 /// Run `f` on a fresh thread that has joined the network namespace at `path`, and return what
 /// it returns. The thread exits afterwards, so nothing else ever runs in that namespace.
-pub async fn run_in_netns<T, F>(path: &Path, f: F) -> Result<T>
+pub(crate) async fn run_in_netns<T, F>(path: &Path, f: F) -> Result<T>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T> + Send + 'static,
@@ -72,14 +73,15 @@ pub fn node_handle() -> Result<Handle> {
 }
 
 /// A netlink (route) connection bound to the network namespace at `path`.
-pub async fn netns_handle(path: &Path) -> Result<Handle> {
+pub(crate) async fn netns_handle(path: &Path) -> Result<Handle> {
     let fd = run_in_netns(path, || {
         let sock = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)
             .context("opening a netlink socket in the pod namespace")?;
         Ok(sock.into_raw_fd())
     })
     .await?;
-    // SAFETY: `fd` is a netlink socket we own, handed over from the namespace thread.
+    // SAFETY: `fd` is a netlink socket we own, handed over from the namespace thread. Not libc:
+    // netlink-sys has no safe conversion from its Socket to its TokioSocket.
     let sock = unsafe { netlink_sys::TokioSocket::from_raw_fd(fd) };
     let (conn, handle, _) = rtnetlink::from_socket(sock);
     tokio::spawn(conn);

@@ -37,7 +37,7 @@ use crate::types::{PortMapping, Protocol};
 
 /// The hostPort map element of one mapping, in nft syntax and as read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostPortElem {
+pub(crate) struct HostPortElem {
     pub host_ip: Option<IpAddr>,
     pub protocol: Protocol,
     pub host_port: u16,
@@ -46,7 +46,7 @@ pub struct HostPortElem {
 }
 
 impl HostPortElem {
-    pub fn new(pod_ip: IpAddr, pm: &PortMapping) -> Self {
+    pub(crate) fn new(pod_ip: IpAddr, pm: &PortMapping) -> Self {
         HostPortElem {
             host_ip: pm.effective_host_ip(),
             protocol: pm.protocol,
@@ -78,7 +78,7 @@ impl HostPortElem {
 
 /// The table of one bridge network.
 #[derive(Debug, Clone)]
-pub struct Nft {
+pub(crate) struct Nft {
     nft: PathBuf,
     table: String,
     subnet: IpNet,
@@ -87,7 +87,7 @@ pub struct Nft {
 }
 
 /// Where `nft` is: the usual sbin dirs, then PATH.
-pub fn locate_nft() -> Result<PathBuf> {
+pub(crate) fn locate_nft() -> Result<PathBuf> {
     let mut tried = Vec::new();
     let mut dirs: Vec<PathBuf> = ["/usr/sbin", "/sbin", "/usr/bin", "/bin", "/usr/local/sbin"]
         .iter()
@@ -107,7 +107,7 @@ pub fn locate_nft() -> Result<PathBuf> {
 }
 
 impl Nft {
-    pub fn new(nft: PathBuf, table: &str, subnet: IpNet, bridge: &str, masquerade: bool) -> Self {
+    pub(crate) fn new(nft: PathBuf, table: &str, subnet: IpNet, bridge: &str, masquerade: bool) -> Self {
         Nft {
             nft,
             table: table.to_string(),
@@ -122,7 +122,7 @@ impl Nft {
     }
 
     /// The static part of the table, as one idempotent transaction.
-    pub fn render_base(&self) -> String {
+    pub(crate) fn render_base(&self) -> String {
         let t = format!("inet {}", self.table);
         let (addr, ipk, nfproto) = if self.v4() {
             ("ipv4_addr", "ip", "ipv4")
@@ -182,7 +182,7 @@ impl Nft {
 
     /// Add the elements of a sandbox. Adding an element that is already there with the same
     /// pod is a no-op; one there for another pod fails the whole transaction.
-    pub fn render_add(&self, elems: &[HostPortElem]) -> String {
+    pub(crate) fn render_add(&self, elems: &[HostPortElem]) -> String {
         let t = format!("inet {}", self.table);
         elems
             .iter()
@@ -193,7 +193,7 @@ impl Nft {
     /// Remove the elements of a sandbox, idempotently: each is added (a no-op if present with
     /// the same pod) and then deleted, so a missing element is no error, and an element that
     /// now belongs to another pod fails the transaction instead of being removed.
-    pub fn render_del(&self, elems: &[HostPortElem]) -> String {
+    pub(crate) fn render_del(&self, elems: &[HostPortElem]) -> String {
         let t = format!("inet {}", self.table);
         elems
             .iter()
@@ -209,7 +209,7 @@ impl Nft {
     }
 
     /// Create or refresh the static part of the table.
-    pub async fn ensure_base(&self) -> Result<()> {
+    pub(crate) async fn ensure_base(&self) -> Result<()> {
         self.run(&["-f", "-"], Some(&self.render_base()), "setting up the table")
             .await?;
         info!(table = %self.table, subnet = %self.subnet, "nftables table ready");
@@ -217,7 +217,7 @@ impl Nft {
     }
 
     /// Add the hostPort elements of a sandbox.
-    pub async fn add(&self, elems: &[HostPortElem]) -> Result<()> {
+    pub(crate) async fn add(&self, elems: &[HostPortElem]) -> Result<()> {
         if elems.is_empty() {
             return Ok(());
         }
@@ -231,7 +231,7 @@ impl Nft {
 
     /// Remove the hostPort elements of a sandbox; missing ones are fine, ones that map to
     /// another pod are left alone.
-    pub async fn remove(&self, elems: &[HostPortElem]) -> Result<()> {
+    pub(crate) async fn remove(&self, elems: &[HostPortElem]) -> Result<()> {
         if elems.is_empty() {
             return Ok(());
         }
@@ -271,7 +271,7 @@ impl Nft {
     }
 
     /// Remove the whole table (nothing to do when it does not exist).
-    pub async fn delete_table(&self) -> Result<()> {
+    pub(crate) async fn delete_table(&self) -> Result<()> {
         match self
             .run(&["delete", "table", "inet", &self.table], None, "deleting the table")
             .await
@@ -286,7 +286,7 @@ impl Nft {
     }
 
     /// Every hostPort element in the table (none when the table does not exist).
-    pub async fn list(&self) -> Result<Vec<HostPortElem>> {
+    pub(crate) async fn list(&self) -> Result<Vec<HostPortElem>> {
         let mut out = Vec::new();
         for map in ["hostports", "hostports_ip"] {
             let json = match self

@@ -18,7 +18,7 @@ use crate::types::format_mac;
 
 /// What we need to know of a link.
 #[derive(Debug, Clone, Default)]
-pub struct Link {
+pub(crate) struct Link {
     pub index: u32,
     pub name: String,
     pub mtu: Option<u32>,
@@ -58,7 +58,7 @@ impl Link {
 }
 
 /// The link named `name`, if it exists.
-pub async fn link_by_name(h: &Handle, name: &str) -> Result<Option<Link>> {
+pub(crate) async fn link_by_name(h: &Handle, name: &str) -> Result<Option<Link>> {
     let mut s = h.link().get().match_name(name.to_string()).execute();
     match s.try_next().await {
         Ok(Some(msg)) => Ok(Some(Link::from_msg(&msg))),
@@ -77,7 +77,7 @@ pub async fn link_by_name(h: &Handle, name: &str) -> Result<Option<Link>> {
 }
 
 /// Every link of the namespace.
-pub async fn links(h: &Handle) -> Result<Vec<Link>> {
+pub(crate) async fn links(h: &Handle) -> Result<Vec<Link>> {
     let msgs: Vec<LinkMessage> = h
         .link()
         .get()
@@ -89,14 +89,14 @@ pub async fn links(h: &Handle) -> Result<Vec<Link>> {
 }
 
 /// Send a RTM_NEWLINK with NLM_F_CREATE|NLM_F_EXCL.
-pub async fn create_link(h: &Handle, msg: LinkMessage, what: &str) -> Result<()> {
+pub(crate) async fn create_link(h: &Handle, msg: LinkMessage, what: &str) -> Result<()> {
     let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
     req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
     request_ack(h, req, what).await
 }
 
 /// Send a request and wait for its ack; the error names `what`.
-pub async fn request_ack(h: &Handle, req: NetlinkMessage<RouteNetlinkMessage>, what: &str) -> Result<()> {
+pub(crate) async fn request_ack(h: &Handle, req: NetlinkMessage<RouteNetlinkMessage>, what: &str) -> Result<()> {
     let mut h = h.clone();
     let mut resp = h.request(req).context(what.to_string())?;
     use futures_util::StreamExt;
@@ -111,11 +111,11 @@ pub async fn request_ack(h: &Handle, req: NetlinkMessage<RouteNetlinkMessage>, w
 }
 
 /// Apply a RTM_SETLINK built from `msg`.
-pub async fn set_link(h: &Handle, msg: LinkMessage, what: &str) -> Result<()> {
+pub(crate) async fn set_link(h: &Handle, msg: LinkMessage, what: &str) -> Result<()> {
     h.link().set(msg).execute().await.context(what.to_string())
 }
 
-pub async fn set_up(h: &Handle, index: u32, name: &str) -> Result<()> {
+pub(crate) async fn set_up(h: &Handle, index: u32, name: &str) -> Result<()> {
     set_link(
         h,
         LinkUnspec::new_with_index(index).up().build(),
@@ -125,7 +125,7 @@ pub async fn set_up(h: &Handle, index: u32, name: &str) -> Result<()> {
 }
 
 /// Delete a link; a link that is already gone is fine. Returns whether it existed.
-pub async fn del_link(h: &Handle, index: u32, name: &str) -> Result<bool> {
+pub(crate) async fn del_link(h: &Handle, index: u32, name: &str) -> Result<bool> {
     match h
         .link()
         .del(index)
@@ -142,7 +142,7 @@ pub async fn del_link(h: &Handle, index: u32, name: &str) -> Result<bool> {
 /// Add `ip/prefix` to a link; an address already there is fine. IPv6 addresses skip duplicate
 /// address detection (the IPAM guarantees uniqueness; DAD would leave the address unusable for
 /// about a second).
-pub async fn add_addr(h: &Handle, index: u32, name: &str, ip: IpAddr, prefix: u8) -> Result<()> {
+pub(crate) async fn add_addr(h: &Handle, index: u32, name: &str, ip: IpAddr, prefix: u8) -> Result<()> {
     let mut req = h.address().add(index, ip, prefix);
     if ip.is_ipv6() {
         req.message_mut().attributes.push(AddressAttribute::Flags(
@@ -160,7 +160,7 @@ pub async fn add_addr(h: &Handle, index: u32, name: &str, ip: IpAddr, prefix: u8
 }
 
 /// Addresses of a link (or of all links when `index` is None): (ifindex, ip, prefix).
-pub async fn addrs(h: &Handle, index: Option<u32>) -> Result<Vec<(u32, IpAddr, u8)>> {
+pub(crate) async fn addrs(h: &Handle, index: Option<u32>) -> Result<Vec<(u32, IpAddr, u8)>> {
     let mut req = h.address().get();
     if let Some(i) = index {
         req = req.set_link_index_filter(i);
@@ -178,7 +178,7 @@ pub async fn addrs(h: &Handle, index: Option<u32>) -> Result<Vec<(u32, IpAddr, u
 }
 
 /// Add the default route via `gw` (on-link through `index`); an existing one is fine.
-pub async fn add_default_route(h: &Handle, index: u32, name: &str, gw: IpAddr) -> Result<()> {
+pub(crate) async fn add_default_route(h: &Handle, index: u32, name: &str, gw: IpAddr) -> Result<()> {
     let msg = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(
             if gw.is_ipv4() {
@@ -206,14 +206,14 @@ pub async fn add_default_route(h: &Handle, index: u32, name: &str, gw: IpAddr) -
 
 /// A route of the main table.
 #[derive(Debug, Clone)]
-pub struct Route {
+pub(crate) struct Route {
     pub dst: IpNet,
     pub gateway: Option<IpAddr>,
     pub oif: Option<u32>,
 }
 
 /// Unicast routes of the main table of one family.
-pub async fn routes(h: &Handle, v6: bool) -> Result<Vec<Route>> {
+pub(crate) async fn routes(h: &Handle, v6: bool) -> Result<Vec<Route>> {
     let mut msg = RouteMessage::default();
     msg.header.address_family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
     let msgs: Vec<RouteMessage> = h
@@ -260,7 +260,7 @@ pub async fn routes(h: &Handle, v6: bool) -> Result<Vec<Route>> {
 /// Write a sysctl, `rel` being its path under /proc/sys ("net/ipv4/ip_forward"), in the calling
 /// thread's network namespace (for the node namespace: any thread of the process, as none of
 /// them ever leaves it). Nothing is written when the value is already set.
-pub fn write_sysctl(rel: &str, value: &str) -> Result<()> {
+pub(crate) fn write_sysctl(rel: &str, value: &str) -> Result<()> {
     let path = PathBuf::from("/proc/sys").join(rel);
     let current = std::fs::read_to_string(&path).unwrap_or_default();
     if current.trim() == value {

@@ -12,12 +12,12 @@ use crate::error::{Context, Result};
 use ferrolet_fsutil as fsutil;
 
 #[derive(Debug, Clone)]
-pub struct Records {
+pub(crate) struct Records {
     dir: PathBuf,
 }
 
 impl Records {
-    pub fn new(state_dir: &Path) -> Result<Self> {
+    pub(crate) fn new(state_dir: &Path) -> Result<Self> {
         let dir = state_dir.join("sandboxes");
         fsutil::ensure_dir(&dir)?;
         Ok(Records { dir })
@@ -27,18 +27,18 @@ impl Records {
         self.dir.join(format!("{}.json", fsutil::safe_name(id)))
     }
 
-    pub async fn write<T: Serialize>(&self, id: &str, rec: &T) -> Result<()> {
+    pub(crate) async fn write<T: Serialize>(&self, id: &str, rec: &T) -> Result<()> {
         let path = self.path(id);
         let data = serde_json::to_vec_pretty(rec).with_context(|| format!("encoding {}", path.display()))?;
         crate::blocking(move || fsutil::write_atomic(&path, &data)).await
     }
 
-    pub fn read<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
+    pub(crate) fn read<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
         Ok(fsutil::read_json_opt(&self.path(id))?)
     }
 
     /// Remove the record; a missing one is fine.
-    pub async fn remove(&self, id: &str) -> Result<()> {
+    pub(crate) async fn remove(&self, id: &str) -> Result<()> {
         let (path, dir) = (self.path(id), self.dir.clone());
         crate::blocking(move || {
             if fsutil::remove_file_opt(&path)? {
@@ -50,7 +50,7 @@ impl Records {
     }
 
     /// Ids of every recorded sandbox.
-    pub fn ids(&self) -> Result<Vec<String>> {
+    pub(crate) fn ids(&self) -> Result<Vec<String>> {
         Ok(fsutil::list_names(&self.dir)?
             .into_iter()
             .filter_map(|n| n.strip_suffix(".json").map(str::to_string))

@@ -66,7 +66,14 @@ pub(crate) fn tbf_options(rate: u64, burst: u32, limit: u32) -> Vec<TcOption> {
 }
 
 /// Put (or replace) a TBF root qdisc on link `index`.
-pub async fn set_tbf(h: &Handle, index: u32, name: &str, rate_bits: u64, burst_bits: u64, mtu: u32) -> Result<()> {
+pub(crate) async fn set_tbf(
+    h: &Handle,
+    index: u32,
+    name: &str,
+    rate_bits: u64,
+    burst_bits: u64,
+    mtu: u32,
+) -> Result<()> {
     let (rate, burst, limit) = tbf_params(rate_bits, burst_bits, mtu);
     let header = TcHeader {
         family: AddressFamily::Unspec,
@@ -95,7 +102,7 @@ pub async fn set_tbf(h: &Handle, index: u32, name: &str, rate_bits: u64, burst_b
 }
 
 /// The kind of the root qdisc of link `index` ("tbf", "noqueue", ...), if any.
-pub async fn root_qdisc_kind(h: &Handle, index: u32) -> Result<Option<String>> {
+pub(crate) async fn root_qdisc_kind(h: &Handle, index: u32) -> Result<Option<String>> {
     let msgs: Vec<TcMessage> = h
         .qdisc()
         .get()

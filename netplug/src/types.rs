@@ -141,7 +141,7 @@ pub struct PortMapping {
 
 impl PortMapping {
     /// `host_ip` with the unspecified addresses (0.0.0.0, ::) folded into `None`.
-    pub fn effective_host_ip(&self) -> Option<IpAddr> {
+    pub(crate) fn effective_host_ip(&self) -> Option<IpAddr> {
         self.host_ip.filter(|ip| !ip.is_unspecified())
     }
 }
@@ -242,7 +242,7 @@ pub struct NetworkStatus {
 
 /// Sandbox ids name files and go into `CNI_CONTAINERID`: the CNI spec allows letters, digits
 /// and `-_.`, starting with a letter or digit.
-pub fn validate_sandbox_id(id: &str) -> Result<()> {
+pub(crate) fn validate_sandbox_id(id: &str) -> Result<()> {
     let ok = !id.is_empty()
         && id.len() <= 200
         && id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
@@ -258,7 +258,7 @@ pub fn validate_sandbox_id(id: &str) -> Result<()> {
 }
 
 /// Linux interface names: 1-15 bytes, no '/', ':' or whitespace, not "." or "..".
-pub fn validate_ifname(name: &str) -> std::result::Result<(), String> {
+pub(crate) fn validate_ifname(name: &str) -> std::result::Result<(), String> {
     if name.is_empty() || name.len() > 15 {
         return Err(format!("{name:?}: interface names are 1-15 bytes"));
     }

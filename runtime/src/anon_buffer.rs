@@ -15,7 +15,9 @@ pub(crate) enum AnonBuffer {
 
 impl AnonBuffer {
     pub(crate) fn new(len: usize) -> AnonBuffer {
-        // SAFETY: a fresh private anonymous mapping, owned by the value returned.
+        // SAFETY: a fresh private anonymous mapping, owned by the value returned. nix's mmap,
+        // munmap and madvise would need the same blocks (memory is at stake), and nix has no
+        // mincore (the tests'), so this file stays on libc.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 pub const DEFAULT_PROFILE: &str = "ferrolet-default";
 
 /// The profile's text, for `apparmor_parser`.
-pub fn default_profile() -> String {
+pub(crate) fn default_profile() -> String {
     let name = DEFAULT_PROFILE;
     format!(
         r#"@{{PROC}}=/proc/

@@ -371,23 +371,6 @@ impl Cgroups {
         first.map_or(Ok(()), Err)
     }
 
-    /// Remove `cgroup` and then each empty parent up to (not including) `stop`.
-    pub fn remove_with_parents(&self, cgroup: &str, stop: &str) -> Result<()> {
-        self.remove(cgroup)?;
-        let stop = Path::new(stop);
-        let mut cur = Path::new(cgroup).parent();
-        while let Some(c) = cur {
-            if c == stop || c.as_os_str().is_empty() || c == Path::new("/") || !c.starts_with(stop) {
-                break;
-            }
-            for d in self.dirs(&c.to_string_lossy()) {
-                let _ = fs::remove_dir(&d);
-            }
-            cur = c.parent();
-        }
-        Ok(())
-    }
-
     pub fn exists(&self, cgroup: &str) -> bool {
         self.dir_for("memory", cgroup).is_some_and(|d| d.is_dir())
     }
@@ -426,7 +409,7 @@ impl Cgroups {
     /// Send `signal` to every process in `cgroup` and below. Each pid is signalled through a
     /// pidfd opened before its membership is checked, so a pid reused by a process outside
     /// the cgroup is never signalled. Returns how many were signalled.
-    pub fn signal_all(&self, cgroup: &str, signal: i32) -> usize {
+    pub(crate) fn signal_all(&self, cgroup: &str, signal: i32) -> usize {
         if cgroup.trim_matches('/').is_empty() {
             return 0; // never a whole hierarchy
         }
@@ -574,13 +557,10 @@ pub fn working_set(usage: u64, inactive_file: Option<u64>) -> u64 {
 }
 
 /// USER_HZ, the unit of cpuacct.stat and /proc/stat.
-pub fn clock_ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as u64
-    } else {
-        100
+pub(crate) fn clock_ticks_per_second() -> u64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as u64,
+        _ => 100,
     }
 }
 
@@ -657,7 +637,7 @@ impl Cgroups {
     /// This process's own `cgroup.procs` in one hierarchy (memory on v1, the unified one on
     /// v2): writing its pid there is a cgroup migration that moves nothing
     /// ([`MigrationWarmer`](crate::migration_warmer::MigrationWarmer)).
-    pub fn own_procs_file(&self) -> std::io::Result<PathBuf> {
+    pub(crate) fn own_procs_file(&self) -> std::io::Result<PathBuf> {
         let mount = match &self.mode {
             CgroupMode::V2 { mount } => mount.clone(),
             CgroupMode::V1 { mounts, .. } => mounts
@@ -705,7 +685,7 @@ impl Cgroups {
 
     /// rmdir the ancestors of `cgroup` (deepest first) that are empty, stopping below the
     /// hierarchy root and never touching this process's own cgroup or its ancestors.
-    pub fn remove_empty_ancestors(&self, cgroup: &str) {
+    pub(crate) fn remove_empty_ancestors(&self, cgroup: &str) {
         for m in self.mounts() {
             let own = self.own_path_in(&m).unwrap_or_else(|| "/".into());
             let own = Path::new(&own);
@@ -723,22 +703,6 @@ impl Cgroups {
     }
 }
 
-/// The huge page sizes the kernel offers, as the cgroup files name them (`2MB`, `1GB`; as
-/// libcontainer's HugePageSizes), from `dir` (`/sys/kernel/mm/hugepages`).
-pub fn hugepage_sizes(dir: &Path) -> Vec<String> {
-    let mut kbs: Vec<u64> = fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()
-        })
-        .collect();
-    kbs.sort_unstable();
-    kbs.into_iter().map(hugepage_size_name).collect()
-}
-
 /// A page size in kB as the hugetlb controller's files name it: `2048` -> `2MB`,
 /// `1048576` -> `1GB`, `64` -> `64KB`.
 pub fn hugepage_size_name(kb: u64) -> String {
@@ -752,13 +716,13 @@ pub fn hugepage_size_name(kb: u64) -> String {
 }
 
 /// True when `/sys/fs/cgroup` is cgroup2 (runc's IsCgroup2UnifiedMode).
-pub fn unified_mode() -> bool {
+pub(crate) fn unified_mode() -> bool {
     is_cgroup2(Path::new("/sys/fs/cgroup"))
 }
 
 /// cgroup v2 cpu.weight back to v1 cpu.shares (the inverse of [`shares_to_weight`], as cAdvisor
 /// reports spec.cpu.shares on v2).
-pub fn weight_to_shares(weight: u64) -> u64 {
+pub(crate) fn weight_to_shares(weight: u64) -> u64 {
     if weight == 0 {
         return 0;
     }
@@ -955,18 +919,18 @@ fn read_trim(p: &Path) -> String {
 
 /// A file holding one number (`memory.current`, `pids.current`...); `None` when it is missing
 /// or holds something else (`max`).
-pub fn read_u64(p: &Path) -> Option<u64> {
+pub(crate) fn read_u64(p: &Path) -> Option<u64> {
     fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
 /// A file of "key value" lines (memory.stat, cpu.stat, memory.events, memory.oom_control,
 /// cpuacct.stat); missing file: empty.
-pub fn read_kv(p: &Path) -> BTreeMap<String, u64> {
+pub(crate) fn read_kv(p: &Path) -> BTreeMap<String, u64> {
     fs::read_to_string(p).map(|s| parse_kv(&s)).unwrap_or_default()
 }
 
 /// "key value" lines; lines whose value is not a number are left out.
-pub fn parse_kv(s: &str) -> BTreeMap<String, u64> {
+pub(crate) fn parse_kv(s: &str) -> BTreeMap<String, u64> {
     s.lines()
         .filter_map(|l| {
             let (k, v) = l.split_once(' ')?;
@@ -1007,7 +971,7 @@ pub(crate) fn unescape(s: &str) -> String {
 /// it after the build, before the container is reported created; a kernel without the file
 /// (no swap accounting) has nothing to bound.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SwapBound {
+pub(crate) struct SwapBound {
     /// The file to write.
     pub file: PathBuf,
     /// What to write there.
@@ -1017,7 +981,7 @@ pub struct SwapBound {
 impl SwapBound {
     /// The bound for a container in `cgroup` with a memory limit of `limit` bytes; None when
     /// the kernel accounts no swap.
-    pub fn for_limit(cgroups: &Cgroups, cgroup: &str, limit: i64) -> Option<SwapBound> {
+    pub(crate) fn for_limit(cgroups: &Cgroups, cgroup: &str, limit: i64) -> Option<SwapBound> {
         let (file, value, probe) = if cgroups.is_v2() {
             let dir = cgroups.dirs(cgroup).into_iter().next()?;
             let parent = dir.parent()?.to_path_buf();
@@ -1040,7 +1004,7 @@ impl SwapBound {
     }
 
     /// Write the bound.
-    pub fn apply(&self) -> std::io::Result<()> {
+    pub(crate) fn apply(&self) -> std::io::Result<()> {
         std::fs::write(&self.file, &self.value)
     }
 }
@@ -1065,11 +1029,6 @@ mod tests {
         assert_eq!(hugepage_size_name(2048), "2MB");
         assert_eq!(hugepage_size_name(1_048_576), "1GB");
         assert_eq!(hugepage_size_name(64), "64KB");
-        let d = tempfile::tempdir().unwrap();
-        for n in ["hugepages-1048576kB", "hugepages-2048kB", "other"] {
-            fs::create_dir(d.path().join(n)).unwrap();
-        }
-        assert_eq!(hugepage_sizes(d.path()), ["2MB", "1GB"]);
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub struct MonitorRecord {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct StartedRecord {
+pub(crate) struct StartedRecord {
     pub started_at: String,
 }
 
@@ -92,7 +92,7 @@ pub struct ExitRecord {
 /// Annotation of the OCI spec holding a copy of `container.json` (JSON in a string). The spec is
 /// `config.json` in the state directory, and libcontainer copies its annotations into its own
 /// `state.json`: two more copies to rebuild the record from when `container.json` cannot be read.
-pub const RECORD_ANNOTATION: &str = "ferrolet.io/container-record";
+pub(crate) const RECORD_ANNOTATION: &str = "ferrolet.io/container-record";
 
 impl ContainerState {
     /// The state an `exit.json` says: Exited, or ExitUnknown when the monitor recorded that it

@@ -19,7 +19,7 @@ impl Digest {
         Digest::from_hex(hex).map_err(|e| format!("digest {s:?}: {e}"))
     }
 
-    pub fn from_hex(hex: &str) -> Result<Digest, String> {
+    pub(crate) fn from_hex(hex: &str) -> Result<Digest, String> {
         if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err("expected 64 hex characters".to_string());
         }
@@ -70,14 +70,14 @@ impl From<Digest> for String {
 }
 
 /// Hashes everything read through it.
-pub struct HashingReader<R> {
+pub(crate) struct HashingReader<R> {
     inner: R,
     hasher: Sha256,
     count: u64,
 }
 
 impl<R: Read> HashingReader<R> {
-    pub fn new(inner: R) -> Self {
+    pub(crate) fn new(inner: R) -> Self {
         HashingReader {
             inner,
             hasher: Sha256::new(),
@@ -86,7 +86,7 @@ impl<R: Read> HashingReader<R> {
     }
 
     /// Read the rest of the stream (so the digest covers all of it) and return digest and size.
-    pub fn finish(mut self) -> io::Result<(Digest, u64)> {
+    pub(crate) fn finish(mut self) -> io::Result<(Digest, u64)> {
         io::copy(&mut self, &mut io::sink())?;
         Ok((
             Digest {
@@ -107,14 +107,14 @@ impl<R: Read> Read for HashingReader<R> {
 }
 
 /// Hashes everything written through it.
-pub struct HashingWriter<W> {
+pub(crate) struct HashingWriter<W> {
     inner: W,
     hasher: Sha256,
     count: u64,
 }
 
 impl<W: Write> HashingWriter<W> {
-    pub fn new(inner: W) -> Self {
+    pub(crate) fn new(inner: W) -> Self {
         HashingWriter {
             inner,
             hasher: Sha256::new(),
@@ -122,7 +122,7 @@ impl<W: Write> HashingWriter<W> {
         }
     }
 
-    pub fn finish(self) -> (W, Digest, u64) {
+    pub(crate) fn finish(self) -> (W, Digest, u64) {
         (
             self.inner,
             Digest {

@@ -62,7 +62,7 @@ impl Error {
         }
     }
 
-    pub fn invalid_image(origin: &str, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid_image(origin: &str, reason: impl Into<String>) -> Self {
         Error::InvalidImage {
             origin: if origin.is_empty() {
                 String::new()

@@ -15,7 +15,7 @@
 
 use std::ffi::CString;
 use std::io::{Error, ErrorKind, Result};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -75,21 +75,14 @@ pub fn reexec_sealed() -> Result<Sealed> {
         })
         .collect::<Result<_>>()?;
     env.push(cstr(format!("{MARKER}={how}").as_bytes())?);
-    let argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
-    let envp: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).chain([std::ptr::null()]).collect();
-    // SAFETY: argv and envp are NUL-terminated arrays of valid C strings that outlive the call;
-    // on success the call does not return.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_execveat,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            argv.as_ptr(),
-            envp.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        )
-    })?;
-    unreachable!("execveat returned without an error");
+    let Err(e) = nix::unistd::execveat(
+        Some(fd.as_raw_fd()),
+        c"",
+        &args,
+        &env,
+        nix::fcntl::AtFlags::AT_EMPTY_PATH,
+    );
+    Err(e.into())
 }
 
 /// The binary, its path on the host: `/proc/self/exe` read as a link. None when it is not a
@@ -110,7 +103,8 @@ fn overlay_copy() -> Result<OwnedFd> {
         exe.parent().unwrap_or(Path::new("/")),
         exe.file_name().unwrap_or_default(),
     );
-    // SAFETY: fsopen with a static NUL-terminated name.
+    // SAFETY: fsopen with a static NUL-terminated name. nix 0.29 has none of the new mount
+    // API (fsopen, fsconfig, fsmount).
     let fs = check(unsafe { libc::syscall(libc::SYS_fsopen, c"overlay".as_ptr(), libc::FSOPEN_CLOEXEC) })?;
     // SAFETY: a new fd we own.
     let fs = unsafe { OwnedFd::from_raw_fd(fs as i32) };
@@ -153,14 +147,9 @@ fn overlay_copy() -> Result<OwnedFd> {
         let mnt = check(unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), libc::FSMOUNT_CLOEXEC, attrs) })?;
         // SAFETY: a new fd we own.
         let mnt = unsafe { OwnedFd::from_raw_fd(mnt as i32) };
-        let name = cstr(name.as_bytes())?;
-        // SAFETY: openat below the mount's root with a NUL-terminated name.
-        let fd = unsafe { libc::openat(mnt.as_raw_fd(), name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::last_os_error());
-        }
-        // SAFETY: a new fd we own.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        use ferrolet_fsutil::at::{Mode, OFlag};
+        ferrolet_fsutil::at::open(mnt.as_fd(), name, OFlag::O_RDONLY, Mode::empty())
+            .map_err(|e| Error::from_raw_os_error(e.errno().unwrap_or(libc::EIO)))
     })();
     let _ = std::fs::remove_dir(&empty);
     result
@@ -185,29 +174,17 @@ fn tempdir_beside() -> Result<PathBuf> {
 /// A copy of the binary in a memfd, sealed against writes, growing, shrinking and new seals
 /// (Linux 3.17). Costs the binary's size in memory, once.
 fn memfd_copy() -> Result<OwnedFd> {
-    const MFD_EXEC: libc::c_uint = 0x10;
-    let create = |flags: libc::c_uint| {
-        // SAFETY: memfd_create with a static name.
-        unsafe { libc::memfd_create(c"ferrolet".as_ptr(), flags) }
-    };
-    let base = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    use nix::fcntl::{FcntlArg, SealFlag};
+    use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+    // MFD_EXEC (Linux 6.3), which nix 0.29 does not name.
+    const MFD_EXEC: MemFdCreateFlag = MemFdCreateFlag::from_bits_retain(0x10);
+    let base = MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING;
     // Linux 6.3 and later may refuse executable memfds unless asked for one; older kernels do
     // not know the flag.
-    let mut fd = create(base | MFD_EXEC);
-    if fd < 0 {
-        fd = create(base);
-    }
-    if fd < 0 {
-        return Err(Error::last_os_error());
-    }
-    // SAFETY: a new fd we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = memfd_create(c"ferrolet", base | MFD_EXEC).or_else(|_| memfd_create(c"ferrolet", base))?;
     let mut copy = std::fs::File::from(fd);
     std::io::copy(&mut std::fs::File::open("/proc/self/exe")?, &mut copy)?;
-    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-    // SAFETY: fcntl on our fd.
-    if unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(Error::last_os_error());
-    }
+    let seals = SealFlag::F_SEAL_SEAL | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE;
+    nix::fcntl::fcntl(copy.as_raw_fd(), FcntlArg::F_ADD_SEALS(seals))?;
     Ok(OwnedFd::from(copy))
 }

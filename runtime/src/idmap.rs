@@ -23,7 +23,7 @@ struct MountAttr {
 
 /// A detached copy of the mount at `path` (with what is below it when `recursive`), its owners
 /// mapped through the user namespace `userns` (a `/proc/<pid>/ns/user` file or a pin of one).
-pub fn idmapped_copy(path: &Path, userns: &Path, recursive: bool) -> io::Result<OwnedFd> {
+pub(crate) fn idmapped_copy(path: &Path, userns: &Path, recursive: bool) -> io::Result<OwnedFd> {
     let ns = std::fs::File::open(userns).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", userns.display())))?;
     let flags = OPEN_TREE_CLONE | if recursive { AT_RECURSIVE } else { 0 };
     let tree = open_tree(path, flags)
@@ -51,6 +51,7 @@ fn set_idmap(tree: &OwnedFd, ns: &std::fs::File, recursive: bool) -> io::Result<
     };
     let flags = libc::AT_EMPTY_PATH as libc::c_uint | if recursive { AT_RECURSIVE } else { 0 };
     // SAFETY: mount_setattr(fd, "", flags, attr, size) on our detached tree with a valid attr.
+    // nix 0.29 has none of the new mount API.
     let r = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,

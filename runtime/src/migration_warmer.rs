@@ -31,10 +31,10 @@ use crate::cgroups::Cgroups;
 
 /// How often the warm thread writes. Grace periods here last two jiffies or more (8 ms at
 /// HZ=250, 2 ms at HZ=1000); a write every 2 ms keeps the lock from going cold between them.
-pub const INTERVAL: Duration = Duration::from_millis(2);
+pub(crate) const INTERVAL: Duration = Duration::from_millis(2);
 
 /// How long after the newest hold the thread keeps writing, held or not.
-pub const LIMIT: Duration = Duration::from_secs(5);
+pub(crate) const LIMIT: Duration = Duration::from_secs(5);
 
 /// The warm thread's name, as `/proc/<pid>/task/<tid>/comm` shows it.
 pub const THREAD_NAME: &str = "ferrolet-cgwarm";

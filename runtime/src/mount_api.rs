@@ -21,7 +21,8 @@ fn cstr(p: &Path) -> io::Result<CString> {
 /// submounts too; without `OPEN_TREE_CLONE`, an `O_PATH`-like handle of it).
 pub(crate) fn open_tree(p: &Path, flags: libc::c_uint) -> io::Result<OwnedFd> {
     let c = cstr(p)?;
-    // SAFETY: open_tree takes a dirfd, a C string and flags, and returns a new fd or -1.
+    // SAFETY: open_tree takes a dirfd, a C string and flags, and returns a new fd or -1. nix
+    // 0.29 has none of the new mount API (open_tree, move_mount).
     let fd = unsafe {
         libc::syscall(
             libc::SYS_open_tree,

@@ -55,7 +55,8 @@ fn with_path(e: io::Error, what: &str, p: &Path) -> io::Error {
 /// The mount id of the mount `p` is on (statx `STATX_MNT_ID`), following symlinks.
 pub(crate) fn mount_id(p: &Path) -> io::Result<u64> {
     let c = cstr(p)?;
-    // SAFETY: statx fills the zeroed struct; the path is a valid C string.
+    // SAFETY: statx fills the zeroed struct; the path is a valid C string. nix 0.29 has no
+    // statx (the mount id is only there).
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MNT_ID, &mut st) };
     if r != 0 {

@@ -108,7 +108,7 @@ pub struct Pinned {
 }
 
 /// The namespace files [`pin`] may create under its directory.
-pub const PIN_NAMES: &[&str] = &["net", "ipc", "uts", "pid", "user"];
+pub(crate) const PIN_NAMES: &[&str] = &["net", "ipc", "uts", "pid", "user"];
 
 /// New namespaces for a pod, bind-mounted to files under `dir` (what CRI-O's pinns does), in the
 /// calling process's mount namespace (the host's). Runs in a zygote worker, which it changes.
@@ -311,26 +311,27 @@ fn expect_line(r: &mut impl std::io::BufRead, tag: &str) -> Result<String, Strin
 }
 
 fn loopback_up() -> std::io::Result<()> {
-    // SAFETY: plain socket/ioctl calls on a zeroed ifreq naming "lo".
-    unsafe {
-        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if s < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut ifr: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo\0".iter().enumerate() {
-            ifr.ifr_name[i] = *b as libc::c_char;
-        }
-        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS as _, &mut ifr);
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    use std::os::fd::AsRawFd;
+    let s = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
+    // SAFETY: a zeroed ifreq is valid (all integers and arrays), "lo" fits its name.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (i, b) in b"lo\0".iter().enumerate() {
+        ifr.ifr_name[i] = *b as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS and SIOCSIFFLAGS read and write the ifreq given, which outlives the
+    // calls, on a socket we own; reading `ifru_flags` of the union the kernel just filled.
+    // nix has no interface-flags ioctls (only macros that generate raw ones).
+    let r = unsafe {
+        let mut r = libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut ifr);
         if r == 0 {
             ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            r = libc::ioctl(s, libc::SIOCSIFFLAGS as _, &ifr);
+            r = libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS as _, &ifr);
         }
-        let err = std::io::Error::last_os_error();
-        libc::close(s);
-        if r != 0 {
-            return Err(err);
-        }
+        r
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -370,11 +371,13 @@ pub mod pod_init {
         crate::process::close_other_fds(-1);
         // Children whose parent ignores SIGCHLD are reaped by the kernel as they exit: the
         // orphans reparented to this process never linger as zombies.
-        // SAFETY: setting a disposition.
-        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+        // SAFETY: SIG_IGN runs no code of this process. nix's signal() needs this block too (a
+        // handler could be any function).
+        unsafe {
+            let _ = nix::sys::signal::signal(nix::sys::signal::Signal::SIGCHLD, nix::sys::signal::SigHandler::SigIgn);
+        }
         loop {
-            // SAFETY: pause only waits for a signal.
-            unsafe { libc::pause() };
+            nix::unistd::pause();
         }
     }
 
@@ -383,14 +386,13 @@ pub mod pod_init {
         nix::unistd::chroot(".")?;
         // every capability, in every set, for good
         for cap in 0..=63 {
-            // SAFETY: dropping from the bounding set; unknown ones fail harmlessly.
+            // SAFETY: PR_CAPBSET_DROP takes integers only; numbers the kernel does not know
+            // fail harmlessly. Neither nix nor the caps crate (which knows only the
+            // capabilities it names) drops by number.
             unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
         }
-        // SAFETY: plain prctls.
-        unsafe {
-            libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-        }
+        let _ = caps::clear(None, caps::CapSet::Ambient);
+        let _ = nix::sys::prctl::set_no_new_privs();
         for set in [
             caps::CapSet::Inheritable,
             caps::CapSet::Effective,
@@ -398,11 +400,8 @@ pub mod pod_init {
         ] {
             caps::clear(None, set).map_err(|_| nix::Error::EPERM)?;
         }
-        // SAFETY: plain prctl; last, as credential changes reset it.
-        if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
-            return Err(nix::Error::last());
-        }
-        Ok(())
+        // Last, as credential changes reset it.
+        nix::sys::prctl::set_dumpable(false)
     }
 }
 

@@ -17,7 +17,7 @@ impl PidFd {
     /// Open a pidfd for `pid`. Callers check the process start time first when the pid came
     /// from a file, so a reused pid is not mistaken for the process recorded there.
     pub fn open(pid: i32) -> io::Result<PidFd> {
-        // SAFETY: plain syscall with integer arguments.
+        // SAFETY: plain syscall with integer arguments. nix 0.29 has no pidfd calls.
         let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if r < 0 {
             return Err(io::Error::last_os_error());
@@ -32,7 +32,7 @@ impl PidFd {
     }
 
     pub fn send_signal(&self, signal: i32) -> io::Result<()> {
-        // SAFETY: valid pidfd, null siginfo, no flags.
+        // SAFETY: valid pidfd, null siginfo, no flags. nix 0.29 has no pidfd calls.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_pidfd_send_signal,
@@ -53,18 +53,6 @@ impl PidFd {
         Ok(())
     }
 
-    /// True once the process has exited.
-    pub fn has_exited(&self) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout.
-        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-        r > 0 && pfd.revents & libc::POLLIN != 0
-    }
-
     /// Wait until the process exits (the pidfd becomes readable).
     pub async fn exited(self) -> io::Result<()> {
         // SAFETY: OwnedFd always returns the same valid fd for its whole life.
@@ -74,7 +62,7 @@ impl PidFd {
         Ok(())
     }
 
-    pub fn into_fd(self) -> OwnedFd {
+    pub(crate) fn into_fd(self) -> OwnedFd {
         self.fd
     }
 }

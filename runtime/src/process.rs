@@ -20,14 +20,14 @@ pub(crate) fn thread_count() -> usize {
 /// the kernel keeps 15 bytes.
 pub(crate) fn set_name(name: &str) {
     let c = std::ffi::CString::new(name).unwrap_or_default();
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
+    let _ = nix::sys::prctl::set_name(&c);
 }
 
 /// Leave without running atexit handlers or flushing stdio buffers, which belong to the
 /// process this one was forked from.
 pub(crate) fn exit(code: i32) -> ! {
-    // SAFETY: _exit ends the process at once; nothing of Rust's runs after it.
+    // SAFETY: _exit ends the process at once; nothing of Rust's runs after it. nix has no
+    // _exit, and std's exit runs the atexit handlers this must not.
     unsafe { libc::_exit(code) }
 }
 
@@ -37,7 +37,8 @@ pub(crate) fn reset_signals() {
     let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
     for s in Signal::iterator() {
         if s != Signal::SIGKILL && s != Signal::SIGSTOP {
-            // SAFETY: installing the default handler.
+            // SAFETY: installing the default disposition, which runs no code of this process.
+            // nix's sigaction needs this block too (a handler could be any function).
             let _ = unsafe { sigaction(s, &dfl) };
         }
     }
@@ -49,8 +50,7 @@ pub(crate) fn reset_signals() {
 pub(crate) fn detach_stdio() {
     if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
         for fd in 0..3 {
-            // SAFETY: dup2 onto the standard descriptors.
-            unsafe { libc::dup2(f.as_raw_fd(), fd) };
+            let _ = nix::unistd::dup2(f.as_raw_fd(), fd);
         }
     }
 }
@@ -67,8 +67,8 @@ pub(crate) fn close_other_fds(keep: i32) {
         .unwrap_or_default();
     for fd in fds {
         if fd > 2 && fd != keep {
-            // SAFETY: closing fds this process owns; the read_dir fd may already be gone.
-            unsafe { libc::close(fd) };
+            // Closing fds this process owns; the read_dir fd may already be gone (EBADF).
+            let _ = nix::unistd::close(fd);
         }
     }
 }
@@ -132,8 +132,10 @@ pub(crate) fn set_title(title: &str) -> bool {
 
 /// The kernel's page size (4 KiB on x86_64; 16 or 64 KiB on some arm64 kernels).
 pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE) {
+        Ok(Some(n)) => usize::try_from(n).unwrap_or(4096),
+        _ => 4096,
+    }
 }
 
 /// Where the kernel keeps this process's argument and environment strings (fields 48-51 of
@@ -154,7 +156,8 @@ impl ArgvArea {
     /// Whether the environment's strings are still where the kernel put them, in this area.
     fn holds_environment(&self) -> bool {
         // SAFETY: single-threaded (checked by the caller), so `environ` is not changing; its
-        // entries up to the null one are valid pointers.
+        // entries up to the null one are valid pointers. (glibc's variable: nix has no
+        // environment access.)
         unsafe {
             let mut e = environ;
             while !e.is_null() && !(*e).is_null() {
@@ -207,7 +210,9 @@ impl ArgvArea {
 /// points into the inherited environment area any more.
 fn move_environment_to_heap() {
     let vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
-    // SAFETY: single-threaded (checked by the caller); clearenv only resets `environ`.
+    // SAFETY: single-threaded (checked by the caller), so nothing reads the environment
+    // meanwhile; clearenv only resets `environ`. nix's clearenv needs a block for the same
+    // reason.
     unsafe { libc::clearenv() };
     for (k, v) in vars {
         std::env::set_var(k, v);
@@ -220,6 +225,7 @@ fn move_environment_to_heap() {
 pub fn trim_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the kernel.
+    // nix has no allocator calls (nor has it mallopt, malloc or free, below).
     unsafe {
         libc::malloc_trim(0);
     }
@@ -293,7 +299,8 @@ fn run_on_own_stack(
     len: usize,
 ) -> bool {
     // SAFETY: a fresh private anonymous mapping, unmapped below only after the thread using it
-    // was joined; the attribute object is initialised before use and destroyed once.
+    // was joined; the attribute object is initialised before use and destroyed once. nix has
+    // no pthread calls (a thread on a stack of our own), and its mmap needs a block as well.
     unsafe {
         let stack = libc::mmap(
             std::ptr::null_mut(),

@@ -10,8 +10,8 @@
 //! [`crate::process`], the imports run one way: zygote server -> monitor -> {isolation,
 //! confine, proto, process}.
 
-use std::io::{IoSlice, IoSliceMut, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
@@ -127,7 +127,7 @@ pub(crate) struct JoinUser {
 
 impl Confinement {
     /// Take the confinement out of `spec`, leaving it as libcontainer is to see it.
-    pub fn take(spec: &mut oci_spec::runtime::Spec) -> Confinement {
+    pub(crate) fn take(spec: &mut oci_spec::runtime::Spec) -> Confinement {
         let mut c = Confinement::default();
         if let Some(p) = spec.process_mut().as_mut() {
             c.capabilities = p.capabilities().clone();
@@ -200,7 +200,8 @@ pub(crate) fn recv_request(sock: RawFd, buf: &mut [u8]) -> std::io::Result<Optio
     let mut fds = Vec::new();
     for c in msg.cmsgs().map_err(std::io::Error::from)? {
         if let ControlMessageOwned::ScmRights(raw) = c {
-            // SAFETY: the kernel installed these fds for us.
+            // SAFETY: the kernel installed these fds for us and nothing else holds them. nix
+            // 0.29 hands received fds over as RawFd.
             fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
         }
     }
@@ -216,7 +217,14 @@ pub(crate) fn recv_request(sock: RawFd, buf: &mut [u8]) -> std::io::Result<Optio
 pub(crate) fn write_reply(fd: &OwnedFd, reply: &Reply) {
     let mut line = serde_json::to_vec(reply).unwrap_or_default();
     line.push(b'\n');
-    // SAFETY: borrowing the fd for the duration of the write; ManuallyDrop keeps it open.
-    let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) });
-    let _ = f.write_all(&line);
+    // write_all's loop: short writes go on, EINTR tries again, any other error gives up.
+    let mut rest = &line[..];
+    while !rest.is_empty() {
+        match nix::unistd::write(fd, rest) {
+            Ok(0) => break,
+            Ok(n) => rest = &rest[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RootfsSpec {
+pub(crate) struct RootfsSpec {
     /// Directory holding the unpacked layers; lowers are named relative to it.
     pub layers_dir: PathBuf,
     /// Layer directory names, top layer first (overlayfs order).
@@ -45,7 +45,7 @@ impl RootfsSpec {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RootIdmap {
+pub(crate) struct RootIdmap {
     pub userns: PathBuf,
     pub uid: u32,
     pub gid: u32,
@@ -53,7 +53,7 @@ pub struct RootIdmap {
 
 /// Mount the overlay. Changes the working directory of the calling process: call it only in a
 /// process of its own (the monitor).
-pub fn mount_overlay(spec: &RootfsSpec) -> io::Result<()> {
+pub(crate) fn mount_overlay(spec: &RootfsSpec) -> io::Result<()> {
     for d in [&spec.upper, &spec.work, &spec.target] {
         fs::create_dir_all(d)?;
     }
@@ -195,7 +195,7 @@ pub(crate) fn try_mounts_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
 /// rootfs as the container sees it (absolute targets from its `/`, `..` stopping there), with
 /// [`ferrolet_fsutil::RootDir::open_in_root`]: a crafted image cannot make the host's
 /// directories.
-pub fn ensure_dir_in_root(rootfs: &Path, dir: &str) -> io::Result<()> {
+pub(crate) fn ensure_dir_in_root(rootfs: &Path, dir: &str) -> io::Result<()> {
     let fs_err = |e: ferrolet_fsutil::Error| {
         let kind = std::error::Error::source(&e)
             .and_then(|s| s.downcast_ref::<io::Error>())

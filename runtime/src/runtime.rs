@@ -2,7 +2,7 @@
 //! containers, and pin pod namespaces. Everything that needs libcontainer goes through the
 //! zygote; everything else (spec generation, state files, cgroup reads) happens here.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -1063,11 +1063,7 @@ fn host_paths(spec: &oci_spec::runtime::Spec) -> Option<Vec<PathBuf>> {
 fn pipe() -> Result<(OwnedFd, OwnedFd)> {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating pipe")?;
     // Our read end is polled by tokio.
-    // SAFETY: fcntl on an fd we own.
-    unsafe {
-        let fl = libc::fcntl(r.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(r.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
-    }
+    crate::tty::set_nonblocking(r.as_fd());
     Ok((r, w))
 }
 

@@ -129,8 +129,7 @@ impl Filter {
                     }
                 };
                 let code = i32::from(std::io::Write::write_all(&mut std::fs::File::from(w), &out).is_err());
-                // SAFETY: leaving the child without running the parent's destructors.
-                unsafe { libc::_exit(code) }
+                crate::process::exit(code)
             }
             Ok(nix::unistd::ForkResult::Parent { child }) => {
                 drop(w);
@@ -190,6 +189,7 @@ impl Filter {
             filter: self.program.as_ptr() as *mut libc::sock_filter,
         };
         // SAFETY: `prog` points at `self.program`, which outlives the call; the kernel copies it.
+        // nix has no seccomp(2).
         let r = unsafe {
             libc::syscall(
                 libc::SYS_seccomp,
@@ -346,8 +346,7 @@ pub(crate) mod tests {
                 } else {
                     99
                 };
-                // SAFETY: leaving the child without running the parent's destructors.
-                unsafe { libc::_exit(code) }
+                crate::process::exit(code)
             }
             nix::unistd::ForkResult::Parent { child } => match nix::sys::wait::waitpid(child, None).unwrap() {
                 nix::sys::wait::WaitStatus::Exited(_, c) => c,
@@ -408,24 +407,24 @@ pub(crate) mod tests {
             if f.load().is_err() {
                 return 1;
             }
-            // SAFETY: plain system calls.
+            // SAFETY: a system call with no arguments. The bare one: glibc's getppid (which
+            // nix's calls) cannot fail, so it sets no errno when the filter refuses it.
             let ppid = unsafe { libc::syscall(libc::SYS_getppid) };
             let ppid_errno = std::io::Error::last_os_error().raw_os_error();
-            let pid = unsafe { libc::getpid() };
-            let kill = unsafe { libc::kill(pid, 0) };
-            let kill_errno = std::io::Error::last_os_error().raw_os_error();
-            let term = unsafe { libc::kill(pid, libc::SIGCONT) };
-            match (ppid, ppid_errno, kill, kill_errno, term) {
-                (-1, Some(libc::EACCES), -1, Some(libc::ESRCH), 0) => 0,
+            let pid = nix::unistd::getpid();
+            let kill = nix::sys::signal::kill(pid, None);
+            let term = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+            match (ppid, ppid_errno, kill, term) {
+                (-1, Some(libc::EACCES), Err(nix::errno::Errno::ESRCH), Ok(())) => 0,
                 _ => 2,
             }
         });
         assert_eq!(code, 0);
         // Without the filter the same calls succeed.
         let code = in_child(|| {
-            // SAFETY: plain system calls.
+            // SAFETY: as above.
             let ppid = unsafe { libc::syscall(libc::SYS_getppid) };
-            if ppid > 0 && unsafe { libc::kill(libc::getpid(), 0) } == 0 {
+            if ppid > 0 && nix::sys::signal::kill(nix::unistd::getpid(), None).is_ok() {
                 0
             } else {
                 3

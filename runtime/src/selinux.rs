@@ -17,8 +17,8 @@ const XATTR: &str = "security.selinux";
 /// What container-selinux's `lxc_contexts` holds on Fedora, RHEL and Debian alike: the contexts
 /// used where the policy's own file cannot be read (a policy without one may lack the types,
 /// and the kernel then refuses the label, which fails the container with the label named).
-pub const DEFAULT_PROCESS: &str = "system_u:system_r:container_t:s0";
-pub const DEFAULT_FILE: &str = "system_u:object_r:container_file_t:s0";
+pub(crate) const DEFAULT_PROCESS: &str = "system_u:system_r:container_t:s0";
+pub(crate) const DEFAULT_FILE: &str = "system_u:object_r:container_file_t:s0";
 
 /// A context `user:role:type:level`; the level may itself hold colons and commas
 /// (`s0:c1,c2`, `s0-s0:c0.c1023`).
@@ -77,7 +77,7 @@ pub fn check_field(field: &str, value: &str) -> Result<(), String> {
 }
 
 /// [`check_field`] for each field of a whole context (`user:role:type:level`).
-pub fn check_label(label: &str) -> Result<(), String> {
+pub(crate) fn check_label(label: &str) -> Result<(), String> {
     let c = Context::parse(label)?;
     check_field("user", &c.user)?;
     check_field("role", &c.role)?;
@@ -227,7 +227,7 @@ pub fn enabled_at(root: &Path) -> bool {
 }
 
 /// Label what the next execve of this thread runs as (runc's SetExecLabel).
-pub fn set_exec_label(label: &str) -> io::Result<()> {
+pub(crate) fn set_exec_label(label: &str) -> io::Result<()> {
     std::fs::write("/proc/thread-self/attr/exec", label)
         .map_err(|e| io::Error::new(e.kind(), format!("setting the SELinux process label {label}: {e}")))
 }

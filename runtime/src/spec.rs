@@ -16,10 +16,10 @@ use crate::config::{ContainerConfig, MountKind, NamespaceMode, Propagation, Secc
 use crate::error::{Context, Error, Result};
 use crate::user::ResolvedUser;
 
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// containerd's default capability set for unprivileged containers.
-pub const DEFAULT_CAPABILITIES: &[&str] = &[
+pub(crate) const DEFAULT_CAPABILITIES: &[&str] = &[
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FSETID",
@@ -38,7 +38,7 @@ pub const DEFAULT_CAPABILITIES: &[&str] = &[
 
 /// The process arguments Kubernetes runs: `command` replaces the image Entrypoint and drops its
 /// Cmd; `args` replaces Cmd.
-pub fn process_args(image: &ImageConfiguration, command: &[String], args: &[String]) -> Vec<String> {
+pub(crate) fn process_args(image: &ImageConfiguration, command: &[String], args: &[String]) -> Vec<String> {
     let cfg = image.config().as_ref();
     let entrypoint = cfg.and_then(|c| c.entrypoint().clone()).unwrap_or_default();
     let cmd = cfg.and_then(|c| c.cmd().clone()).unwrap_or_default();
@@ -51,7 +51,11 @@ pub fn process_args(image: &ImageConfiguration, command: &[String], args: &[Stri
 
 /// Default PATH, then the image's environment, then the container's, a later value replacing an
 /// earlier one of the same name in place.
-pub fn merge_env(image: &ImageConfiguration, env: &[(String, String)], extra: &[(String, String)]) -> Vec<String> {
+pub(crate) fn merge_env(
+    image: &ImageConfiguration,
+    env: &[(String, String)],
+    extra: &[(String, String)],
+) -> Vec<String> {
     let mut out: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
     let set = |k: &str, v: &str, out: &mut Vec<(String, String)>| match out.iter_mut().find(|(n, _)| n == k) {
         Some(slot) => slot.1 = v.to_string(),
@@ -80,7 +84,7 @@ fn cap_name(s: &str) -> String {
 }
 
 /// Every capability this kernel knows.
-pub fn all_capabilities() -> Vec<String> {
+pub(crate) fn all_capabilities() -> Vec<String> {
     let last: u8 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -98,7 +102,7 @@ pub fn all_capabilities() -> Vec<String> {
 /// `WithAllCurrentCapabilities`. Every known one would not do: the kernel grants no process a
 /// capability outside the bounding set it inherits (root on these machines lacks
 /// CAP_SYS_RESOURCE), and the container's start failed in capset.
-pub fn current_capabilities() -> Vec<String> {
+pub(crate) fn current_capabilities() -> Vec<String> {
     let Ok(current) = caps::read(None, caps::CapSet::Effective) else {
         return all_capabilities();
     };
@@ -112,7 +116,7 @@ pub fn current_capabilities() -> Vec<String> {
 
 /// The capability set after Kubernetes' add/drop rules: drop ALL empties the defaults, add ALL
 /// grants every one, privileged grants every one the agent has ([`current_capabilities`]).
-pub fn effective_capabilities(cfg: &ContainerConfig) -> Vec<String> {
+pub(crate) fn effective_capabilities(cfg: &ContainerConfig) -> Vec<String> {
     if cfg.privileged {
         return current_capabilities();
     }
@@ -155,7 +159,7 @@ fn ns(typ: LinuxNamespaceType, mode: &NamespaceMode) -> Option<LinuxNamespace> {
 }
 
 /// Everything [`build_spec`] needs besides the container config.
-pub struct SpecInput<'a> {
+pub(crate) struct SpecInput<'a> {
     pub id: &'a str,
     pub config: &'a ContainerConfig,
     pub image: &'a ImageConfiguration,
@@ -165,7 +169,7 @@ pub struct SpecInput<'a> {
     pub cgroup_v1_mounts: Vec<std::path::PathBuf>,
 }
 
-pub fn build_spec(input: &SpecInput) -> Result<Spec> {
+pub(crate) fn build_spec(input: &SpecInput) -> Result<Spec> {
     let cfg = input.config;
     let image = input.image;
     let args = process_args(image, &cfg.command, &cfg.args);

@@ -25,7 +25,8 @@ pub fn resize_tty(master: BorrowedFd<'_>, width: u16, height: u16) -> Result<()>
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCSWINSZ reads one winsize from the pointer.
+    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which outlives the call. nix has
+    // no window-size call (only macros that generate raw ioctls).
     let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
     if r != 0 {
         return Err(ferrolet_fsutil::Error::io(
@@ -75,7 +76,8 @@ impl ConsoleSocket {
         for c in msg.cmsgs().map_err(io::Error::from)? {
             if let ControlMessageOwned::ScmRights(fds) = c {
                 for fd in fds {
-                    // SAFETY: the kernel installed this fd for us.
+                    // SAFETY: the kernel installed this fd for us and nothing else holds it. nix
+                    // 0.29 hands received fds over as RawFd.
                     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
                     if got.is_none() {
                         got = Some(fd);
@@ -140,7 +142,8 @@ pub(crate) fn recv_fd_now(sock: BorrowedFd<'_>) -> Result<OwnedFd> {
     {
         if let ControlMessageOwned::ScmRights(fds) = c {
             for fd in fds {
-                // SAFETY: the kernel installed this fd for us.
+                // SAFETY: the kernel installed this fd for us and nothing else holds it. nix
+                // 0.29 hands received fds over as RawFd.
                 let fd = unsafe { OwnedFd::from_raw_fd(fd) };
                 got.get_or_insert(fd);
             }
@@ -170,11 +173,13 @@ fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &str) -> io::Resul
 
 /// Make `fd` non-blocking (the monitor polls it and must never block on it).
 pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) {
-    // SAFETY: fcntl on a valid fd.
-    unsafe {
-        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
-    }
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    // F_GETFL does not fail on an open fd; if it did, -1 goes on as libc's result did before.
+    let fl = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL).unwrap_or(-1);
+    let _ = fcntl(
+        fd.as_raw_fd(),
+        FcntlArg::F_SETFL(OFlag::from_bits_retain(fl) | OFlag::O_NONBLOCK),
+    );
 }
 
 #[cfg(test)]

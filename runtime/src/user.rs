@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedUser {
+pub(crate) struct ResolvedUser {
     pub uid: u32,
     pub gid: u32,
     pub additional_gids: Vec<u32>,
@@ -37,13 +37,13 @@ struct GroupEntry {
 /// directories merge unless opaque, whiteouts hide), every symlink resolved by this code inside
 /// the image, never by the kernel on the node (an image's `/etc -> /host/dir` must not make the
 /// node's files the container's), with a hop limit, and at most [`MAX_FILE`] bytes read.
-pub struct ImageFiles {
+pub(crate) struct ImageFiles {
     /// Top layer first.
     layers: Vec<PathBuf>,
 }
 
 /// The most bytes read of an image file (its /etc/passwd, /etc/group): larger ones are refused.
-pub const MAX_FILE: u64 = 4 << 20;
+pub(crate) const MAX_FILE: u64 = 4 << 20;
 /// Symlinks followed in one lookup, as the kernel's MAXSYMLINKS.
 const MAX_HOPS: usize = 40;
 
@@ -56,7 +56,7 @@ enum Entry {
 
 impl ImageFiles {
     /// `layers` bottom first, as the image lists them.
-    pub fn new(layers: &[PathBuf]) -> Self {
+    pub(crate) fn new(layers: &[PathBuf]) -> Self {
         ImageFiles {
             layers: layers.iter().rev().cloned().collect(),
         }
@@ -65,7 +65,7 @@ impl ImageFiles {
     /// The content of the regular file at `path` (absolute in the image). `Ok(None)` when the
     /// image has no such file; an error for a file it cannot read as the container would (a
     /// symlink loop, a file over [`MAX_FILE`]).
-    pub fn read(&self, path: &str) -> std::result::Result<Option<String>, String> {
+    pub(crate) fn read(&self, path: &str) -> std::result::Result<Option<String>, String> {
         let Some(file) = self.lookup(path)? else {
             return Ok(None);
         };
@@ -207,20 +207,8 @@ fn components(path: &str) -> impl Iterator<Item = String> + '_ {
 
 /// overlayfs' opaque marker on a directory of an unpacked layer.
 fn opaque(dir: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str())) else {
-        return false;
-    };
-    let mut v = [0u8; 1];
-    // SAFETY: lgetxattr into a one-byte buffer; a path and a name that are C strings.
-    let n = unsafe {
-        libc::lgetxattr(
-            c.as_ptr(),
-            c"trusted.overlay.opaque".as_ptr(),
-            v.as_mut_ptr() as *mut libc::c_void,
-            1,
-        )
-    };
-    n == 1 && v[0] == b'y'
+    // lgetxattr: a symlink's own attributes, as overlayfs reads them.
+    matches!(xattr::get(dir, "trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
 }
 
 fn parse_passwd(s: &str) -> Vec<PasswdEntry> {
@@ -262,7 +250,7 @@ fn parse_group(s: &str) -> Vec<GroupEntry> {
 /// ensureAdditionalGids: `id` shows `groups=<gid>,...`), then with `merge_image_groups`
 /// (Kubernetes `supplementalGroupsPolicy: Merge`, the default) the groups the user is a member
 /// of in the image's /etc/group, then the supplemental groups (supplementalGroups, fsGroup).
-pub fn resolve_user(
+pub(crate) fn resolve_user(
     files: &ImageFiles,
     image_user: &str,
     uid_override: Option<u32>,
@@ -529,22 +517,7 @@ mod tests {
     }
 
     fn xattr_set(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
-        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-        let n = std::ffi::CString::new(name).unwrap();
-        // SAFETY: C strings and a value buffer of the given length.
-        let r = unsafe {
-            libc::lsetxattr(
-                c.as_ptr(),
-                n.as_ptr(),
-                value.as_ptr() as *const libc::c_void,
-                value.len(),
-                0,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
+        // lsetxattr: never through a symlink.
+        xattr::set(p, name, value)
     }
 }

@@ -13,11 +13,11 @@ use crate::types::{Protocol, SandboxNetwork};
 
 /// Config versions this runtime can drive (results of these share one shape: `ips`,
 /// `interfaces`, `routes`, `dns`).
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
 
 /// One plugin of a list.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PluginConf {
+pub(crate) struct PluginConf {
     /// `type`: the plugin binary's name.
     pub plugin_type: String,
     /// Capabilities the plugin declares (`"capabilities": {"portMappings": true}`).
@@ -28,7 +28,7 @@ pub struct PluginConf {
 
 /// A network configuration list (a single-plugin `.conf` is wrapped into one).
 #[derive(Debug, Clone, PartialEq)]
-pub struct NetConfList {
+pub(crate) struct NetConfList {
     pub file: PathBuf,
     pub name: String,
     pub cni_version: String,
@@ -38,7 +38,7 @@ pub struct NetConfList {
 
 impl NetConfList {
     /// The list as JSON (what is cached with a result, and re-parsed for DEL).
-    pub fn to_value(&self) -> Value {
+    pub(crate) fn to_value(&self) -> Value {
         json!({
             "cniVersion": self.cni_version,
             "name": self.name,
@@ -49,7 +49,7 @@ impl NetConfList {
 
     /// Parse the contents of a config file; `.conflist` is a list, anything else a single
     /// plugin config. Errors name the file and the field.
-    pub fn parse(file: &Path, data: &[u8]) -> Result<Self> {
+    pub(crate) fn parse(file: &Path, data: &[u8]) -> Result<Self> {
         let v: Value =
             serde_json::from_slice(data).map_err(|e| Error::cni_config(file, format!("invalid JSON: {e}")))?;
         let obj = v
@@ -134,7 +134,7 @@ impl NetConfList {
     }
 
     /// Load the lexically first `*.conflist`, `*.conf` or `*.json` of `dir`.
-    pub fn load_dir(dir: &Path) -> Result<Self> {
+    pub(crate) fn load_dir(dir: &Path) -> Result<Self> {
         let rd = std::fs::read_dir(dir).with_context(|| format!("reading CNI config dir {}", p(dir)))?;
         let mut files: Vec<PathBuf> = rd
             .filter_map(|e| e.ok())
@@ -157,7 +157,7 @@ impl NetConfList {
     }
 
     /// Whether the config's version knows the CHECK command (0.4.0 and later).
-    pub fn supports_check(&self) -> bool {
+    pub(crate) fn supports_check(&self) -> bool {
         !self.cni_version.starts_with("0.3.")
     }
 }
@@ -174,7 +174,7 @@ fn str_field(file: &Path, obj: &Map<String, Value>, key: &str) -> Result<String>
 }
 
 /// The runtime's values for the well-known capabilities (only those it has).
-pub fn capability_args(req: &SandboxNetwork) -> Map<String, Value> {
+pub(crate) fn capability_args(req: &SandboxNetwork) -> Map<String, Value> {
     let mut caps = Map::new();
     if !req.port_mappings.is_empty() {
         let pms: Vec<Value> = req
@@ -218,7 +218,7 @@ pub fn capability_args(req: &SandboxNetwork) -> Map<String, Value> {
 }
 
 /// `CNI_ARGS` for a pod, as kubelet passes them.
-pub fn cni_args(req: &SandboxNetwork) -> String {
+pub(crate) fn cni_args(req: &SandboxNetwork) -> String {
     format!(
         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
         req.pod_namespace, req.pod_name, req.sandbox_id, req.pod_uid
@@ -227,7 +227,7 @@ pub fn cni_args(req: &SandboxNetwork) -> String {
 
 /// What `plugin` reads on stdin: its config with the list's `name` and `cniVersion`, a
 /// `runtimeConfig` holding the capability args it declared (and only those), and `prevResult`.
-pub fn plugin_stdin(
+pub(crate) fn plugin_stdin(
     list: &NetConfList,
     plugin: &PluginConf,
     caps: &Map<String, Value>,

@@ -15,7 +15,7 @@ use crate::error::{Context, Error, PluginFailure, Result};
 
 /// The CNI environment of one invocation.
 #[derive(Debug, Clone)]
-pub struct Invocation<'a> {
+pub(crate) struct Invocation<'a> {
     pub command: &'a str,
     pub container_id: &'a str,
     /// Empty when the namespace is gone (allowed for DEL) or for VERSION.
@@ -27,7 +27,7 @@ pub struct Invocation<'a> {
 }
 
 /// The first executable `name` in `dirs`.
-pub fn find_plugin(name: &str, dirs: &[PathBuf]) -> Result<PathBuf> {
+pub(crate) fn find_plugin(name: &str, dirs: &[PathBuf]) -> Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     for d in dirs {
         let c = d.join(name);
@@ -97,7 +97,7 @@ fn tail(b: &[u8]) -> String {
 }
 
 /// Run one plugin. Returns its stdout (the result; may be empty for DEL/CHECK).
-pub async fn exec_plugin(
+pub(crate) async fn exec_plugin(
     bin: &Path,
     plugin: &str,
     inv: &Invocation<'_>,

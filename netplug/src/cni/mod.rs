@@ -147,7 +147,7 @@ async fn probe(list: &NetConfList, cfg: &CniConfig, cni_path: &str) -> Result<()
 }
 
 impl CniNet {
-    pub async fn new(cfg: CniConfig) -> Result<Self> {
+    pub(crate) async fn new(cfg: CniConfig) -> Result<Self> {
         if cfg.bin_dirs.is_empty() {
             return Err(Error::invalid_config("bin_dirs", "empty"));
         }
@@ -181,7 +181,7 @@ impl CniNet {
     /// of [`CniNet::new`] and is the one new attachments are made with from now on. An error:
     /// it changed and does not pass (or the directory has none): new attachments are refused
     /// with that error until a reload succeeds.
-    pub async fn reload(&self) -> Result<bool> {
+    pub(crate) async fn reload(&self) -> Result<bool> {
         let loaded = match NetConfList::load_dir(&self.cfg.conf_dir) {
             Ok(l) if l == *self.list() => Ok(None),
             Ok(l) => probe(&l, &self.cfg, &self.cni_path).await.map(|()| Some(l)),
@@ -262,7 +262,7 @@ impl CniNet {
         exec_plugin(&bin, &pc.plugin_type, &inv, stdin.as_bytes(), self.cfg.timeout).await
     }
 
-    pub async fn setup(&self, req: &SandboxNetwork) -> Result<NetworkStatus> {
+    pub(crate) async fn setup(&self, req: &SandboxNetwork) -> Result<NetworkStatus> {
         let id = &req.sandbox_id;
         // The directory as it is now: a pod made right after its config changed gets the new
         // one (an error is kept by reload and returned just below).
@@ -439,21 +439,21 @@ impl CniNet {
         }))
     }
 
-    pub async fn teardown(&self, req: &SandboxNetwork) -> Result<()> {
+    pub(crate) async fn teardown(&self, req: &SandboxNetwork) -> Result<()> {
         match self.record_for(&req.sandbox_id, Some(req))? {
             Some(rec) => self.del(&rec).await,
             None => Ok(()),
         }
     }
 
-    pub async fn teardown_by_id(&self, id: &str) -> Result<()> {
+    pub(crate) async fn teardown_by_id(&self, id: &str) -> Result<()> {
         match self.record_for(id, None)? {
             Some(rec) => self.del(&rec).await,
             None => Ok(()),
         }
     }
 
-    pub async fn check(&self, req: &SandboxNetwork) -> Result<()> {
+    pub(crate) async fn check(&self, req: &SandboxNetwork) -> Result<()> {
         let id = &req.sandbox_id;
         let rec: Record = self
             .records
@@ -493,7 +493,7 @@ impl CniNet {
     }
 
     /// Ids of every sandbox with a record or a cached result.
-    pub fn gc_candidates(&self) -> Result<BTreeSet<String>> {
+    pub(crate) fn gc_candidates(&self) -> Result<BTreeSet<String>> {
         let mut ids: BTreeSet<String> = self.records.ids()?.into_iter().collect();
         for name in fsutil::list_names(&self.results_dir)? {
             if let Ok(Some(c)) = fsutil::read_json_opt::<CachedResult>(&self.results_dir.join(&name)) {

@@ -10,7 +10,7 @@ use crate::types::NetworkStatus;
 
 /// The status a final result describes; `ifname` is the requested name, used when the result
 /// lists no sandbox interface.
-pub fn status_from_result(result: &Value, ifname: &str) -> NetworkStatus {
+pub(crate) fn status_from_result(result: &Value, ifname: &str) -> NetworkStatus {
     let interfaces = result["interfaces"].as_array().cloned().unwrap_or_default();
     let sandbox_if = interfaces
         .iter()

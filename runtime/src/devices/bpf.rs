@@ -47,7 +47,8 @@ struct ProgAttach {
 
 fn bpf<T>(cmd: libc::c_int, attr: &mut T) -> std::io::Result<libc::c_long> {
     // SAFETY: attr is a live, initialised bpf_attr prefix of the size given; the kernel reads
-    // (and for a verifier log writes through a pointer in it to) memory we own.
+    // (and for a verifier log writes through a pointer in it to) memory we own. nix has no
+    // bpf(2).
     let r = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -140,13 +141,10 @@ pub fn attach(prog: &OwnedFd, cgroup: &Path) -> Result<(), String> {
 /// them, summed over every program that user has loaded; the default 64 KiB runs out after a
 /// few dozen containers. Raised for the calling process only (a monitor, after its container
 /// was cloned: the container keeps its own limit).
-pub fn raise_memlock_limit() {
-    let unlimited = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: plain setrlimit with a valid struct; failing leaves the old limit.
-    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+pub(crate) fn raise_memlock_limit() {
+    use nix::sys::resource::{setrlimit, Resource, RLIM_INFINITY};
+    // Failing leaves the old limit.
+    let _ = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY);
 }
 
 /// Load the program for `policy` and attach it to `cgroup`: what a monitor does on cgroup v2

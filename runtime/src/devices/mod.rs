@@ -18,9 +18,9 @@ use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDevice
 use serde::{Deserialize, Serialize};
 
 /// mknod, read, write: the kernel's `DEVCG_ACC_*` bits (and `BPF_DEVCG_ACC_*`).
-pub const ACC_MKNOD: u8 = 1;
-pub const ACC_READ: u8 = 2;
-pub const ACC_WRITE: u8 = 4;
+pub(crate) const ACC_MKNOD: u8 = 1;
+pub(crate) const ACC_READ: u8 = 2;
+pub(crate) const ACC_WRITE: u8 = 4;
 const ACC_ALL: u8 = ACC_MKNOD | ACC_READ | ACC_WRITE;
 
 /// A block or character device, the two kinds the kernel checks.
@@ -33,7 +33,7 @@ pub enum Kind {
 
 impl Kind {
     /// `BPF_DEVCG_DEV_BLOCK` / `BPF_DEVCG_DEV_CHAR`.
-    pub fn bpf_type(self) -> u32 {
+    pub(crate) fn bpf_type(self) -> u32 {
         match self {
             Kind::Block => 1,
             Kind::Char => 2,
@@ -45,7 +45,7 @@ impl Kind {
 /// minor (`None`: any), and the access it grants (or, under a default of allow, denies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Exception {
+pub(crate) struct Exception {
     pub kind: Option<Kind>,
     pub major: Option<u32>,
     pub minor: Option<u32>,
@@ -61,7 +61,7 @@ impl Exception {
     /// Does it cover a request for `access` on this device? Under a default of deny every
     /// requested bit must be granted (the kernel's `match_exception`); under allow, any
     /// requested bit that is listed denies (`match_exception_partial`).
-    pub fn matches(&self, kind: Kind, major: u32, minor: u32, access: u8, default_allow: bool) -> bool {
+    pub(crate) fn matches(&self, kind: Kind, major: u32, minor: u32, access: u8, default_allow: bool) -> bool {
         let device = self.kind.is_none_or(|k| k == kind)
             && self.major.is_none_or(|m| m == major)
             && self.minor.is_none_or(|m| m == minor);
@@ -80,7 +80,7 @@ impl Exception {
 #[serde(rename_all = "camelCase")]
 pub struct Policy {
     pub default_allow: bool,
-    pub exceptions: Vec<Exception>,
+    pub(crate) exceptions: Vec<Exception>,
 }
 
 impl Policy {
@@ -153,13 +153,13 @@ impl Policy {
     }
 
     /// Allows everything: no program is needed.
-    pub fn allows_all(&self) -> bool {
+    pub(crate) fn allows_all(&self) -> bool {
         self.default_allow && self.exceptions.is_empty()
     }
 }
 
 /// `rwm` letters to access bits; empty, repeated or other letters are refused.
-pub fn parse_access(s: &str) -> Result<u8, String> {
+pub(crate) fn parse_access(s: &str) -> Result<u8, String> {
     let mut acc = 0;
     for ch in s.chars() {
         let bit = match ch {
@@ -221,12 +221,12 @@ pub fn default_rules() -> Vec<LinuxDeviceCgroup> {
 }
 
 /// A privileged container's one rule: every device, every access.
-pub fn allow_all_rules() -> Vec<LinuxDeviceCgroup> {
+pub(crate) fn allow_all_rules() -> Vec<LinuxDeviceCgroup> {
     vec![rule(true, LinuxDeviceType::A, None, None, "rwm")]
 }
 
 /// The rule that lets a container use one device node the spec gives it (`linux.devices`).
-pub fn device_rule(kind: Kind, major: u32, minor: u32, access: &str) -> LinuxDeviceCgroup {
+pub(crate) fn device_rule(kind: Kind, major: u32, minor: u32, access: &str) -> LinuxDeviceCgroup {
     let typ = match kind {
         Kind::Block => LinuxDeviceType::B,
         Kind::Char => LinuxDeviceType::C,

@@ -54,7 +54,7 @@ pub fn host_node(path: &Path) -> Result<HostNode, String> {
 /// The OCI entry that makes the container's init create `container_path` as a node like
 /// `node`. (In a user namespace, where mknod is not allowed, libcontainer bind-mounts the
 /// host's node at the same path instead.)
-pub fn oci_device(container_path: &str, node: &HostNode) -> LinuxDevice {
+pub(crate) fn oci_device(container_path: &str, node: &HostNode) -> LinuxDevice {
     LinuxDeviceBuilder::default()
         .path(container_path)
         .typ(match node.kind {
@@ -72,7 +72,7 @@ pub fn oci_device(container_path: &str, node: &HostNode) -> LinuxDevice {
 
 /// Every device node under the host's /dev, as containerd lists them for a privileged
 /// container: the pty, shm, mqueue and fd trees and the console are the container's own.
-pub fn host_devices() -> Vec<LinuxDevice> {
+pub(crate) fn host_devices() -> Vec<LinuxDevice> {
     let mut out = Vec::new();
     walk(Path::new("/dev"), &mut out);
     out.sort_by(|a, b| a.path().cmp(b.path()));

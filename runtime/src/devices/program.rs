@@ -110,7 +110,8 @@ fn block(e: &Exception, default_allow: bool, verdict: i32) -> Vec<Insn> {
 
 /// Run a program on one request as the kernel would: what the unit tests check the compiled
 /// form against [`Policy::allows`] with. Only the instructions [`compile`] emits.
-pub fn interpret(prog: &[Insn], kind_type: u32, access: u8, major: u32, minor: u32) -> Result<bool, String> {
+#[cfg(test)]
+pub(crate) fn interpret(prog: &[Insn], kind_type: u32, access: u8, major: u32, minor: u32) -> Result<bool, String> {
     let ctx = [((access as u32) << 16) | kind_type, major, minor];
     let mut r = [0u64; 11];
     let mut pc = 0usize;

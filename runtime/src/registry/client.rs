@@ -23,13 +23,13 @@ use super::tls::{tls_config, TlsConfig};
 use super::Credentials;
 use crate::digest::Digest;
 
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 const MAX_REDIRECTS: usize = 10;
 /// Error bodies and token responses are read up to this size.
 const MAX_SMALL_BODY: usize = 1 << 20;
 
-pub fn http_client(tls: &TlsConfig) -> Result<HttpClient, String> {
+pub(crate) fn http_client(tls: &TlsConfig) -> Result<HttpClient, String> {
     let cfg = tls_config(tls)?;
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(cfg)
@@ -43,7 +43,7 @@ pub fn http_client(tls: &TlsConfig) -> Result<HttpClient, String> {
 
 /// Why a request to an endpoint failed.
 #[derive(Debug, Clone)]
-pub enum HttpError {
+pub(crate) enum HttpError {
     /// The registry answered with an error status: `pulling from host H failed with status
     /// code 401 Unauthorized: unauthorized: authentication required`.
     Status {
@@ -75,7 +75,7 @@ impl std::fmt::Display for HttpError {
 }
 
 impl HttpError {
-    pub fn status(&self) -> Option<StatusCode> {
+    pub(crate) fn status(&self) -> Option<StatusCode> {
         match self {
             HttpError::Status { status, .. } => Some(*status),
             HttpError::Network { .. } | HttpError::NotTls { .. } => None,
@@ -85,7 +85,7 @@ impl HttpError {
 
 /// The registry's error body (`{"errors":[{"code":"UNAUTHORIZED","message":"..."}]}`) as
 /// containerd shows it: `unauthorized: authentication required`.
-pub fn error_message(body: &[u8]) -> String {
+pub(crate) fn error_message(body: &[u8]) -> String {
     #[derive(serde::Deserialize)]
     struct Errs {
         #[serde(default)]
@@ -132,7 +132,7 @@ type TokenKey = (String, String, String, String);
 
 /// Tokens shared by all pulls: token and until when it is good, by [`TokenKey`].
 #[derive(Default)]
-pub struct TokenCache {
+pub(crate) struct TokenCache {
     tokens: Mutex<HashMap<TokenKey, (String, Instant)>>,
 }
 
@@ -179,7 +179,7 @@ struct AuthState {
 
 /// Requests to one endpoint for one pull, authenticated with the first credential the
 /// registry accepts.
-pub struct Session {
+pub(crate) struct Session {
     pub endpoint: Endpoint,
     client: HttpClient,
     /// The credentials to try in order; `None` is anonymous.
@@ -190,7 +190,7 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(
+    pub(crate) fn new(
         endpoint: Endpoint,
         client: HttpClient,
         credentials: &[Credentials],
@@ -341,7 +341,7 @@ impl Session {
 
     /// GET `url` (an endpoint URL) with `headers`, authenticating as the registry asks.
     /// A non-success status is an error carrying the registry's message.
-    pub async fn get(
+    pub(crate) async fn get(
         &self,
         url: &str,
         headers: &[(header::HeaderName, HeaderValue)],
@@ -532,12 +532,12 @@ impl Session {
 }
 
 /// Read a small body (error, token, manifest) up to `MAX_SMALL_BODY`.
-pub async fn read_small(resp: Response<Incoming>, timeout: Option<Duration>) -> Result<Vec<u8>, String> {
+pub(crate) async fn read_small(resp: Response<Incoming>, timeout: Option<Duration>) -> Result<Vec<u8>, String> {
     read_limited(resp, MAX_SMALL_BODY, timeout).await
 }
 
 /// Read a body of at most `limit` bytes; more is an error.
-pub async fn read_limited(
+pub(crate) async fn read_limited(
     resp: Response<Incoming>,
     limit: usize,
     timeout: Option<Duration>,
@@ -581,7 +581,7 @@ fn speaks_no_tls(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// An error with its causes, `a: b: c`.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
@@ -610,7 +610,7 @@ fn authority(url: &str) -> String {
 }
 
 /// Resolve a redirect's `Location` against the URL it came from.
-pub fn join_url(base: &str, loc: &str) -> String {
+pub(crate) fn join_url(base: &str, loc: &str) -> String {
     if loc.contains("://") {
         return loc.to_string();
     }

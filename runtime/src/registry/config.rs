@@ -23,12 +23,12 @@ use base64::Engine as _;
 use regex::Regex;
 use serde::Deserialize;
 
-pub use super::tls::TlsConfig;
+pub(crate) use super::tls::TlsConfig;
 use super::{Credentials, PullError};
 use crate::image::reference::{Reference, DEFAULT_REGISTRY};
 
 /// docker.io's API endpoint.
-pub const DOCKER_HUB_HOST: &str = "registry-1.docker.io";
+pub(crate) const DOCKER_HUB_HOST: &str = "registry-1.docker.io";
 
 /// A parsed `registries.yaml`.
 #[derive(Debug, Clone, Default)]
@@ -38,7 +38,7 @@ pub struct RegistryConfig {
     /// Mirrors by registry host (`docker.io`, `registry.example.com:5000`, `*`).
     pub mirrors: BTreeMap<String, Mirror>,
     /// Credentials and TLS by endpoint host.
-    pub configs: BTreeMap<String, HostConfig>,
+    pub(crate) configs: BTreeMap<String, HostConfig>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -64,7 +64,7 @@ impl fmt::Debug for Rewrite {
 
 /// `configs.<host>`.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct HostConfig {
+pub(crate) struct HostConfig {
     /// Used instead of the pull's own credentials for this host.
     pub auth: Option<Credentials>,
     pub tls: TlsConfig,
@@ -229,7 +229,7 @@ impl RegistryConfig {
 
     /// The endpoints `reference` is pulled from, in order: the mirrors of its registry (or of
     /// `"*"`), then the registry itself.
-    pub fn endpoints(&self, reference: &Reference) -> Result<Vec<Endpoint>, PullError> {
+    pub(crate) fn endpoints(&self, reference: &Reference) -> Result<Vec<Endpoint>, PullError> {
         let (registry, path) = split_repository(&reference.repository);
         let default = default_endpoint(registry, path);
         let mut out = Vec::new();
@@ -314,18 +314,18 @@ fn parse_auth(a: RawAuth) -> Result<Option<Credentials>, String> {
 }
 
 /// `docker.io/library/busybox` -> (`docker.io`, `library/busybox`).
-pub fn split_repository(repository: &str) -> (&str, &str) {
+pub(crate) fn split_repository(repository: &str) -> (&str, &str) {
     repository.split_once('/').unwrap_or((DEFAULT_REGISTRY, repository))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheme {
+pub(crate) enum Scheme {
     Http,
     Https,
 }
 
 impl Scheme {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Scheme::Http => "http",
             Scheme::Https => "https",
@@ -335,7 +335,7 @@ impl Scheme {
 
 /// One place to pull from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     pub scheme: Scheme,
     /// `host[:port]` as in the URL.
     pub host: String,
@@ -353,17 +353,13 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn is_mirror(&self) -> bool {
-        self.namespace.is_some()
-    }
-
     /// `https://host/v2`.
-    pub fn base(&self) -> String {
+    pub(crate) fn base(&self) -> String {
         format!("{}://{}{}", self.scheme.as_str(), self.host, self.api_path)
     }
 
     /// The URL of `kind` (`manifests`, `blobs`) `reference` in this endpoint's repository.
-    pub fn url(&self, kind: &str, reference: &str) -> String {
+    pub(crate) fn url(&self, kind: &str, reference: &str) -> String {
         let mut u = format!("{}/{}/{kind}/{reference}", self.base(), self.repository);
         if let Some(ns) = &self.namespace {
             u.push_str("?ns=");
@@ -391,7 +387,7 @@ fn default_endpoint(registry: &str, path: &str) -> Endpoint {
 }
 
 /// `localhost`, 127.0.0.0/8 or ::1, with or without a port.
-pub fn is_loopback(host: &str) -> bool {
+pub(crate) fn is_loopback(host: &str) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
         rest.split(']').next().unwrap_or("")
     } else if host.matches(':').count() > 1 {

@@ -52,7 +52,7 @@ where
     /// Join the flight under `key`, or start one with `extra` and the work `start` makes
     /// (given the extra). `with_extra` sees the extra of the flight joined or started. Returns
     /// the outcome to await, the waiter to hold meanwhile, and whether the flight is new.
-    pub fn join(
+    pub(crate) fn join(
         &self,
         key: &K,
         extra: impl FnOnce() -> X,

@@ -21,8 +21,7 @@ use std::time::Duration;
 use crate::digest::Digest;
 use crate::image::ImageRecord;
 
-pub use auth::{parse_www_authenticate, Challenge};
-pub use config::{Endpoint, HostConfig, Mirror, RegistryConfig, Rewrite, Scheme, TlsConfig};
+pub use config::{Mirror, RegistryConfig, Rewrite};
 pub use pull::{select_manifest, Puller, Selected};
 pub use space::DiskReserve;
 

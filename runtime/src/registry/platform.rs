@@ -93,7 +93,7 @@ impl Platform {
     }
 
     /// The platforms this one runs, most preferred first (containerd's `platforms.Only`).
-    pub fn preference(&self) -> Vec<(String, String, Option<String>)> {
+    pub(crate) fn preference(&self) -> Vec<(String, String, Option<String>)> {
         let (arch, variant) = normalize(&self.architecture, self.variant.as_deref());
         let os = self.os.to_ascii_lowercase();
         let mut out = vec![(os.clone(), arch.clone(), variant.clone())];

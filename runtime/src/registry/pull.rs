@@ -36,10 +36,10 @@ const BODY_RETRIES: usize = 3;
 /// While streaming a blob, the filesystem is measured again after this many bytes.
 const SPACE_CHECK_EVERY: u64 = 8 << 20;
 
-pub const MEDIA_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-pub const MEDIA_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-pub const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
-pub const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub(crate) const MEDIA_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const MEDIA_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub(crate) const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub(crate) const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 const MEDIA_DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1";
 
 /// Pulls images into an [`ImageStore`]. `Send + Sync`; share it as `Arc<Puller>`.

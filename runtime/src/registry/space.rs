@@ -28,7 +28,7 @@ impl DiskReserve {
 
 /// What the filesystem looked like when room was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Short {
+pub(crate) struct Short {
     pub available: u64,
     pub reserve: u64,
     /// Claimed by other downloads under way and not yet written.
@@ -37,7 +37,7 @@ pub struct Short {
 
 impl Short {
     /// The most a new download could have had.
-    pub fn room(&self) -> u64 {
+    pub(crate) fn room(&self) -> u64 {
         self.available.saturating_sub(self.reserve).saturating_sub(self.claimed)
     }
 }
@@ -55,7 +55,7 @@ impl std::fmt::Display for Short {
 }
 
 /// `17179869184 bytes (16.0 GiB)`.
-pub fn human(n: u64) -> String {
+pub(crate) fn human(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = n as f64;
     let mut u = 0;
@@ -78,7 +78,7 @@ pub(super) struct Space {
 }
 
 impl Space {
-    pub fn new(dir: PathBuf, reserve: DiskReserve) -> Arc<Space> {
+    pub(crate) fn new(dir: PathBuf, reserve: DiskReserve) -> Arc<Space> {
         Arc::new(Space {
             dir,
             reserve,
@@ -96,7 +96,7 @@ impl Space {
     }
 
     /// Whether `need` more bytes fit now, besides the claims of downloads under way.
-    pub fn check(&self, need: u64) -> std::io::Result<Result<(), Short>> {
+    pub(crate) fn check(&self, need: u64) -> std::io::Result<Result<(), Short>> {
         let claimed = *self.claimed.lock().unwrap_or_else(|e| e.into_inner());
         let (available, reserve) = self.measure()?;
         let short = Short {
@@ -109,14 +109,14 @@ impl Space {
 
     /// Whether the filesystem still keeps its reserve, besides the claims of downloads under
     /// way: what decides if a partial download may stay.
-    pub fn keeps_reserve(&self) -> std::io::Result<bool> {
+    pub(crate) fn keeps_reserve(&self) -> std::io::Result<bool> {
         let claimed = *self.claimed.lock().unwrap_or_else(|e| e.into_inner());
         let (available, reserve) = self.measure()?;
         Ok(available >= reserve.saturating_add(claimed))
     }
 
     /// Claim `need` bytes for a download, or say why they do not fit.
-    pub fn claim(self: &Arc<Self>, need: u64) -> std::io::Result<Result<Claim, Short>> {
+    pub(crate) fn claim(self: &Arc<Self>, need: u64) -> std::io::Result<Result<Claim, Short>> {
         let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
         let (available, reserve) = self.measure()?;
         let short = Short {
@@ -143,7 +143,7 @@ pub(super) struct Claim {
 
 impl Claim {
     /// `n` of the claimed bytes are now on disk.
-    pub fn wrote(&mut self, n: u64) {
+    pub(crate) fn wrote(&mut self, n: u64) {
         let n = n.min(self.left);
         self.left -= n;
         let mut c = self.space.claimed.lock().unwrap_or_else(|e| e.into_inner());
@@ -152,7 +152,7 @@ impl Claim {
 
     /// Whether the filesystem still has the reserve plus every claim (this one's included):
     /// something else writing to it makes a download stop before it eats the reserve.
-    pub fn still_fits(&self) -> std::io::Result<Result<(), Short>> {
+    pub(crate) fn still_fits(&self) -> std::io::Result<Result<(), Short>> {
         let claimed = *self.space.claimed.lock().unwrap_or_else(|e| e.into_inner());
         let (available, reserve) = self.space.measure()?;
         let short = Short {

@@ -12,7 +12,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 /// `configs.<host>.tls`, with the files' contents read when the configuration was loaded.
 /// `Debug` names the files and leaves their contents out (the client key is among them).
 #[derive(Clone, Default, PartialEq)]
-pub struct TlsConfig {
+pub(crate) struct TlsConfig {
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
@@ -51,7 +51,7 @@ fn native_roots() -> &'static [CertificateDer<'static>] {
 /// The rustls client configuration for `tls`: the system's roots plus `ca_file`, a client
 /// certificate from `cert_file`/`key_file`, or no verification at all for
 /// `insecure_skip_verify`.
-pub fn tls_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, String> {
+pub(crate) fn tls_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, String> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;

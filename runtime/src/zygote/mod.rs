@@ -47,8 +47,7 @@ pub fn fork_zygote() -> Result<ZygoteHandle> {
         Ok(ForkResult::Child) => {
             drop(parent);
             // Die with the agent; the monitors it forked are in their own sessions and do not.
-            // SAFETY: plain prctl.
-            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
             close_other_fds(child.as_raw_fd());
             fill_heap_holes();
             server::serve(child)
@@ -77,7 +76,8 @@ pub fn fork_zygote() -> Result<ZygoteHandle> {
 pub(crate) fn fill_heap_holes() {
     #[cfg(target_env = "gnu")]
     {
-        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        // SAFETY: mallinfo2 only reads the allocator's statistics. nix has no allocator calls
+        // (here and below).
         let top = || unsafe {
             let m = libc::mallinfo2();
             (m.keepcost, m.arena)
@@ -111,7 +111,7 @@ pub(crate) fn fill_heap_holes() {
     }
 }
 
-pub struct ZygoteClient {
+pub(crate) struct ZygoteClient {
     sock: Mutex<OwnedFd>,
     pid: i32,
 }
@@ -147,14 +147,14 @@ impl Replies {
 }
 
 impl ZygoteClient {
-    pub fn new(handle: ZygoteHandle) -> ZygoteClient {
+    pub(crate) fn new(handle: ZygoteHandle) -> ZygoteClient {
         ZygoteClient {
             sock: Mutex::new(handle.sock),
             pid: handle.pid,
         }
     }
 
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.pid
     }
 
@@ -163,10 +163,14 @@ impl ZygoteClient {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
             .map_err(|e| Error::Zygote(format!("pipe: {e}")))?;
         // The worker writes blocking; only our end is non-blocking.
-        // SAFETY: fcntl on an fd we own.
-        unsafe {
-            let fl = libc::fcntl(w.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(w.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        {
+            use nix::fcntl::{fcntl, FcntlArg, OFlag};
+            // F_GETFL does not fail on an open fd; if it did, -1 goes on as libc's did before.
+            let fl = fcntl(w.as_raw_fd(), FcntlArg::F_GETFL).unwrap_or(-1);
+            let _ = fcntl(
+                w.as_raw_fd(),
+                FcntlArg::F_SETFL(OFlag::from_bits_retain(fl) & !OFlag::O_NONBLOCK),
+            );
         }
         let mut raw = vec![w.as_raw_fd()];
         raw.extend(fds.iter().map(|f| f.as_raw_fd()));

@@ -44,8 +44,7 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     set_title(&format!("ferrolet-monitor {}", args.display_name));
     detach_stdio();
     // Orphans of the container (in a shared or host pid namespace) come to us to be reaped.
-    // SAFETY: plain prctl.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let _ = nix::sys::prctl::set_child_subreaper(true);
 
     let Some(Created {
         init,
@@ -259,7 +258,8 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     };
     // From here on a reader or attacher that went away must not kill the monitor (the
     // container, cloned above, keeps the default disposition).
-    // SAFETY: ignoring a signal.
+    // SAFETY: SIG_IGN runs no code of this process. nix's signal() needs this block too (a
+    // handler could be any function).
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     // A failed bind leaves the container unattachable, not unlogged.
     let (attach, _bind_error) = AttachServer::bind(&args.bundle, setup);
@@ -329,7 +329,8 @@ fn release_unused_stack() {
     if bottom < top && sp < bottom + (64 << 20) {
         // SAFETY: [bottom, top) is the part of this thread's stack mapping below the frames in
         // use (the stack grows down from above `sp`); MADV_DONTNEED on private anonymous
-        // memory only replaces its pages with zero-filled ones on the next touch.
+        // memory only replaces its pages with zero-filled ones on the next touch. nix's madvise
+        // needs this block as well.
         unsafe {
             libc::madvise(bottom as *mut libc::c_void, top - bottom, libc::MADV_DONTNEED);
         }
