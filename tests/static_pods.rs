@@ -497,6 +497,8 @@ fn containers_are_built_in_their_own_mount_namespace_unless_the_root_has_mounts(
     a.restart();
     a.write("legacy.yaml", &pod_yaml("legacy", "Always", "sleep 3600"));
     a.wait_phase("legacy", "Running", T);
+    // iso.yaml is still in the manifest dir: its pod comes back too (both are counted).
+    a.wait_phase("iso", "Running", T);
     a.wait_log("containers are built in the host's mount namespace", T);
     let built = build_mounts(&a.root);
     assert_eq!(built.len(), 2, "{built:?}");
