@@ -197,9 +197,13 @@ impl PodWorker {
     /// The worker's loop. It lives as long as the pod, mostly waiting: the rounds are boxed, so
     /// their (large) state exists only while one runs, not in every idle pod's task.
     async fn run(mut self) {
-        self.m
-            .pods
-            .upsert(&self.uid, self.pod.clone(), self.report.last.clone());
+        // The status recorded before a reboot describes containers that are gone: the pod
+        // table waits for this boot's first status instead.
+        let shown = match &self.resources.sandbox {
+            Some(sb) if sb.boot_id != ferrolet_fsutil::boot_id() => None,
+            _ => self.report.last.clone(),
+        };
+        self.m.pods.upsert(&self.uid, self.pod.clone(), shown);
         if self.lifecycle != Lifecycle::Syncing {
             self.m.pods.set_terminating(&self.uid);
         }

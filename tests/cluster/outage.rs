@@ -189,6 +189,11 @@ spec:
         if let Some(pods) = local_pods(&node) {
             for n in &names {
                 let anew = |p: &Pod| container_id(p).is_some_and(|id| id != before[n]);
+                // What ran before the power cut is gone: the node never shows it running.
+                assert!(
+                    !pods.get(n).is_some_and(|p| container_id(p) == Some(before[n].as_str())),
+                    "{n} is shown running its container from before the power cut"
+                );
                 if !back.contains_key(n) && pods.get(n).is_some_and(|p| ready(p) && anew(p)) {
                     back.insert(n.clone(), boot.elapsed());
                 }
