@@ -29,6 +29,7 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
             let next = m.entry(p).or_insert_with(|| Value::Object(Map::new()));
             m = match next {
                 Value::Object(o) => o,
+                // settings::tests::names_are_unique rules this out.
                 _ => unreachable!("{json}: {p} is a setting and an object"),
             };
         }

@@ -34,13 +34,6 @@ impl SettingFlags {
     pub fn given(&self, flag: &str) -> bool {
         self.given.iter().any(|(f, _)| *f == flag)
     }
-
-    /// Set `--flag`'s values (as if given on the command line).
-    #[cfg(test)]
-    pub fn set(&mut self, flag: &'static str, vals: &[&str]) {
-        self.given.retain(|(f, _)| *f != flag);
-        self.given.push((flag, vals.iter().map(|v| v.to_string()).collect()));
-    }
 }
 
 impl Args for SettingFlags {

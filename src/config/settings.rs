@@ -315,5 +315,9 @@ mod tests {
         flags.dedup();
         assert_eq!((json.len(), flags.len()), (nj, nf), "a field or flag declared twice");
         assert!(SETTINGS.iter().all(|s| s.json.is_some() || s.flag.is_some()));
+        // A field is a value or an object of fields, never both (/configz nests by the dots).
+        for j in json {
+            assert!(!is_object(j), "{j} is a setting and an object of settings");
+        }
     }
 }
