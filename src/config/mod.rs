@@ -1,12 +1,18 @@
 //! The agent's configuration: built-in defaults that work on a fresh machine, then a
 //! KubeletConfiguration file (`--config`, [`file`]), then flags with kubelet's names
 //! ([`flags`]). Later wins. [`load`] does all three and the checks across fields.
+//!
+//! [`Config`] is the typed configuration the agent runs with; [`settings`] declares, once per
+//! setting, its file field, its flag, its place in `Config` and its codec, and the file reader,
+//! the flags and `/configz` ([`effective`]) all derive from that table (docs/config.md).
 
+mod codec;
 pub mod effective;
 pub mod eviction;
 pub mod file;
 mod flags;
 pub mod serving;
+pub mod settings;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -16,7 +22,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::pod::validation::is_dns_subdomain;
 
-pub use flags::RunFlags;
+pub use flags::{RunFlags, SettingFlags};
 pub use serving::{AuthzMode, ServingConfig, TlsVersion};
 
 /// Where pod networking comes from.
@@ -527,6 +533,9 @@ pub struct Config {
     /// The hard eviction thresholds (kubelet's evictionHard): taken out of allocatable, and
     /// the eviction manager's (src/eviction/) hard thresholds.
     pub eviction_hard: EvictionHard,
+    /// kubelet's mergeDefaultEvictionSettings: an evictionHard map in the file keeps the
+    /// defaults of the signals it does not name.
+    pub merge_default_eviction_settings: bool,
     /// The rest of the eviction manager's, container GC's and log rotation's settings.
     pub eviction: eviction::EvictionConfig,
     pub network: NetworkConfig,
@@ -589,6 +598,7 @@ impl Default for Config {
             kube_reserved: Reserved::default(),
             cm: CmConfig::default(),
             eviction_hard: EvictionHard::default(),
+            merge_default_eviction_settings: false,
             eviction: eviction::EvictionConfig::default(),
             network: NetworkConfig {
                 mode: NetworkMode::Bridge,
@@ -620,8 +630,8 @@ pub fn load(flags: &RunFlags) -> Result<(Config, Vec<String>)> {
     }
     flags::apply(&mut cfg, flags)?;
     // Image archives are imported from under the root dir unless a location was given.
-    if flags.root_dir.is_none()
-        && flags.image_import_dir.is_none()
+    if !flags.settings.given("root-dir")
+        && !flags.settings.given("image-import-dir")
         && cfg.image_import_dir == Config::default().image_import_dir
     {
         cfg.image_import_dir = cfg.root_dir.join("images/import");
@@ -647,6 +657,17 @@ impl Config {
             .registry_config_file
             .clone()
             .unwrap_or_else(|| self.root_dir.join("registries.yaml"))
+    }
+
+    /// The configuration with the defaults that depend on the mode (standalone or in a
+    /// cluster) or on other settings filled in, as `/configz` shows it.
+    pub fn resolved(&self) -> Config {
+        let mut c = self.clone();
+        let in_cluster = self.in_cluster();
+        c.serving.authn_webhook = Some(self.serving.token_webhook(in_cluster));
+        c.serving.authz_mode = Some(self.serving.authz_mode(in_cluster));
+        c.images.registry_config_file = Some(self.registry_config_file());
+        c
     }
 
     /// Joined to a cluster (a kubeconfig is configured).

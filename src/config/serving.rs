@@ -1,19 +1,17 @@
 //! The kubelet API's settings (kubelet's port, TLS, authentication and authorization fields):
-//! their defaults, how the KubeletConfiguration file's `authentication` and `authorization`
-//! objects read, and the defaults that depend on the mode. A KubeletConfiguration file turns on
+//! their defaults and the defaults that depend on the mode (the `authentication` and
+//! `authorization` objects are read as every setting is, from [`super::settings`]). A KubeletConfiguration file turns on
 //! token review and Webhook authorization, which need an API server; a standalone agent (no
 //! kubeconfig) has none to ask, so there they default to off and AlwaysAllow, and an explicit
 //! Webhook setting without a kubeconfig is an error naming the field.
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+#[cfg(test)]
+use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Result};
-use serde_json::Value;
-
-use super::resolve_relative;
-use crate::pod::units::parse_duration;
+use anyhow::{bail, Result};
 
 /// The lowest TLS version served (kubelet's tlsMinVersion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,86 +180,6 @@ impl ServingConfig {
 }
 
 /// The file's `authentication` object.
-pub(super) fn apply_authentication(s: &mut ServingConfig, v: &Value, base: &Path) -> Result<()> {
-    for (k, x) in object("authentication", v)? {
-        let f = format!("authentication.{k}");
-        match k.as_str() {
-            "x509" => {
-                for (k2, y) in object(&f, x)? {
-                    match k2.as_str() {
-                        "clientCAFile" => {
-                            let p = string(&format!("{f}.{k2}"), y)?;
-                            s.client_ca_file = (!p.is_empty()).then(|| resolve_relative(base, &p));
-                        }
-                        other => bail!("unknown field {f}.{other}"),
-                    }
-                }
-            }
-            "webhook" => {
-                for (k2, y) in object(&f, x)? {
-                    let f2 = format!("{f}.{k2}");
-                    match k2.as_str() {
-                        "enabled" => s.authn_webhook = Some(boolean(&f2, y)?),
-                        "cacheTTL" => s.authn_webhook_cache_ttl = duration(&f2, y)?,
-                        other => bail!("unknown field {f}.{other}"),
-                    }
-                }
-            }
-            "anonymous" => {
-                for (k2, y) in object(&f, x)? {
-                    match k2.as_str() {
-                        "enabled" => s.anonymous_auth = boolean(&format!("{f}.{k2}"), y)?,
-                        other => bail!("unknown field {f}.{other}"),
-                    }
-                }
-            }
-            other => bail!("unknown field authentication.{other}"),
-        }
-    }
-    Ok(())
-}
-
-/// The file's `authorization` object.
-pub(super) fn apply_authorization(s: &mut ServingConfig, v: &Value) -> Result<()> {
-    for (k, x) in object("authorization", v)? {
-        let f = format!("authorization.{k}");
-        match k.as_str() {
-            "mode" => s.authz_mode = Some(AuthzMode::parse(&f, &string(&f, x)?)?),
-            "webhook" => {
-                for (k2, y) in object(&f, x)? {
-                    let f2 = format!("{f}.{k2}");
-                    match k2.as_str() {
-                        "cacheAuthorizedTTL" => s.authz_cache_authorized_ttl = duration(&f2, y)?,
-                        "cacheUnauthorizedTTL" => s.authz_cache_unauthorized_ttl = duration(&f2, y)?,
-                        other => bail!("unknown field {f}.{other}"),
-                    }
-                }
-            }
-            other => bail!("unknown field authorization.{other}"),
-        }
-    }
-    Ok(())
-}
-
-fn object<'a>(f: &str, v: &'a Value) -> Result<&'a serde_json::Map<String, Value>> {
-    v.as_object().ok_or_else(|| anyhow!("{f}: expected an object, got {v}"))
-}
-
-fn string(f: &str, v: &Value) -> Result<String> {
-    v.as_str()
-        .map(str::to_string)
-        .ok_or_else(|| anyhow!("{f}: expected a string, got {v}"))
-}
-
-fn boolean(f: &str, v: &Value) -> Result<bool> {
-    v.as_bool()
-        .ok_or_else(|| anyhow!("{f}: expected true or false, got {v}"))
-}
-
-fn duration(f: &str, v: &Value) -> Result<Duration> {
-    parse_duration(&string(f, v)?).map_err(|e| anyhow!("{f}: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,39 +217,33 @@ mod tests {
         assert!(e.contains("tlsPrivateKeyFile"), "{e}");
     }
 
+    /// The `authentication` and `authorization` objects as the file reader reads them.
+    fn read(body: &str) -> Result<ServingConfig> {
+        let mut c = super::super::Config::default();
+        let text = format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}");
+        super::super::file::apply_text(&mut c, &text, Path::new("/etc/k"))?;
+        Ok(c.serving)
+    }
+
     #[test]
     fn nested_objects_read_with_field_names_in_errors() {
-        let mut s = ServingConfig::default();
-        let v: Value = serde_json::json!({
-            "x509": {"clientCAFile": "ca.crt"},
-            "webhook": {"enabled": true, "cacheTTL": "1m"},
-            "anonymous": {"enabled": true},
-        });
-        apply_authentication(&mut s, &v, Path::new("/etc/k")).unwrap();
+        let s = read("authentication: {x509: {clientCAFile: ca.crt}, webhook: {enabled: true, cacheTTL: 1m}, anonymous: {enabled: true}}\n").unwrap();
         assert_eq!(s.client_ca_file.as_deref(), Some(Path::new("/etc/k/ca.crt")));
         assert_eq!(s.authn_webhook, Some(true));
         assert_eq!(s.authn_webhook_cache_ttl, Duration::from_secs(60));
         assert!(s.anonymous_auth);
-        let v = serde_json::json!({"mode": "Webhook", "webhook": {"cacheAuthorizedTTL": "1s", "cacheUnauthorizedTTL": "2s"}});
-        apply_authorization(&mut s, &v).unwrap();
+        let s = read("authorization: {mode: Webhook, webhook: {cacheAuthorizedTTL: 1s, cacheUnauthorizedTTL: 2s}}\n")
+            .unwrap();
         assert_eq!(s.authz_mode, Some(AuthzMode::Webhook));
         assert_eq!(s.authz_cache_authorized_ttl, Duration::from_secs(1));
         assert_eq!(s.authz_cache_unauthorized_ttl, Duration::from_secs(2));
-        let e = apply_authorization(&mut s, &serde_json::json!({"mode": "RBAC"}))
-            .unwrap_err()
-            .to_string();
+        let e = read("authorization: {mode: RBAC}\n").unwrap_err().to_string();
         assert!(e.contains("authorization.mode"), "{e}");
-        let e = apply_authentication(
-            &mut s,
-            &serde_json::json!({"webhook": {"cacheTTL": "soon"}}),
-            Path::new("/"),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("authentication.webhook.cacheTTL"), "{e}");
-        let e = apply_authentication(&mut s, &serde_json::json!({"oidc": {}}), Path::new("/"))
+        let e = read("authentication: {webhook: {cacheTTL: soon}}\n")
             .unwrap_err()
             .to_string();
+        assert!(e.contains("authentication.webhook.cacheTTL"), "{e}");
+        let e = read("authentication: {oidc: {}}\n").unwrap_err().to_string();
         assert!(e.contains("authentication.oidc"), "{e}");
         assert!(TlsVersion::parse("tlsMinVersion", "VersionTLS11").is_err());
         assert_eq!(
