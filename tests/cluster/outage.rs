@@ -191,7 +191,7 @@ spec:
                 let anew = |p: &Pod| container_id(p).is_some_and(|id| id != before[n]);
                 // What ran before the power cut is gone: the node never shows it running.
                 assert!(
-                    !pods.get(n).is_some_and(|p| container_id(p) == Some(before[n].as_str())),
+                    pods.get(n).is_none_or(|p| container_id(p) != Some(before[n].as_str())),
                     "{n} is shown running its container from before the power cut"
                 );
                 if !back.contains_key(n) && pods.get(n).is_some_and(|p| ready(p) && anew(p)) {
