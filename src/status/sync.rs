@@ -357,10 +357,11 @@ mod tests {
     fn the_patch_deletes_pod_ips_that_went() {
         let mut s = st("Running");
         s.pod_ips = Some(vec![k8s_openapi::api::core::v1::PodIP { ip: "10.0.0.9".into() }]);
-        let p = status_patch(&s, &[]);
+        assert_eq!(status_patch(&s, &[])["podIPs"], serde_json::json!([{"ip": "10.0.0.9"}]));
+        let p = status_patch(&s, &["10.0.0.4".into()]);
         assert_eq!(
             p["podIPs"],
-            serde_json::json!([{"ip": "10.0.0.9"}, {"$patch": "replace"}])
+            serde_json::json!([{"ip": "10.0.0.9"}, {"ip": "10.0.0.4", "$patch": "delete"}])
         );
     }
 
