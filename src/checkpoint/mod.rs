@@ -64,7 +64,7 @@ impl PodRecord {
     }
 
     fn namespace(&self) -> &str {
-        self.pod.metadata.namespace.as_deref().unwrap_or("default")
+        crate::pod::namespace(&self.pod)
     }
 }
 
@@ -89,7 +89,8 @@ impl Checkpoint {
         ferrolet_fsutil::ensure_private_dir(&dir)?;
         ferrolet_fsutil::ensure_private_dir(&dir.join("pods"))?;
         let mut pods = HashMap::new();
-        let listing = std::fs::read_dir(dir.join("pods")).with_context(|| format!("listing {}", dir.display()))?;
+        let pods_dir = dir.join("pods");
+        let listing = std::fs::read_dir(&pods_dir).with_context(|| format!("listing {}", pods_dir.display()))?;
         for e in listing.flatten() {
             let path = e.path();
             let Some(uid) = path
@@ -133,6 +134,11 @@ impl Checkpoint {
         let mut v: Vec<Pod> = self.lock_pods().values().map(|r| r.pod.clone()).collect();
         v.sort_by(|a, b| a.metadata.uid.cmp(&b.metadata.uid));
         v
+    }
+
+    /// Whether it holds no pod.
+    pub fn is_empty(&self) -> bool {
+        self.lock_pods().is_empty()
     }
 
     /// The Node as last watched.
@@ -357,7 +363,7 @@ fn as_run(p: &Pod) -> Pod {
     p.metadata.resource_version = None;
     p.metadata.managed_fields = None;
     if let Some(a) = p.metadata.annotations.as_mut() {
-        a.remove("kubernetes.io/config.seen");
+        a.remove(crate::pod::CONFIG_SEEN);
     }
     p
 }

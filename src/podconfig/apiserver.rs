@@ -93,7 +93,7 @@ impl ApiSource {
         let mut listed_once = false;
         let mut failing = false;
         // The checkpoint is offered once, before the first list, when it holds pods.
-        let mut may_restore = !self.checkpoint.pods().is_empty();
+        let mut may_restore = !self.checkpoint.is_empty();
         let restore_deadline = tokio::time::sleep(RESTORE_AFTER);
         tokio::pin!(restore_deadline);
         loop {

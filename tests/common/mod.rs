@@ -523,7 +523,7 @@ impl Agent {
                 continue;
             };
             if let (Some(pid), Some(start)) = (m["monitorPid"].as_i64(), m["monitorStart"].as_u64()) {
-                if start_time(pid as i32) == Some(start) {
+                if ferrolet_runtime::pidfd::process_start_time(pid as i32) == Some(start) {
                     let _ = nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(pid as i32),
                         nix::sys::signal::Signal::SIGKILL,
@@ -660,13 +660,6 @@ fn cgroup_tree(top: &Path) -> Vec<PathBuf> {
         i += 1;
     }
     out
-}
-
-/// A process's start time (clock ticks after boot), to be sure a pid is still the process.
-fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command's closing parenthesis: state is field 3, starttime field 22.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Say that a test is skipped where the run's output shows it: straight to stderr, past the
