@@ -730,7 +730,9 @@ impl Codec for Thresholds {
             let t = Threshold::parse(&string(&field, x)?).map_err(|e| anyhow!("{field}: {e:#}"))?;
             if !g.set(signal, Some(t)) {
                 match signal.as_str() {
-                    "allocatableMemory.available" => cx.warnings.push(format!("{field} is not measured by ferrolet")),
+                    "allocatableMemory.available" => cx.warnings.push(format!(
+                        "{field} is ignored: a hard memory.available threshold holds for it when enforceNodeAllocatable has pods"
+                    )),
                     other => bail!("{f}: unsupported eviction signal {other:?}"),
                 }
             }

@@ -61,7 +61,14 @@ impl Manager {
         shared: Eviction,
     ) -> Manager {
         let e = &cfg.eviction;
-        let thresholds = signals::thresholds(&cfg.eviction_hard, &e.soft, &e.soft_grace_period, &e.minimum_reclaim);
+        let enforce_pods = cfg.cgroups_per_qos && cfg.cm.enforces("pods");
+        let thresholds = signals::thresholds(
+            &cfg.eviction_hard,
+            &e.soft,
+            &e.soft_grace_period,
+            &e.minimum_reclaim,
+            enforce_pods,
+        );
         let dev = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.dev()).ok();
         let has_imagefs =
             matches!((dev(&cfg.root_dir), dev(reclaim.images.images_dir())), (Some(a), Some(b)) if a != b);

@@ -8,12 +8,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::config::{self, EvictionHard, EvictionThresholds};
-use crate::stats::summary::Summary;
+use crate::stats::summary::{Summary, SYSTEM_CONTAINER_PODS};
 
 /// An eviction signal (kubelet's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Signal {
     MemoryAvailable,
+    /// What `kubepods` has left under its limit (the node allocatable): kubelet watches it
+    /// beside `memory.available` when `enforceNodeAllocatable` has `pods`.
+    AllocatableMemoryAvailable,
     NodeFsAvailable,
     NodeFsInodesFree,
     ImageFsAvailable,
@@ -22,8 +25,9 @@ pub enum Signal {
 }
 
 impl Signal {
-    pub const ALL: [Signal; 6] = [
+    pub const ALL: [Signal; 7] = [
         Signal::MemoryAvailable,
+        Signal::AllocatableMemoryAvailable,
         Signal::NodeFsAvailable,
         Signal::NodeFsInodesFree,
         Signal::ImageFsAvailable,
@@ -34,6 +38,7 @@ impl Signal {
     pub fn name(self) -> &'static str {
         match self {
             Signal::MemoryAvailable => "memory.available",
+            Signal::AllocatableMemoryAvailable => "allocatableMemory.available",
             Signal::NodeFsAvailable => "nodefs.available",
             Signal::NodeFsInodesFree => "nodefs.inodesFree",
             Signal::ImageFsAvailable => "imagefs.available",
@@ -49,7 +54,7 @@ impl Signal {
     /// The resource a signal starves (kubelet's signalToResource).
     pub fn resource(self) -> Resource {
         match self {
-            Signal::MemoryAvailable => Resource::Memory,
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Resource::Memory,
             Signal::NodeFsAvailable | Signal::ImageFsAvailable => Resource::EphemeralStorage,
             Signal::NodeFsInodesFree | Signal::ImageFsInodesFree => Resource::Inodes,
             Signal::PidAvailable => Resource::Pids,
@@ -60,7 +65,7 @@ impl Signal {
     /// signalToNodeCondition).
     pub fn condition(self) -> Condition {
         match self {
-            Signal::MemoryAvailable => Condition::MemoryPressure,
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Condition::MemoryPressure,
             Signal::PidAvailable => Condition::PidPressure,
             _ => Condition::DiskPressure,
         }
@@ -120,15 +125,20 @@ pub struct Observation {
 
 pub type Observations = BTreeMap<Signal, Observation>;
 
-/// kubelet's makeSignalObservations: the node's memory (available and working set), its
-/// filesystem, the image filesystem and the pid limit, from the summary.
+/// kubelet's makeSignalObservations: the node's memory (available and working set), what
+/// `kubepods` has left under its limit, the node's filesystem, the image filesystem and the
+/// pid limit, from the summary.
 pub fn observe(s: &Summary) -> Observations {
     let mut o = Observations::new();
     let n = &s.node;
-    if let Some(m) = &n.memory {
-        if let (Some(a), Some(ws)) = (m.available_bytes, m.working_set_bytes) {
+    let pods = n.system_containers.iter().find(|c| c.name == SYSTEM_CONTAINER_PODS);
+    for (signal, m) in [
+        (Signal::MemoryAvailable, n.memory.as_ref()),
+        (Signal::AllocatableMemoryAvailable, pods.and_then(|c| c.memory.as_ref())),
+    ] {
+        if let Some((a, ws)) = m.and_then(|m| m.available_bytes.zip(m.working_set_bytes)) {
             o.insert(
-                Signal::MemoryAvailable,
+                signal,
                 Observation {
                     available: a as i64,
                     capacity: (a + ws) as i64,
@@ -202,12 +212,15 @@ impl Threshold {
 }
 
 /// The configured thresholds: the hard ones, then the soft ones with their grace periods,
-/// each with its minimum reclaim.
+/// each with its minimum reclaim; with `enforce_pods` (kubelet's addAllocatableThresholds,
+/// when `enforceNodeAllocatable` has `pods`), a hard `memory.available` also holds for
+/// `allocatableMemory.available`.
 pub fn thresholds(
     hard: &EvictionHard,
     soft: &EvictionThresholds,
     grace: &BTreeMap<String, Duration>,
     min_reclaim: &BTreeMap<String, config::Threshold>,
+    enforce_pods: bool,
 ) -> Vec<Threshold> {
     let mut out = Vec::new();
     for (map, is_soft) in [(hard, false), (soft, true)] {
@@ -227,6 +240,17 @@ pub fn thresholds(
                 min_reclaim: min_reclaim.get(name).copied(),
             });
         }
+    }
+    if enforce_pods {
+        let allocatable: Vec<Threshold> = out
+            .iter()
+            .filter(|t| t.signal == Signal::MemoryAvailable && t.is_hard())
+            .map(|t| Threshold {
+                signal: Signal::AllocatableMemoryAvailable,
+                ..*t
+            })
+            .collect();
+        out.extend(allocatable);
     }
     out
 }
@@ -309,7 +333,7 @@ pub fn conditions_observed_since(
 
 /// The threshold to act on first: memory before the others (kubelet's byEvictionPriority).
 pub fn by_eviction_priority(mut ts: Vec<Threshold>) -> Vec<Threshold> {
-    ts.sort_by_key(|t| t.signal != Signal::MemoryAvailable);
+    ts.sort_by_key(|t| t.signal.resource() != Resource::Memory);
     ts
 }
 
@@ -474,7 +498,7 @@ mod tests {
         let reclaim = [("nodefs.available".to_string(), T::Quantity(1 << 20))]
             .into_iter()
             .collect();
-        let ts = thresholds(&EvictionHard::default(), &soft, &grace, &reclaim);
+        let ts = thresholds(&EvictionHard::default(), &soft, &grace, &reclaim, false);
         let nodefs = ts.iter().find(|t| t.signal == Signal::NodeFsAvailable).unwrap();
         assert!(nodefs.is_hard());
         assert_eq!(nodefs.min_reclaim, Some(T::Quantity(1 << 20)));
@@ -483,5 +507,59 @@ mod tests {
             (s.signal, s.grace_period),
             (Signal::MemoryAvailable, Duration::from_secs(90))
         );
+    }
+
+    #[test]
+    fn enforced_allocatable_gets_the_hard_memory_threshold() {
+        let mut hard_map = EvictionHard::none();
+        hard_map.set("memory.available", Some(T::Quantity(100 << 20)));
+        let mut soft = EvictionHard::none();
+        soft.set("memory.available", Some(T::Quantity(1 << 30)));
+        let grace = [("memory.available".to_string(), Duration::from_secs(90))]
+            .into_iter()
+            .collect();
+        let reclaim = [("memory.available".to_string(), T::Quantity(1 << 20))]
+            .into_iter()
+            .collect();
+        let ts = thresholds(&hard_map, &soft, &grace, &reclaim, true);
+        let alloc: Vec<_> = ts
+            .iter()
+            .filter(|t| t.signal == Signal::AllocatableMemoryAvailable)
+            .collect();
+        assert_eq!(alloc.len(), 1, "only the hard one is copied: {ts:?}");
+        assert!(alloc[0].is_hard());
+        assert_eq!(alloc[0].value, T::Quantity(100 << 20));
+        assert_eq!(alloc[0].min_reclaim, Some(T::Quantity(1 << 20)));
+        let without = thresholds(&hard_map, &soft, &grace, &reclaim, false);
+        assert!(without.iter().all(|t| t.signal != Signal::AllocatableMemoryAvailable));
+    }
+
+    #[test]
+    fn allocatable_is_observed_from_the_pods_container() {
+        use crate::stats::summary::{ContainerStats, MemoryStats};
+        let mem = |available: u64, ws: u64| MemoryStats {
+            available_bytes: Some(available),
+            working_set_bytes: Some(ws),
+            ..Default::default()
+        };
+        let mut s = Summary::default();
+        s.node.memory = Some(mem(8 << 30, 8 << 30));
+        s.node.system_containers.push(ContainerStats {
+            name: SYSTEM_CONTAINER_PODS.into(),
+            memory: Some(mem(200 << 20, 824 << 20)),
+            ..Default::default()
+        });
+        let o = observe(&s);
+        assert_eq!(
+            o[&Signal::AllocatableMemoryAvailable],
+            Observation {
+                available: 200 << 20,
+                capacity: 1 << 30
+            }
+        );
+        assert_eq!(o[&Signal::MemoryAvailable].available, 8 << 30);
+        let t = hard(Signal::AllocatableMemoryAvailable, T::Quantity(256 << 20));
+        assert_eq!(thresholds_met(&[t], &o, false), vec![t]);
+        assert_eq!(t.signal.condition(), Condition::MemoryPressure);
     }
 }

@@ -95,7 +95,7 @@ runtime-boundary env TMPDIR=/disk/tmp $boundary --test-threads 1
 agent-static-pods $static_pods --test-threads 1 add_update_remove_manifests init_containers_run_in_order_then_app pod_cgroup_tree_limits_and_oom_killed agent_kill9_and_restart_keeps_containers default_cgroup_root restart_policies_exit_0_and_1 reset_removes_what_the_agent_made reset_finds_containers_without_their_records
 agent-stats $stats --test-threads 1 stats_of_real_pods_without_a_network
 agent-resources $resources --test-threads 1
-agent-eviction $eviction --test-threads 1 memory_pressure_evicts_besteffort_before_burstable_within_requests
+agent-eviction $eviction --test-threads 1 --include-ignored memory_pressure_evicts_besteffort_before_burstable_within_requests
 agent-pod-security env TMPDIR=/disk/tmp $pod_security --test-threads 1
 PLAN
 # The SELinux boot's plan.

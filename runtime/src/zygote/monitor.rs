@@ -109,22 +109,33 @@ struct Created {
     state_dir: std::io::Result<File>,
 }
 
-/// Open the log, mount the rootfs, build the container through libcontainer, record the
-/// monitor and answer `Created` (or `Failed`, then None). Never inlined: its frame and
+/// Build the container ([`build`]) and answer `Created`, or `Failed` (then None) only once
+/// everything the attempt opened is closed again: the agent removes the container's files as
+/// soon as it reads the answer, and a log or state file still held open here would outlive
+/// that removal for as long as this process takes to exit. Never inlined: its frame and
 /// libcontainer's below it leave the stack before the monitor settles into its loop, so
 /// [`release_build_memory`] can give all of that back.
 #[inline(never)]
 fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
-    let fail = |msg: String| {
-        write_reply(&reply, &Reply::Failed { error: msg });
-        None
-    };
+    match build(args, &reply) {
+        Ok(created) => Some(created),
+        Err(error) => {
+            write_reply(&reply, &Reply::Failed { error });
+            None
+        }
+    }
+}
+
+/// Open the log, mount the rootfs, build the container through libcontainer, record the
+/// monitor and answer `Created`; an error undoes the mounts and is the answer to give.
+#[inline(never)]
+fn build(args: &CreateArgs, reply: &OwnedFd) -> Result<Created, String> {
     // The rootfs is the host's mount (the agent unmounts it): a fork of an isolated zygote
     // mounts it there, then builds the container in a namespace of its own (crate::mount_ns).
     let isolated = super::isolation::isolated();
     if let Some(iso) = &isolated {
         if let Err(e) = crate::mount_ns::enter_host(iso) {
-            return fail(format!("entering the host's mount namespace: {e}"));
+            return Err(format!("entering the host's mount namespace: {e}"));
         }
     }
     // Opened in the host's namespace, as every path here: the zygote's copy lacks the disks and
@@ -132,27 +143,27 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     // go to the directory the mount hides.
     let log = match LogWriter::open(&args.log.path, args.log.max_size, args.log.max_files) {
         Ok(l) => l,
-        Err(e) => return fail(format!("opening log {}: {e}", args.log.path.display())),
+        Err(e) => return Err(format!("opening log {}: {e}", args.log.path.display())),
     };
     if let Err(e) = crate::rootfs::mount_overlay(&args.rootfs) {
-        return fail(format!("rootfs: {e}"));
+        return Err(format!("rootfs: {e}"));
     }
     if let Err(e) = crate::rootfs::ensure_dir_in_root(&args.rootfs.target, &args.workdir) {
         let _ = crate::rootfs::unmount(&args.rootfs.target);
-        return fail(format!("workingDir {}: {e}", args.workdir));
+        return Err(format!("workingDir {}: {e}", args.workdir));
     }
     let stdio = match Stdio::prepare(args) {
         Ok(s) => s,
         Err(e) => {
             let _ = crate::rootfs::unmount(&args.rootfs.target);
-            return fail(e);
+            return Err(e);
         }
     };
     let ends = match stdio.container_ends() {
         Ok(e) => e,
         Err(e) => {
             let _ = crate::rootfs::unmount(&args.rootfs.target);
-            return fail(e);
+            return Err(e);
         }
     };
     let mut private = false;
@@ -161,7 +172,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         // what it needs)
         let Some(iso) = &isolated else {
             let _ = crate::rootfs::unmount(&args.rootfs.target);
-            return fail(
+            return Err(
                 "a container in a user namespace is built in a mount namespace of its own, and the agent \
                  builds in the host's (docs/runtime.md#mount-namespaces-the-zygotes-and-each-monitors)"
                     .into(),
@@ -170,7 +181,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         if let Err(e) = crate::mount_ns::enter_staged(iso, staging) {
             let _ = crate::mount_ns::enter_host(iso);
             let _ = crate::rootfs::unmount(&args.rootfs.target);
-            return fail(format!("staging the container's mounts: {e}"));
+            return Err(format!("staging the container's mounts: {e}"));
         }
         private = true;
     } else if let (Some(iso), Some(paths)) = (&isolated, &args.host_paths) {
@@ -180,7 +191,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
             Ok(false) => {}
             Err(e) => {
                 let _ = crate::rootfs::unmount(&args.rootfs.target);
-                return fail(format!("mount namespace: {e}"));
+                return Err(format!("mount namespace: {e}"));
             }
         }
     }
@@ -210,11 +221,11 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
                 let _ = crate::mount_ns::enter_host(iso);
             }
             let _ = crate::rootfs::unmount(&args.rootfs.target);
-            return fail(chain(&e).to_string());
+            return Err(chain(&e).to_string());
         }
     };
     let Some(init) = container.pid() else {
-        return fail("libcontainer reported no init pid".into());
+        return Err("libcontainer reported no init pid".into());
     };
     // Built: the container's init has a namespace of its own (a copy, pivoted into its
     // rootfs). The monitor goes back to the host's, where its log is rotated and reopened and
@@ -227,7 +238,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
             .map(|t| t.iter().filter(|&&b| b == b'\n').count() as u32);
         if let Err(e) = crate::mount_ns::enter_host(iso) {
             let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
-            return fail(format!("back to the host's mount namespace: {e}"));
+            return Err(format!("back to the host's mount namespace: {e}"));
         }
     }
     drop(isolated);
@@ -237,13 +248,13 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     if let Some((policy, cgroup)) = &args.device_program {
         if let Err(e) = crate::devices::bpf::enforce(policy, cgroup) {
             let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
-            return fail(format!("device rules: {e}"));
+            return Err(format!("device rules: {e}"));
         }
     }
     if let Some(bound) = &args.swap_bound {
         if let Err(e) = bound.apply() {
             let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
-            return fail(format!("bounding swap: {e}"));
+            return Err(format!("bounding swap: {e}"));
         }
     }
     // Held until the monitor exits: with it the runtime finds this monitor through /proc when
@@ -253,7 +264,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
         Ok(x) => x,
         Err(e) => {
             let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
-            return fail(e);
+            return Err(e);
         }
     };
     // From here on a reader or attacher that went away must not kill the monitor (the
@@ -275,18 +286,17 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
     // gone whatever this file says (or whether it survived at all).
     if let Err(e) = write_json_atomic_unsynced(&args.bundle.join("monitor.json"), &rec) {
         let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
-        return fail(format!("recording monitor state: {}", chain(&e)));
+        return Err(format!("recording monitor state: {}", chain(&e)));
     }
     write_reply(
-        &reply,
+        reply,
         &Reply::Created {
             init_pid: init.as_raw(),
             monitor_pid: me,
         },
     );
-    drop(reply);
     drop(container);
-    Some(Created {
+    Ok(Created {
         init,
         sources,
         log,
