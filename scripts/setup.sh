@@ -15,8 +15,9 @@ fi
 # etcd for the cluster tests' control plane (installed here, outside the tests' namespaces,
 # where the package mirror is reachable), docker-registry (CNCF distribution) and skopeo for the
 # registry pull tests and the pull benchmark, checkpolicy for the cgroup v2 lane's SELinux test
-# policy.
-packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iptables iproute2 etcd-server docker-registry skopeo checkpolicy ${FERROLET_EXTRA_PACKAGES:-})
+# policy, systemd, dbus and systemd-container (systemd-nspawn) for the graceful node shutdown
+# test's machine with systemd as PID 1.
+packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iptables iproute2 etcd-server docker-registry skopeo checkpolicy systemd dbus systemd-container ${FERROLET_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

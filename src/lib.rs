@@ -26,6 +26,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod mirror;
 pub mod node;
+pub mod nodeshutdown;
 pub mod objects;
 pub mod pod;
 pub mod podconfig;

@@ -31,7 +31,7 @@ const FLOORS: &[(u32, &[&str])] = &[
     (11, &["kuberuntime"]),
     (12, &["stats", "status"]),
     (13, &["eviction"]),
-    (14, &["server", "worker"]),
+    (14, &["nodeshutdown", "server", "worker"]),
     (15, &["agent"]),
     (16, &["cli"]),
     (17, &["main"]),

@@ -206,6 +206,17 @@ struct KubeletConfigurationV1beta1 {
     #[serde(rename = "imageMaximumGCAge")]
     image_maximum_gc_age: Option<String>,
     node_status_max_images: Option<i32>,
+    shutdown_grace_period: Option<String>,
+    shutdown_grace_period_critical_pods: Option<String>,
+    shutdown_grace_period_by_pod_priority: Option<Vec<V1beta1ShutdownGracePeriodByPodPriority>>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V1beta1ShutdownGracePeriodByPodPriority {
+    priority: i32,
+    shutdown_grace_period_seconds: i64,
 }
 
 #[allow(dead_code)]
@@ -357,6 +368,7 @@ fn tls_port_with_client_certificates_and_the_healthz_port() {
     assert_eq!(typed.kube_api_qps, Some(50));
     assert_eq!(typed.enable_debugging_handlers, Some(true));
     assert_eq!(typed.port, Some(port as i32));
+    assert_eq!(typed.shutdown_grace_period.as_deref(), Some("0s"));
     let (code, body) = curl(&with_cert, &format!("{base}/spec/"));
     assert_eq!(code, 200, "{body}");
     let spec: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -201,6 +201,8 @@ struct Joined {
     network_status: crate::podsetup::network::NetworkStatus,
     /// The eviction manager's conditions (the manager starts once the stats do).
     eviction: crate::eviction::Eviction,
+    /// Whether the node is shutting down (the node shutdown manager starts with the duties).
+    shutdown: crate::lifecycle::admit::NodeShutdown,
     /// In a cluster: what the node keeps of the API server's pods and objects for a start
     /// without it.
     checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
@@ -242,6 +244,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
     };
     let network_status = crate::podsetup::network::NetworkStatus::default();
     let eviction = crate::eviction::Eviction::new(cfg.in_cluster());
+    let shutdown = crate::lifecycle::admit::NodeShutdown::default();
     let mut node_handle = None;
     if let (Some(kube), Some(checkpoint)) = (&kube, &checkpoint) {
         let images: crate::node::cluster::ImageList = {
@@ -253,7 +256,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
             cfg.clone(),
             node.clone(),
             images,
-            readiness(rt.clone(), network_status.clone()),
+            readiness(rt.clone(), network_status.clone(), shutdown.clone()),
             events.clone(),
             {
                 let eviction = eviction.clone();
@@ -280,6 +283,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
         node_handle,
         network_status,
         eviction,
+        shutdown,
         checkpoint,
     })
 }
@@ -352,6 +356,7 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         mirrors: joined.mirrors.clone(),
         node_api: joined.node_handle.take(),
         eviction: joined.eviction.clone(),
+        shutdown: joined.shutdown.clone(),
         pods_settled: AfterQuiet::spawn(code_pages::SETTLE, || release_unused_memory("pods settled")),
         sysctls: crate::pod::sysctl::Allowlist::new(&cfg.allowed_unsafe_sysctls)
             .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
@@ -594,6 +599,14 @@ fn start_duties(
         managers.eviction.clone(),
     )
     .start();
+    crate::nodeshutdown::Manager::new(
+        cfg.clone(),
+        pods.clone(),
+        eviction_through(ev_tx.clone()),
+        events.clone(),
+        managers.shutdown.clone(),
+    )
+    .start();
     Ok(stats)
 }
 
@@ -610,7 +623,7 @@ async fn serve(managers: &Arc<Managers>, joined: &Joined, stats: Arc<crate::stat
         cfg.clone(),
         stats,
         joined.eviction.clone(),
-        readiness(rt.clone(), joined.network_status.clone()),
+        readiness(rt.clone(), joined.network_status.clone(), joined.shutdown.clone()),
         joined.checkpoint.clone(),
     );
     crate::server::serve_all(cfg, state, joined.kube.clone(), managers.node.ips.clone()).await?;
@@ -824,8 +837,12 @@ async fn pod_cidr(cfg: &Config, node: &crate::node::cluster::NodeHandle) -> Opti
 
 /// What the Node's Ready condition says about the runtime (kubelet's runtime state: runtime and
 /// network): its zygote (which creates every container) must be alive, and the pod network
-/// built.
-fn readiness(rt: Arc<Runtime>, network: crate::podsetup::network::NetworkStatus) -> crate::node::cluster::Readiness {
+/// built; and the node must not be shutting down.
+fn readiness(
+    rt: Arc<Runtime>,
+    network: crate::podsetup::network::NetworkStatus,
+    shutdown: crate::lifecycle::admit::NodeShutdown,
+) -> crate::node::cluster::Readiness {
     Arc::new(move || {
         let pid = nix::unistd::Pid::from_raw(rt.zygote_pid());
         let mut errors = Vec::new();
@@ -833,6 +850,7 @@ fn readiness(rt: Arc<Runtime>, network: crate::podsetup::network::NetworkStatus)
             errors.push("container runtime is down".to_string());
         }
         errors.extend(network.not_ready());
+        errors.extend(shutdown.not_ready());
         errors
     })
 }

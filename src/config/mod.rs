@@ -13,6 +13,7 @@ pub mod file;
 mod flags;
 pub mod serving;
 pub mod settings;
+pub mod shutdown;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -550,6 +551,8 @@ pub struct Config {
     pub serving: ServingConfig,
     /// Pulling and collecting images.
     pub images: ImageConfig,
+    /// Graceful node shutdown (src/nodeshutdown/).
+    pub shutdown: shutdown::ShutdownConfig,
     /// kubelet's runOnce (`--runonce`): run the static pods once, wait until each runs (or has
     /// finished), report and exit (src/agent/run_once.rs).
     pub run_once: bool,
@@ -613,6 +616,7 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             serving: ServingConfig::default(),
             images: ImageConfig::default(),
+            shutdown: shutdown::ShutdownConfig::default(),
             run_once: false,
             container_log_link_dir: PathBuf::from("/var/log/containers"),
         }
@@ -726,6 +730,7 @@ impl Config {
         }
         self.serving.validate(self.in_cluster())?;
         self.images.validate()?;
+        self.shutdown.validate()?;
         if let Some(u) = &self.static_pod_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
                 bail!("staticPodURL: {u:?} is not an http(s) URL");

@@ -218,6 +218,12 @@ settings! {
     ("eventBurst" | "event-burst") => cluster.event_burst: EventBurst,
     ("rotateCertificates" | "rotate-certificates") => cluster.rotate_certificates: Bool,
 
+    // Graceful node shutdown (src/nodeshutdown/).
+    ("shutdownGracePeriod" | _) => shutdown.grace_period: Dur,
+    ("shutdownGracePeriodCriticalPods" | _) => shutdown.grace_period_critical_pods: Dur,
+    ("shutdownGracePeriodByPodPriority" | _) => shutdown.by_pod_priority: PriorityGraces,
+    ("ferrolet.logindConfDir" | _) => shutdown.logind_conf_dir: FilePath [quiet],
+
     // The kubelet API.
     /// The authenticated HTTPS port of the kubelet API.
     ("port" | "port") => serving.port: Port,

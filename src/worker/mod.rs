@@ -54,6 +54,8 @@ pub struct Managers {
     pub node_api: Option<crate::node::cluster::NodeHandle>,
     /// The eviction manager's conditions, for its admit handler.
     pub eviction: crate::eviction::Eviction,
+    /// Whether the node is shutting down, for the node shutdown admit handler.
+    pub shutdown: crate::lifecycle::admit::NodeShutdown,
     /// Told when a pod started, changed, stopped or went: the agent gives back the memory a
     /// burst of them used once they settle.
     pub pods_settled: crate::tasks::AfterQuiet,
@@ -85,7 +87,8 @@ impl Managers {
 /// without a kernel.
 pub trait WorkerHost: Send + Sync + 'static {
     fn pods(&self) -> &PodManager;
-    /// kubelet's admit handlers in order (eviction, sysctls, resources and predicates), with
+    /// kubelet's admit handlers in order (eviction, sysctls, resources and predicates, node
+    /// shutdown), with
     /// the pods admitted and still active.
     fn admit(&self, p: &Pod, active: &[Arc<Pod>]) -> Result<(), Rejection>;
     /// A refused pod: its Warning event and its Failed status.
@@ -113,6 +116,7 @@ impl WorkerHost for Managers {
             .admit(p)
             .and_then(|()| admission::sysctls(p, &self.sysctls))
             .and_then(|()| admission::admit(p, active, &self.node, &self.node_object()))
+            .and_then(|()| self.shutdown.admit())
     }
 
     fn refused(&self, p: &Arc<Pod>, r: &Rejection) {

@@ -8,6 +8,7 @@
 pub mod cluster;
 pub mod net;
 pub mod registry;
+pub mod systemd;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -32,6 +33,11 @@ pub struct Agent {
     /// More KubeletConfiguration fields (YAML lines) for this agent.
     pub extra_config: String,
     child: Option<Child>,
+    /// Run in the pid namespace of this process (the PID 1 of a [`systemd::SystemdMachine`],
+    /// as this machine numbers it), with a /proc of that namespace.
+    pidns_leader: Option<u32>,
+    /// The agent's pid when `child` is the nsenter that started it there.
+    agent_pid: Option<u32>,
     pub node: String,
     /// Start the agent inside its own cgroup (the test's nested root) and let it pick its
     /// default cgroup root there, instead of passing --cgroup-root.
@@ -165,6 +171,20 @@ impl Agent {
         a.started()
     }
 
+    /// An agent with a configuration and more environment.
+    pub fn start_with_config_env(name: &str, config: &str, env: Vec<(String, String)>) -> Agent {
+        Agent::prepare(name, &[], config, false, None, "none", env).started()
+    }
+
+    /// An agent in the pid namespace of `leader` (a machine's PID 1: systemd-logind there
+    /// knows its callers by their pids), with a mount namespace of its own where /proc is that
+    /// namespace's, and everything else the machine's host's. It dies with the machine.
+    pub fn start_in_pid_namespace_of(name: &str, leader: u32, config: &str, env: Vec<(String, String)>) -> Agent {
+        let mut a = Agent::prepare(name, &[], config, false, None, "none", env);
+        a.pidns_leader = Some(leader);
+        a.started()
+    }
+
     /// An agent set up with more environment but not started: write its manifests, then
     /// [`Agent::boot`] it.
     pub fn unstarted_with_env(name: &str, env: Vec<(String, String)>) -> Agent {
@@ -203,6 +223,8 @@ impl Agent {
             args: extra.iter().map(|s| s.to_string()).collect(),
             extra_config: config.to_string(),
             child: None,
+            pidns_leader: None,
+            agent_pid: None,
             own_cgroup,
             node: format!("node-{name}"),
             netns,
@@ -261,7 +283,15 @@ impl Agent {
             )
             .unwrap();
         }
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.pidns_leader {
+            Some(leader) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--target={leader}"))
+                    .args(["--pid", "--", "unshare", "--mount", "--mount-proc", BIN]);
+                c
+            }
+            None => Command::new(BIN),
+        };
         cmd.arg("run")
             .arg("--config")
             .arg(&config)
@@ -328,6 +358,19 @@ impl Agent {
         let mut child = cmd.spawn().expect("spawn ferrolet");
         // Dropping the reading end: the agent's writes to stderr fail with EPIPE from now on.
         drop(child.stderr.take());
+        self.agent_pid = None;
+        if self.pidns_leader.is_some() {
+            // nsenter's one child, which became the agent.
+            let n = child.id();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.agent_pid.is_none() {
+                assert!(Instant::now() < deadline, "nsenter started no agent");
+                self.agent_pid = std::fs::read_to_string(format!("/proc/{n}/task/{n}/children"))
+                    .ok()
+                    .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         self.child = Some(child);
         self.wait_ready();
     }
@@ -362,7 +405,27 @@ impl Agent {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+        self.agent_pid
+            .or_else(|| self.child.as_ref().map(|c| c.id()))
+            .unwrap_or(0)
+    }
+
+    /// Continue the nsenter that started the agent in a machine's pid namespace: it stops
+    /// itself when it sees the agent stopped (systemd's final kill stops every process of the
+    /// machine, then continues them), and the machine's SIGCONT never reaches it outside; a
+    /// stopped nsenter would never reap the agent, and the machine would wait for it.
+    pub fn continue_launcher(&self) {
+        if let (Some(c), Some(_)) = (&self.child, self.agent_pid) {
+            // (not reaped yet: the pid is still nsenter's)
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::SIGCONT);
+        }
+    }
+
+    /// Signal the agent itself (not the nsenter that started it in a machine's namespace).
+    fn signal_agent(&self, sig: nix::sys::signal::Signal) {
+        if let Some(p) = self.agent_pid {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), sig);
+        }
     }
 
     pub fn agent_log(&self) -> String {
@@ -476,6 +539,7 @@ impl Agent {
     }
 
     pub fn kill9(&mut self) {
+        self.signal_agent(nix::sys::signal::Signal::SIGKILL);
         if let Some(mut c) = self.child.take() {
             c.kill().ok();
             c.wait().ok();
@@ -604,6 +668,15 @@ impl Agent {
 
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            if self.agent_pid.is_some() {
+                // nsenter waits for the agent and forwards no signal.
+                self.signal_agent(nix::sys::signal::Signal::SIGTERM);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !matches!(c.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                self.signal_agent(nix::sys::signal::Signal::SIGKILL);
+            }
             stop_child(&mut c, Duration::from_secs(10));
         }
     }

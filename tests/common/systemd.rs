@@ -1,0 +1,293 @@
+//! A machine with systemd as PID 1, for the graceful node shutdown tests: Debian's systemd
+//! booted by systemd-nspawn in a container of its own (its own pid, mount and network
+//! namespaces; not registered with any machined) whose root is this machine's root under an
+//! overlay with a tmpfs on top, so nothing it writes reaches the disk. It boots a target of
+//! the test's that wants only D-Bus and systemd-logind. The agent under test runs outside and
+//! talks to the machine's system bus through /proc/<its PID 1>/root; the machine's
+//! /etc/systemd/logind.conf.d is reachable the same way. logind knows its callers by their
+//! pids, so the agent runs in the machine's pid namespace
+//! ([`super::Agent::start_in_pid_namespace_of`]). A shutdown asked inside
+//! (`systemctl poweroff`) is real: logind holds it for delay inhibitors, then systemd powers
+//! the machine off and systemd-nspawn exits. Dropped: stopped (by pid), unmounted, removed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::stop_child;
+
+pub const NSPAWN: &str = "/usr/bin/systemd-nspawn";
+
+const TARGET: &str = "[Unit]
+Description=ferrolet's graceful node shutdown test
+Wants=dbus.service systemd-logind.service
+After=dbus.service systemd-logind.service
+";
+
+pub struct SystemdMachine {
+    dir: PathBuf,
+    name: String,
+    /// The machine's cgroup in every hierarchy, below this test's own: systemd-nspawn makes
+    /// its payload and supervisor cgroups under the one it is started in.
+    cgroups: Vec<PathBuf>,
+    nspawn: Option<Child>,
+    /// Its PID 1, as this machine numbers it.
+    leader: u32,
+}
+
+impl SystemdMachine {
+    /// Boot the machine under `dir`; returns once its logind answers on its bus.
+    pub fn boot(dir: &Path, name: &str) -> SystemdMachine {
+        assert!(
+            Path::new(NSPAWN).exists(),
+            "{NSPAWN} is missing: scripts/setup.sh installs systemd-container"
+        );
+        let (upper, root) = (dir.join("upper"), dir.join("root"));
+        for d in [&upper, &root] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        super::mount_tmpfs(&upper);
+        std::fs::create_dir_all(upper.join("u")).unwrap();
+        std::fs::create_dir_all(upper.join("w")).unwrap();
+        nix::mount::mount(
+            Some("overlay"),
+            &root,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("lowerdir=/,upperdir={0}/u,workdir={0}/w", upper.display()).as_str()),
+        )
+        .expect("the machine's overlay root");
+        let units = root.join("etc/systemd/system");
+        std::fs::create_dir_all(&units).unwrap();
+        std::fs::write(units.join("ferrolet-test.target"), TARGET).unwrap();
+        let mut me = SystemdMachine {
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
+            cgroups: own_cgroups().into_iter().map(|d| d.join(name)).collect(),
+            nspawn: None,
+            leader: 0,
+        };
+        let procs: Vec<std::ffi::CString> = me
+            .cgroups
+            .iter()
+            .map(|d| {
+                std::fs::create_dir_all(d).unwrap();
+                // A v1 cpuset takes no process before it has cpus and memory nodes.
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    if std::fs::read_to_string(d.join(f)).is_ok_and(|v| v.trim().is_empty()) {
+                        let parent = std::fs::read_to_string(d.parent().unwrap().join(f)).unwrap();
+                        std::fs::write(d.join(f), parent.trim()).unwrap();
+                    }
+                }
+                std::ffi::CString::new(d.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap()
+            })
+            .collect();
+        let log = |n: &str| std::fs::File::create(dir.join(n)).unwrap();
+        let mut cmd = Command::new(NSPAWN);
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only open/write/close between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                for p in &procs {
+                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let r = libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1);
+                    libc::close(fd);
+                    if r < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .args(["--quiet", "--register=no", "--keep-unit", "--private-network"])
+            .arg(format!("--machine={name}"))
+            .arg(format!("--directory={}", root.display()))
+            .args(["--boot", "--", "--unit=ferrolet-test.target"])
+            .stdin(Stdio::null())
+            .stdout(log("console.log"))
+            .stderr(log("nspawn.err"))
+            .spawn()
+            .expect("systemd-nspawn");
+        let nspawn_pid = child.id();
+        me.nspawn = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if me.leader == 0 {
+                me.leader = std::fs::read_to_string(format!("/proc/{nspawn_pid}/task/{nspawn_pid}/children"))
+                    .ok()
+                    .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()))
+                    .unwrap_or(0);
+            }
+            if me.leader != 0 && me.try_busctl(&["get-property", "InhibitDelayMaxUSec"]).is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the machine's logind did not come up\n{}",
+                me.log()
+            );
+            if let Some(Ok(Some(st))) = me.nspawn.as_mut().map(|c| c.try_wait()) {
+                panic!("systemd-nspawn exited ({st})\n{}", me.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        me
+    }
+
+    /// Its PID 1, as this machine numbers it.
+    pub fn leader(&self) -> u32 {
+        self.leader
+    }
+
+    /// `DBUS_SYSTEM_BUS_ADDRESS` of the machine's system bus, as seen from outside.
+    pub fn bus_address(&self) -> String {
+        format!("unix:path=/proc/{}/root/run/dbus/system_bus_socket", self.leader)
+    }
+
+    /// The same bus from inside the machine's pid namespace (with its /proc), where the
+    /// machine's PID 1 is 1.
+    pub fn bus_address_in_its_pid_namespace(&self) -> String {
+        "unix:path=/proc/1/root/run/dbus/system_bus_socket".into()
+    }
+
+    /// The machine's /etc/systemd/logind.conf.d, as seen from outside.
+    pub fn logind_conf_dir(&self) -> PathBuf {
+        self.dir.join("root/etc/systemd/logind.conf.d")
+    }
+
+    /// busctl's answer about logind's manager: `get-property NAME` or `call METHOD [SIG ARGS]`.
+    pub fn try_busctl(&self, args: &[&str]) -> Result<String, String> {
+        let (verb, rest) = args.split_first().unwrap();
+        let out = Command::new("busctl")
+            .arg(format!("--address={}", self.bus_address()))
+            .arg(verb)
+            .args([
+                "org.freedesktop.login1",
+                "/org/freedesktop/login1",
+                "org.freedesktop.login1.Manager",
+            ])
+            .args(rest)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    pub fn busctl(&self, args: &[&str]) -> String {
+        self.try_busctl(args)
+            .unwrap_or_else(|e| panic!("busctl {args:?}: {e}\n{}", self.log()))
+    }
+
+    /// logind's InhibitDelayMaxSec now.
+    pub fn inhibit_delay_max(&self) -> Duration {
+        let v = self.busctl(&["get-property", "InhibitDelayMaxUSec"]);
+        Duration::from_micros(v.trim_start_matches("t ").parse().unwrap())
+    }
+
+    /// The inhibitor locks, as logind's ListInhibitors answers.
+    pub fn inhibitors(&self) -> String {
+        self.busctl(&["call", "ListInhibitors"])
+    }
+
+    /// Run `args` inside the machine (all its namespaces), as its root would.
+    pub fn run(&self, args: &[&str]) -> std::process::Output {
+        Command::new("nsenter")
+            .arg(format!("--target={}", self.leader))
+            .args(["--mount", "--uts", "--ipc", "--net", "--pid", "--"])
+            .args(args)
+            .output()
+            .expect("nsenter")
+    }
+
+    /// systemd-nspawn's exit once the machine has powered off, within `timeout`; `meanwhile`
+    /// runs between looks.
+    pub fn wait_powered_off(&mut self, timeout: Duration, meanwhile: impl Fn()) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            meanwhile();
+            if let Some(Ok(Some(st))) = self.nspawn.as_mut().map(|c| c.try_wait()) {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+
+    /// The machine's console and systemd-nspawn's errors, for failure messages.
+    pub fn log(&self) -> String {
+        let read = |n: &str| std::fs::read_to_string(self.dir.join(n)).unwrap_or_default();
+        format!(
+            "--- machine console ---\n{}--- systemd-nspawn ---\n{}",
+            super::tail(&read("console.log"), 40),
+            read("nspawn.err")
+        )
+    }
+}
+
+impl Drop for SystemdMachine {
+    fn drop(&mut self) {
+        // SIGTERM asks systemd-nspawn to power the machine off cleanly.
+        if let Some(c) = self.nspawn.as_mut() {
+            stop_child(c, Duration::from_secs(20));
+        }
+        for cg in &self.cgroups {
+            remove_cgroup_tree(cg);
+        }
+        let _ = nix::mount::umount2(&self.dir.join("root"), nix::mount::MntFlags::MNT_DETACH);
+        let _ = nix::mount::umount2(&self.dir.join("upper"), nix::mount::MntFlags::MNT_DETACH);
+        // What systemd-nspawn leaves of a machine on a /run that is no tmpfs: its directory,
+        // and its state directories once empty (another machine's keep them).
+        let nspawn = Path::new("/run/systemd/nspawn");
+        let _ = std::fs::remove_dir(nspawn.join("propagate").join(&self.name));
+        for d in ["propagate", "locks", ""] {
+            let _ = std::fs::remove_dir(nspawn.join(d));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// This process's cgroup in every mounted hierarchy (v1 controllers, named ones such as
+/// name=systemd, and cgroup2), as directories.
+fn own_cgroups() -> Vec<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mut out = Vec::new();
+    for line in own.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or("/"));
+        let mount = info.lines().find_map(|m| {
+            let (left, right) = m.split_once(" - ")?;
+            let mut r = right.split_whitespace();
+            let (fstype, _, opts) = (r.next()?, r.next(), r.next().unwrap_or(""));
+            let target = left.split_whitespace().nth(4)?;
+            let ours = match (fstype, controllers) {
+                ("cgroup2", "") => true,
+                ("cgroup", c) if !c.is_empty() => c.split(',').all(|c| opts.split(',').any(|o| o == c)),
+                _ => false,
+            };
+            ours.then(|| PathBuf::from(target))
+        });
+        if let Some(m) = mount {
+            out.push(m.join(path.trim_start_matches('/')));
+        }
+    }
+    out
+}
+
+/// Remove a cgroup and everything below it, deepest first.
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}

@@ -1,0 +1,181 @@
+//! Graceful node shutdown against real systemd and logind (tests/common/systemd.rs: Debian's
+//! systemd as PID 1 of a machine booted by systemd-nspawn; the agent outside talks to its
+//! system bus, from its pid namespace): the agent raises logind's InhibitDelayMaxSec to shutdownGracePeriod through
+//! its drop-in and holds a delay inhibitor lock; `systemctl poweroff` in the machine makes
+//! logind send PrepareForShutdown, and the agent refuses new pods, reports the node not
+//! Ready, stops the ordinary pods, then the critical ones, each Failed with kubelet's reason,
+//! message and DisruptionTarget condition, and releases its lock; then the machine powers
+//! off.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::systemd::SystemdMachine;
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+
+const T: Duration = Duration::from_secs(60);
+
+/// The node's condition `kind` (status, message), as the agent reports it standalone.
+fn node_condition(a: &Agent, kind: &str) -> (String, String) {
+    let (code, body) = a.get("/ferrolet/node").expect("/ferrolet/node");
+    assert_eq!(code, 200);
+    let n: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let c = n["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == kind)
+        .cloned()
+        .unwrap_or_default();
+    (
+        c["status"].as_str().unwrap_or_default().to_string(),
+        c["message"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+fn wait(what: &str, a: &Agent, machine: &SystemdMachine, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + T;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n--- agent log ---\n{}\n{}",
+            tail(&a.agent_log(), 60),
+            machine.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn stopped_for_shutdown(p: &Pod) -> bool {
+    let st = p.status.as_ref().unwrap();
+    let ended = try_container_status(p, "main")
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.terminated.is_some());
+    ended
+        && st.phase.as_deref() == Some("Failed")
+        && st.reason.as_deref() == Some("Terminated")
+        && st.message.as_deref() == Some("Pod was terminated in response to imminent node shutdown.")
+        && st.conditions.iter().flatten().any(|c| {
+            c.type_ == "DisruptionTarget" && c.status == "True" && c.reason.as_deref() == Some("TerminationByKubelet")
+        })
+}
+
+fn finished_at(p: &Pod) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    container_status(p, "main")
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.finished_at.clone())
+        .expect("the container's end")
+}
+
+#[test]
+fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
+    let dir = std::env::temp_dir().join(format!("ferrolet-it-machine-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut machine = SystemdMachine::boot(&dir, &format!("ferrolet-it-machine-{}", std::process::id()));
+    assert_eq!(machine.inhibit_delay_max(), Duration::from_secs(5), "logind's default");
+    // In the machine's pid namespace, as a node agent is in its host's: logind knows the
+    // holders of its locks by their pids.
+    let a = Agent::start_in_pid_namespace_of(
+        "shutdown",
+        machine.leader(),
+        &format!(
+            "shutdownGracePeriod: 20s\nshutdownGracePeriodCriticalPods: 8s\nferrolet:\n  logindConfDir: {}\n",
+            machine.logind_conf_dir().display()
+        ),
+        vec![(
+            "DBUS_SYSTEM_BUS_ADDRESS".into(),
+            machine.bus_address_in_its_pid_namespace(),
+        )],
+    );
+    // The ordinary pod takes 6 s to stop (of the 12 its group has); the critical one stops
+    // at once, and only after it.
+    a.write(
+        "ordinary.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: ordinary}}\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, 'trap \"sleep 6; exit 0\" TERM; while true; do sleep 0.2; done']\n"
+        ),
+    );
+    a.write(
+        "critical.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: critical}}\nspec:\n  priority: 2000001000\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 0.2; done']\n"
+        ),
+    );
+    a.wait_phase("ordinary", "Running", T);
+    a.wait_phase("critical", "Running", T);
+
+    // The lock, and the delay raised to the whole period through the drop-in.
+    wait("the agent's inhibitor lock", &a, &machine, || {
+        let l = machine.inhibitors();
+        l.contains("\"shutdown\" \"ferrolet\"") && l.contains("\"delay\"")
+    });
+    assert_eq!(machine.inhibit_delay_max(), Duration::from_secs(20));
+    let drop_in = std::fs::read_to_string(machine.logind_conf_dir().join("99-ferrolet.conf")).unwrap();
+    assert!(drop_in.contains("[Login]\nInhibitDelayMaxSec=20\n"), "{drop_in}");
+    assert_eq!(node_condition(&a, "Ready").0, "True");
+
+    let out = machine.run(&["systemctl", "poweroff"]);
+    assert!(out.status.success(), "systemctl poweroff: {out:?}");
+    wait("the node not Ready while it shuts down", &a, &machine, || {
+        node_condition(&a, "Ready") == ("False".into(), "node is shutting down".into())
+    });
+    // A pod that comes meanwhile is refused.
+    a.write("late.yaml", &pod_yaml("late", "Always", "sleep 3600"));
+    let late = a.wait_for("late", "refused", T, |p| phase_of(Some(p)) == Some("Failed"));
+    let st = late.status.as_ref().unwrap();
+    assert_eq!(st.reason.as_deref(), Some("NodeShutdown"));
+    assert_eq!(
+        st.message.as_deref(),
+        Some("Pod was rejected: Pod was rejected as the node is shutting down.")
+    );
+    // The machine waits for the pods meanwhile.
+    assert!(
+        machine.wait_powered_off(Duration::from_secs(2), || {}).is_none(),
+        "the machine did not wait"
+    );
+
+    let ordinary = a.wait_for("ordinary", "stopped for the shutdown", T, stopped_for_shutdown);
+    let critical = a.wait_for("critical", "stopped for the shutdown", T, stopped_for_shutdown);
+    let (o, c) = (finished_at(&ordinary), finished_at(&critical));
+    assert!(
+        o.0 <= c.0,
+        "the critical pod stopped ({c:?}) before the ordinary one ({o:?})"
+    );
+    assert_eq!(
+        container_status(&ordinary, "main")
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code),
+        Some(0),
+        "the ordinary pod had its grace period (its TERM trap ran to the end)"
+    );
+    let log = a.agent_log();
+    let order: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("node shutdown manager: stopping pod"))
+        .collect();
+    assert!(
+        order.len() == 2 && order[0].contains("ordinary") && order[1].contains("critical"),
+        "{order:#?}"
+    );
+    assert!(
+        order[0].contains("grace=12s") && order[1].contains("grace=8s"),
+        "each pod gets its group's period: {order:#?}"
+    );
+    assert!(log.contains("Shutdown manager detected shutdown event"));
+
+    // The lock let go, the shutdown goes on: the machine powers off (its agent with it).
+    let st = machine.wait_powered_off(T, || a.continue_launcher());
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "the machine did not power off: {st:?}\n{}",
+        machine.log()
+    );
+    drop(a);
+    drop(machine);
+}
