@@ -590,7 +590,7 @@ fn start_duties(
         cfg.clone(),
         stats.clone(),
         pods.clone(),
-        eviction_through(ev_tx.clone()),
+        kills_through(ev_tx.clone()),
         events.clone(),
         crate::eviction::Reclaim {
             containers: container_gc,
@@ -602,7 +602,7 @@ fn start_duties(
     crate::nodeshutdown::Manager::new(
         cfg.clone(),
         pods.clone(),
-        eviction_through(ev_tx.clone()),
+        kills_through(ev_tx.clone()),
         events.clone(),
         managers.shutdown.clone(),
     )
@@ -655,15 +655,15 @@ async fn wait_for_signal() -> Result<()> {
     Ok(())
 }
 
-/// How the eviction manager's requests reach the pod workers: through the main loop, as
-/// kubelet's killPodNow.
-fn eviction_through(events: mpsc::UnboundedSender<Event>) -> crate::eviction::RequestFn {
+/// How the eviction and node shutdown managers' requests reach the pod workers: through the
+/// main loop, as kubelet's killPodNow.
+fn kills_through(events: mpsc::UnboundedSender<Event>) -> crate::eviction::RequestFn {
     Arc::new(move |r: crate::eviction::Request| {
         let k = match r {
             crate::eviction::Request::Kill(k) => k,
             crate::eviction::Request::Rerun(uid) => {
                 if events.send(Event::Rerun(uid.clone())).is_err() {
-                    warn!(pod = %uid, "eviction: the main loop is gone; the pod is not run again");
+                    warn!(pod = %uid, "the main loop is gone; the pod is not run again");
                 }
                 return;
             }
@@ -676,7 +676,7 @@ fn eviction_through(events: mpsc::UnboundedSender<Event>) -> crate::eviction::Re
             done: k.done,
         };
         if events.send(Event::Kill(k.uid.clone(), kill)).is_err() {
-            warn!(pod = %k.uid, "eviction: the main loop is gone; the pod is not killed");
+            warn!(pod = %k.uid, "the main loop is gone; the pod is not killed");
         }
     })
 }

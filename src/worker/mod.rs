@@ -88,8 +88,7 @@ impl Managers {
 pub trait WorkerHost: Send + Sync + 'static {
     fn pods(&self) -> &PodManager;
     /// kubelet's admit handlers in order (eviction, sysctls, resources and predicates, node
-    /// shutdown), with
-    /// the pods admitted and still active.
+    /// shutdown), with the pods admitted and still active.
     fn admit(&self, p: &Pod, active: &[Arc<Pod>]) -> Result<(), Rejection>;
     /// A refused pod: its Warning event and its Failed status.
     fn refused(&self, p: &Arc<Pod>, r: &Rejection);
