@@ -605,6 +605,7 @@ fn start_duties(
         kills_through(ev_tx.clone()),
         events.clone(),
         managers.shutdown.clone(),
+        managers.node_api.as_ref().map(|n| n.sync_now()),
     )
     .start();
     Ok(stats)

@@ -47,9 +47,19 @@ pub struct NodeHandle {
     registered: watch::Receiver<Option<Node>>,
     /// Where each version the watch delivers is kept, for a start without the API server.
     checkpoint: Arc<Checkpoint>,
+    /// Wakes the status loop for a round now.
+    sync_now: Arc<tokio::sync::Notify>,
 }
 
 impl NodeHandle {
+    /// Have the status loop look at the node now rather than at its next period (kubelet's
+    /// syncNodeStatus from the node shutdown manager): a change of readiness reaches the API
+    /// server at once.
+    pub fn sync_now(&self) -> Arc<dyn Fn() + Send + Sync> {
+        let n = self.sync_now.clone();
+        Arc::new(move || n.notify_one())
+    }
+
     /// The Node as the API server last had it (registered by this agent, or found and watched:
     /// labels and taints added later are here), if it exists yet.
     pub fn node(&self) -> Option<Node> {
@@ -140,8 +150,10 @@ pub async fn start(
         ready_posted: false,
         failing: None,
     }));
+    let sync_now = Arc::new(tokio::sync::Notify::new());
+    let wake = sync_now.clone();
     spawn_loop("node status", Duration::from_secs(1), move || {
-        let s = status_loop.clone();
+        let (s, wake) = (status_loop.clone(), wake.clone());
         async move {
             let mut s = s.lock().await;
             s.round().await;
@@ -152,7 +164,10 @@ pub async fn start(
                 Duration::from_secs(1).min(every)
             };
             drop(s);
-            tokio::time::sleep(pause).await;
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = wake.notified() => {}
+            }
             true
         }
     });
@@ -176,6 +191,7 @@ pub async fn start(
         name: info.name,
         registered,
         checkpoint,
+        sync_now,
     })
 }
 

@@ -35,12 +35,16 @@ pub const MESSAGE: &str = "Pod was terminated in response to imminent node shutd
 /// How long after losing logind the manager connects again (kubelet's dbusReconnectPeriod).
 const RECONNECT: Duration = Duration::from_secs(1);
 
+/// Has the Node's status written now (in a cluster), not at its next period.
+pub type SyncNodeStatus = Arc<dyn Fn() + Send + Sync>;
+
 pub struct Manager {
     cfg: Arc<Config>,
     pods: Arc<PodManager>,
     kill: RequestFn,
     events: Recorder,
     state: NodeShutdown,
+    sync_node_status: Option<SyncNodeStatus>,
 }
 
 impl Manager {
@@ -50,6 +54,7 @@ impl Manager {
         kill: RequestFn,
         events: Recorder,
         state: NodeShutdown,
+        sync_node_status: Option<SyncNodeStatus>,
     ) -> Manager {
         Manager {
             cfg,
@@ -57,6 +62,15 @@ impl Manager {
             kill,
             events,
             state,
+            sync_node_status,
+        }
+    }
+
+    /// The node's readiness changed: write its status now, as kubelet does.
+    fn set_shutting_down(&self, shutting_down: bool) {
+        self.state.set(shutting_down);
+        if let Some(sync) = &self.sync_node_status {
+            sync();
         }
     }
 
@@ -125,7 +139,7 @@ impl Manager {
                     REASON_NODE_SHUTDOWN,
                     "Shutdown manager detected shutdown event",
                 );
-                self.state.set(true);
+                self.set_shutting_down(true);
                 self.stop_pods(groups).await;
                 drop(lock.take());
                 info!("node shutdown manager: the pods are stopped; the shutdown goes on");
@@ -135,7 +149,7 @@ impl Manager {
                     REASON_NODE_SHUTDOWN,
                     "Shutdown manager detected shutdown cancellation",
                 );
-                self.state.set(false);
+                self.set_shutting_down(false);
                 if lock.is_none() {
                     lock = Some(logind.inhibit_shutdown().await?);
                 }
