@@ -301,30 +301,8 @@ impl Agent {
             .arg(&self.root);
         if self.own_cgroup {
             // The child moves itself into the nested root in every hierarchy before exec.
-            let procs: Vec<std::ffi::CString> = Cgroups::detect()
-                .unwrap()
-                .all_dirs(self.cgroup.path())
-                .into_iter()
-                .map(|d| std::ffi::CString::new(d.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap())
-                .collect();
-            use std::os::unix::process::CommandExt;
-            // SAFETY: only open/write/close between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    for p in &procs {
-                        let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                        if fd < 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                        let r = libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1);
-                        libc::close(fd);
-                        if r < 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    }
-                    Ok(())
-                });
-            }
+            let dirs = Cgroups::detect().unwrap().all_dirs(self.cgroup.path());
+            move_into_cgroups_before_exec(&mut cmd, &dirs);
         } else {
             cmd.arg("--cgroup-root").arg(self.cgroup.path());
         }
@@ -847,6 +825,33 @@ pub fn stop_child(c: &mut Child, grace: Duration) {
     }
     c.kill().ok();
     c.wait().ok();
+}
+
+/// Have `cmd`'s child move itself into the cgroup directories `dirs` (one a hierarchy)
+/// between fork and exec, so that it and everything it starts live there from the start.
+pub fn move_into_cgroups_before_exec(cmd: &mut Command, dirs: &[PathBuf]) {
+    let procs: Vec<std::ffi::CString> = dirs
+        .iter()
+        .map(|d| std::ffi::CString::new(d.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap())
+        .collect();
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only open/write/close between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for p in &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let r = libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1);
+                libc::close(fd);
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
 }
 
 /// A libtest-mimic trial of a test function that panics on failure: the panic's message is

@@ -67,41 +67,19 @@ impl SystemdMachine {
             nspawn: None,
             leader: 0,
         };
-        let procs: Vec<std::ffi::CString> = me
-            .cgroups
-            .iter()
-            .map(|d| {
-                std::fs::create_dir_all(d).unwrap();
-                // A v1 cpuset takes no process before it has cpus and memory nodes.
-                for f in ["cpuset.cpus", "cpuset.mems"] {
-                    if std::fs::read_to_string(d.join(f)).is_ok_and(|v| v.trim().is_empty()) {
-                        let parent = std::fs::read_to_string(d.parent().unwrap().join(f)).unwrap();
-                        std::fs::write(d.join(f), parent.trim()).unwrap();
-                    }
+        for d in &me.cgroups {
+            std::fs::create_dir_all(d).unwrap();
+            // A v1 cpuset takes no process before it has cpus and memory nodes.
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                if std::fs::read_to_string(d.join(f)).is_ok_and(|v| v.trim().is_empty()) {
+                    let parent = std::fs::read_to_string(d.parent().unwrap().join(f)).unwrap();
+                    std::fs::write(d.join(f), parent.trim()).unwrap();
                 }
-                std::ffi::CString::new(d.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap()
-            })
-            .collect();
+            }
+        }
         let log = |n: &str| std::fs::File::create(dir.join(n)).unwrap();
         let mut cmd = Command::new(NSPAWN);
-        use std::os::unix::process::CommandExt;
-        // SAFETY: only open/write/close between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                for p in &procs {
-                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let r = libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1);
-                    libc::close(fd);
-                    if r < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        super::move_into_cgroups_before_exec(&mut cmd, &me.cgroups);
         let child = cmd
             .args(["--quiet", "--register=no", "--keep-unit", "--private-network"])
             .arg(format!("--machine={name}"))
