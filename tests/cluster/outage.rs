@@ -87,6 +87,16 @@ stringData: {pw: s3cret}
         c.get_json(&["node", &name]).is_some()
     });
     c.kubectl_ok(&["label", "node", &name, "offline-test=placed"]);
+    // A static pod: its mirror pod is deleted just before the server goes away, and must be
+    // made again once it is back.
+    node.write(
+        "static.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: offline-static, namespace: default}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: app, image: {IMAGE}, command: [sleep, '3600']}}\n"
+        ),
+    );
+    let mirror_name = format!("offline-static-{name}");
+    let mirror = |c: &crate::common::cluster::Cluster| c.get_json(&["pod", &mirror_name]);
     let mut names: Vec<String> = (0..OFFLINE_PODS).map(|i| format!("offline-{i}")).collect();
     names.push("offline-deleted".into());
     for (i, pod) in names.iter().enumerate() {
@@ -176,8 +186,13 @@ spec:
         })
         .collect();
     // The power goes while the API server is away; meanwhile a pod is deleted for good.
+    c.wait("the static pod's mirror", Duration::from_secs(60), || {
+        mirror(c).is_some_and(|p| p["status"]["phase"] == "Running")
+    });
+    let first_mirror = mirror(c).unwrap()["metadata"]["uid"].clone();
     node.kill9();
     c.kubectl_ok(&["delete", "pod", "offline-deleted", "--grace-period=0", "--force"]);
+    c.kubectl_ok(&["delete", "pod", &mirror_name, "--grace-period=0", "--force"]);
     let stopped = c.stop_apiserver();
     node.simulate_power_cut();
     let boot = Instant::now();
@@ -274,6 +289,12 @@ spec:
     }
     let (_, health) = node.get("/healthz?verbose").unwrap();
     assert!(String::from_utf8_lossy(&health).contains("[+]apiserver-view fresh"));
+    // The static pod ran through the outage from its manifest; its mirror is made again.
+    c.wait("the static pod's mirror made again", Duration::from_secs(60), || {
+        mirror(c).is_some_and(|p| p["metadata"]["uid"] != first_mirror && p["status"]["phase"] == "Running")
+    });
+    node.remove("static.yaml");
+    c.wait("the mirror pod to go", Duration::from_secs(60), || mirror(c).is_none());
     // What happened during the outage reaches the API server once it is back.
     c.wait("the outage's events to be posted", Duration::from_secs(60), || {
         let out = c.kubectl_ok(&[
