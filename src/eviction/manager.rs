@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::events::{Kind, Recorder};
 use crate::images::gc::ImageGc;
 use crate::kuberuntime::gc::ContainerGc;
-use crate::pod::{self, manager::PodManager, Phase};
+use crate::pod::{self, manager::PodManager};
 use crate::stats::{Snapshot, Stats};
 use crate::tasks::blocking;
 
@@ -219,7 +219,7 @@ impl Manager {
         self.evicted.retain(|u| present.contains(u));
         entries
             .into_iter()
-            .filter(|e| !e.terminating && !Phase::of(&e.status).is_some_and(Phase::is_terminal))
+            .filter(|e| e.is_active())
             .filter(|e| !self.evicted.contains(pod::uid(&e.pod)))
             .map(|e| Candidate {
                 stats: by_uid.get(pod::uid(&e.pod)).map(|s| (*s).clone()),

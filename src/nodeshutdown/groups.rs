@@ -10,8 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::config::shutdown::{PriorityGrace, ShutdownConfig};
 
-/// kubelet's scheduling.SystemCriticalPriority: the critical group starts here.
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+use crate::eviction::rank::{priority, SYSTEM_CRITICAL_PRIORITY};
 
 /// The priority groups, lowest priority (stopped first) first; empty when graceful shutdown
 /// is off. From the two periods: everything below system-critical gets the period less the
@@ -71,8 +70,8 @@ pub fn group_by_priority(groups: &[PriorityGrace], pods: Vec<Arc<Pod>>) -> Vec<G
         return out;
     }
     for p in pods {
-        let priority = crate::pod::spec(&p).priority.unwrap_or(0);
-        let i = out.iter().rposition(|g| g.grace.priority <= priority).unwrap_or(0);
+        let own = priority(&p);
+        let i = out.iter().rposition(|g| g.grace.priority <= own).unwrap_or(0);
         out[i].pods.push(p);
     }
     out

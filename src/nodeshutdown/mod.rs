@@ -25,8 +25,8 @@ use crate::config::Config;
 use crate::events::{Kind, Recorder};
 use crate::eviction::{Kill, Request, RequestFn};
 use crate::lifecycle::admit::{NodeShutdown, REASON_NODE_SHUTDOWN};
+use crate::pod;
 use crate::pod::manager::PodManager;
-use crate::pod::{self, Phase};
 
 /// kubelet's reason and message of a pod stopped for the node's shutdown.
 pub const REASON: &str = "Terminated";
@@ -166,7 +166,7 @@ impl Manager {
             .pods
             .entries()
             .into_iter()
-            .filter(|e| !e.terminating && !Phase::of(&e.status).is_some_and(Phase::is_terminal))
+            .filter(|e| e.is_active())
             .map(|e| e.pod)
             .collect();
         for group in groups::group_by_priority(groups, active) {

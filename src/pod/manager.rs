@@ -15,6 +15,13 @@ pub struct PodEntry {
     pub terminating: bool,
 }
 
+impl PodEntry {
+    /// Neither stopping nor finished: a pod the node may still stop (kubelet's active pods).
+    pub fn is_active(&self) -> bool {
+        !self.terminating && !super::Phase::of(&self.status).is_some_and(super::Phase::is_terminal)
+    }
+}
+
 #[derive(Default)]
 pub struct PodManager {
     pods: RwLock<BTreeMap<String, PodEntry>>,
