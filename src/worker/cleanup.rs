@@ -10,7 +10,7 @@ use ferrolet_runtime::Runtime;
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
-use super::pod_worker::Lifecycle;
+use super::lifecycle::Lifecycle;
 use super::{Managers, PodWorkers};
 use crate::kuberuntime::labels::LABEL_POD_UID;
 use crate::pod;

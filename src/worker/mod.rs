@@ -2,13 +2,14 @@
 //! every change of that pod goes in order. [`PodWorkers`] takes the operations of the pod
 //! config, admits new pods, starts, updates and terminates workers, holds back a pod while
 //! another of the same name (or the same UID) is still terminating, and cleans up pods the
-//! node still has but no source wants ([`cleanup`]). Each worker ([`pod_worker`]) walks its
-//! pod through kubelet's lifecycle: syncing ([`sync`]), terminating, terminated
-//! ([`terminate`]); [`plan`] decides what a sync does, [`crate::backoff`] when a crashed
+//! node still has but no source wants ([`cleanup`]). Each worker ([`lifecycle`], over the
+//! node's syncer [`pod_worker`]) walks its pod through kubelet's lifecycle: syncing
+//! ([`sync`]), terminating, terminated ([`terminate`]); [`plan`] decides what a sync does, [`crate::backoff`] when a crashed
 //! container may run again.
 
 pub mod cleanup;
 mod killed;
+mod lifecycle;
 pub mod plan;
 mod pod_worker;
 mod sync;
@@ -33,8 +34,8 @@ use crate::podconfig::PodOp;
 use crate::podsetup::PodSetup;
 use crate::status::StatusManager;
 use crate::tasks::Liveness;
+pub use lifecycle::{Lifecycle, Msg};
 use pod_worker::PodWorker;
-pub use pod_worker::{Lifecycle, Msg};
 
 /// The node-wide managers every pod worker uses (kubelet keeps them on its Kubelet struct).
 pub struct Managers {

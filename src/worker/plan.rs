@@ -308,7 +308,7 @@ pub fn plan(input: &PlanInput) -> Plan {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use ferrolet_runtime::ExitRecord;
 
@@ -316,7 +316,7 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn view(name: &str, attempt: u32, state: ViewState) -> ContainerView {
+    pub(in crate::worker) fn view(name: &str, attempt: u32, state: ViewState) -> ContainerView {
         ContainerView {
             id: format!("{name}-{attempt}"),
             name: name.into(),
@@ -334,7 +334,7 @@ mod tests {
         }
     }
 
-    fn exited(code: i32) -> ViewState {
+    pub(in crate::worker) fn exited(code: i32) -> ViewState {
         ViewState::Exited(ExitRecord {
             exit_code: code,
             signal: None,

@@ -1,7 +1,8 @@
-//! One pod's worker: a task that owns everything the agent knows about the pod on this node and
-//! walks it through kubelet's lifecycle ([`Lifecycle`]). Updates, container exits, probe results
-//! and back-off expiries wake it; between wakes it resyncs every syncFrequency. A panic in one
-//! round is logged and the round retried: the worker, and what it knows, survive it.
+//! One pod's worker: a task that owns everything the agent knows about the pod on this node. It
+//! is the node's [`PodSyncer`]: its sync functions run the pod on the runtime, and
+//! [`lifecycle::run`] walks it through kubelet's lifecycle ([`Lifecycle`]). Updates, container
+//! exits, probe results and back-off expiries wake it; between wakes it resyncs every
+//! syncFrequency.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -9,11 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
+use super::lifecycle::{self, Inbox, Lifecycle, Msg, PodSyncer, Round};
 use super::Managers;
 use crate::backoff::Backoff;
 use crate::kuberuntime::kill::{kill_container, MIN_GRACE};
@@ -26,34 +27,8 @@ use crate::podsetup::sandbox::Sandbox;
 use crate::probe::netns::PodTarget;
 use crate::prober::{self, ProbeEvent, Probes};
 use crate::status::{self, Killed, PersistedStatus, StatusManager};
-use crate::tasks::{panic_message, POD_WORKER};
+use crate::tasks::POD_WORKER;
 use crate::volumemanager::volumes::VolumeHost;
-
-/// Where a pod is in its life on the node (kubelet's pod worker states, each with its sync
-/// function: SyncPod, SyncTerminatingPod, SyncTerminatedPod).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lifecycle {
-    /// Wanted: converge what runs to the spec, again and again.
-    Syncing,
-    /// No longer wanted: stop the containers (preStop, grace period, sidecars last).
-    Terminating,
-    /// Nothing runs: remove containers, sandbox, network, volumes, cgroup and directories.
-    Terminated,
-}
-
-#[derive(Debug)]
-pub enum Msg {
-    /// A new version of the pod (same UID).
-    Update(Arc<Pod>),
-    /// The pod is no longer wanted: terminate it and clean up.
-    Terminate,
-    /// Something changed (a container exited): sync now.
-    Wake,
-    /// A probe's result changed.
-    Probe(ProbeEvent),
-    /// Stop the pod for good and leave it Failed.
-    Kill(super::KillPod),
-}
 
 /// The pod's runtime containers as this worker tracks them.
 #[derive(Default)]
@@ -102,38 +77,17 @@ pub(super) struct PodWorker {
     pub uid: String,
     pub pod: Arc<Pod>,
     pub pod_dir: PathBuf,
-    pub rx: mpsc::UnboundedReceiver<Msg>,
-    pub tx: mpsc::UnboundedSender<Msg>,
-    pub lifecycle: Lifecycle,
+    /// Its messages and where it is in its life.
+    pub inbox: Inbox,
     pub containers: Containers,
     /// Crash-loop back-off by container name and spec hash.
     pub restarts: Backoff,
     pub resources: Resources,
     pub report: Report,
     pub probes: Probes,
-    /// Delays between attempts to remove a terminated pod that did not fully go.
-    pub teardown_retry: RetryDelay,
-    /// What the next round is, for kubelet_pod_worker_duration_seconds: create (the first),
-    /// update (the pod changed) or sync (a resync, a probe, a container's exit).
-    pub round: &'static str,
     /// Containers of this round are still to be created: cgroup migrations kept warm.
     pub warm: Option<ferrolet_runtime::migration_warmer::WarmHold>,
 }
-
-/// Doubling delays from 1 s up to a minute.
-#[derive(Default)]
-pub(super) struct RetryDelay(u32);
-
-impl RetryDelay {
-    pub fn next_delay(&mut self) -> Duration {
-        let d = Duration::from_secs(1 << self.0.min(6)).min(Duration::from_secs(60));
-        self.0 += 1;
-        d
-    }
-}
-
-/// The first resync after a failure that needs a retry.
-pub(super) const RETRY: Duration = Duration::from_secs(5);
 
 impl PodWorker {
     /// Start the worker of `pod` in `lifecycle`, adopting `known` containers (found in the
@@ -144,7 +98,7 @@ impl PodWorker {
         known: Vec<String>,
         lifecycle: Lifecycle,
     ) -> mpsc::UnboundedSender<Msg> {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (inbox, tx) = Inbox::new(lifecycle);
         let uid = pod::uid(&pod).to_string();
         let pod_dir = m.pod_dir(&uid);
         let previous = StatusManager::load(&pod_dir);
@@ -179,109 +133,20 @@ impl PodWorker {
             uid,
             pod,
             pod_dir,
-            rx,
-            tx: tx.clone(),
-            lifecycle,
+            inbox,
             probes: Probes::default(),
-            teardown_retry: RetryDelay::default(),
-            round: "create",
             warm: None,
         };
         if let Some(seen) = pod::seen_at(&w.pod) {
             crate::metrics::global().pod_worker_started((Utc::now() - seen).to_std().unwrap_or_default());
         }
-        tokio::spawn(w.run());
+        tokio::spawn(lifecycle::run(w));
         tx
     }
 
-    /// The worker's loop. It lives as long as the pod, mostly waiting: the rounds are boxed, so
-    /// their (large) state exists only while one runs, not in every idle pod's task.
-    async fn run(mut self) {
-        // The status recorded before a reboot describes containers that are gone: the pod
-        // table waits for this boot's first status instead.
-        let shown = match &self.resources.sandbox {
-            Some(sb) if sb.boot_id != ferrolet_fsutil::boot_id() => None,
-            _ => self.report.last.clone(),
-        };
-        self.m.pods.upsert(&self.uid, self.pod.clone(), shown);
-        if self.lifecycle != Lifecycle::Syncing {
-            self.m.pods.set_terminating(&self.uid);
-        }
-        let duty = format!("{POD_WORKER}{}", pod::full_name(&self.pod));
-        loop {
-            self.m.liveness.busy(&duty, self.round_limit());
-            match self.lifecycle {
-                Lifecycle::Syncing => {
-                    let started = std::time::Instant::now();
-                    let wake = match std::panic::AssertUnwindSafe(Box::pin(self.sync_pod()))
-                        .catch_unwind()
-                        .await
-                    {
-                        Ok(wake) => wake,
-                        Err(p) => {
-                            error!(pod = %pod::full_name(&self.pod), "pod sync panicked: {}; retrying", panic_message(p));
-                            Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default())
-                        }
-                    };
-                    // Whatever the round created is created, a panicked round's included.
-                    self.warm = None;
-                    crate::metrics::global().pod_worker_round(self.round, started.elapsed());
-                    if self.round != "sync" {
-                        self.m.pods_settled.changed();
-                    }
-                    self.round = "sync";
-                    self.m.liveness.done(&duty);
-                    if !self.wait_for_work(wake).await {
-                        return;
-                    }
-                }
-                Lifecycle::Terminating => {
-                    let started = std::time::Instant::now();
-                    if let Err(p) = std::panic::AssertUnwindSafe(Box::pin(self.sync_terminating_pod()))
-                        .catch_unwind()
-                        .await
-                    {
-                        error!(pod = %pod::full_name(&self.pod), "stopping the pod panicked: {}; removing it", panic_message(p));
-                    }
-                    // Its last status: every container stopped.
-                    let views = self.views().await;
-                    Box::pin(self.publish_status(&views)).await;
-                    crate::metrics::global().pod_worker_round("kill", started.elapsed());
-                    self.m.pods_settled.changed();
-                    self.lifecycle = Lifecycle::Terminated;
-                }
-                Lifecycle::Terminated => {
-                    let removed = match std::panic::AssertUnwindSafe(Box::pin(self.sync_terminated_pod()))
-                        .catch_unwind()
-                        .await
-                    {
-                        Ok(removed) => removed,
-                        Err(p) => {
-                            error!(pod = %pod::full_name(&self.pod), "removing the pod panicked: {}", panic_message(p));
-                            false
-                        }
-                    };
-                    if removed {
-                        self.m.status.pod_removed(&self.pod);
-                        if let Some(mirrors) = &self.m.mirrors {
-                            if pod::is_static(&self.pod) {
-                                mirrors.forget(self.pod.clone());
-                            }
-                        }
-                        self.m.liveness.done(&duty);
-                        self.m.pods_settled.changed();
-                        return;
-                    }
-                    // Not gone yet: the pod stays (terminating) and the removal is retried.
-                    self.m.liveness.done(&duty);
-                    let delay = self.teardown_retry.next_delay();
-                    warn!(pod = %pod::full_name(&self.pod), retry_in = ?delay, "the pod is not fully removed; retrying");
-                    if !self.sleep_ignoring_updates(delay).await {
-                        return;
-                    }
-                }
-            }
-        }
+    /// The worker's name among /healthz's duties.
+    pub(super) fn duty(&self) -> String {
+        format!("{POD_WORKER}{}", pod::full_name(&self.pod))
     }
 
     /// How long one round may take before /healthz calls the worker stuck: every runtime call
@@ -290,57 +155,27 @@ impl PodWorker {
     pub(super) fn round_limit(&self) -> Duration {
         let timeout = self.m.cfg.runtime_request_timeout;
         let calls = pod::all_containers(&self.pod).count() as u32 + 2;
-        let grace = match self.lifecycle {
+        let grace = match self.inbox.lifecycle {
             Lifecycle::Syncing => Duration::ZERO,
             _ => Duration::from_secs(pod::grace_period(&self.pod) as u64),
         };
         timeout.saturating_mul(calls).saturating_add(grace)
     }
 
-    /// Sleep `d` while the pod is being removed: updates no longer matter, probe results are
-    /// dropped. False when the channel is gone.
-    async fn sleep_ignoring_updates(&mut self, d: Duration) -> bool {
-        let until = crate::tasks::after(tokio::time::Instant::now(), d);
-        loop {
-            tokio::select! {
-                m = self.rx.recv() => if m.is_none() { return false },
-                _ = tokio::time::sleep_until(until) => return true,
-            }
-        }
+    /// Take a message that came while a round waits on something long.
+    pub(super) fn take(&mut self, m: Msg) {
+        self.inbox.note(&m);
+        self.apply(m);
     }
 
-    /// Sleep until a message comes, `wake` passes, or the resync period is over. Applies every
-    /// message queued meanwhile (they coalesce into one sync). False when the channel is gone.
-    async fn wait_for_work(&mut self, wake: Option<DateTime<Utc>>) -> bool {
-        let mut delay = self.m.cfg.sync_frequency;
-        if let Some(w) = wake {
-            let d = (w - Utc::now()).to_std().unwrap_or(Duration::ZERO) + Duration::from_millis(50);
-            delay = delay.min(d);
-        }
-        tokio::select! {
-            m = self.rx.recv() => match m {
-                None => return false,
-                Some(m) => self.handle(m),
-            },
-            _ = tokio::time::sleep(delay) => {}
-        }
-        while let Ok(m) = self.rx.try_recv() {
-            self.handle(m);
-        }
-        true
-    }
-
-    pub(super) fn handle(&mut self, m: Msg) {
+    /// Apply one message; its part in the lifecycle is [`Inbox::note`]'s.
+    fn apply(&mut self, m: Msg) {
         match m {
             Msg::Update(p) => {
                 self.pod = p;
-                if self.round == "sync" {
-                    self.round = "update";
-                }
                 self.m.pods.upsert(&self.uid, self.pod.clone(), None);
             }
             Msg::Terminate => {
-                self.lifecycle = Lifecycle::Terminating;
                 self.m.pods.set_terminating(&self.uid);
             }
             Msg::Wake => {}
@@ -472,7 +307,7 @@ impl PodWorker {
         if !self.containers.watched.insert(id.to_string()) {
             return;
         }
-        let (rt, tx, id) = (self.m.rt.clone(), self.tx.clone(), id.to_string());
+        let (rt, tx, id) = (self.m.rt.clone(), self.inbox.tx.clone(), id.to_string());
         tokio::spawn(async move {
             let _ = rt.wait(&id).await;
             let _ = tx.send(Msg::Wake);
@@ -489,7 +324,7 @@ impl PodWorker {
     /// Start and stop probe tasks to match the running containers; returns them.
     pub fn sync_probes(&mut self, views: &PodContainers) -> Vec<prober::Target> {
         let targets = self.probe_targets(views);
-        let tx = self.tx.clone();
+        let tx = self.inbox.tx.clone();
         let target = self.target();
         self.probes.sync(&self.m.rt, &self.pod, &target, &targets, move |ev| {
             let _ = tx.send(Msg::Probe(ev));
@@ -619,14 +454,76 @@ impl PodWorker {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl PodSyncer for PodWorker {
+    fn inbox(&mut self) -> &mut Inbox {
+        &mut self.inbox
+    }
 
-    #[test]
-    fn removal_retries_double_from_a_second_to_a_minute() {
-        let mut d = RetryDelay::default();
-        let secs: Vec<u64> = (0..9).map(|_| d.next_delay().as_secs()).collect();
-        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    fn name(&self) -> String {
+        pod::full_name(&self.pod)
+    }
+
+    fn sync_frequency(&self) -> Duration {
+        self.m.cfg.sync_frequency
+    }
+
+    fn handle(&mut self, m: Msg) {
+        self.apply(m);
+    }
+
+    fn begin(&mut self) {
+        // The status recorded before a reboot describes containers that are gone: the pod
+        // table waits for this boot's first status instead.
+        let shown = match &self.resources.sandbox {
+            Some(sb) if sb.boot_id != ferrolet_fsutil::boot_id() => None,
+            _ => self.report.last.clone(),
+        };
+        self.m.pods.upsert(&self.uid, self.pod.clone(), shown);
+        if self.inbox.lifecycle != Lifecycle::Syncing {
+            self.m.pods.set_terminating(&self.uid);
+        }
+    }
+
+    fn sync_pod(&mut self) -> impl std::future::Future<Output = Option<DateTime<Utc>>> + Send {
+        PodWorker::sync_pod(self)
+    }
+
+    fn sync_terminating_pod(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        PodWorker::sync_terminating_pod(self)
+    }
+
+    async fn publish_stopped(&mut self) {
+        // Its last status: every container stopped.
+        let views = self.views().await;
+        self.publish_status(&views).await;
+    }
+
+    fn sync_terminated_pod(&mut self) -> impl std::future::Future<Output = bool> + Send {
+        PodWorker::sync_terminated_pod(self)
+    }
+
+    fn round_begins(&mut self) {
+        self.m.liveness.busy(&self.duty(), self.round_limit());
+    }
+
+    fn round_ended(&mut self, round: Round, took: Duration) {
+        // Whatever the round created is created, a panicked round's included.
+        self.warm = None;
+        if round != Round::Remove {
+            crate::metrics::global().pod_worker_round(round.as_str(), took);
+        }
+        if round != Round::Sync {
+            self.m.pods_settled.changed();
+        }
+        self.m.liveness.done(&self.duty());
+    }
+
+    fn removed(&mut self) {
+        self.m.status.pod_removed(&self.pod);
+        if let Some(mirrors) = &self.m.mirrors {
+            if pod::is_static(&self.pod) {
+                mirrors.forget(self.pod.clone());
+            }
+        }
     }
 }

@@ -9,8 +9,9 @@ use chrono::{DateTime, Utc};
 use ferrolet_runtime::digest::Digest;
 use tracing::warn;
 
+use super::lifecycle::{Lifecycle, RETRY};
 use super::plan::{self, Plan, PlanInput, Start};
-use super::pod_worker::{Lifecycle, PodWorker, RETRY};
+use super::pod_worker::PodWorker;
 use crate::kuberuntime::container::BuildInput;
 use crate::kuberuntime::kill::MIN_GRACE;
 use crate::kuberuntime::labels::{self, ContainerKind};
@@ -290,9 +291,9 @@ impl PodWorker {
         loop {
             tokio::select! {
                 r = &mut pull => return r,
-                msg = self.rx.recv() => match msg {
+                msg = self.inbox.rx.recv() => match msg {
                     Some(msg) => {
-                        self.handle(msg);
+                        self.take(msg);
                         if self.stopping() {
                             return Err(Waiting::new(
                                 reasons::CONTAINER_CREATING,
@@ -317,7 +318,7 @@ impl PodWorker {
 
     /// The pod is to stop: removed, or killed for good.
     fn stopping(&self) -> bool {
-        self.lifecycle != Lifecycle::Syncing || self.report.killed.is_some()
+        self.inbox.lifecycle != Lifecycle::Syncing || self.report.killed.is_some()
     }
 
     /// Create, start and hook one container (kubelet's startContainer), keeping track of what
@@ -336,7 +337,7 @@ impl PodWorker {
         // The image first, as kubelet's startContainer. A pull may take long (it has its own
         // progress timeout): /healthz must not call the worker stuck meanwhile, so the round's
         // clock stops during it and starts again after.
-        let duty = format!("{}{}", crate::tasks::POD_WORKER, pod::full_name(&self.pod));
+        let duty = self.duty();
         m.liveness.done(&duty);
         let image = self.pull_unless_stopped(&c).await;
         m.liveness.busy(&duty, self.round_limit());

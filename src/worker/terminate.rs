@@ -7,14 +7,35 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
-use super::pod_worker::{Msg, PodWorker};
+use super::lifecycle::Msg;
+use super::pod_worker::PodWorker;
 use crate::kuberuntime::container::pod_log_dir;
 use crate::kuberuntime::kill::{kill_container, MIN_POD_GRACE};
+use crate::kuberuntime::views::{ContainerView, PodContainers};
 use crate::pod::{self};
 use crate::prober;
 use crate::tasks::blocking;
+
+/// kubelet's order of stopping a pod: the app containers (and any running regular init
+/// container) first, all at once; then the running sidecars one by one, the last declared
+/// first.
+pub(super) fn termination_order(p: &Pod, views: &PodContainers) -> (Vec<ContainerView>, Vec<ContainerView>) {
+    let first = views
+        .all()
+        .filter(|v| v.is_active() && !pod::is_sidecar_name(p, &v.name))
+        .cloned()
+        .collect();
+    let sidecars = pod::init_containers(p)
+        .iter()
+        .rev()
+        .filter(|c| pod::is_sidecar(c))
+        .filter_map(|c| views.latest(&c.name).filter(|v| v.is_running()).cloned())
+        .collect();
+    (first, sidecars)
+}
 
 impl PodWorker {
     pub(super) async fn sync_terminating_pod(&mut self) {
@@ -34,18 +55,13 @@ impl PodWorker {
         let name = pod::full_name(&self.pod);
         self.probes.stop_kinds(&[prober::Kind::Liveness, prober::Kind::Startup]);
         let views = self.views().await;
-        // App containers (and any running regular init container) first, all at once...
-        let first: Vec<_> = views
-            .all()
-            .filter(|v| v.is_active() && !pod::is_sidecar_name(&self.pod, &v.name))
-            .map(|v| self.kill_one(v.clone(), grace, MIN_POD_GRACE))
+        let (first, sidecars) = termination_order(&self.pod, &views);
+        let first: Vec<_> = first
+            .into_iter()
+            .map(|v| self.kill_one(v, grace, MIN_POD_GRACE))
             .collect();
-        // ...then sidecars in reverse order with what is left of the grace period.
-        let sidecars: Vec<_> = pod::init_containers(&self.pod)
-            .iter()
-            .rev()
-            .filter(|c| pod::is_sidecar(c))
-            .filter_map(|c| views.latest(&c.name).filter(|v| v.is_running()).cloned())
+        let sidecars: Vec<_> = sidecars
+            .into_iter()
             .map(|v| {
                 let spec = pod::container(&self.pod, &v.name).cloned();
                 (v, spec)
@@ -77,7 +93,7 @@ impl PodWorker {
         loop {
             tokio::select! {
                 _ = &mut stopping => break,
-                m = self.rx.recv() => match m {
+                m = self.inbox.rx.recv() => match m {
                     Some(Msg::Probe(ev)) => {
                         let reason = self.probe_kill_message(&ev);
                         self.probes.apply(&ev, reason);
@@ -86,7 +102,7 @@ impl PodWorker {
                     }
                     // An update, a removal or a kill waits its turn: applied now, acted on
                     // once the containers are stopped.
-                    Some(m) => self.handle(m),
+                    Some(m) => self.take(m),
                     None => {}
                 },
             }
@@ -135,5 +151,40 @@ impl PodWorker {
         self.m.pods.remove(&self.uid);
         info!(pod = %name, "pod removed");
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kuberuntime::views::ViewState;
+    use crate::worker::plan::tests::{exited, view};
+
+    #[test]
+    fn apps_and_a_running_init_container_stop_first_then_sidecars_last_declared_first() {
+        let p: Pod = serde_json::from_value(serde_json::json!({"metadata":{"name":"p"},"spec":{
+            "initContainers":[
+                {"name":"log","image":"x","restartPolicy":"Always"},
+                {"name":"setup","image":"x"},
+                {"name":"proxy","image":"x","restartPolicy":"Always"},
+                {"name":"gone","image":"x","restartPolicy":"Always"}],
+            "containers":[{"name":"a","image":"x"},{"name":"b","image":"x"},{"name":"c","image":"x"}]}}))
+        .unwrap();
+        let views = PodContainers::new(vec![
+            view("log", 0, ViewState::Running),
+            view("setup", 0, ViewState::Running),
+            view("proxy", 0, ViewState::Running),
+            view("gone", 0, exited(1)),
+            view("a", 0, ViewState::Running),
+            view("b", 0, exited(0)),
+            view("c", 0, ViewState::Running),
+        ]);
+        let (first, sidecars) = termination_order(&p, &views);
+        let names = |vs: &[ContainerView]| vs.iter().map(|v| v.name.clone()).collect::<Vec<_>>();
+        // all at once: their order does not matter
+        let mut first = names(&first);
+        first.sort();
+        assert_eq!(first, ["a", "c", "setup"]);
+        assert_eq!(names(&sidecars), ["proxy", "log"]);
     }
 }
