@@ -1,6 +1,6 @@
 //! How one setting's value is written in the KubeletConfiguration file, on the command line
 //! and in `/configz`: a [`Codec`] per kind of value (a Go duration, a port, a quantity, a map
-//! of eviction signals...). The table in [`super::settings`] names the codec of each setting;
+//! of eviction signals...). Each setting's declaration ([`super::settings`]) names its codec;
 //! errors name the field (`fileCheckFrequency: ...`) or the flag (`--sync-frequency: ...`) as
 //! kubelet's do.
 

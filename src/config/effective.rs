@@ -1,5 +1,5 @@
 //! The effective configuration as a KubeletConfiguration (kubelet.config.k8s.io/v1beta1 JSON
-//! field names), for `/configz`: every setting of the table ([`super::settings`]) with a
+//! field names), for `/configz`: every setting ([`super::settings`]) with a
 //! file field, with the value in force after defaults, the file and the flags, and the
 //! mode-dependent defaults resolved. Durations are written as Go writes them (`2m0s`),
 //! quantities as strings, integers as integers.
@@ -15,7 +15,7 @@ pub fn kubelet_configuration(cfg: &Config) -> Value {
     let mut root = Map::new();
     // ferrolet manages cgroups through cgroupfs only.
     root.insert("cgroupDriver".into(), "cgroupfs".into());
-    for s in SETTINGS {
+    for s in SETTINGS.iter() {
         let Some(json) = s.json else { continue };
         if s.has("quiet") {
             continue;

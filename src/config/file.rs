@@ -1,5 +1,5 @@
 //! Reading a KubeletConfiguration file (kubelet.config.k8s.io/v1beta1, YAML or JSON). Fields
-//! ferrolet implements (the table in [`super::settings`]) are applied; fields kubelet has but
+//! ferrolet implements (the settings of [`super::settings`]) are applied; fields kubelet has but
 //! ferrolet does not implement are accepted with a warning naming them; anything else is an
 //! error naming the field, as kubelet's strict decoding does.
 

@@ -38,7 +38,7 @@ impl SettingFlags {
 
 impl Args for SettingFlags {
     fn augment_args(mut cmd: Command) -> Command {
-        for s in SETTINGS {
+        for s in SETTINGS.iter() {
             let Some(flag) = s.flag else { continue };
             let mut a = Arg::new(flag).long(flag).help(s.help()).hide(s.has("hidden"));
             if let [c] = flag.as_bytes() {
@@ -75,7 +75,7 @@ impl FromArgMatches for SettingFlags {
 /// Apply `ferrolet run` flags (kubelet's names) over the file and defaults.
 pub fn apply(cfg: &mut Config, f: &RunFlags) -> Result<()> {
     let flags = &f.settings;
-    for s in SETTINGS {
+    for s in SETTINGS.iter() {
         let Some(flag) = s.flag else { continue };
         if let Some((_, vals)) = flags.given.iter().find(|(g, _)| *g == flag) {
             (s.apply_flag)(cfg, flag, vals)?;

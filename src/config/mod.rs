@@ -2,9 +2,10 @@
 //! KubeletConfiguration file (`--config`, [`file`]), then flags with kubelet's names
 //! ([`flags`]). Later wins. [`load`] does all three and the checks across fields.
 //!
-//! [`Config`] is the typed configuration the agent runs with; [`settings`] declares, once per
-//! setting, its file field, its flag, its place in `Config` and its codec, and the file reader,
-//! the flags and `/configz` ([`effective`]) all derive from that table (docs/config.md).
+//! [`Config`] is the typed configuration the agent runs with. Each of its settings is declared
+//! once, on its field (with [`settings::declare`]): doc, type, default, file field, flag and
+//! codec; the file reader, the flags and `/configz` ([`effective`]) all derive from those
+//! declarations (docs/config.md).
 
 mod codec;
 pub mod effective;
@@ -22,6 +23,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::pod::validation::is_dns_subdomain;
+use codec::*;
+use settings::declare;
 
 pub use flags::{RunFlags, SettingFlags};
 pub use serving::{AuthzMode, ServingConfig, TlsVersion};
@@ -37,68 +40,76 @@ pub enum NetworkMode {
     None,
 }
 
-#[derive(Debug, Clone)]
-pub struct NetworkConfig {
-    pub mode: NetworkMode,
-    pub bridge: String,
-    /// The pod subnet; kubelet's podCIDR when set.
-    pub subnet: String,
-    pub cni_conf_dir: PathBuf,
-    pub cni_bin_dirs: Vec<PathBuf>,
+declare! {
+    #[derive(Debug, Clone)]
+    pub struct NetworkConfig {
+        #[help = "Pod network: bridge (built in), cni, or none."]
+        #[setting("ferrolet.network" | "network" => NetMode, quiet)]
+        pub mode: NetworkMode = NetworkMode::Bridge,
+        #[setting("ferrolet.bridgeName" | _ => Str, quiet)]
+        pub bridge: String = "ferrolet0".into(),
+        /// The pod subnet; kubelet's podCIDR when set.
+        #[setting("ferrolet.podSubnet" | _ => Str, quiet)]
+        pub subnet: String = "10.88.0.0/16".into(),
+        #[setting("ferrolet.cniConfDir" | "cni-conf-dir" => FilePath, quiet)]
+        pub cni_conf_dir: PathBuf = PathBuf::from("/etc/cni/net.d"),
+        #[setting("ferrolet.cniBinDirs" | "cni-bin-dir" => PathList, quiet)]
+        pub cni_bin_dirs: Vec<PathBuf> = vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")],
+    }
 }
 
-/// Joining a cluster: how the agent reaches the API server and how it presents its Node
-/// (kubelet's --kubeconfig family of flags and the node status settings).
-#[derive(Debug, Clone)]
-pub struct ClusterConfig {
-    /// The node's kubeconfig (kubelet's --kubeconfig): set, the agent joins the cluster; unset,
-    /// it runs standalone. With a bootstrap kubeconfig it is written by the TLS bootstrap when
-    /// missing or expired.
-    pub kubeconfig: Option<PathBuf>,
-    /// A bootstrap credential (kubelet's --bootstrap-kubeconfig): used to request the node's
-    /// client certificate with a CSR.
-    pub bootstrap_kubeconfig: Option<PathBuf>,
-    /// Renew the node's client certificate before it expires (kubelet's rotateCertificates).
-    pub rotate_certificates: bool,
-    /// Create the Node object (kubelet's --register-node).
-    pub register_node: bool,
-    /// Taints the Node is registered with (kubelet's --register-with-taints).
-    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
-    /// Labels the Node is registered with (kubelet's --node-labels).
-    pub node_labels: std::collections::BTreeMap<String, String>,
-    /// How often the node status is computed (kubelet's nodeStatusUpdateFrequency).
-    pub node_status_update_frequency: Duration,
-    /// How often an unchanged node status is still posted (nodeStatusReportFrequency).
-    pub node_status_report_frequency: Duration,
-    /// The node Lease's duration; it is renewed every quarter of it (10 s for kubelet's 40).
-    pub node_lease_duration_seconds: i32,
-    /// Client-side rate limit towards the API server (kubeAPIQPS / kubeAPIBurst).
-    pub kube_api_qps: i32,
-    pub kube_api_burst: u32,
-    /// Event writes a second to the API server, 0 for no limit, and their burst
-    /// (eventRecordQPS / eventBurst; kubelet's defaults since v1.27, 5 and 10 before, raised
-    /// with kubeAPIQPS).
-    pub event_record_qps: u32,
-    pub event_burst: u32,
-}
-
-impl Default for ClusterConfig {
-    fn default() -> ClusterConfig {
-        ClusterConfig {
-            kubeconfig: None,
-            bootstrap_kubeconfig: None,
-            rotate_certificates: true,
-            register_node: true,
-            register_with_taints: Vec::new(),
-            node_labels: Default::default(),
-            node_status_update_frequency: Duration::from_secs(10),
-            node_status_report_frequency: Duration::from_secs(300),
-            node_lease_duration_seconds: 40,
-            kube_api_qps: 50,
-            kube_api_burst: 100,
-            event_record_qps: 50,
-            event_burst: 100,
-        }
+declare! {
+    /// Joining a cluster: how the agent reaches the API server and how it presents its Node
+    /// (kubelet's --kubeconfig family of flags and the node status settings).
+    #[derive(Debug, Clone)]
+    pub struct ClusterConfig {
+        /// The node's kubeconfig (kubelet's --kubeconfig): set, the agent joins the cluster; unset,
+        /// it runs standalone. With a bootstrap kubeconfig it is written by the TLS bootstrap when
+        /// missing or expired.
+        #[help = "The node's kubeconfig: joins the cluster it names (written by the TLS bootstrap when --bootstrap-kubeconfig is given)."]
+        #[setting(_ | "kubeconfig" => OptPath)]
+        pub kubeconfig: Option<PathBuf> = None,
+        /// A bootstrap credential (kubelet's --bootstrap-kubeconfig): used to request the node's
+        /// client certificate with a CSR.
+        #[help = "A bootstrap credential for requesting the node's client certificate."]
+        #[setting(_ | "bootstrap-kubeconfig" => OptPath)]
+        pub bootstrap_kubeconfig: Option<PathBuf> = None,
+        /// Renew the node's client certificate before it expires (kubelet's rotateCertificates).
+        #[setting("rotateCertificates" | "rotate-certificates" => Bool)]
+        pub rotate_certificates: bool = true,
+        /// Create the Node object (kubelet's --register-node).
+        #[setting("registerNode" | "register-node" => Bool)]
+        pub register_node: bool = true,
+        /// Taints the Node is registered with (kubelet's --register-with-taints).
+        #[help = "key=value:Effect, comma-separated."]
+        #[setting("registerWithTaints" | "register-with-taints" => Taints)]
+        pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint> = Vec::new(),
+        /// Labels the Node is registered with (kubelet's --node-labels).
+        #[help = "key=value, comma-separated."]
+        #[setting(_ | "node-labels" => Labels)]
+        pub node_labels: std::collections::BTreeMap<String, String> = Default::default(),
+        /// How often the node status is computed (kubelet's nodeStatusUpdateFrequency).
+        #[setting("nodeStatusUpdateFrequency" | "node-status-update-frequency" => Dur)]
+        pub node_status_update_frequency: Duration = Duration::from_secs(10),
+        /// How often an unchanged node status is still posted (nodeStatusReportFrequency).
+        #[setting("nodeStatusReportFrequency" | _ => Dur)]
+        pub node_status_report_frequency: Duration = Duration::from_secs(300),
+        /// The node Lease's duration; it is renewed every quarter of it (10 s for kubelet's 40).
+        #[setting("nodeLeaseDurationSeconds" | _ => Int<i32>)]
+        pub node_lease_duration_seconds: i32 = 40,
+        /// Client-side rate limit towards the API server (kubeAPIQPS / kubeAPIBurst).
+        #[setting("kubeAPIQPS" | "kube-api-qps" => Int<i32>)]
+        pub kube_api_qps: i32 = 50,
+        #[setting("kubeAPIBurst" | "kube-api-burst" => Int<u32>)]
+        pub kube_api_burst: u32 = 100,
+        /// Event writes a second to the API server, 0 for no limit, and their burst
+        /// (eventRecordQPS / eventBurst; kubelet's defaults since v1.27, 5 and 10 before, raised
+        /// with kubeAPIQPS).
+        #[help = "Event writes a second to the API server (0: no limit)."]
+        #[setting("eventRecordQPS" | "event-qps" => EventQps)]
+        pub event_record_qps: u32 = 50,
+        #[setting("eventBurst" | "event-burst" => EventBurst)]
+        pub event_burst: u32 = 100,
     }
 }
 
@@ -114,47 +125,44 @@ pub struct Reserved {
     pub pid: i64,
 }
 
-/// The container manager's settings (kubelet's cm.NodeConfig): QoS tiers, CFS quota, node
-/// allocatable enforcement, OOM behaviour. docs/cgroups.md says what each does.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CmConfig {
-    /// `qosReserved: {memory: NN%}`: the share of higher tiers' memory requests kept from lower
-    /// tiers (kubelet's QOSReserved); None when not set.
-    pub qos_reserved_memory: Option<i64>,
-    /// Enforce cpu limits with CFS quota (cpuCFSQuota, default true).
-    pub cpu_cfs_quota: bool,
-    /// The CFS period (cpuCFSQuotaPeriod, default 100ms).
-    pub cpu_cfs_quota_period: Duration,
-    /// enforceNodeAllocatable: any of `pods`, `system-reserved`, `kube-reserved`, or `none`
-    /// alone (an empty list, as kubelet normalizes it). Default `[pods]`.
-    pub enforce_node_allocatable: Vec<String>,
-    /// Absolute cgroup paths of the system's daemons and of the agent, limited when
-    /// `system-reserved` / `kube-reserved` are enforced.
-    pub system_reserved_cgroup: String,
-    pub kube_reserved_cgroup: String,
-    /// The agent's own oom_score_adj (kubelet's oomScoreAdj, default -999).
-    pub oom_score_adj: i32,
-    /// On cgroup v2, kill only the process the kernel picked instead of the whole container
-    /// (kubelet's singleProcessOOMKill, default false: `memory.oom.group` is set).
-    pub single_process_oom_kill: bool,
-    /// How often the QoS tiers are recomputed besides on every pod add and removal (kubelet's
-    /// fixed 1m; `ferrolet.qosUpdatePeriod`).
-    pub qos_update_period: Duration,
-}
-
-impl Default for CmConfig {
-    fn default() -> Self {
-        CmConfig {
-            qos_reserved_memory: None,
-            cpu_cfs_quota: true,
-            cpu_cfs_quota_period: Duration::from_millis(100),
-            enforce_node_allocatable: vec!["pods".into()],
-            system_reserved_cgroup: String::new(),
-            kube_reserved_cgroup: String::new(),
-            oom_score_adj: -999,
-            single_process_oom_kill: false,
-            qos_update_period: Duration::from_secs(60),
-        }
+declare! {
+    /// The container manager's settings (kubelet's cm.NodeConfig): QoS tiers, CFS quota, node
+    /// allocatable enforcement, OOM behaviour. docs/cgroups.md says what each does.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct CmConfig {
+        /// `qosReserved: {memory: NN%}`: the share of higher tiers' memory requests kept from lower
+        /// tiers (kubelet's QOSReserved); None when not set.
+        #[help = "QoS tiers' memory reserve, `memory=50%` (kubelet's --qos-reserved)."]
+        #[setting("qosReserved" | "qos-reserved" => QosReserved)]
+        pub qos_reserved_memory: Option<i64> = None,
+        /// Enforce cpu limits with CFS quota (cpuCFSQuota, default true).
+        #[setting("cpuCFSQuota" | "cpu-cfs-quota" => Bool)]
+        pub cpu_cfs_quota: bool = true,
+        /// The CFS period (cpuCFSQuotaPeriod, default 100ms).
+        #[setting("cpuCFSQuotaPeriod" | "cpu-cfs-quota-period" => Dur)]
+        pub cpu_cfs_quota_period: Duration = Duration::from_millis(100),
+        /// enforceNodeAllocatable: any of `pods`, `system-reserved`, `kube-reserved`, or `none`
+        /// alone (an empty list, as kubelet normalizes it). Default `[pods]`.
+        #[help = "Comma-separated: pods, system-reserved, kube-reserved, or none."]
+        #[setting("enforceNodeAllocatable" | "enforce-node-allocatable" => Enforce)]
+        pub enforce_node_allocatable: Vec<String> = vec!["pods".into()],
+        /// Absolute cgroup paths of the system's daemons and of the agent, limited when
+        /// `system-reserved` / `kube-reserved` are enforced.
+        #[setting("systemReservedCgroup" | "system-reserved-cgroup" => Str)]
+        pub system_reserved_cgroup: String = String::new(),
+        #[setting("kubeReservedCgroup" | "kube-reserved-cgroup" => Str)]
+        pub kube_reserved_cgroup: String = String::new(),
+        /// The agent's own oom_score_adj (kubelet's oomScoreAdj, default -999).
+        #[setting("oomScoreAdj" | "oom-score-adj" => Int<i32>)]
+        pub oom_score_adj: i32 = -999,
+        /// On cgroup v2, kill only the process the kernel picked instead of the whole container
+        /// (kubelet's singleProcessOOMKill, default false: `memory.oom.group` is set).
+        #[setting("singleProcessOOMKill" | _ => Bool)]
+        pub single_process_oom_kill: bool = false,
+        /// How often the QoS tiers are recomputed besides on every pod add and removal (kubelet's
+        /// fixed 1m; `ferrolet.qosUpdatePeriod`).
+        #[setting("ferrolet.qosUpdatePeriod" | _ => Dur)]
+        pub qos_update_period: Duration = Duration::from_secs(60),
     }
 }
 
@@ -369,61 +377,68 @@ impl Default for EvictionHard {
     }
 }
 
-/// Pulling and collecting images: kubelet's image settings and ferrolet's registry settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ImageConfig {
-    /// Mirrors, rewrites, TLS and auth per registry in k3s's registries.yaml format
-    /// (ferrolet's registryConfigFile / --registry-config); `None`: `<rootDir>/registries.yaml`.
-    /// Re-read when it changes.
-    pub registry_config_file: Option<PathBuf>,
-    /// One pull at a time (kubelet's serializeImagePulls).
-    pub serialize_image_pulls: bool,
-    /// Pulls at once when not serialized (kubelet's maxParallelImagePulls; `None`: no limit).
-    pub max_parallel_image_pulls: Option<u32>,
-    /// Pulls a second (kubelet's registryPullQPS; 0: no limit) and their burst (registryBurst).
-    pub registry_pull_qps: u32,
-    pub registry_burst: u32,
-    /// Image GC thresholds, percent of the image filesystem (imageGCHighThresholdPercent,
-    /// imageGCLowThresholdPercent; 100 for the high threshold turns GC off).
-    pub image_gc_high_threshold_percent: i32,
-    pub image_gc_low_threshold_percent: i32,
-    /// Images younger than this (since first seen) are never collected (imageMinimumGCAge).
-    pub image_minimum_gc_age: Duration,
-    /// Images unused this long are collected whatever the disk (imageMaximumGCAge; 0: off).
-    pub image_maximum_gc_age: Duration,
-    /// How often image GC runs (kubelet's fixed 5m; ferrolet.imageGCPeriod).
-    pub image_gc_period: Duration,
-    /// A download with no progress this long fails (ferrolet's imagePullProgressTimeout, as
-    /// containerd's image_pull_progress_timeout; 0: none).
-    pub image_pull_progress_timeout: Duration,
-    /// Blobs downloaded at once across all pulls (containerd's max_concurrent_downloads).
-    pub max_concurrent_downloads: u32,
-    /// Images listed in the Node's status (nodeStatusMaxImages; -1: all).
-    pub node_status_max_images: i32,
-    /// kubelet's --image-credential-provider-config and --image-credential-provider-bin-dir.
-    pub credential_provider_config: Option<PathBuf>,
-    pub credential_provider_bin_dir: Option<PathBuf>,
-}
-
-impl Default for ImageConfig {
-    fn default() -> ImageConfig {
-        ImageConfig {
-            registry_config_file: None,
-            serialize_image_pulls: true,
-            max_parallel_image_pulls: None,
-            registry_pull_qps: 5,
-            registry_burst: 10,
-            image_gc_high_threshold_percent: 85,
-            image_gc_low_threshold_percent: 80,
-            image_minimum_gc_age: Duration::from_secs(120),
-            image_maximum_gc_age: Duration::ZERO,
-            image_gc_period: Duration::from_secs(300),
-            image_pull_progress_timeout: Duration::from_secs(60),
-            max_concurrent_downloads: 3,
-            node_status_max_images: 50,
-            credential_provider_config: None,
-            credential_provider_bin_dir: None,
-        }
+declare! {
+    /// Pulling and collecting images: kubelet's image settings and ferrolet's registry settings.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct ImageConfig {
+        /// Mirrors, rewrites, TLS and auth per registry in k3s's registries.yaml format
+        /// (ferrolet's registryConfigFile / --registry-config); `None`: `<rootDir>/registries.yaml`.
+        /// Re-read when it changes.
+        #[help = "Registry mirrors, rewrites, TLS and auth (k3s registries.yaml); default <root-dir>/registries.yaml."]
+        #[setting("ferrolet.registryConfigFile" | "registry-config" => OptPath)]
+        pub registry_config_file: Option<PathBuf> = None,
+        /// One pull at a time (kubelet's serializeImagePulls).
+        #[help = "Pull one image at a time (kubelet's serializeImagePulls, default true)."]
+        #[setting("serializeImagePulls" | "serialize-image-pulls" => Bool)]
+        pub serialize_image_pulls: bool = true,
+        /// Pulls at once when not serialized (kubelet's maxParallelImagePulls; `None`: no limit).
+        #[help = "Pulls at once when not serialized (kubelet's maxParallelImagePulls)."]
+        #[setting("maxParallelImagePulls" | "max-parallel-image-pulls" => MaxParallel)]
+        pub max_parallel_image_pulls: Option<u32> = None,
+        /// Pulls a second (kubelet's registryPullQPS; 0: no limit) and their burst (registryBurst).
+        #[help = "Image pulls a second, 0 for no limit (kubelet's registryPullQPS, default 5)."]
+        #[setting("registryPullQPS" | "registry-qps" => RegistryQps)]
+        pub registry_pull_qps: u32 = 5,
+        #[help = "Burst of image pulls (kubelet's registryBurst, default 10)."]
+        #[setting("registryBurst" | "registry-burst" => RegistryBurst)]
+        pub registry_burst: u32 = 10,
+        /// Image GC thresholds, percent of the image filesystem (imageGCHighThresholdPercent,
+        /// imageGCLowThresholdPercent; 100 for the high threshold turns GC off).
+        #[help = "Image GC starts at this percent of the image filesystem used (default 85)."]
+        #[setting("imageGCHighThresholdPercent" | "image-gc-high-threshold" => Percent)]
+        pub image_gc_high_threshold_percent: i32 = 85,
+        #[help = "Image GC frees down to this percent (default 80)."]
+        #[setting("imageGCLowThresholdPercent" | "image-gc-low-threshold" => Percent)]
+        pub image_gc_low_threshold_percent: i32 = 80,
+        /// Images younger than this (since first seen) are never collected (imageMinimumGCAge).
+        #[help = "Images younger than this are not collected (default 2m)."]
+        #[setting("imageMinimumGCAge" | "minimum-image-gc-age" => Dur)]
+        pub image_minimum_gc_age: Duration = Duration::from_secs(120),
+        /// Images unused this long are collected whatever the disk (imageMaximumGCAge; 0: off).
+        #[setting("imageMaximumGCAge" | _ => Dur)]
+        pub image_maximum_gc_age: Duration = Duration::ZERO,
+        /// How often image GC runs (kubelet's fixed 5m; ferrolet.imageGCPeriod).
+        #[setting("ferrolet.imageGCPeriod" | _ => Dur)]
+        pub image_gc_period: Duration = Duration::from_secs(300),
+        /// A download with no progress this long fails (ferrolet's imagePullProgressTimeout, as
+        /// containerd's image_pull_progress_timeout; 0: none).
+        #[help = "A download making no progress this long fails (default 1m, 0 none)."]
+        #[setting("ferrolet.imagePullProgressTimeout" | "image-pull-progress-timeout" => Dur)]
+        pub image_pull_progress_timeout: Duration = Duration::from_secs(60),
+        /// Blobs downloaded at once across all pulls (containerd's max_concurrent_downloads).
+        #[setting("ferrolet.maxConcurrentDownloads" | _ => Int<u32>)]
+        pub max_concurrent_downloads: u32 = 3,
+        /// Images listed in the Node's status (nodeStatusMaxImages; -1: all).
+        #[help = "Images in the Node's status, -1 for all (default 50)."]
+        #[setting("nodeStatusMaxImages" | "node-status-max-images" => Int<i32>)]
+        pub node_status_max_images: i32 = 50,
+        /// kubelet's --image-credential-provider-config and --image-credential-provider-bin-dir.
+        #[help = "CredentialProviderConfig of exec credential plugins."]
+        #[setting("ferrolet.imageCredentialProviderConfig" | "image-credential-provider-config" => OptPath)]
+        pub credential_provider_config: Option<PathBuf> = None,
+        #[help = "Where the credential plugins' binaries are."]
+        #[setting("ferrolet.imageCredentialProviderBinDir" | "image-credential-provider-bin-dir" => OptPath)]
+        pub credential_provider_bin_dir: Option<PathBuf> = None,
     }
 }
 
@@ -474,152 +489,159 @@ impl ImageConfig {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub node_name: String,
-    pub root_dir: PathBuf,
-    pub static_pod_path: Option<PathBuf>,
-    pub static_pod_url: Option<String>,
-    pub static_pod_url_headers: Vec<(String, String)>,
-    pub file_check_frequency: Duration,
-    pub http_check_frequency: Duration,
-    pub sync_frequency: Duration,
-    /// How often the stats are sampled (cAdvisor's and kubelet's `--housekeeping-interval`).
-    pub housekeeping_interval: Duration,
-    /// How often the disk usage of container layers, logs and volumes is walked (kubelet's
-    /// volumeStatsAggPeriod).
-    pub volume_stats_agg_period: Duration,
-    /// Absolute cgroup path under which `kubepods` lives; empty means the cgroup the agent was
-    /// started in (safe on shared machines and under systemd with Delegate=yes).
-    pub cgroup_root: String,
-    pub cgroups_per_qos: bool,
-    pub max_pods: u32,
-    /// -1: no per-pod limit.
-    pub pod_pids_limit: i64,
-    pub pod_logs_dir: PathBuf,
-    pub container_log_max_size: u64,
-    pub container_log_max_files: u32,
-    pub enable_server: bool,
-    /// Where the kubelet port and the read-only port listen (kubelet's address, 0.0.0.0).
-    pub address: IpAddr,
-    /// kubelet's read-only HTTP port (`/healthz`, `/pods`, unauthenticated); 0, the default as
-    /// in kubelet, disables it.
-    pub read_only_port: u16,
-    pub cluster_dns: Vec<IpAddr>,
-    pub cluster_domain: String,
-    /// Sysctls (names, or prefixes ending in `*`) pods may set beyond kubelet's safe set
-    /// (allowedUnsafeSysctls); each must be namespaced ([`crate::pod::sysctl`]).
-    pub allowed_unsafe_sysctls: Vec<String>,
-    pub resolv_conf: PathBuf,
-    pub pod_cidr: Option<String>,
-    pub node_ip: Option<IpAddr>,
-    pub runtime_request_timeout: Duration,
-    /// exec, attach and port-forward connections with no traffic this long are closed
-    /// (streamingConnectionIdleTimeout; kubelet's default 4h, 0 never).
-    pub streaming_connection_idle_timeout: Duration,
-    pub max_container_restart_period: Duration,
-    /// First crash-loop back-off (kubelet's is fixed at 10s; ferrolet lets tests shorten it).
-    pub initial_container_restart_period: Duration,
-    /// Pods without a seccompProfile get RuntimeDefault (kubelet's seccompDefault; on by
-    /// default here, docs/runtime.md#libcontainer-facts-that-matter).
-    pub seccomp_default: bool,
-    /// Refuse to start while the node has swap on (kubelet's failSwapOn, default true).
-    pub fail_swap_on: bool,
-    /// Resources set aside for the system's daemons (kubelet's systemReserved).
-    pub system_reserved: Reserved,
-    /// Resources set aside for the agent itself (kubelet's kubeReserved).
-    pub kube_reserved: Reserved,
-    /// The container manager (QoS tiers, CFS, node allocatable enforcement, OOM).
-    pub cm: CmConfig,
-    /// The hard eviction thresholds (kubelet's evictionHard): taken out of allocatable, and
-    /// the eviction manager's (src/eviction/) hard thresholds.
-    pub eviction_hard: EvictionHard,
-    /// kubelet's mergeDefaultEvictionSettings: an evictionHard map in the file keeps the
-    /// defaults of the signals it does not name.
-    pub merge_default_eviction_settings: bool,
-    /// The rest of the eviction manager's, container GC's and log rotation's settings.
-    pub eviction: eviction::EvictionConfig,
-    pub network: NetworkConfig,
-    /// Image archives dropped here are imported at start and on every file check.
-    pub image_import_dir: PathBuf,
-    /// Import the demo image built into this binary when the store lacks it.
-    pub load_demo_image: bool,
-    pub verbosity: u8,
-    /// Joining a cluster (when `cluster.kubeconfig` is set).
-    pub cluster: ClusterConfig,
-    /// The kubelet API: port, TLS, authentication and authorization.
-    pub serving: ServingConfig,
-    /// Pulling and collecting images.
-    pub images: ImageConfig,
-    /// Graceful node shutdown (src/nodeshutdown/).
-    pub shutdown: shutdown::ShutdownConfig,
-    /// kubelet's runOnce (`--runonce`): run the static pods once, wait until each runs (or has
-    /// finished), report and exit (src/agent/run_once.rs).
-    pub run_once: bool,
-    /// Where the `<pod>_<ns>_<container>-<id>.log` symlinks to the containers' CRI logs go
-    /// (kubelet's fixed /var/log/containers; `ferrolet.containerLogLinkDir`).
-    pub container_log_link_dir: PathBuf,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            node_name: default_node_name(),
-            root_dir: PathBuf::from("/var/lib/ferrolet"),
-            static_pod_path: Some(PathBuf::from("/etc/ferrolet/manifests")),
-            static_pod_url: None,
-            static_pod_url_headers: Vec::new(),
-            file_check_frequency: Duration::from_secs(20),
-            http_check_frequency: Duration::from_secs(20),
-            sync_frequency: Duration::from_secs(60),
-            housekeeping_interval: Duration::from_secs(10),
-            volume_stats_agg_period: Duration::from_secs(60),
-            cgroup_root: String::new(),
-            cgroups_per_qos: true,
-            max_pods: 110,
-            pod_pids_limit: -1,
-            pod_logs_dir: PathBuf::from("/var/log/pods"),
-            container_log_max_size: 10 << 20,
-            container_log_max_files: 5,
-            enable_server: true,
-            // kubelet's: the API server reaches the kubelet port at the node's address
-            address: IpAddr::from([0, 0, 0, 0]),
-            read_only_port: 0,
-            cluster_dns: Vec::new(),
-            cluster_domain: "cluster.local".into(),
-            allowed_unsafe_sysctls: Vec::new(),
-            resolv_conf: PathBuf::from("/etc/resolv.conf"),
-            pod_cidr: None,
-            node_ip: None,
-            runtime_request_timeout: Duration::from_secs(120),
-            streaming_connection_idle_timeout: Duration::from_secs(4 * 3600),
-            max_container_restart_period: Duration::from_secs(300),
-            initial_container_restart_period: Duration::from_secs(10),
-            seccomp_default: true,
-            fail_swap_on: true,
-            system_reserved: Reserved::default(),
-            kube_reserved: Reserved::default(),
-            cm: CmConfig::default(),
-            eviction_hard: EvictionHard::default(),
-            merge_default_eviction_settings: false,
-            eviction: eviction::EvictionConfig::default(),
-            network: NetworkConfig {
-                mode: NetworkMode::Bridge,
-                bridge: "ferrolet0".into(),
-                subnet: "10.88.0.0/16".into(),
-                cni_conf_dir: PathBuf::from("/etc/cni/net.d"),
-                cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")],
-            },
-            image_import_dir: PathBuf::from("/var/lib/ferrolet/images/import"),
-            load_demo_image: true,
-            verbosity: 2,
-            cluster: ClusterConfig::default(),
-            serving: ServingConfig::default(),
-            images: ImageConfig::default(),
-            shutdown: shutdown::ShutdownConfig::default(),
-            run_once: false,
-            container_log_link_dir: PathBuf::from("/var/log/containers"),
-        }
+declare! {
+    #[derive(Debug, Clone)]
+    pub struct Config {
+        #[help = "The node's name (default: the host name)."]
+        #[setting(_ | "hostname-override" => NodeName)]
+        pub node_name: String = default_node_name(),
+        #[help = "The agent's state directory (default /var/lib/ferrolet)."]
+        #[setting(_ | "root-dir" => FilePath)]
+        pub root_dir: PathBuf = PathBuf::from("/var/lib/ferrolet"),
+        #[help = "Directory (or file) of static pod manifests."]
+        #[setting("staticPodPath" | "pod-manifest-path" => OptPath)]
+        pub static_pod_path: Option<PathBuf> = Some(PathBuf::from("/etc/ferrolet/manifests")),
+        #[help = "URL of static pod manifests (kubelet's manifestURL)."]
+        #[setting("staticPodURL" | "manifest-url" => OptStr)]
+        pub static_pod_url: Option<String> = None,
+        #[help = "key:value header for --manifest-url (repeatable)."]
+        #[setting("staticPodURLHeader" | "manifest-url-header" => UrlHeaders, quiet)]
+        pub static_pod_url_headers: Vec<(String, String)> = Vec::new(),
+        #[help = "How often the static pod path is read again."]
+        #[setting("fileCheckFrequency" | "file-check-frequency" => Dur)]
+        pub file_check_frequency: Duration = Duration::from_secs(20),
+        #[help = "How often the static pod URL is fetched again."]
+        #[setting("httpCheckFrequency" | "http-check-frequency" => Dur)]
+        pub http_check_frequency: Duration = Duration::from_secs(20),
+        #[help = "How often every pod is synced even with nothing new."]
+        #[setting("syncFrequency" | "sync-frequency" => Dur)]
+        pub sync_frequency: Duration = Duration::from_secs(60),
+        /// How often the stats are sampled (cAdvisor's and kubelet's `--housekeeping-interval`).
+        #[help = "Interval between stats samples (cAdvisor's housekeeping), e.g. 10s."]
+        #[setting(_ | "housekeeping-interval" => Dur)]
+        pub housekeeping_interval: Duration = Duration::from_secs(10),
+        /// How often the disk usage of container layers, logs and volumes is walked (kubelet's
+        /// volumeStatsAggPeriod).
+        #[help = "Interval between disk usage walks of container layers, logs and volumes (kubelet's volumeStatsAggPeriod), e.g. 1m."]
+        #[setting("volumeStatsAggPeriod" | "volume-stats-agg-period" => Dur, quiet)]
+        pub volume_stats_agg_period: Duration = Duration::from_secs(60),
+        /// Absolute cgroup path under which `kubepods` lives; empty means the cgroup the agent was
+        /// started in (safe on shared machines and under systemd with Delegate=yes).
+        #[setting("cgroupRoot" | "cgroup-root" => Str)]
+        pub cgroup_root: String = String::new(),
+        #[setting("cgroupsPerQOS" | "cgroups-per-qos" => Bool)]
+        pub cgroups_per_qos: bool = true,
+        #[setting("maxPods" | "max-pods" => Int<u32>)]
+        pub max_pods: u32 = 110,
+        /// Most processes in one pod (kubelet's podPidsLimit; -1: no per-pod limit).
+        #[setting("podPidsLimit" | "pod-max-pids" => Int<i64>)]
+        pub pod_pids_limit: i64 = -1,
+        #[setting("podLogsDir" | _ => FilePath)]
+        pub pod_logs_dir: PathBuf = PathBuf::from("/var/log/pods"),
+        #[setting("containerLogMaxSize" | "container-log-max-size" => Quantity)]
+        pub container_log_max_size: u64 = 10 << 20,
+        #[setting("containerLogMaxFiles" | "container-log-max-files" => Int<u32>)]
+        pub container_log_max_files: u32 = 5,
+        #[setting("enableServer" | _ => Bool)]
+        pub enable_server: bool = true,
+        // kubelet's: the API server reaches the kubelet port at the node's address
+        /// Where the kubelet port and the read-only port listen (kubelet's address, 0.0.0.0).
+        #[setting("address" | "address" => Ip)]
+        pub address: IpAddr = IpAddr::from([0, 0, 0, 0]),
+        /// kubelet's read-only HTTP port (`/healthz`, `/pods`, unauthenticated); 0, the default as
+        /// in kubelet, disables it.
+        #[setting("readOnlyPort" | "read-only-port" => Port)]
+        pub read_only_port: u16 = 0,
+        #[setting("clusterDNS" | "cluster-dns" => IpList)]
+        pub cluster_dns: Vec<IpAddr> = Vec::new(),
+        #[setting("clusterDomain" | "cluster-domain" => Str)]
+        pub cluster_domain: String = "cluster.local".into(),
+        /// Sysctls (names, or prefixes ending in `*`) pods may set beyond kubelet's safe set
+        /// (allowedUnsafeSysctls); each must be namespaced ([`crate::pod::sysctl`]).
+        #[help = "Comma-separated unsafe sysctls or patterns (ending in `*`) pods may set."]
+        #[setting("allowedUnsafeSysctls" | "allowed-unsafe-sysctls" => Sysctls)]
+        pub allowed_unsafe_sysctls: Vec<String> = Vec::new(),
+        #[setting("resolvConf" | "resolv-conf" => FilePath)]
+        pub resolv_conf: PathBuf = PathBuf::from("/etc/resolv.conf"),
+        #[setting("podCIDR" | "pod-cidr" => OptStr)]
+        pub pod_cidr: Option<String> = None,
+        #[setting("ferrolet.nodeIP" | "node-ip" => OptIp, quiet)]
+        pub node_ip: Option<IpAddr> = None,
+        #[setting("runtimeRequestTimeout" | "runtime-request-timeout" => Dur)]
+        pub runtime_request_timeout: Duration = Duration::from_secs(120),
+        /// exec, attach and port-forward connections with no traffic this long are closed
+        /// (streamingConnectionIdleTimeout; kubelet's default 4h, 0 never).
+        #[setting("streamingConnectionIdleTimeout" | _ => Dur, quiet)]
+        pub streaming_connection_idle_timeout: Duration = Duration::from_secs(4 * 3600),
+        #[setting("crashLoopBackOff.maxContainerRestartPeriod" | _ => Dur)]
+        pub max_container_restart_period: Duration = Duration::from_secs(300),
+        /// First crash-loop back-off (kubelet's is fixed at 10s; ferrolet lets tests shorten it).
+        #[help = "First crash-loop back-off (kubelet's is 10s)."]
+        #[setting("ferrolet.initialContainerRestartPeriod" | "initial-container-restart-period" => Dur, quiet, hidden)]
+        pub initial_container_restart_period: Duration = Duration::from_secs(10),
+        /// Pods without a seccompProfile get RuntimeDefault (kubelet's seccompDefault; on by
+        /// default here, docs/runtime.md#libcontainer-facts-that-matter).
+        #[setting("seccompDefault" | _ => Bool)]
+        pub seccomp_default: bool = true,
+        /// Refuse to start while the node has swap on (kubelet's failSwapOn, default true).
+        #[help = "Refuse to start while the node has swap on (kubelet's --fail-swap-on)."]
+        #[setting("failSwapOn" | "fail-swap-on" => Bool)]
+        pub fail_swap_on: bool = true,
+        /// Resources set aside for the system's daemons (kubelet's systemReserved).
+        #[setting("systemReserved" | _ => ReservedMap)]
+        pub system_reserved: Reserved = Reserved::default(),
+        /// Resources set aside for the agent itself (kubelet's kubeReserved).
+        #[setting("kubeReserved" | _ => ReservedMap)]
+        pub kube_reserved: Reserved = Reserved::default(),
+        /// The container manager (QoS tiers, CFS, node allocatable enforcement, OOM).
+        #[nested(CmConfig)]
+        pub cm: CmConfig = CmConfig::default(),
+        /// The hard eviction thresholds (kubelet's evictionHard): taken out of allocatable, and
+        /// the eviction manager's (src/eviction/) hard thresholds.
+        #[help = "Hard eviction thresholds, `memory.available<100Mi,nodefs.available<10%` (replaces the configuration's evictionHard, as kubelet's flag does)."]
+        #[setting("evictionHard" | "eviction-hard" => Thresholds)]
+        pub eviction_hard: EvictionHard = EvictionHard::default(),
+        /// kubelet's mergeDefaultEvictionSettings: an evictionHard map in the file keeps the
+        /// defaults of the signals it does not name.
+        #[setting("mergeDefaultEvictionSettings" | _ => Bool, quiet)]
+        pub merge_default_eviction_settings: bool = false,
+        /// The rest of the eviction manager's, container GC's and log rotation's settings.
+        #[nested(eviction::EvictionConfig)]
+        pub eviction: eviction::EvictionConfig = eviction::EvictionConfig::default(),
+        #[nested(NetworkConfig)]
+        pub network: NetworkConfig = NetworkConfig::default(),
+        /// Image archives dropped here are imported at start and on every file check.
+        #[help = "Image archives dropped here are imported."]
+        #[setting("ferrolet.imageImportDir" | "image-import-dir" => FilePath, quiet)]
+        pub image_import_dir: PathBuf = PathBuf::from("/var/lib/ferrolet/images/import"),
+        /// Import the demo image built into this binary when the store lacks it.
+        #[setting("ferrolet.loadDemoImage" | _ => Bool, quiet)]
+        pub load_demo_image: bool = true,
+        #[help = "Log verbosity (kubelet's -v / --v)."]
+        #[setting(_ | "v" => Int<u8>)]
+        pub verbosity: u8 = 2,
+        /// Joining a cluster (when `cluster.kubeconfig` is set).
+        #[nested(ClusterConfig)]
+        pub cluster: ClusterConfig = ClusterConfig::default(),
+        /// The kubelet API: port, TLS, authentication and authorization.
+        #[nested(ServingConfig)]
+        pub serving: ServingConfig = ServingConfig::default(),
+        /// Pulling and collecting images.
+        #[nested(ImageConfig)]
+        pub images: ImageConfig = ImageConfig::default(),
+        /// Graceful node shutdown (src/nodeshutdown/).
+        #[nested(shutdown::ShutdownConfig)]
+        pub shutdown: shutdown::ShutdownConfig = shutdown::ShutdownConfig::default(),
+        /// kubelet's runOnce (`--runonce`): run the static pods once, wait until each runs (or has
+        /// finished), report and exit (src/agent/run_once.rs).
+        #[help = "Run the static pods once, wait until they run (or have finished), report and exit (kubelet's --runonce)."]
+        #[setting("runOnce" | "runonce" => Bool)]
+        pub run_once: bool = false,
+        /// Where the `<pod>_<ns>_<container>-<id>.log` symlinks to the containers' CRI logs go
+        /// (kubelet's fixed /var/log/containers; `ferrolet.containerLogLinkDir`).
+        #[help = "Where the containers' log links go (kubelet's /var/log/containers)."]
+        #[setting("ferrolet.containerLogLinkDir" | "container-log-link-dir" => FilePath)]
+        pub container_log_link_dir: PathBuf = PathBuf::from("/var/log/containers"),
     }
 }
 

@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
+use super::codec::*;
+use super::settings::declare;
+
 /// The lowest TLS version served (kubelet's tlsMinVersion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TlsVersion {
@@ -64,60 +67,64 @@ impl AuthzMode {
     }
 }
 
-/// The kubelet API server's settings.
-#[derive(Debug, Clone)]
-pub struct ServingConfig {
-    /// The authenticated HTTPS port (kubelet's port).
-    pub port: u16,
-    /// The serving certificate and key (PEM); unset, a self-signed pair under `<root>/pki`, or
-    /// with `server_tls_bootstrap` a certificate the API server signs.
-    pub tls_cert_file: Option<PathBuf>,
-    pub tls_private_key_file: Option<PathBuf>,
-    pub tls_min_version: TlsVersion,
-    /// Request the serving certificate from the cluster and rotate it (kubelet's
-    /// serverTLSBootstrap, --rotate-server-certificates).
-    pub server_tls_bootstrap: bool,
-    /// The plain `/healthz` port; 0 turns it off.
-    pub healthz_port: u16,
-    pub healthz_bind_address: IpAddr,
-    /// CA bundle client certificates are verified against (authentication.x509.clientCAFile);
-    /// unset, client certificates are not asked for.
-    pub client_ca_file: Option<PathBuf>,
-    /// Bearer tokens checked with a TokenReview (authentication.webhook.enabled); `None`: the
-    /// mode's default ([`ServingConfig::token_webhook`]).
-    pub authn_webhook: Option<bool>,
-    pub authn_webhook_cache_ttl: Duration,
-    /// Requests with no credential are served as system:anonymous (authentication.anonymous).
-    pub anonymous_auth: bool,
-    /// `None`: the mode's default ([`ServingConfig::authz_mode`]).
-    pub authz_mode: Option<AuthzMode>,
-    pub authz_cache_authorized_ttl: Duration,
-    pub authz_cache_unauthorized_ttl: Duration,
-    /// Serve the debugging routes (exec, attach, port-forward, run, container and node logs,
-    /// /runningpods/, /configz) on the kubelet port; off, they answer 405 "Debug endpoints are
-    /// disabled." as kubelet's (enableDebuggingHandlers, --enable-debugging-handlers).
-    pub enable_debugging_handlers: bool,
-}
-
-impl Default for ServingConfig {
-    fn default() -> ServingConfig {
-        ServingConfig {
-            port: 10250,
-            tls_cert_file: None,
-            tls_private_key_file: None,
-            tls_min_version: TlsVersion::Tls12,
-            server_tls_bootstrap: false,
-            healthz_port: 10248,
-            healthz_bind_address: IpAddr::from([127, 0, 0, 1]),
-            client_ca_file: None,
-            authn_webhook: None,
-            authn_webhook_cache_ttl: Duration::from_secs(120),
-            anonymous_auth: false,
-            authz_mode: None,
-            authz_cache_authorized_ttl: Duration::from_secs(300),
-            authz_cache_unauthorized_ttl: Duration::from_secs(30),
-            enable_debugging_handlers: true,
-        }
+declare! {
+    /// The kubelet API server's settings.
+    #[derive(Debug, Clone)]
+    pub struct ServingConfig {
+        /// The authenticated HTTPS port (kubelet's port).
+        #[help = "The authenticated HTTPS port of the kubelet API."]
+        #[setting("port" | "port" => Port)]
+        pub port: u16 = 10250,
+        /// The serving certificate and key (PEM); unset, a self-signed pair under `<root>/pki`, or
+        /// with --rotate-server-certificates a certificate the API server signs.
+        #[setting("tlsCertFile" | "tls-cert-file" => OptPathNonEmpty)]
+        pub tls_cert_file: Option<PathBuf> = None,
+        #[setting("tlsPrivateKeyFile" | "tls-private-key-file" => OptPathNonEmpty)]
+        pub tls_private_key_file: Option<PathBuf> = None,
+        #[help = "VersionTLS12 or VersionTLS13."]
+        #[setting("tlsMinVersion" | "tls-min-version" => TlsMin)]
+        pub tls_min_version: TlsVersion = TlsVersion::Tls12,
+        /// Request the serving certificate from the cluster and rotate it (kubelet's
+        /// serverTLSBootstrap, --rotate-server-certificates).
+        #[help = "Request the serving certificate from the cluster and rotate it (serverTLSBootstrap)."]
+        #[setting("serverTLSBootstrap" | "rotate-server-certificates" => Bool)]
+        pub server_tls_bootstrap: bool = false,
+        /// The plain `/healthz` port; 0 turns it off.
+        #[help = "The plain /healthz port (0: off)."]
+        #[setting("healthzPort" | "healthz-port" => Port)]
+        pub healthz_port: u16 = 10248,
+        #[setting("healthzBindAddress" | "healthz-bind-address" => Ip)]
+        pub healthz_bind_address: IpAddr = IpAddr::from([127, 0, 0, 1]),
+        /// CA bundle client certificates are verified against (authentication.x509.clientCAFile);
+        /// unset, client certificates are not asked for.
+        #[help = "CA bundle client certificates are verified against."]
+        #[setting("authentication.x509.clientCAFile" | "client-ca-file" => OptPathNonEmpty)]
+        pub client_ca_file: Option<PathBuf> = None,
+        /// Bearer tokens checked with a TokenReview (authentication.webhook.enabled); `None`: the
+        /// mode's default ([`ServingConfig::token_webhook`]).
+        #[help = "Check bearer tokens with a TokenReview."]
+        #[setting("authentication.webhook.enabled" | "authentication-token-webhook" => OptBool)]
+        pub authn_webhook: Option<bool> = None,
+        #[setting("authentication.webhook.cacheTTL" | "authentication-token-webhook-cache-ttl" => Dur)]
+        pub authn_webhook_cache_ttl: Duration = Duration::from_secs(120),
+        /// Requests with no credential are served as system:anonymous (authentication.anonymous).
+        #[help = "Serve requests without credentials as system:anonymous."]
+        #[setting("authentication.anonymous.enabled" | "anonymous-auth" => Bool)]
+        pub anonymous_auth: bool = false,
+        /// `None`: the mode's default ([`ServingConfig::authz_mode`]).
+        #[help = "AlwaysAllow or Webhook."]
+        #[setting("authorization.mode" | "authorization-mode" => Authz)]
+        pub authz_mode: Option<AuthzMode> = None,
+        #[setting("authorization.webhook.cacheAuthorizedTTL" | "authorization-webhook-cache-authorized-ttl" => Dur)]
+        pub authz_cache_authorized_ttl: Duration = Duration::from_secs(300),
+        #[setting("authorization.webhook.cacheUnauthorizedTTL" | "authorization-webhook-cache-unauthorized-ttl" => Dur)]
+        pub authz_cache_unauthorized_ttl: Duration = Duration::from_secs(30),
+        /// Serve the debugging routes (exec, attach, port-forward, run, container and node logs,
+        /// /runningpods/, /configz) on the kubelet port; off, they answer 405 "Debug endpoints are
+        /// disabled." as kubelet's (enableDebuggingHandlers, --enable-debugging-handlers).
+        #[help = "Serve exec, attach, port-forward, run and the logs (kubelet's default true)."]
+        #[setting("enableDebuggingHandlers" | "enable-debugging-handlers" => Bool)]
+        pub enable_debugging_handlers: bool = true,
     }
 }
 

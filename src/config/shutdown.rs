@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
+use super::codec::*;
+use super::settings::declare;
+
 /// One priority group of shutdownGracePeriodByPodPriority: pods with at least `priority`
 /// (and below the next group's) get `shutdown_grace_period_seconds`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,28 +19,23 @@ pub struct PriorityGrace {
     pub shutdown_grace_period_seconds: i64,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ShutdownConfig {
-    /// How long the node's shutdown is held for its pods (0: graceful shutdown is off).
-    pub grace_period: Duration,
-    /// The part of `grace_period` kept for critical pods (priority system-cluster-critical
-    /// and above), which stop last.
-    pub grace_period_critical_pods: Duration,
-    /// The grace periods by pod priority (instead of the two above).
-    pub by_pod_priority: Vec<PriorityGrace>,
-    /// Where the logind drop-in raising InhibitDelayMaxSec is written (kubelet's fixed
-    /// /etc/systemd/logind.conf.d).
-    pub logind_conf_dir: PathBuf,
-}
-
-impl Default for ShutdownConfig {
-    fn default() -> ShutdownConfig {
-        ShutdownConfig {
-            grace_period: Duration::ZERO,
-            grace_period_critical_pods: Duration::ZERO,
-            by_pod_priority: Vec::new(),
-            logind_conf_dir: PathBuf::from("/etc/systemd/logind.conf.d"),
-        }
+declare! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct ShutdownConfig {
+        /// How long the node's shutdown is held for its pods (0: graceful shutdown is off).
+        #[setting("shutdownGracePeriod" | _ => Dur)]
+        pub grace_period: Duration = Duration::ZERO,
+        /// The part of `grace_period` kept for critical pods (priority system-cluster-critical
+        /// and above), which stop last.
+        #[setting("shutdownGracePeriodCriticalPods" | _ => Dur)]
+        pub grace_period_critical_pods: Duration = Duration::ZERO,
+        /// The grace periods by pod priority (instead of the two above).
+        #[setting("shutdownGracePeriodByPodPriority" | _ => PriorityGraces)]
+        pub by_pod_priority: Vec<PriorityGrace> = Vec::new(),
+        /// Where the logind drop-in raising InhibitDelayMaxSec is written (kubelet's fixed
+        /// /etc/systemd/logind.conf.d).
+        #[setting("ferrolet.logindConfDir" | _ => FilePath, quiet)]
+        pub logind_conf_dir: PathBuf = PathBuf::from("/etc/systemd/logind.conf.d"),
     }
 }
 
