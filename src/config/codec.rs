@@ -14,8 +14,6 @@ use anyhow::{anyhow, bail, Result};
 use clap::{value_parser, Arg, ArgAction};
 use serde_json::{Map, Value};
 
-use super::serving::{AuthzMode, TlsVersion};
-use super::shutdown::PriorityGrace;
 use super::{absolute, resolve_relative, EvictionHard, NetworkMode, Reserved, Threshold, EVICTION_SIGNALS};
 use crate::pod::units::{bytes, format_duration, parse_duration};
 
@@ -49,7 +47,7 @@ pub trait Codec {
     }
 }
 
-fn last(vals: &[String]) -> &str {
+pub(super) fn last(vals: &[String]) -> &str {
     vals.last().map(String::as_str).unwrap_or_default()
 }
 
@@ -64,7 +62,7 @@ fn boolean(f: &str, v: &Value) -> Result<bool> {
         .ok_or_else(|| anyhow!("{f}: expected true or false, got {v}"))
 }
 
-fn integer(f: &str, v: &Value) -> Result<i64> {
+pub(super) fn integer(f: &str, v: &Value) -> Result<i64> {
     v.as_i64().ok_or_else(|| anyhow!("{f}: expected an integer, got {v}"))
 }
 
@@ -77,7 +75,7 @@ fn ip(f: &str, v: &Value) -> Result<IpAddr> {
     s.parse().map_err(|_| anyhow!("{f}: {s:?} is not an IP address"))
 }
 
-fn object<'a>(f: &str, v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
+pub(super) fn object<'a>(f: &str, v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
     v.as_object().ok_or_else(|| anyhow!("{f}: expected {what}"))
 }
 
@@ -824,36 +822,6 @@ impl Codec for ReclaimMap {
     }
 }
 
-/// tlsMinVersion: `VersionTLS12` or `VersionTLS13`.
-pub struct TlsMin;
-impl Codec for TlsMin {
-    type T = TlsVersion;
-    fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<TlsVersion> {
-        TlsVersion::parse(f, &string(f, v)?)
-    }
-    fn flag(name: &str, vals: &[String]) -> Result<TlsVersion> {
-        TlsVersion::parse(&format!("--{name}"), last(vals))
-    }
-    fn show(t: &TlsVersion) -> Value {
-        t.name().into()
-    }
-}
-
-/// authorization.mode: `AlwaysAllow` or `Webhook`; unset follows the mode.
-pub struct Authz;
-impl Codec for Authz {
-    type T = Option<AuthzMode>;
-    fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Option<AuthzMode>> {
-        AuthzMode::parse(f, &string(f, v)?).map(Some)
-    }
-    fn flag(name: &str, vals: &[String]) -> Result<Option<AuthzMode>> {
-        AuthzMode::parse(&format!("--{name}"), last(vals)).map(Some)
-    }
-    fn show(t: &Option<AuthzMode>) -> Value {
-        t.map_or(Value::Null, |m| m.name().into())
-    }
-}
-
 /// ferrolet.network / `--network`: bridge, cni or none.
 pub struct NetMode;
 impl NetMode {
@@ -881,45 +849,5 @@ impl Codec for NetMode {
             NetworkMode::None => "none",
         }
         .into()
-    }
-}
-
-/// shutdownGracePeriodByPodPriority: a list of `{priority, shutdownGracePeriodSeconds}`
-/// (file only, as kubelet's).
-pub struct PriorityGraces;
-impl Codec for PriorityGraces {
-    type T = Vec<PriorityGrace>;
-    fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Self::T> {
-        let list = v
-            .as_array()
-            .ok_or_else(|| anyhow!("{f}: expected a list of {{priority, shutdownGracePeriodSeconds}}"))?;
-        let mut out = Vec::new();
-        for (i, x) in list.iter().enumerate() {
-            let field = format!("{f}[{i}]");
-            let o = object(&field, x, "an object with priority and shutdownGracePeriodSeconds")?;
-            for k in o.keys() {
-                if k != "priority" && k != "shutdownGracePeriodSeconds" {
-                    bail!("{field}: unknown field {k:?}");
-                }
-            }
-            let int = |k: &str| -> Result<i64> { o.get(k).map_or(Ok(0), |v| integer(&format!("{field}.{k}"), v)) };
-            let priority = int("priority")?;
-            let priority = i32::try_from(priority)
-                .map_err(|_| anyhow!("{field}.priority: {priority} is out of range for int32"))?;
-            out.push(PriorityGrace {
-                priority,
-                shutdown_grace_period_seconds: int("shutdownGracePeriodSeconds")?,
-            });
-        }
-        Ok(out)
-    }
-    fn show(t: &Self::T) -> Value {
-        if t.is_empty() {
-            return Value::Null;
-        }
-        t.iter()
-            .map(|g| serde_json::json!({"priority": g.priority, "shutdownGracePeriodSeconds": g.shutdown_grace_period_seconds}))
-            .collect::<Vec<_>>()
-            .into()
     }
 }

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use serde_json::Value;
 
 use super::codec::*;
 use super::settings::declare;
@@ -187,6 +188,36 @@ impl ServingConfig {
 }
 
 /// The file's `authentication` object.
+/// tlsMinVersion: `VersionTLS12` or `VersionTLS13`.
+pub struct TlsMin;
+impl Codec for TlsMin {
+    type T = TlsVersion;
+    fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<TlsVersion> {
+        TlsVersion::parse(f, &string(f, v)?)
+    }
+    fn flag(name: &str, vals: &[String]) -> Result<TlsVersion> {
+        TlsVersion::parse(&format!("--{name}"), last(vals))
+    }
+    fn show(t: &TlsVersion) -> Value {
+        t.name().into()
+    }
+}
+
+/// authorization.mode: `AlwaysAllow` or `Webhook`; unset follows the mode.
+pub struct Authz;
+impl Codec for Authz {
+    type T = Option<AuthzMode>;
+    fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Option<AuthzMode>> {
+        AuthzMode::parse(f, &string(f, v)?).map(Some)
+    }
+    fn flag(name: &str, vals: &[String]) -> Result<Option<AuthzMode>> {
+        AuthzMode::parse(&format!("--{name}"), last(vals)).map(Some)
+    }
+    fn show(t: &Option<AuthzMode>) -> Value {
+        t.map_or(Value::Null, |m| m.name().into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
 
 use super::codec::*;
 use super::settings::declare;
@@ -68,6 +69,46 @@ impl ShutdownConfig {
     /// Whether graceful node shutdown is on.
     pub fn enabled(&self) -> bool {
         !self.grace_period.is_zero() || !self.by_pod_priority.is_empty()
+    }
+}
+
+/// shutdownGracePeriodByPodPriority: a list of `{priority, shutdownGracePeriodSeconds}`
+/// (file only, as kubelet's).
+pub struct PriorityGraces;
+impl Codec for PriorityGraces {
+    type T = Vec<PriorityGrace>;
+    fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Self::T> {
+        let list = v
+            .as_array()
+            .ok_or_else(|| anyhow!("{f}: expected a list of {{priority, shutdownGracePeriodSeconds}}"))?;
+        let mut out = Vec::new();
+        for (i, x) in list.iter().enumerate() {
+            let field = format!("{f}[{i}]");
+            let o = object(&field, x, "an object with priority and shutdownGracePeriodSeconds")?;
+            for k in o.keys() {
+                if k != "priority" && k != "shutdownGracePeriodSeconds" {
+                    bail!("{field}: unknown field {k:?}");
+                }
+            }
+            let int = |k: &str| -> Result<i64> { o.get(k).map_or(Ok(0), |v| integer(&format!("{field}.{k}"), v)) };
+            let priority = int("priority")?;
+            let priority = i32::try_from(priority)
+                .map_err(|_| anyhow!("{field}.priority: {priority} is out of range for int32"))?;
+            out.push(PriorityGrace {
+                priority,
+                shutdown_grace_period_seconds: int("shutdownGracePeriodSeconds")?,
+            });
+        }
+        Ok(out)
+    }
+    fn show(t: &Self::T) -> Value {
+        if t.is_empty() {
+            return Value::Null;
+        }
+        t.iter()
+            .map(|g| serde_json::json!({"priority": g.priority, "shutdownGracePeriodSeconds": g.shutdown_grace_period_seconds}))
+            .collect::<Vec<_>>()
+            .into()
     }
 }
 
