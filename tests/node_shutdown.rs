@@ -48,6 +48,36 @@ fn wait(what: &str, a: &Agent, machine: &SystemdMachine, mut f: impl FnMut() -> 
     }
 }
 
+/// A sample of the agent's /metrics without labels.
+fn metric(a: &Agent, name: &str) -> Option<f64> {
+    let (code, body) = a.get("/metrics").expect("/metrics");
+    assert_eq!(code, 200);
+    String::from_utf8(body).unwrap().lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().unwrap())
+    })
+}
+
+const START_METRIC: &str = "kubelet_graceful_shutdown_start_time_seconds";
+const END_METRIC: &str = "kubelet_graceful_shutdown_end_time_seconds";
+const GO_ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+/// The agent's graceful_node_shutdown_state (kubelet's file), when it is there: the start and
+/// end as whole seconds since the epoch (0 for Go's zero time), as the metrics carry them.
+fn shutdown_state(a: &Agent) -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string(a.root.join("graceful_node_shutdown_state")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let secs = |k: &str| {
+        let t = v[k].as_str().unwrap_or_else(|| panic!("{k} in {text}"));
+        if t == GO_ZERO_TIME {
+            0.0
+        } else {
+            chrono::DateTime::parse_from_rfc3339(t).unwrap().timestamp() as f64
+        }
+    };
+    Some((secs("startTime"), secs("endTime")))
+}
+
 fn stopped_for_shutdown(p: &Pod) -> bool {
     let st = p.status.as_ref().unwrap();
     let ended = try_container_status(p, "main")
@@ -79,7 +109,7 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
     assert_eq!(machine.inhibit_delay_max(), Duration::from_secs(5), "logind's default");
     // In the machine's pid namespace, as a node agent is in its host's: logind knows the
     // holders of its locks by their pids.
-    let a = Agent::start_in_pid_namespace_of(
+    let mut a = Agent::start_in_pid_namespace_of(
         "shutdown",
         machine.leader(),
         &format!(
@@ -117,7 +147,11 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
     let drop_in = std::fs::read_to_string(machine.logind_conf_dir().join("99-ferrolet.conf")).unwrap();
     assert!(drop_in.contains("[Login]\nInhibitDelayMaxSec=20\n"), "{drop_in}");
     assert_eq!(node_condition(&a, "Ready").0, "True");
+    assert!(shutdown_state(&a).is_none(), "no shutdown yet, no state file");
+    assert_eq!(metric(&a, START_METRIC), Some(0.0));
+    assert_eq!(metric(&a, END_METRIC), Some(0.0));
 
+    let before = chrono::Utc::now().timestamp() as f64;
     let out = machine.run(&["systemctl", "poweroff"]);
     assert!(out.status.success(), "systemctl poweroff: {out:?}");
     wait("the node not Ready while it shuts down", &a, &machine, || {
@@ -132,6 +166,14 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
         st.message.as_deref(),
         Some("Pod was rejected: Pod was rejected as the node is shutting down.")
     );
+    // The shutdown's start is on disk and in the metrics, its end not yet.
+    wait("the shutdown's start in the state file", &a, &machine, || {
+        shutdown_state(&a).is_some()
+    });
+    let (start, end) = shutdown_state(&a).unwrap();
+    assert!(start >= before && start <= before + 10.0 && end == 0.0, "{start} {end}");
+    assert_eq!(metric(&a, START_METRIC), Some(start));
+    assert_eq!(metric(&a, END_METRIC), Some(0.0));
     // The machine waits for the pods meanwhile.
     assert!(
         machine.wait_powered_off(Duration::from_secs(2), || {}).is_none(),
@@ -176,6 +218,26 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
         "the machine did not power off: {st:?}\n{}",
         machine.log()
     );
-    drop(a);
+    // The end was written before the lock went, once both groups had stopped.
+    let (start2, end) = shutdown_state(&a).expect("the state file");
+    let critical_end = c.0.as_second() as f64;
+    assert!(
+        start2 == start && end >= critical_end && end <= start + 20.0,
+        "{start} {end} {critical_end}"
+    );
     drop(machine);
+
+    // The node comes back (its agent outside the machine, no logind to talk to): the metrics
+    // are the last shutdown's, read from the file.
+    for m in ["ordinary.yaml", "critical.yaml", "late.yaml"] {
+        a.remove(m);
+    }
+    let no_bus = format!(
+        "unix:path={}",
+        std::env::temp_dir().join("ferrolet-it-no-such-bus").display()
+    );
+    a.boot_after_its_machine(vec![("DBUS_SYSTEM_BUS_ADDRESS".into(), no_bus)]);
+    assert_eq!(metric(&a, START_METRIC), Some(start));
+    assert_eq!(metric(&a, END_METRIC), Some(end));
+    drop(a);
 }
