@@ -5,7 +5,8 @@
 //! logind send PrepareForShutdown, and the agent refuses new pods, reports the node not
 //! Ready, stops the ordinary pods, then the critical ones, each Failed with kubelet's reason,
 //! message and DisruptionTarget condition, and releases its lock; then the machine powers
-//! off.
+//! off. A shutdown systemd refuses to carry out is cancelled by logind (PrepareForShutdown
+//! false): the node takes pods again and holds its lock again.
 
 mod common;
 
@@ -240,4 +241,110 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
     assert_eq!(metric(&a, START_METRIC), Some(start));
     assert_eq!(metric(&a, END_METRIC), Some(end));
     drop(a);
+}
+
+/// A shutdown systemd refuses to carry out: logind sends PrepareForShutdown(true), holds the
+/// shutdown for the agent's delay lock, and when the lock is let go its StartUnit of
+/// poweroff.target fails, so logind sends PrepareForShutdown(false) ("Tell people that they now
+/// may take a lock again", logind-dbus.c execute_shutdown_or_sleep). Here the failure is real:
+/// a drop-in gives poweroff.target RefuseManualStart=yes, which logind's up-front check (the
+/// unit is loaded) lets through and systemd's StartUnit refuses. The agent is Ready again,
+/// admits pods, and holds its lock again: a second poweroff, the drop-in gone, waits for its
+/// new pod.
+#[test]
+fn a_shutdown_systemd_refuses_is_cancelled_and_the_node_takes_pods_again() {
+    let dir = std::env::temp_dir().join(format!("ferrolet-it-machine-cancel-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut machine = SystemdMachine::boot(&dir, &format!("ferrolet-it-cancel-{}", std::process::id()));
+    let a = Agent::start_in_pid_namespace_of(
+        "shutdown-cancel",
+        machine.leader(),
+        &format!(
+            "shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 2s\nferrolet:\n  logindConfDir: {}\n",
+            machine.logind_conf_dir().display()
+        ),
+        vec![(
+            "DBUS_SYSTEM_BUS_ADDRESS".into(),
+            machine.bus_address_in_its_pid_namespace(),
+        )],
+    );
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, 'trap \"sleep 2; exit 0\" TERM; while true; do sleep 0.2; done']\n"
+        )
+    };
+    a.write("first.yaml", &pod("first"));
+    a.wait_phase("first", "Running", T);
+    let locked = || {
+        let l = machine.try_busctl(&["call", "ListInhibitors"]).unwrap_or_default();
+        l.contains("\"shutdown\" \"ferrolet\"") && l.contains("\"delay\"")
+    };
+    wait("the agent's inhibitor lock", &a, &machine, locked);
+
+    // systemd will refuse logind's StartUnit of poweroff.target.
+    let refuse = machine.run(&[
+        "sh",
+        "-c",
+        "mkdir -p /run/systemd/system/poweroff.target.d && printf '[Unit]\\nRefuseManualStart=yes\\n' > /run/systemd/system/poweroff.target.d/refuse.conf && systemctl daemon-reload",
+    ]);
+    assert!(refuse.status.success(), "{refuse:?}");
+    let out = machine.run(&["systemctl", "poweroff"]);
+    assert!(out.status.success(), "systemctl poweroff: {out:?}");
+    wait("the node not Ready while it shuts down", &a, &machine, || {
+        node_condition(&a, "Ready").0 == "False"
+    });
+    a.wait_for("first", "stopped for the shutdown", T, stopped_for_shutdown);
+
+    // The lock let go, systemd refuses, logind cancels: the node is Ready again and holds its
+    // lock again; the machine stays up.
+    wait("the node Ready again after the cancellation", &a, &machine, || {
+        node_condition(&a, "Ready").0 == "True"
+    });
+    assert!(
+        a.agent_log()
+            .contains("Shutdown manager detected shutdown cancellation"),
+        "{}",
+        tail(&a.agent_log(), 40)
+    );
+    wait("the agent's inhibitor lock again", &a, &machine, locked);
+    // The cancellation came from systemd's refusal, as logind says.
+    let journal = machine.run(&["journalctl", "--no-pager", "-u", "systemd-logind"]);
+    let journal = String::from_utf8_lossy(&journal.stdout);
+    assert!(
+        journal.contains("Error during inhibitor-delayed operation") && journal.contains("refuse manual start"),
+        "{journal}"
+    );
+    assert!(
+        machine.wait_powered_off(Duration::from_secs(1), || {}).is_none(),
+        "the machine powered off after all\n{}",
+        machine.log()
+    );
+    // A new pod is admitted and runs; the one stopped for the shutdown stays Failed, as in
+    // kubelet.
+    a.write("second.yaml", &pod("second"));
+    a.wait_phase("second", "Running", T);
+    assert!(stopped_for_shutdown(&a.pod("first").unwrap()));
+
+    // The lock taken again holds the next shutdown for the new pod.
+    let allow = machine.run(&[
+        "sh",
+        "-c",
+        "rm /run/systemd/system/poweroff.target.d/refuse.conf && systemctl daemon-reload",
+    ]);
+    assert!(allow.status.success(), "{allow:?}");
+    let out = machine.run(&["systemctl", "poweroff"]);
+    assert!(out.status.success(), "systemctl poweroff: {out:?}");
+    assert!(
+        machine.wait_powered_off(Duration::from_secs(1), || {}).is_none(),
+        "the second shutdown did not wait for the agent"
+    );
+    a.wait_for("second", "stopped for the shutdown", T, stopped_for_shutdown);
+    let st = machine.wait_powered_off(T, || a.continue_launcher());
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "the machine did not power off: {st:?}\n{}",
+        machine.log()
+    );
+    drop(a);
+    drop(machine);
 }
