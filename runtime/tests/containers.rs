@@ -719,6 +719,14 @@ fn exec_that_never_starts_fails_within_its_bound() -> Result<()> {
                 .exec_capture(&id, &check, Some(Duration::from_secs(10)), 1024)
                 .await?;
             ensure!(o.exit_code == 1, "the frozen exec ran after all: {o:?}");
+            // Nothing of either exec is left in libcontainer's directory of the container (its
+            // tenant builder leaves a notify socket per exec; the worker removes those unbound).
+            let left: Vec<String> = std::fs::read_dir(&lc_dir)?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("tenant-") || n.starts_with("ferrolet-exec-"))
+                .collect();
+            ensure!(left.is_empty(), "left in {}: {left:?}", lc_dir.display());
             rt.kill(&id, libc::SIGKILL)?;
             tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
             Ok(())

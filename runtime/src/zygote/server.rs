@@ -299,7 +299,10 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
     }
     let pid = match built {
         Ok(pid) => pid,
-        Err(e) => return failed(chain(&e).to_string()),
+        Err(e) => {
+            remove_stale_notify_sockets(&dir);
+            return failed(chain(&e).to_string());
+        }
     };
     if let Some((console, console_out)) = terminal {
         let sent = console
@@ -320,7 +323,43 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
     if !write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() }) {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGKILL);
     }
+    remove_stale_notify_sockets(&dir);
     wait_exec(pid, &reply)
+}
+
+/// libcontainer's tenant builder binds a `tenant-notify-<random>.sock` in the container's
+/// directory per exec (the exec'd process waits on it for "start") and never removes it: one
+/// file per exec, for as long as the container lives (an exec probe every 10 s makes thousands
+/// a day), and one more per exec that never started. Removed here once no socket is bound to
+/// it any more: /proc/net/unix lists every bound socket of this network namespace (the
+/// zygote's, where they are bound) by the name it was bound with, which for these is the bare
+/// file name (libcontainer binds from inside the directory). A concurrent exec's socket is
+/// bound, listed, and kept.
+fn remove_stale_notify_sockets(dir: &std::path::Path) {
+    const PREFIX: &str = "tenant-notify-";
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let files: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(PREFIX))
+        .collect();
+    if files.is_empty() {
+        return;
+    }
+    // Read after the directory: a socket bound in between is in both.
+    let Ok(bound) = std::fs::read_to_string("/proc/net/unix") else {
+        return;
+    };
+    let bound: std::collections::HashSet<&str> = bound
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .map(|p| p.rsplit('/').next().unwrap_or(p))
+        .filter(|n| n.starts_with(PREFIX))
+        .collect();
+    for f in files.iter().filter(|f| !bound.contains(f.as_str())) {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
 }
 
 /// What a stuck exec worker's timer handler needs, made before the timer is armed (the
