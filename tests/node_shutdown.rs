@@ -237,9 +237,28 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
         "unix:path={}",
         std::env::temp_dir().join("ferrolet-it-no-such-bus").display()
     );
-    a.boot_after_its_machine(vec![("DBUS_SYSTEM_BUS_ADDRESS".into(), no_bus)]);
+    a.boot_after_its_machine(vec![("DBUS_SYSTEM_BUS_ADDRESS".into(), no_bus.clone())]);
     assert_eq!(metric(&a, START_METRIC), Some(start));
     assert_eq!(metric(&a, END_METRIC), Some(end));
+
+    // A state file that cannot be read is said so, naming it; the agent runs on, the metrics 0.
+    let file = a.root.join("graceful_node_shutdown_state");
+    std::fs::write(&file, "{\"startTime\": \"yesterday\"}").unwrap();
+    a.restart_with_env(vec![("DBUS_SYSTEM_BUS_ADDRESS".into(), no_bus)]);
+    a.wait_log("the graceful shutdown state cannot be read", T);
+    let said = a
+        .agent_log()
+        .lines()
+        .rev()
+        .find(|l| l.contains("the graceful shutdown state cannot be read"))
+        .unwrap()
+        .to_string();
+    assert!(
+        said.contains(&file.display().to_string()) && said.contains("yesterday"),
+        "{said}"
+    );
+    assert_eq!(metric(&a, START_METRIC), Some(0.0));
+    assert_eq!(metric(&a, END_METRIC), Some(0.0));
     drop(a);
 }
 
