@@ -5,7 +5,8 @@
 //! logind send PrepareForShutdown, and the agent refuses new pods, reports the node not
 //! Ready, stops the ordinary pods, then the critical ones, each Failed with kubelet's reason,
 //! message and DisruptionTarget condition, and releases its lock; then the machine powers
-//! off.
+//! off. A shutdown systemd refuses to carry out is cancelled by logind (PrepareForShutdown
+//! false): the node takes pods again and holds its lock again.
 
 mod common;
 
@@ -48,6 +49,36 @@ fn wait(what: &str, a: &Agent, machine: &SystemdMachine, mut f: impl FnMut() -> 
     }
 }
 
+/// A sample of the agent's /metrics without labels.
+fn metric(a: &Agent, name: &str) -> Option<f64> {
+    let (code, body) = a.get("/metrics").expect("/metrics");
+    assert_eq!(code, 200);
+    String::from_utf8(body).unwrap().lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().unwrap())
+    })
+}
+
+const START_METRIC: &str = "kubelet_graceful_shutdown_start_time_seconds";
+const END_METRIC: &str = "kubelet_graceful_shutdown_end_time_seconds";
+const GO_ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+/// The agent's graceful_node_shutdown_state (kubelet's file), when it is there: the start and
+/// end as whole seconds since the epoch (0 for Go's zero time), as the metrics carry them.
+fn shutdown_state(a: &Agent) -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string(a.root.join("graceful_node_shutdown_state")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let secs = |k: &str| {
+        let t = v[k].as_str().unwrap_or_else(|| panic!("{k} in {text}"));
+        if t == GO_ZERO_TIME {
+            0.0
+        } else {
+            chrono::DateTime::parse_from_rfc3339(t).unwrap().timestamp() as f64
+        }
+    };
+    Some((secs("startTime"), secs("endTime")))
+}
+
 fn stopped_for_shutdown(p: &Pod) -> bool {
     let st = p.status.as_ref().unwrap();
     let ended = try_container_status(p, "main")
@@ -79,7 +110,7 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
     assert_eq!(machine.inhibit_delay_max(), Duration::from_secs(5), "logind's default");
     // In the machine's pid namespace, as a node agent is in its host's: logind knows the
     // holders of its locks by their pids.
-    let a = Agent::start_in_pid_namespace_of(
+    let mut a = Agent::start_in_pid_namespace_of(
         "shutdown",
         machine.leader(),
         &format!(
@@ -117,7 +148,11 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
     let drop_in = std::fs::read_to_string(machine.logind_conf_dir().join("99-ferrolet.conf")).unwrap();
     assert!(drop_in.contains("[Login]\nInhibitDelayMaxSec=20\n"), "{drop_in}");
     assert_eq!(node_condition(&a, "Ready").0, "True");
+    assert!(shutdown_state(&a).is_none(), "no shutdown yet, no state file");
+    assert_eq!(metric(&a, START_METRIC), Some(0.0));
+    assert_eq!(metric(&a, END_METRIC), Some(0.0));
 
+    let before = chrono::Utc::now().timestamp() as f64;
     let out = machine.run(&["systemctl", "poweroff"]);
     assert!(out.status.success(), "systemctl poweroff: {out:?}");
     wait("the node not Ready while it shuts down", &a, &machine, || {
@@ -132,6 +167,14 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
         st.message.as_deref(),
         Some("Pod was rejected: Pod was rejected as the node is shutting down.")
     );
+    // The shutdown's start is on disk and in the metrics, its end not yet.
+    wait("the shutdown's start in the state file", &a, &machine, || {
+        shutdown_state(&a).is_some()
+    });
+    let (start, end) = shutdown_state(&a).unwrap();
+    assert!(start >= before && start <= before + 10.0 && end == 0.0, "{start} {end}");
+    assert_eq!(metric(&a, START_METRIC), Some(start));
+    assert_eq!(metric(&a, END_METRIC), Some(0.0));
     // The machine waits for the pods meanwhile.
     assert!(
         machine.wait_powered_off(Duration::from_secs(2), || {}).is_none(),
@@ -170,6 +213,151 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
     assert!(log.contains("Shutdown manager detected shutdown event"));
 
     // The lock let go, the shutdown goes on: the machine powers off (its agent with it).
+    let st = machine.wait_powered_off(T, || a.continue_launcher());
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "the machine did not power off: {st:?}\n{}",
+        machine.log()
+    );
+    // The end was written before the lock went, once both groups had stopped.
+    let (start2, end) = shutdown_state(&a).expect("the state file");
+    let critical_end = c.0.as_second() as f64;
+    assert!(
+        start2 == start && end >= critical_end && end <= start + 20.0,
+        "{start} {end} {critical_end}"
+    );
+    drop(machine);
+
+    // The node comes back (its agent outside the machine, no logind to talk to): the metrics
+    // are the last shutdown's, read from the file.
+    for m in ["ordinary.yaml", "critical.yaml", "late.yaml"] {
+        a.remove(m);
+    }
+    let no_bus = format!(
+        "unix:path={}",
+        std::env::temp_dir().join("ferrolet-it-no-such-bus").display()
+    );
+    a.boot_after_its_machine(vec![("DBUS_SYSTEM_BUS_ADDRESS".into(), no_bus.clone())]);
+    assert_eq!(metric(&a, START_METRIC), Some(start));
+    assert_eq!(metric(&a, END_METRIC), Some(end));
+
+    // A state file that cannot be read is said so, naming it; the agent runs on, the metrics 0.
+    let file = a.root.join("graceful_node_shutdown_state");
+    std::fs::write(&file, "{\"startTime\": \"yesterday\"}").unwrap();
+    a.restart_with_env(vec![("DBUS_SYSTEM_BUS_ADDRESS".into(), no_bus)]);
+    a.wait_log("the graceful shutdown state cannot be read", T);
+    let said = a
+        .agent_log()
+        .lines()
+        .rev()
+        .find(|l| l.contains("the graceful shutdown state cannot be read"))
+        .unwrap()
+        .to_string();
+    assert!(
+        said.contains(&file.display().to_string()) && said.contains("yesterday"),
+        "{said}"
+    );
+    assert_eq!(metric(&a, START_METRIC), Some(0.0));
+    assert_eq!(metric(&a, END_METRIC), Some(0.0));
+    drop(a);
+}
+
+/// A shutdown systemd refuses to carry out: logind sends PrepareForShutdown(true), holds the
+/// shutdown for the agent's delay lock, and when the lock is let go its StartUnit of
+/// poweroff.target fails, so logind sends PrepareForShutdown(false) ("Tell people that they now
+/// may take a lock again", logind-dbus.c execute_shutdown_or_sleep). Here the failure is real:
+/// a drop-in gives poweroff.target RefuseManualStart=yes, which logind's up-front check (the
+/// unit is loaded) lets through and systemd's StartUnit refuses. The agent is Ready again,
+/// admits pods, and holds its lock again: a second poweroff, the drop-in gone, waits for its
+/// new pod.
+#[test]
+fn a_shutdown_systemd_refuses_is_cancelled_and_the_node_takes_pods_again() {
+    let dir = std::env::temp_dir().join(format!("ferrolet-it-machine-cancel-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut machine = SystemdMachine::boot(&dir, &format!("ferrolet-it-cancel-{}", std::process::id()));
+    let a = Agent::start_in_pid_namespace_of(
+        "shutdown-cancel",
+        machine.leader(),
+        &format!(
+            "shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 2s\nferrolet:\n  logindConfDir: {}\n",
+            machine.logind_conf_dir().display()
+        ),
+        vec![(
+            "DBUS_SYSTEM_BUS_ADDRESS".into(),
+            machine.bus_address_in_its_pid_namespace(),
+        )],
+    );
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, 'trap \"sleep 2; exit 0\" TERM; while true; do sleep 0.2; done']\n"
+        )
+    };
+    a.write("first.yaml", &pod("first"));
+    a.wait_phase("first", "Running", T);
+    let locked = || {
+        let l = machine.try_busctl(&["call", "ListInhibitors"]).unwrap_or_default();
+        l.contains("\"shutdown\" \"ferrolet\"") && l.contains("\"delay\"")
+    };
+    wait("the agent's inhibitor lock", &a, &machine, locked);
+
+    // systemd will refuse logind's StartUnit of poweroff.target.
+    let refuse = machine.run(&[
+        "sh",
+        "-c",
+        "mkdir -p /run/systemd/system/poweroff.target.d && printf '[Unit]\\nRefuseManualStart=yes\\n' > /run/systemd/system/poweroff.target.d/refuse.conf && systemctl daemon-reload",
+    ]);
+    assert!(refuse.status.success(), "{refuse:?}");
+    let out = machine.run(&["systemctl", "poweroff"]);
+    assert!(out.status.success(), "systemctl poweroff: {out:?}");
+    wait("the node not Ready while it shuts down", &a, &machine, || {
+        node_condition(&a, "Ready").0 == "False"
+    });
+    a.wait_for("first", "stopped for the shutdown", T, stopped_for_shutdown);
+
+    // The lock let go, systemd refuses, logind cancels: the node is Ready again and holds its
+    // lock again; the machine stays up.
+    wait("the node Ready again after the cancellation", &a, &machine, || {
+        node_condition(&a, "Ready").0 == "True"
+    });
+    assert!(
+        a.agent_log()
+            .contains("Shutdown manager detected shutdown cancellation"),
+        "{}",
+        tail(&a.agent_log(), 40)
+    );
+    wait("the agent's inhibitor lock again", &a, &machine, locked);
+    // The cancellation came from systemd's refusal, as logind says.
+    let journal = machine.run(&["journalctl", "--no-pager", "-u", "systemd-logind"]);
+    let journal = String::from_utf8_lossy(&journal.stdout);
+    assert!(
+        journal.contains("Error during inhibitor-delayed operation") && journal.contains("refuse manual start"),
+        "{journal}"
+    );
+    assert!(
+        machine.wait_powered_off(Duration::from_secs(1), || {}).is_none(),
+        "the machine powered off after all\n{}",
+        machine.log()
+    );
+    // A new pod is admitted and runs; the one stopped for the shutdown stays Failed, as in
+    // kubelet.
+    a.write("second.yaml", &pod("second"));
+    a.wait_phase("second", "Running", T);
+    assert!(stopped_for_shutdown(&a.pod("first").unwrap()));
+
+    // The lock taken again holds the next shutdown for the new pod.
+    let allow = machine.run(&[
+        "sh",
+        "-c",
+        "rm /run/systemd/system/poweroff.target.d/refuse.conf && systemctl daemon-reload",
+    ]);
+    assert!(allow.status.success(), "{allow:?}");
+    let out = machine.run(&["systemctl", "poweroff"]);
+    assert!(out.status.success(), "systemctl poweroff: {out:?}");
+    assert!(
+        machine.wait_powered_off(Duration::from_secs(1), || {}).is_none(),
+        "the second shutdown did not wait for the agent"
+    );
+    a.wait_for("second", "stopped for the shutdown", T, stopped_for_shutdown);
     let st = machine.wait_powered_off(T, || a.continue_launcher());
     assert!(
         st.is_some_and(|s| s.success()),

@@ -44,6 +44,6 @@ pub use config::ContainerConfig;
 pub use container::{ContainerInfo, ContainerState, ExitRecord, ProcessUser};
 pub use error::{Error, Result};
 pub use process::trim_heap;
-pub use runtime::{ExecIo, ExecOutput, ExecProcess, ExecSpec, Runtime};
+pub use runtime::{ExecIo, ExecOutput, ExecProcess, ExecSpec, Runtime, DEFAULT_REQUEST_TIMEOUT};
 pub use tty::resize_tty;
 pub use zygote::{fork_zygote, ZygoteHandle};

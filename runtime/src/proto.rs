@@ -73,6 +73,11 @@ pub(crate) struct CreateArgs {
     pub staged: Option<crate::mount_ns::Staging>,
 }
 
+/// How long after an exec's start deadline a worker still stuck on it ends itself (its timer),
+/// and about how long the agent reads its replies after giving up (to kill a process that
+/// started just too late).
+pub(crate) const EXEC_WORKER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct ExecArgs {
     pub id: String,
@@ -83,6 +88,11 @@ pub(crate) struct ExecArgs {
     /// console fd.
     pub process: Box<oci_spec::runtime::Process>,
     pub confinement: Confinement,
+    /// When the process must have started, CLOCK_MONOTONIC in nanoseconds (the agent and the
+    /// zygote share the clock): the agent gives up waiting then, and the worker, still stuck a
+    /// little later, is ended by its own timer (zygote/server.rs, `exec`). 0: no bound.
+    #[serde(default)]
+    pub start_by_ns: u64,
 }
 
 /// What confines the container's processes: its first one and every exec'd one. libcontainer
@@ -213,8 +223,9 @@ pub(crate) fn recv_request(sock: RawFd, buf: &mut [u8]) -> std::io::Result<Optio
     Ok(Some((req, fds)))
 }
 
-/// Write one reply line (blocking; used in forked workers).
-pub(crate) fn write_reply(fd: &OwnedFd, reply: &Reply) {
+/// Write one reply line (blocking; used in forked workers). Whether the whole line was
+/// written: not when the agent has closed its end (it gave up waiting).
+pub(crate) fn write_reply(fd: &OwnedFd, reply: &Reply) -> bool {
     let mut line = serde_json::to_vec(reply).unwrap_or_default();
     line.push(b'\n');
     // write_all's loop: short writes go on, EINTR tries again, any other error gives up.
@@ -227,4 +238,5 @@ pub(crate) fn write_reply(fd: &OwnedFd, reply: &Reply) {
             Err(_) => break,
         }
     }
+    rest.is_empty()
 }

@@ -16,7 +16,7 @@ use crate::digest::Digest;
 use crate::error::{p, Context, Error, Result};
 use crate::image::ImageStore;
 use crate::pidfd::{process_matches, PidFd};
-use crate::proto::{Confinement, CreateArgs, ExecArgs, PinArgs, Reply, Request};
+use crate::proto::{Confinement, CreateArgs, ExecArgs, PinArgs, Reply, Request, EXEC_WORKER_GRACE};
 use crate::rootfs::RootfsSpec;
 use crate::spec::{build_spec, SpecInput};
 use crate::user::{resolve_user, ImageFiles};
@@ -37,7 +37,13 @@ pub struct Runtime {
     images: std::sync::Arc<ImageStore>,
     zygote: ZygoteClient,
     cgroups: Cgroups,
+    /// How long a request that waits on the zygote may take (kubelet's runtimeRequestTimeout):
+    /// an exec whose process has not started by then fails.
+    request_timeout: Duration,
 }
+
+/// kubelet's default runtimeRequestTimeout.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A process to run inside a running container.
 #[derive(Debug, Clone, Default)]
@@ -49,6 +55,8 @@ pub struct ExecSpec {
     pub cwd: Option<String>,
     /// Defaults to the container's user.
     pub user: Option<(u32, u32)>,
+    /// How long the process may take to start; the runtime's request timeout when unset.
+    pub start_timeout: Option<Duration>,
 }
 
 /// Where an exec'd process's stdio goes.
@@ -139,8 +147,16 @@ impl Runtime {
             zygote: ZygoteClient::new(zygote),
             cgroups: Cgroups::detect()?,
             root,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         };
         Ok(rt)
+    }
+
+    /// Bound requests that wait on the zygote with `timeout` (the agent's
+    /// runtimeRequestTimeout) instead of [`DEFAULT_REQUEST_TIMEOUT`].
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Runtime {
+        self.request_timeout = timeout;
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -472,12 +488,13 @@ impl Runtime {
 
     /// Start a process in a running container with the given stdio.
     pub async fn exec(&self, id: &str, spec: &ExecSpec, io: ExecIo) -> Result<ExecProcess> {
-        let args = self.exec_args(id, spec, false)?;
-        let mut replies = self
+        let (args, limit) = self.exec_args(id, spec, false)?;
+        let replies = self
             .zygote
             .call(&Request::Exec(Box::new(args)), &[&io.stdin, &io.stdout, &io.stderr])?;
         drop(io);
-        Self::exec_started(id, &mut replies).await.map(|pid| ExecProcess {
+        let (pid, replies) = Self::exec_started(id, replies, limit).await?;
+        Ok(ExecProcess {
             pid,
             pidfd: PidFd::open(pid).ok(),
             replies,
@@ -492,7 +509,7 @@ impl Runtime {
     /// close-on-exec): the caller reads the output from it and writes the input to it, and
     /// resizes with [`crate::resize_tty`]. `TERM=xterm` is set unless `spec.env` sets `TERM`.
     pub async fn exec_tty(&self, id: &str, spec: &ExecSpec) -> Result<(ExecProcess, OwnedFd)> {
-        let args = self.exec_args(id, spec, true)?;
+        let (args, limit) = self.exec_args(id, spec, true)?;
         let (ours, theirs) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
             nix::sys::socket::SockType::Stream,
@@ -500,9 +517,9 @@ impl Runtime {
             nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         )
         .context("creating the socket for the pty master")?;
-        let mut replies = self.zygote.call(&Request::Exec(Box::new(args)), &[&theirs])?;
+        let replies = self.zygote.call(&Request::Exec(Box::new(args)), &[&theirs])?;
         drop(theirs);
-        let pid = Self::exec_started(id, &mut replies).await?;
+        let (pid, replies) = Self::exec_started(id, replies, limit).await?;
         // Made first: a process whose terminal cannot be had is killed with it.
         let proc_ = ExecProcess {
             pid,
@@ -550,8 +567,9 @@ impl Runtime {
     /// way runc builds an exec'd one from the container's (its environment with the exec's on
     /// top, its user unless `spec.user` says otherwise, its rlimits, OOM score and AppArmor
     /// profile, `TERM=xterm` on a terminal unless set), and the container's confinement
-    /// (capabilities, noNewPrivileges, seccomp), applied by the zygote right before exec.
-    fn exec_args(&self, id: &str, spec: &ExecSpec, tty: bool) -> Result<ExecArgs> {
+    /// (capabilities, noNewPrivileges, seccomp), applied by the zygote right before exec; and
+    /// how long the process may take to start.
+    fn exec_args(&self, id: &str, spec: &ExecSpec, tty: bool) -> Result<(ExecArgs, Duration)> {
         let info = self.inspect(id)?;
         if !info.is_running() {
             return Err(Error::container(id, "cannot exec: the container is not running"));
@@ -589,17 +607,37 @@ impl Runtime {
                     .map_err(|e| Error::invalid_config("exec.user", e.to_string()))?,
             );
         }
-        Ok(ExecArgs {
-            id: id.to_string(),
-            lc_root: self.lc_root.clone(),
-            process: Box::new(process),
-            confinement,
-        })
+        let limit = spec.start_timeout.unwrap_or(self.request_timeout);
+        let start_by_ns = u64::try_from((crate::process::monotonic_now() + limit).as_nanos()).unwrap_or(u64::MAX);
+        Ok((
+            ExecArgs {
+                id: id.to_string(),
+                lc_root: self.lc_root.clone(),
+                process: Box::new(process),
+                confinement,
+                start_by_ns,
+            },
+            limit,
+        ))
     }
 
-    async fn exec_started(id: &str, replies: &mut Replies) -> Result<i32> {
-        match replies.next().await? {
-            Reply::ExecStarted { pid } => Ok(pid),
+    /// The worker's first reply: the process's pid once it runs, within `limit`. Past it the
+    /// exec fails; the worker, if it is stuck, ends itself a little later (its timer), and a
+    /// process that starts after all, just too late, is killed here.
+    async fn exec_started(id: &str, mut replies: Replies, limit: Duration) -> Result<(i32, Replies)> {
+        let reply = match tokio::time::timeout(limit, replies.next()).await {
+            Ok(r) => r?,
+            Err(_) => {
+                tracing::warn!(container = %id, ?limit, "exec: the process did not start in time; giving up");
+                tokio::spawn(kill_late_exec(replies, EXEC_WORKER_GRACE + Duration::from_secs(1)));
+                return Err(Error::container(
+                    id,
+                    format!("exec: the process did not start within {limit:?}"),
+                ));
+            }
+        };
+        match reply {
+            Reply::ExecStarted { pid } => Ok((pid, replies)),
             Reply::Failed { error } => Err(Error::container(id, format!("exec: {error}"))),
             other => Err(Error::container(id, format!("exec: unexpected reply {other:?}"))),
         }
@@ -1058,6 +1096,26 @@ fn host_paths(spec: &oci_spec::runtime::Spec) -> Option<Vec<PathBuf>> {
     }
     out.retain(|p| p.is_absolute());
     Some(out)
+}
+
+/// After the agent gave up on an exec's start: the worker's replies read on for at most
+/// `limit`, so that a process that started after all, just too late for anyone to wait for it,
+/// is killed rather than left running on its own. A worker still stuck by then has ended itself.
+async fn kill_late_exec(mut replies: Replies, limit: Duration) {
+    let read_on = async {
+        while let Ok(reply) = replies.next().await {
+            if let Reply::ExecStarted { pid } = reply {
+                tracing::warn!(
+                    pid,
+                    "exec: the process started after the runtime gave up on it; killing it"
+                );
+                if let Ok(p) = PidFd::open(pid) {
+                    let _ = p.send_signal(libc::SIGKILL);
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(limit, read_on).await;
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd)> {

@@ -55,6 +55,10 @@ fn main() {
             seccomp_notify_profile_is_refused_at_creation,
         ),
         trial("exec_in_running_container", exec_in_running_container),
+        trial(
+            "exec_that_never_starts_fails_within_its_bound",
+            exec_that_never_starts_fails_within_its_bound,
+        ),
         trial("memory_limit_in_cgroup_and_cleanup", memory_limit_in_cgroup_and_cleanup),
         trial(
             "warming_cgroup_migrations_moves_nothing",
@@ -605,6 +609,135 @@ fn exec_in_running_container() -> Result<()> {
             Ok(())
         }
         .await;
+        rt.delete(&id).await?;
+        r
+    })
+}
+
+/// An exec whose process can never start: the container's cgroup is frozen, so the process
+/// libcontainer starts in it never reports back, and the zygote's worker would wait for it
+/// forever. The exec fails once its start timeout has passed, with an error naming the
+/// container; the worker ends itself shortly after, its files with it; and once the cgroup
+/// thaws, what libcontainer had started finds nobody to report to and ends: the command never
+/// runs, and the container takes an exec again.
+fn exec_that_never_starts_fails_within_its_bound() -> Result<()> {
+    block(async {
+        let rt = &env().rt;
+        let info = rt.create(&config("exec-frozen", &["sleep", "60"])).await?;
+        let id = info.id().to_string();
+        let cg = info.record.cgroup_path.clone();
+        let (freeze, frozen, thawed) = if rt.cgroups().is_v2() {
+            (rt.cgroups().dir_for("", &cg).map(|d| d.join("cgroup.freeze")), "1", "0")
+        } else {
+            (
+                rt.cgroups().dir_for("freezer", &cg).map(|d| d.join("freezer.state")),
+                "FROZEN",
+                "THAWED",
+            )
+        };
+        let freeze = freeze.ok_or_else(|| anyhow!("no freezer for {cg}"))?;
+        let procs = freeze.with_file_name("cgroup.procs");
+        let lc_dir = rt.root().join("libcontainer").join(&id);
+        let exec_files = || -> Vec<String> {
+            std::fs::read_dir(&lc_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("ferrolet-exec-"))
+                .collect()
+        };
+        let r = async {
+            rt.start(&id).await?;
+            std::fs::write(&freeze, frozen)?;
+            let spec = ExecSpec {
+                args: vec!["touch".into(), "/tmp/ran".into()],
+                start_timeout: Some(Duration::from_secs(2)),
+                ..Default::default()
+            };
+            let t = Instant::now();
+            let exec = rt.exec_capture(&id, &spec, Some(Duration::from_secs(10)), 1024);
+            tokio::pin!(exec);
+            // The worker's process.json names it, while it waits.
+            let mut workers = Vec::new();
+            let outcome = loop {
+                tokio::select! {
+                    o = &mut exec => break o,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                        for f in exec_files() {
+                            let pid = f.trim_start_matches("ferrolet-exec-").trim_end_matches(".json");
+                            if let Ok(pid) = pid.parse::<i32>() {
+                                if !workers.contains(&pid) {
+                                    workers.push(pid);
+                                }
+                            }
+                        }
+                        ensure!(t.elapsed() < Duration::from_secs(30), "the exec still waits after 30 s");
+                    }
+                }
+            };
+            let took = t.elapsed();
+            let e = match outcome {
+                Ok(o) => bail!("an exec ran in a frozen container: {o:?}"),
+                Err(e) => e,
+            };
+            let text = ferrolet_fsutil::chain(&e).to_string();
+            ensure!(
+                took >= Duration::from_secs(2) && took < Duration::from_secs(5),
+                "the exec failed after {took:?}: {text}"
+            );
+            ensure!(text.contains(&id) && text.contains("did not start within 2s"), "{text}");
+            ensure!(!workers.is_empty(), "no worker was seen waiting");
+            // The worker ends itself a little later and removes its files.
+            let deadline = Instant::now() + Duration::from_secs(6);
+            while workers.iter().any(|p| Path::new(&format!("/proc/{p}")).exists()) || !exec_files().is_empty() {
+                ensure!(
+                    Instant::now() < deadline,
+                    "the worker {workers:?} or its files {:?} are still there",
+                    exec_files()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            std::fs::write(&freeze, thawed)?;
+            // Thawed, what libcontainer had started ends: only the container's own process is
+            // left in its cgroup.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let left = std::fs::read_to_string(&procs)?;
+                if left.lines().count() == 1 {
+                    break;
+                }
+                ensure!(Instant::now() < deadline, "left in the container's cgroup: {left}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // The command never ran; the container takes an exec again.
+            let check = ExecSpec {
+                args: vec!["test".into(), "-e".into(), "/tmp/ran".into()],
+                ..Default::default()
+            };
+            let o = rt
+                .exec_capture(&id, &check, Some(Duration::from_secs(10)), 1024)
+                .await?;
+            ensure!(o.exit_code == 1, "the frozen exec ran after all: {o:?}");
+            // Nothing of either exec is left in libcontainer's directory of the container (its
+            // tenant builder leaves a notify socket per exec; the worker removes those unbound).
+            let left: Vec<String> = std::fs::read_dir(&lc_dir)?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("tenant-") || n.starts_with("ferrolet-exec-"))
+                .collect();
+            ensure!(left.is_empty(), "left in {}: {left:?}", lc_dir.display());
+            rt.kill(&id, libc::SIGKILL)?;
+            tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            Ok(())
+        }
+        .await;
+        // Never leave the cgroup frozen: its processes could not be killed.
+        let _ = std::fs::write(&freeze, thawed);
+        if r.is_err() {
+            let _ = rt.kill(&id, libc::SIGKILL);
+            let _ = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await;
+        }
         rt.delete(&id).await?;
         r
     })

@@ -137,7 +137,7 @@ struct Opened {
 /// half-made removed, the containers of an earlier run found, the demo and dropped images
 /// loaded, the pod cgroup tree made.
 async fn open_runtime(cfg: &Arc<Config>, zygote: ZygoteHandle) -> Result<Opened> {
-    let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote)?);
+    let rt = Arc::new(Runtime::new(&cfg.root_dir, zygote)?.with_request_timeout(cfg.runtime_request_timeout));
     // Before the first pod: containers are then built without the other pods' mounts in their
     // mount table, so a start does not grow with the pods running (docs/start-path.md).
     match rt.isolate_mounts().await {

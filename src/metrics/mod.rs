@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use prometheus::core::Collector;
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -97,6 +97,8 @@ pub struct KubeletMetrics {
     rest_duration: HistogramVec,
     probe_total: IntCounterVec,
     probe_duration: HistogramVec,
+    graceful_shutdown_start: Gauge,
+    graceful_shutdown_end: Gauge,
     process: process::ProcessMetrics,
 }
 
@@ -253,9 +255,17 @@ impl KubeletMetrics {
                 def,
                 &["probe_type", "container", "pod", "namespace"],
             ),
+            graceful_shutdown_start: valid(Gauge::new(
+                "kubelet_graceful_shutdown_start_time_seconds",
+                "Last graceful shutdown start time since unix epoch in seconds",
+            )),
+            graceful_shutdown_end: valid(Gauge::new(
+                "kubelet_graceful_shutdown_end_time_seconds",
+                "Last graceful shutdown end time since unix epoch in seconds",
+            )),
             process: process::ProcessMetrics::new(),
         };
-        let main: [Box<dyn Collector>; 21] = [
+        let main: [Box<dyn Collector>; 23] = [
             Box::new(m.node_name.clone()),
             Box::new(m.running_pods.clone()),
             Box::new(m.running_containers.clone()),
@@ -277,6 +287,8 @@ impl KubeletMetrics {
             Box::new(m.http_inflight.clone()),
             Box::new(m.rest_requests.clone()),
             Box::new(m.rest_duration.clone()),
+            Box::new(m.graceful_shutdown_start.clone()),
+            Box::new(m.graceful_shutdown_end.clone()),
         ];
         for c in main {
             valid(m.registry.register(c));
@@ -408,6 +420,14 @@ impl KubeletMetrics {
         self.probe_total
             .with_label_values(&[&r.probe_type, &r.result, &r.container, &r.pod, &r.namespace, &r.pod_uid])
             .inc();
+    }
+
+    /// The last graceful node shutdown (src/nodeshutdown/): when it began and when its pods had
+    /// stopped, in seconds since the epoch, 0 for none (kubelet's GracefulShutdownStartTime and
+    /// GracefulShutdownEndTime). A shutdown that begins sets its start and an end of 0.
+    pub fn graceful_shutdown(&self, start_seconds: f64, end_seconds: f64) {
+        self.graceful_shutdown_start.set(start_seconds);
+        self.graceful_shutdown_end.set(end_seconds);
     }
 
     /// A probe worker ended: its series go, as kubelet's prober deletes them.

@@ -7,10 +7,14 @@
 //! condition; then the lock is released and the shutdown goes on. A cancelled shutdown
 //! (PrepareForShutdown false) takes the lock again. logind's InhibitDelayMaxSec, which bounds
 //! any delay lock, is raised to the whole period through a drop-in when it is shorter. The
-//! connection to logind is retried every second while it is lost. docs/shutdown.md.
+//! connection to logind is retried every second while it is lost. When a shutdown begins and
+//! when its pods have stopped, the times are written to `graceful_node_shutdown_state` in the
+//! root dir and set in the metrics, which the next start reads back ([`storage`]).
+//! docs/shutdown.md.
 
 pub mod groups;
 mod logind;
+pub mod storage;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,6 +85,7 @@ impl Manager {
             return;
         }
         tokio::spawn(async move {
+            self.load_state().await;
             let mut last_error = String::new();
             loop {
                 match self.watch(&groups).await {
@@ -140,7 +145,14 @@ impl Manager {
                     "Shutdown manager detected shutdown event",
                 );
                 self.set_shutting_down(true);
+                let start = Some(chrono::Utc::now());
+                self.record(storage::State { start, end: None }).await;
                 self.stop_pods(groups).await;
+                self.record(storage::State {
+                    start,
+                    end: Some(chrono::Utc::now()),
+                })
+                .await;
                 drop(lock.take());
                 info!("node shutdown manager: the pods are stopped; the shutdown goes on");
             } else {
@@ -156,6 +168,38 @@ impl Manager {
             }
         }
         Ok(())
+    }
+
+    /// The last shutdown's times from the state file into the metrics (kubelet's setMetrics).
+    /// A file that cannot be read is logged and the metrics stay 0: it says nothing the node
+    /// needs to run.
+    async fn load_state(&self) {
+        let file = storage::path(&self.cfg.root_dir);
+        let read = file.clone();
+        match crate::tasks::blocking(move || Ok(storage::load(&read)?)).await {
+            Ok(st) => {
+                crate::metrics::global().graceful_shutdown(storage::seconds(st.start), storage::seconds(st.end));
+                if st.start.is_some() {
+                    info!(start = ?st.start, end = ?st.end, "node shutdown manager: the last graceful shutdown");
+                }
+            }
+            Err(e) => error!(
+                file = %file.display(),
+                error = %format!("{e:#}"),
+                "node shutdown manager: the graceful shutdown state cannot be read; its metrics stay 0"
+            ),
+        }
+    }
+
+    /// A shutdown began (no end yet) or its pods have stopped: the state file and the metrics
+    /// say so. A failed write is logged; the shutdown goes on.
+    async fn record(&self, st: storage::State) {
+        crate::metrics::global().graceful_shutdown(storage::seconds(st.start), storage::seconds(st.end));
+        let file = storage::path(&self.cfg.root_dir);
+        let write = file.clone();
+        if let Err(e) = crate::tasks::blocking(move || Ok(storage::store(&write, &st)?)).await {
+            error!(file = %file.display(), error = %format!("{e:#}"), "node shutdown manager: writing the graceful shutdown state");
+        }
     }
 
     /// kubelet's processShutdownEvent: each priority group in turn, lowest first: its pods

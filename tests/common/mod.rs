@@ -637,6 +637,18 @@ impl Agent {
         self.spawn();
     }
 
+    /// Start the agent again once the machine whose pid namespace it ran in is gone (it died
+    /// with it): in this machine's pid namespace, with `env`.
+    pub fn boot_after_its_machine(&mut self, env: Vec<(String, String)>) {
+        if let Some(mut c) = self.child.take() {
+            // The nsenter that started it (ended with the machine, or about to).
+            stop_child(&mut c, Duration::from_secs(10));
+        }
+        self.pidns_leader = None;
+        self.env = env;
+        self.spawn();
+    }
+
     /// Restart the agent (kill -9) with a stderr nobody reads: every log line fails to write.
     pub fn restart_with_closed_stderr(&mut self) {
         self.kill9();

@@ -5,6 +5,7 @@
 //! outlives the agent.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::Duration;
 
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
@@ -17,7 +18,7 @@ use ferrolet_fsutil::chain;
 use super::confine::ConfinedExecutor;
 use crate::anon_buffer::AnonBuffer;
 use crate::process::{exit, reset_signals, set_name, set_title};
-use crate::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, MAX_MESSAGE};
+use crate::proto::{recv_request, write_reply, ExecArgs, PinArgs, Reply, Request, EXEC_WORKER_GRACE, MAX_MESSAGE};
 use crate::seccomp_filter::FilterCache;
 
 /// Serve requests until the agent closes the socket. Never returns.
@@ -108,12 +109,14 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
                     filled_at = Some(filters.len());
                 }
             }
-            Err(e) => write_reply(
-                &reply,
-                &Reply::Failed {
-                    error: format!("zygote fork failed: {e}"),
-                },
-            ),
+            Err(e) => {
+                write_reply(
+                    &reply,
+                    &Reply::Failed {
+                        error: format!("zygote fork failed: {e}"),
+                    },
+                );
+            }
         }
     }
 }
@@ -217,6 +220,14 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
         write_reply(&reply, &Reply::Failed { error });
         1
     };
+    let left = match args.start_by_ns {
+        0 => None,
+        by => match Duration::from_nanos(by).checked_sub(crate::process::monotonic_now()) {
+            Some(left) if !left.is_zero() => Some(left),
+            // The agent has stopped waiting (the zygote was slow to get to this request).
+            _ => return failed("the exec's start deadline passed before the zygote got to it".into()),
+        },
+    };
     let dir = args.lc_root.join(&args.id);
     let me = std::process::id();
     // libcontainer takes `terminal` only from a whole process.json, and hands the pty master
@@ -258,6 +269,13 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
         None => None,
     };
     let executor = ConfinedExecutor { confinement };
+    // libcontainer waits for the process it starts without a bound (a frozen cgroup keeps it
+    // from ever reporting): past the deadline the agent has given up, and a little later this
+    // worker ends itself, removing its files.
+    if let Some(left) = left {
+        let console = terminal.as_ref().map(|(c, _)| c.path().to_path_buf());
+        give_up_after(left + EXEC_WORKER_GRACE, &[Some(process_json.clone()), console]);
+    }
     let built = ContainerBuilder::new(args.id.clone(), SyscallType::default())
         .with_root_path(&args.lc_root)
         .and_then(|b| {
@@ -272,13 +290,19 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
                 .with_detach(true)
                 .build()
         });
+    if left.is_some() {
+        disarm_give_up();
+    }
     let _ = std::fs::remove_file(&process_json);
     if let Some((console, _)) = &terminal {
         remove_tenant_links(&dir, console.path());
     }
     let pid = match built {
         Ok(pid) => pid,
-        Err(e) => return failed(chain(&e).to_string()),
+        Err(e) => {
+            remove_stale_notify_sockets(&dir);
+            return failed(chain(&e).to_string());
+        }
     };
     if let Some((console, console_out)) = terminal {
         let sent = console
@@ -290,8 +314,149 @@ fn exec(args: ExecArgs, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             return failed(format!("passing on the terminal: {e}"));
         }
     }
-    write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() });
+    // A closed reply pipe is an answer from here on, not this worker's death: the agent has
+    // given up (or is gone), and the process must not run on unwatched. Ignored only now, so
+    // the exec'd process did not inherit the disposition.
+    // SAFETY: setting a signal's disposition to ignore runs no code of this process.
+    let _ =
+        unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigIgn) };
+    if !write_reply(&reply, &Reply::ExecStarted { pid: pid.as_raw() }) {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGKILL);
+    }
+    remove_stale_notify_sockets(&dir);
     wait_exec(pid, &reply)
+}
+
+/// libcontainer's tenant builder binds a `tenant-notify-<random>.sock` in the container's
+/// directory per exec (the exec'd process waits on it for "start") and never removes it: one
+/// file per exec, for as long as the container lives (an exec probe every 10 s makes thousands
+/// a day), and one more per exec that never started. Removed here once no socket is bound to
+/// it any more: /proc/net/unix lists every bound socket of this network namespace (the
+/// zygote's, where they are bound) by the name it was bound with, which for these is the bare
+/// file name (libcontainer binds from inside the directory). A concurrent exec's socket is
+/// bound, listed, and kept.
+fn remove_stale_notify_sockets(dir: &std::path::Path) {
+    const PREFIX: &str = "tenant-notify-";
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let files: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(PREFIX))
+        .collect();
+    if files.is_empty() {
+        return;
+    }
+    // Read after the directory: a socket bound in between is in both.
+    let Ok(bound) = std::fs::read_to_string("/proc/net/unix") else {
+        return;
+    };
+    let bound: std::collections::HashSet<&str> = bound
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .map(|p| p.rsplit('/').next().unwrap_or(p))
+        .filter(|n| n.starts_with(PREFIX))
+        .collect();
+    for f in files.iter().filter(|f| !bound.contains(f.as_str())) {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+}
+
+/// What a stuck exec worker's timer handler needs, made before the timer is armed (the
+/// handler may not allocate): its own children list in /proc and the files to remove.
+struct GiveUp {
+    children: std::ffi::CString,
+    files: Vec<std::ffi::CString>,
+}
+
+static GIVE_UP: std::sync::OnceLock<GiveUp> = std::sync::OnceLock::new();
+
+/// SIGALRM in an exec worker: its process did not start in time and the agent has given up.
+/// The worker's children are what libcontainer started for the exec, all waiting on it (the
+/// process that would exec waits for the worker's "start" forever once the worker is gone):
+/// killed. Then its files go, and the worker. Only async-signal-safe calls (open, read, close,
+/// kill, unlink, write, _exit), on the stack.
+extern "C" fn give_up(_: libc::c_int) {
+    if let Some(g) = GIVE_UP.get() {
+        let mut buf = [0u8; 512];
+        // SAFETY: open/read/close of a NUL-terminated path into a stack buffer of its length.
+        let n = unsafe {
+            let fd = libc::open(g.children.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            let n = if fd >= 0 {
+                libc::read(fd, buf.as_mut_ptr().cast(), buf.len())
+            } else {
+                0
+            };
+            if fd >= 0 {
+                libc::close(fd);
+            }
+            n.max(0) as usize
+        };
+        let mut pid: libc::pid_t = 0;
+        for &b in buf[..n].iter().chain(b" ") {
+            if b.is_ascii_digit() {
+                pid = pid.saturating_mul(10).saturating_add((b - b'0') as libc::pid_t);
+            } else {
+                if pid > 0 {
+                    // SAFETY: SIGKILL to a child of this process (not reaped, so not reused).
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                pid = 0;
+            }
+        }
+        for f in &g.files {
+            // SAFETY: unlink of a NUL-terminated path made before the handler was installed.
+            unsafe { libc::unlink(f.as_ptr()) };
+        }
+    }
+    const MSG: &[u8] = b"ferrolet-zygote: an exec's process did not start in time; its worker gives up\n";
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is static.
+    unsafe {
+        libc::write(2, MSG.as_ptr().cast(), MSG.len());
+        libc::_exit(124);
+    }
+}
+
+/// End this worker with [`give_up`] after `after`, removing `files` (those given).
+fn give_up_after(after: Duration, files: &[Option<std::path::PathBuf>]) {
+    use std::os::unix::ffi::OsStrExt;
+    let me = std::process::id();
+    let g = GiveUp {
+        children: std::ffi::CString::new(format!("/proc/{me}/task/{me}/children")).unwrap_or_default(),
+        files: files
+            .iter()
+            .flatten()
+            .filter_map(|p| std::ffi::CString::new(p.as_os_str().as_bytes()).ok())
+            .collect(),
+    };
+    // A worker handles one request: this is set once.
+    let _ = GIVE_UP.set(g);
+    let handler = nix::sys::signal::SigAction::new(
+        nix::sys::signal::SigHandler::Handler(give_up),
+        nix::sys::signal::SaFlags::empty(),
+        nix::sys::signal::SigSet::empty(),
+    );
+    // SAFETY: the handler makes only async-signal-safe calls (see give_up).
+    let _ = unsafe { nix::sys::signal::sigaction(nix::sys::signal::Signal::SIGALRM, &handler) };
+    set_timer(after);
+}
+
+/// The exec's process started (or failed to): the timer is off.
+fn disarm_give_up() {
+    set_timer(Duration::ZERO);
+}
+
+/// ITIMER_REAL to fire once after `after` (zero: off). nix has no setitimer.
+fn set_timer(after: Duration) {
+    let value = libc::itimerval {
+        it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
+        it_value: libc::timeval {
+            tv_sec: after.as_secs() as libc::time_t,
+            tv_usec: after.subsec_micros() as libc::suseconds_t,
+        },
+    };
+    // SAFETY: setitimer reads the itimerval given and writes no old value (null).
+    unsafe { libc::setitimer(libc::ITIMER_REAL, &value, std::ptr::null_mut()) };
 }
 
 /// libcontainer leaves a `tenant-tty-*.sock` symlink to the console socket per exec.
