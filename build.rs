@@ -2,10 +2,31 @@
 //! images/build-busybox.sh) so a fresh node runs busybox pods with nothing imported. The image
 //! is built into OUT_DIR, never into the source tree; FERROLET_DEMO_IMAGE names a ready archive
 //! instead. Without busybox-static on the build machine the binary carries no demo image.
+//!
+//! Also compiles kubelet's node plugin APIs (src/apis/proto) into Rust with protox (a protobuf
+//! compiler in Rust: no protoc needed, for every target alike) and tonic.
 
 use std::path::PathBuf;
 
+/// The gRPC APIs of src/apis, each a `package` the generated code is named after.
+const PROTOS: &[&str] = &[
+    "src/apis/proto/deviceplugin_v1beta1.proto",
+    "src/apis/proto/pluginregistration_v1.proto",
+    "src/apis/proto/podresources_v1.proto",
+];
+
+fn compile_protos() {
+    for p in PROTOS {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(PROTOS, ["src/apis/proto"]).expect("compiling src/apis/proto");
+    tonic_prost_build::configure()
+        .compile_fds(fds)
+        .expect("generating the gRPC code of src/apis/proto");
+}
+
 fn main() {
+    compile_protos();
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let embedded = out_dir.join("demo-image.tar");

@@ -12,6 +12,7 @@
 //! starting tokio (docs/runtime.md#the-zygote).
 
 pub mod agent;
+pub mod apis;
 pub mod backoff;
 pub mod checkpoint;
 pub mod cli;

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// strictly lower floors, or its own folder.
 const FLOORS: &[(u32, &[&str])] = &[
     // Vocabulary and tools that import nothing of the agent.
-    (1, &["backoff", "metrics", "pod", "tasks"]),
+    (1, &["apis", "backoff", "metrics", "pod", "tasks"]),
     (2, &["checkpoint", "config"]),
     (3, &["kubeclient"]),
     (4, &["events", "mirror", "probe"]),

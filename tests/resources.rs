@@ -2,9 +2,12 @@
 //! memory reserve following the pods, CFS quota and throttling, podPidsLimit, OOM kills,
 //! kubepods capped by enforceNodeAllocatable, and hugetlb limits (where the kernel has a hugetlb
 //! controller and a pool). Every limit is small, and every cgroup sits below the test's own
-//! nested cgroup. Runs on cgroup v1 here and on v2 in the VM lane (tests/vm).
+//! nested cgroup. Runs on cgroup v1 here and on v2 in the VM lane (tests/vm). Extended
+//! resources are admitted against a real device plugin's devices (common/deviceplugin.rs).
 
 mod common;
+#[path = "common/deviceplugin.rs"]
+mod deviceplugin;
 
 use std::time::{Duration, Instant};
 
@@ -533,4 +536,68 @@ fn a_missing_kube_reserved_cgroup_stops_the_agent() {
         err.contains("Failed to enforce Kube Reserved Cgroup Limits on") && err.contains("cgroup does not exist"),
         "{err}"
     );
+}
+
+/// A pod asking for `n` of `resource`.
+fn device_pod(name: &str, resource: &str, n: u32) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sleep, \"3600\"]\n    resources:\n      limits: {{{resource}: {n}}}\n"
+    )
+}
+
+fn refused(p: &k8s_openapi::api::core::v1::Pod) -> (String, String) {
+    let st = p.status.as_ref().unwrap();
+    (
+        st.reason.clone().unwrap_or_default(),
+        st.message.clone().unwrap_or_default(),
+    )
+}
+
+#[test]
+fn pods_are_admitted_against_a_device_plugins_healthy_devices() {
+    use deviceplugin::TestDevicePlugin;
+    let a = Agent::start("devices", &[]);
+    let dir = a.socket().parent().unwrap().join("device-plugins");
+    let res = "example.com/dev";
+    let plugin = TestDevicePlugin::serve(&dir, res, "dev.sock", &[("d1", true), ("d2", true), ("d3", false)]);
+    plugin.register();
+    // Bad registrations are refused, naming the field.
+    let e = plugin.register_as("v1alpha1", res).unwrap_err();
+    assert!(e.message().starts_with("version:"), "{}", e.message());
+    let e = plugin.register_as("v1beta1", "gpu").unwrap_err();
+    assert!(e.message().starts_with("resource_name:"), "{}", e.message());
+    a.wait_log("devices=3 healthy=2", T);
+
+    // Two healthy devices: a pod asking for both runs, one more is refused as kubelet does.
+    a.write("two.yaml", &device_pod("two", res, 2));
+    a.wait_phase("two", "Running", T);
+    a.write("one.yaml", &device_pod("one", res, 1));
+    let (reason, message) = refused(&a.wait_phase("one", "Failed", T));
+    assert_eq!(reason, "OutOfexample.com/dev");
+    assert!(message.contains("requested: 1, used: 2, capacity: 2"), "{message}");
+
+    // The third device turns healthy: a pod asking for it runs.
+    plugin.set("d3", true);
+    a.wait_log("devices=3 healthy=3", T);
+    a.write("three.yaml", &device_pod("three", res, 1));
+    a.wait_phase("three", "Running", T);
+
+    // A resource no plugin serves has no capacity.
+    a.write("none.yaml", &device_pod("none", "other.example.com/x", 1));
+    let (reason, message) = refused(&a.wait_phase("none", "Failed", T));
+    assert_eq!(reason, "OutOfother.example.com/x");
+    assert!(message.contains("capacity: 0"), "{message}");
+
+    // The plugin goes: its devices count as unhealthy, and a new pod asking for one is refused.
+    drop(plugin);
+    a.wait_log("its stream ended", T);
+    a.write("four.yaml", &device_pod("four", res, 1));
+    let (reason, message) = refused(&a.wait_phase("four", "Failed", T));
+    assert_eq!(reason, "OutOfexample.com/dev");
+    assert!(message.contains("capacity: 0"), "{message}");
+
+    for p in ["two", "one", "three", "none", "four"] {
+        a.remove(&format!("{p}.yaml"));
+        a.wait_gone(p, T);
+    }
 }

@@ -206,6 +206,8 @@ struct Joined {
     /// In a cluster: what the node keeps of the API server's pods and objects for a start
     /// without it.
     checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
+    /// The device plugins (their registration is served with the managers).
+    devices: crate::cm::devicemanager::DeviceManager,
 }
 
 /// In a cluster: the node's API client (a bad credential ends the start here), the event
@@ -245,6 +247,16 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
     let network_status = crate::podsetup::network::NetworkStatus::default();
     let eviction = crate::eviction::Eviction::new(cfg.in_cluster());
     let shutdown = crate::lifecycle::admit::NodeShutdown::default();
+    // Device plugins' counts go into the Node's status at once (its status loop is woken).
+    let wake_node: Arc<std::sync::OnceLock<Arc<dyn Fn() + Send + Sync>>> = Arc::default();
+    let devices = crate::cm::devicemanager::DeviceManager::new(crate::cm::devicemanager::plugin_dir(&cfg.root_dir), {
+        let wake = wake_node.clone();
+        Arc::new(move || {
+            if let Some(wake) = wake.get() {
+                wake()
+            }
+        })
+    });
     let mut node_handle = None;
     if let (Some(kube), Some(checkpoint)) = (&kube, &checkpoint) {
         let images: crate::node::cluster::ImageList = {
@@ -262,9 +274,14 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
                 let eviction = eviction.clone();
                 Arc::new(move || eviction.pressure())
             },
+            {
+                let devices = devices.clone();
+                Arc::new(move || devices.extended())
+            },
             checkpoint.clone(),
         )
         .await?;
+        let _ = wake_node.set(handle.sync_now());
         if cfg.network.mode == crate::config::NetworkMode::Bridge {
             if let Some(cidr) = pod_cidr(&cfg, &handle).await {
                 let mut c = (*cfg).clone();
@@ -285,6 +302,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
         eviction,
         shutdown,
         checkpoint,
+        devices,
     })
 }
 
@@ -357,10 +375,13 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         node_api: joined.node_handle.take(),
         eviction: joined.eviction.clone(),
         shutdown: joined.shutdown.clone(),
+        devices: joined.devices.clone(),
         pods_settled: AfterQuiet::spawn(code_pages::SETTLE, || release_unused_memory("pods settled")),
         sysctls: crate::pod::sysctl::Allowlist::new(&cfg.allowed_unsafe_sysctls)
             .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
     });
+    // Device plugins may register once the pods can be admitted against their devices.
+    crate::cm::devicemanager::serve(joined.devices.clone()).await?;
     // kubelet's syncNetworkStatus (in its updateRuntimeUp loop, every 5 s): a network that was
     // not ready is tried again, and the Node's Ready condition follows.
     {

@@ -3,6 +3,7 @@
 //! and on the reserved cgroups ([`node_allocatable`]), and OOM handling: node-level OOM kills read
 //! from the kernel log ([`oom_watcher`]) and the agent's own oom_score_adj.
 
+pub mod devicemanager;
 pub mod node_allocatable;
 pub mod oom_watcher;
 pub mod pod_container_manager;

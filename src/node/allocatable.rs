@@ -20,6 +20,15 @@ pub struct Resources {
     pub hugepages: BTreeMap<String, i64>,
 }
 
+/// The extended resources device plugins serve (kubelet's device manager GetCapacity): each
+/// resource's devices and its healthy ones. A resource no plugin serves any more is not here,
+/// and leaves the Node's status.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extended {
+    pub capacity: BTreeMap<String, i64>,
+    pub allocatable: BTreeMap<String, i64>,
+}
+
 impl Resources {
     /// The resource list of a Node's status (`capacity` or `allocatable`).
     pub fn to_list(&self) -> BTreeMap<String, Quantity> {

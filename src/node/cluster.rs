@@ -34,6 +34,8 @@ pub type Readiness = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 pub type ImageList = Arc<dyn Fn() -> Result<Vec<ImageRecord>> + Send + Sync>;
 /// The node's pressures now, for its conditions: the eviction manager's (src/eviction/).
 pub type PressureFn = Arc<dyn Fn() -> Pressure + Send + Sync>;
+/// The device plugins' resources now (the device manager's counts).
+pub type ExtendedFn = Arc<dyn Fn() -> crate::node::allocatable::Extended + Send + Sync>;
 
 /// kubelet's event at start, and the one for the pods' cgroup limit.
 pub const STARTING: &str = "Starting";
@@ -114,6 +116,7 @@ pub async fn start(
     readiness: Readiness,
     events: Recorder,
     pressure: PressureFn,
+    extended: ExtendedFn,
     checkpoint: Arc<Checkpoint>,
 ) -> Result<NodeHandle> {
     events.node(Kind::Normal, STARTING, "Starting kubelet.");
@@ -143,6 +146,8 @@ pub async fn start(
         readiness,
         events,
         pressure,
+        extended,
+        extended_seen: Default::default(),
         registered: registered_tx,
         is_registered: false,
         started: Instant::now(),
@@ -276,6 +281,8 @@ async fn observe(
         pressure: pressure(),
         not_ready,
         kubelet_port: cfg.serving.port.into(),
+        extended: Default::default(),
+        extended_gone: Vec::new(),
     })
 }
 
@@ -288,6 +295,10 @@ struct StatusLoop {
     readiness: Readiness,
     events: Recorder,
     pressure: PressureFn,
+    extended: ExtendedFn,
+    /// Every resource a device plugin served since the start: one it no longer serves leaves
+    /// the Node's status.
+    extended_seen: std::collections::BTreeSet<String>,
     /// The Node as last seen (registration and the Node's watch both send).
     registered: Arc<watch::Sender<Option<Node>>>,
     /// This agent has registered the Node (registerNode).
@@ -305,7 +316,7 @@ struct StatusLoop {
 impl StatusLoop {
     /// What the machine and the agent show now.
     async fn observe(&mut self) -> Result<Observed> {
-        observe(
+        let mut o = observe(
             &self.cfg,
             &self.info,
             &self.identity,
@@ -313,7 +324,16 @@ impl StatusLoop {
             &self.readiness,
             &self.pressure,
         )
-        .await
+        .await?;
+        o.extended = (self.extended)();
+        self.extended_seen.extend(o.extended.capacity.keys().cloned());
+        o.extended_gone = self
+            .extended_seen
+            .iter()
+            .filter(|r| !o.extended.capacity.contains_key(*r))
+            .cloned()
+            .collect();
+        Ok(o)
     }
 
     /// kubelet's registerWithAPIServer: the Node created (or taken over) with its status;

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{json, Value};
 
-use super::allocatable::Resources;
+use super::allocatable::{Extended, Resources};
 use super::conditions::{self, Pressure};
 use super::machine::{go_arch, Identity};
 
@@ -37,6 +37,9 @@ pub struct Observed {
     pub addresses: Vec<NodeAddress>,
     pub capacity: Resources,
     pub allocatable: Resources,
+    /// The device plugins' resources, and those they served in the last status but no more.
+    pub extended: Extended,
+    pub extended_gone: Vec<String>,
     pub identity: Identity,
     pub images: Vec<ContainerImage>,
     pub pressure: Pressure,
@@ -106,10 +109,16 @@ pub fn set_node_status(node: &mut Node, o: &Observed, now: &Time) -> Vec<&'stati
 
     // Capacity and allocatable: the resources the agent measures replace their entries; any
     // other (an extended resource an administrator advertised) stays, allocatable as capacity.
+    // The device plugins' resources: their devices and healthy devices (kubelet's device
+    // manager); one no plugin serves any more leaves.
     let mut capacity = status.capacity.take().unwrap_or_default();
     capacity.retain(|k, _| !k.starts_with("hugepages-") || o.capacity.hugepages.contains_key(k));
+    capacity.retain(|k, _| !o.extended_gone.contains(k));
     capacity.extend(o.capacity.to_list());
-    let ours = o.allocatable.to_list();
+    let count = |n: &i64| Quantity(n.to_string());
+    capacity.extend(o.extended.capacity.iter().map(|(k, n)| (k.clone(), count(n))));
+    let mut ours = o.allocatable.to_list();
+    ours.extend(o.extended.allocatable.iter().map(|(k, n)| (k.clone(), count(n))));
     let allocatable: BTreeMap<String, Quantity> = capacity
         .iter()
         .map(|(k, v)| (k.clone(), ours.get(k).cloned().unwrap_or_else(|| v.clone())))
@@ -286,6 +295,8 @@ mod tests {
             pressure: Pressure::default(),
             not_ready: Vec::new(),
             kubelet_port: KUBELET_PORT,
+            extended: Default::default(),
+            extended_gone: Vec::new(),
         }
     }
 

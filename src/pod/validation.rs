@@ -507,9 +507,51 @@ pub fn is_dns_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
+/// kubelet's IsExtendedResourceName: a resource with a domain other than kubernetes.io, that is
+/// no quota name (`requests.`), and a valid qualified name.
+pub fn is_extended_resource_name(name: &str) -> bool {
+    let Some((domain, rest)) = name.split_once('/') else {
+        return false;
+    };
+    if domain == "kubernetes.io" || domain.ends_with(".kubernetes.io") || name.starts_with("requests.") {
+        return false;
+    }
+    is_dns_subdomain(domain) && is_qualified_name_part(rest)
+}
+
+/// The name part of a qualified name: at most 63 alphanumerics, `-`, `_` or `.`, starting and
+/// ending alphanumeric.
+fn is_qualified_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extended_resource_names() {
+        for ok in ["example.com/dev", "nvidia.com/gpu", "a.b/c_d.e-f"] {
+            assert!(is_extended_resource_name(ok), "{ok}");
+        }
+        for bad in [
+            "cpu",
+            "kubernetes.io/x",
+            "node.kubernetes.io/x",
+            "requests.a/b",
+            "example.com/",
+            "Ex@mple/x",
+            "a/-b",
+        ] {
+            assert!(!is_extended_resource_name(bad), "{bad}");
+        }
+    }
 
     fn pod(v: serde_json::Value) -> Pod {
         let mut p: Pod = serde_json::from_value(v).unwrap();

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use crate::node::allocatable::Extended;
 use crate::node::NodeInfo;
 use crate::pod::{qos, reasons, validation};
 
@@ -49,7 +50,13 @@ const OS_LABEL: &str = "kubernetes.io/os";
 
 /// Can the node (`node`, its Node object `node_object`) take `p` beside the `active` pods
 /// (admitted, not terminating, not finished)?
-pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo, node_object: &Node) -> Result<(), Rejection> {
+pub fn admit(
+    p: &Pod,
+    active: &[Arc<Pod>],
+    node: &NodeInfo,
+    node_object: &Node,
+    extended: &Extended,
+) -> Result<(), Rejection> {
     if let Some(why) = validation::unsupported(p) {
         return Err(Rejection {
             reason: reasons::UNSUPPORTED_POD_SPEC.into(),
@@ -83,6 +90,30 @@ pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo, node_object: &Node) 
             });
         }
     }
+    for res in extended_requests(p) {
+        let want = qos::pod_requests(p, &res);
+        // A device plugin's count, else what the Node advertises (an administrator's patch).
+        let cap = extended.allocatable.get(&res).copied().unwrap_or_else(|| {
+            node_object
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .and_then(|a| a.get(&res))
+                .and_then(|q| q.0.parse::<i64>().ok())
+                .unwrap_or(0)
+        });
+        let used = active
+            .iter()
+            .fold(0i64, |sum, a| sum.saturating_add(qos::pod_requests(a, &res)));
+        if used.saturating_add(want) > cap {
+            return Err(Rejection {
+                reason: reasons::out_of(&res),
+                message: format!(
+                    "Node didn't have enough resource: {res}, requested: {want}, used: {used}, capacity: {cap}"
+                ),
+            });
+        }
+    }
     if let Some(predicate) = super::predicates::failed(p, active, node_object) {
         return Err(Rejection {
             reason: predicate.into(),
@@ -93,6 +124,16 @@ pub fn admit(p: &Pod, active: &[Arc<Pod>], node: &NodeInfo, node_object: &Node) 
     // kubelet's AppArmor admit handler comes after the predicates.
     super::lsm::admit(p, super::lsm::Host::detect())?;
     Ok(())
+}
+
+/// The extended resources (device plugins' and administrators') any container of `p` asks for.
+fn extended_requests(p: &Pod) -> std::collections::BTreeSet<String> {
+    crate::pod::all_containers(p)
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| r.requests.iter().chain(r.limits.iter()).flat_map(|m| m.keys()))
+        .filter(|k| validation::is_extended_resource_name(k))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -124,10 +165,24 @@ mod tests {
 
     #[test]
     fn pods_and_cpu_must_fit() {
-        assert!(admit(&pod("500m"), &[], &node(2), &Node::default()).is_ok());
-        let full = admit(&pod("500m"), &[pod("100m"), pod("100m")], &node(2), &Node::default()).unwrap_err();
+        assert!(admit(&pod("500m"), &[], &node(2), &Node::default(), &Extended::default()).is_ok());
+        let full = admit(
+            &pod("500m"),
+            &[pod("100m"), pod("100m")],
+            &node(2),
+            &Node::default(),
+            &Extended::default(),
+        )
+        .unwrap_err();
         assert_eq!(full.reason, "OutOfpods");
-        let cpu = admit(&pod("600m"), &[pod("500m")], &node(5), &Node::default()).unwrap_err();
+        let cpu = admit(
+            &pod("600m"),
+            &[pod("500m")],
+            &node(5),
+            &Node::default(),
+            &Extended::default(),
+        )
+        .unwrap_err();
         assert_eq!(cpu.reason, "OutOfcpu");
         assert!(
             cpu.message.contains("requested: 600, used: 500, capacity: 1000"),

@@ -57,6 +57,9 @@ pub struct Managers {
     pub eviction: crate::eviction::Eviction,
     /// Whether the node is shutting down, for the node shutdown admit handler.
     pub shutdown: crate::lifecycle::admit::NodeShutdown,
+    /// The device plugins: their devices are what pods asking for extended resources are
+    /// admitted against.
+    pub devices: crate::cm::devicemanager::DeviceManager,
     /// Told when a pod started, changed, stopped or went: the agent gives back the memory a
     /// burst of them used once they settle.
     pub pods_settled: crate::tasks::AfterQuiet,
@@ -115,7 +118,7 @@ impl WorkerHost for Managers {
         self.eviction
             .admit(p)
             .and_then(|()| admission::sysctls(p, &self.sysctls))
-            .and_then(|()| admission::admit(p, active, &self.node, &self.node_object()))
+            .and_then(|()| admission::admit(p, active, &self.node, &self.node_object(), &self.devices.extended()))
             .and_then(|()| self.shutdown.admit())
     }
 

@@ -114,6 +114,8 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
         })
     };
     let images: node_cluster::ImageList = Arc::new(|| Ok(Vec::new()));
+    // What the device manager counts (its plugins are tested in tests/resources.rs).
+    let extended = Arc::new(std::sync::Mutex::new(ferrolet::node::allocatable::Extended::default()));
     let events = ferrolet::events::Recorder::standalone(&name);
     let handle = node_cluster::start(
         kube.clone(),
@@ -123,6 +125,10 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
         readiness,
         events,
         Arc::new(ferrolet::node::conditions::Pressure::default),
+        {
+            let extended = extended.clone();
+            Arc::new(move || extended.lock().unwrap().clone())
+        },
         ferrolet::checkpoint::Checkpoint::open(&cfg.root_dir).unwrap(),
     )
     .await
@@ -230,6 +236,41 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
             .port,
         10250
     );
+
+    // A device plugin's resource: its devices as capacity, the healthy ones as allocatable, in
+    // the status as soon as the device manager counts them; gone once no plugin serves it.
+    let dev = "example.com/dev";
+    *extended.lock().unwrap() = ferrolet::node::allocatable::Extended {
+        capacity: [(dev.to_string(), 3)].into(),
+        allocatable: [(dev.to_string(), 2)].into(),
+    };
+    (handle.sync_now())();
+    eventually("the device plugin's resource", Duration::from_secs(20), || async {
+        let n = nodes.get(&name).await.map_err(|e| e.to_string())?;
+        let s = n.status.unwrap_or_default();
+        let of = |m: Option<
+            std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+        >| { m.and_then(|m| m.get(dev).map(|q| q.0.clone())) };
+        match (of(s.capacity), of(s.allocatable)) {
+            (Some(c), Some(a)) if c == "3" && a == "2" => Ok(()),
+            other => Err(format!("capacity and allocatable of {dev}: {other:?}")),
+        }
+    })
+    .await;
+    *extended.lock().unwrap() = Default::default();
+    (handle.sync_now())();
+    eventually("the resource gone", Duration::from_secs(20), || async {
+        let n = nodes.get(&name).await.map_err(|e| e.to_string())?;
+        let s = n.status.unwrap_or_default();
+        let has = |m: &Option<
+            std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+        >| { m.as_ref().is_some_and(|m| m.contains_key(dev)) };
+        match has(&s.capacity) || has(&s.allocatable) {
+            false => Ok(()),
+            true => Err(format!("{dev} still in {:?}", s.capacity)),
+        }
+    })
+    .await;
 
     // The controller-manager's pod CIDR.
     let cidr = handle.pod_cidr(Duration::from_secs(60)).await.expect("a pod CIDR");

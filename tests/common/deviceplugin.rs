@@ -1,0 +1,218 @@
+#![allow(dead_code)]
+//! A real device plugin for the tests: it serves deviceplugin.v1beta1's DevicePlugin service
+//! over gRPC on a unix socket in the agent's device plugin directory and registers with the
+//! agent's `kubelet.sock`, as smarter-device-manager or NVIDIA's plugin do. Its devices are
+//! named by the test, each with a health the test can change (ListAndWatch sends the new list);
+//! Allocate hands back what a plugin gives a container: a device node (`/dev/null` under the
+//! container path the test names), a mount, an env var and an annotation per device.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use api::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use api::registration_client::RegistrationClient;
+use ferrolet::apis::deviceplugin::v1beta1 as api;
+use futures::Stream;
+use hyper_util::rt::TokioIo;
+use tokio::sync::watch;
+use tonic::transport::{Endpoint, Uri};
+use tonic::{Request, Response, Status};
+
+/// What the plugin lists: device ID -> healthy.
+pub type Devices = BTreeMap<String, bool>;
+
+struct Service {
+    devices: watch::Receiver<Devices>,
+    /// Every Allocate's device IDs, per container, in order.
+    allocations: Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+fn listing(d: &Devices) -> api::ListAndWatchResponse {
+    api::ListAndWatchResponse {
+        devices: d
+            .iter()
+            .map(|(id, healthy)| api::Device {
+                id: id.clone(),
+                health: if *healthy { api::HEALTHY } else { api::UNHEALTHY }.into(),
+                topology: None,
+            })
+            .collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for Service {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
+        Ok(Response::new(api::DevicePluginOptions::default()))
+    }
+
+    type ListAndWatchStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
+
+    async fn list_and_watch(&self, _: Request<api::Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let rx = self.devices.clone();
+        // The current list at once, then each change.
+        let stream = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
+            if !first && rx.changed().await.is_err() {
+                return None;
+            }
+            let list = listing(&rx.borrow_and_update());
+            Some((Ok(list), (rx, false)))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<api::PreferredAllocationRequest>,
+    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        Err(Status::unimplemented("no preferred allocation"))
+    }
+
+    async fn allocate(&self, r: Request<api::AllocateRequest>) -> Result<Response<api::AllocateResponse>, Status> {
+        let mut out = api::AllocateResponse::default();
+        for c in r.into_inner().container_requests {
+            self.allocations.lock().unwrap().push(c.devices_ids.clone());
+            let mut resp = api::ContainerAllocateResponse::default();
+            for id in &c.devices_ids {
+                resp.devices.push(api::DeviceSpec {
+                    container_path: format!("/dev/test-{id}"),
+                    host_path: "/dev/null".into(),
+                    permissions: "rw".into(),
+                });
+            }
+            resp.envs.insert("TEST_DEVICES".into(), c.devices_ids.join(","));
+            resp.annotations
+                .insert("test.example.com/devices".into(), c.devices_ids.join(","));
+            out.container_responses.push(resp);
+        }
+        Ok(Response::new(out))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<api::PreStartContainerRequest>,
+    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+/// A running plugin; stopped (its socket removed) when dropped.
+pub struct TestDevicePlugin {
+    rt: tokio::runtime::Runtime,
+    dir: PathBuf,
+    pub resource: String,
+    pub endpoint: String,
+    devices: watch::Sender<Devices>,
+    pub allocations: Arc<Mutex<Vec<Vec<String>>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// A channel over the unix socket at `path`.
+async fn channel(path: PathBuf) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    Endpoint::from_static("http://plugin.invalid")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+impl TestDevicePlugin {
+    /// Serve `resource` with `devices` on `<dir>/<endpoint>`; not registered yet.
+    pub fn serve(dir: &Path, resource: &str, endpoint: &str, devices: &[(&str, bool)]) -> TestDevicePlugin {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let list: Devices = devices.iter().map(|(id, h)| (id.to_string(), *h)).collect();
+        let (tx, rx) = watch::channel(list);
+        let allocations = Arc::new(Mutex::new(Vec::new()));
+        let socket = dir.join(endpoint);
+        std::fs::create_dir_all(dir).unwrap();
+        let _ = std::fs::remove_file(&socket);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let service = Service {
+            devices: rx,
+            allocations: allocations.clone(),
+        };
+        let listener = {
+            let _g = rt.enter();
+            tokio::net::UnixListener::bind(&socket).unwrap()
+        };
+        rt.spawn(async move {
+            let incoming = futures::stream::unfold(listener, |l| async move {
+                let next = l.accept().await.map(|(s, _)| s);
+                Some((next, l))
+            });
+            let _ = tonic::transport::Server::builder()
+                .add_service(DevicePluginServer::new(service))
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        TestDevicePlugin {
+            rt,
+            dir: dir.to_path_buf(),
+            resource: resource.into(),
+            endpoint: endpoint.into(),
+            devices: tx,
+            allocations,
+            stop: Some(stop),
+        }
+    }
+
+    /// Register with the agent's `kubelet.sock` in the directory, as `version`.
+    pub fn register_as(&self, version: &str, resource: &str) -> Result<(), Status> {
+        let socket = self.dir.join("kubelet.sock");
+        let req = api::RegisterRequest {
+            version: version.into(),
+            endpoint: self.endpoint.clone(),
+            resource_name: resource.into(),
+            options: Some(api::DevicePluginOptions::default()),
+        };
+        self.rt.block_on(async move {
+            let ch = channel(socket).await.map_err(|e| Status::unavailable(e.to_string()))?;
+            RegistrationClient::new(ch).register(req).await.map(|_| ())
+        })
+    }
+
+    /// Register with the agent, retrying while its socket is not there yet.
+    pub fn register(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.register_as(api::VERSION, &self.resource.clone()) {
+                Ok(()) => return,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("registering {}: {e}", self.resource),
+            }
+        }
+    }
+
+    /// Change a device's health (or add one): ListAndWatch sends the new list.
+    pub fn set(&self, id: &str, healthy: bool) {
+        self.devices.send_modify(|d| {
+            d.insert(id.to_string(), healthy);
+        });
+    }
+}
+
+impl Drop for TestDevicePlugin {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = std::fs::remove_file(self.dir.join(&self.endpoint));
+    }
+}
