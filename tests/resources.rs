@@ -538,10 +538,11 @@ fn a_missing_kube_reserved_cgroup_stops_the_agent() {
     );
 }
 
-/// A pod asking for `n` of `resource`.
+/// A pod asking for `n` of `resource`, printing the device nodes and the variable its plugin
+/// gives it.
 fn device_pod(name: &str, resource: &str, n: u32) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sleep, \"3600\"]\n    resources:\n      limits: {{{resource}: {n}}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, \"ls /dev/test-*; echo TEST_DEVICES=$TEST_DEVICES; sleep 3600\"]\n    resources:\n      limits: {{{resource}: {n}}}\n"
     )
 }
 
@@ -553,10 +554,44 @@ fn refused(p: &k8s_openapi::api::core::v1::Pod) -> (String, String) {
     )
 }
 
+/// Wait until the agent's log (kept across restarts) has said `needle` `n` times.
+fn wait_said(a: &Agent, needle: &str, n: usize) {
+    let deadline = Instant::now() + T;
+    while a.agent_log().matches(needle).count() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never said {needle:?} {n} times:\n{}",
+            tail(&a.agent_log(), 40)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Wait until pod `name`'s log shows its devices: `TEST_DEVICES=<ids>` and a node per ID.
+fn wait_devices(a: &Agent, name: &str, ids: &[&str]) {
+    a.wait_phase(name, "Running", T);
+    let deadline = Instant::now() + T;
+    let want = format!("TEST_DEVICES={}", ids.join(","));
+    loop {
+        let log = a.logs(name, "");
+        if log.contains(&want) {
+            for id in ids {
+                assert!(
+                    log.contains(&format!("/dev/test-{id}")),
+                    "{name} lacks /dev/test-{id}:\n{log}"
+                );
+            }
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} never printed {want}:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
-fn pods_are_admitted_against_a_device_plugins_healthy_devices() {
+fn device_plugins_devices_admit_pods_and_reach_their_containers() {
     use deviceplugin::TestDevicePlugin;
-    let a = Agent::start("devices", &[]);
+    let mut a = Agent::start("devices", &[]);
     let dir = a.socket().parent().unwrap().join("device-plugins");
     let res = "example.com/dev";
     let plugin = TestDevicePlugin::serve(&dir, res, "dev.sock", &[("d1", true), ("d2", true), ("d3", false)]);
@@ -566,27 +601,47 @@ fn pods_are_admitted_against_a_device_plugins_healthy_devices() {
     assert!(e.message().starts_with("version:"), "{}", e.message());
     let e = plugin.register_as("v1beta1", "gpu").unwrap_err();
     assert!(e.message().starts_with("resource_name:"), "{}", e.message());
-    a.wait_log("devices=3 healthy=2", T);
+    wait_said(&a, "devices=3 healthy=2", 1);
 
-    // Two healthy devices: a pod asking for both runs, one more is refused as kubelet does.
+    // Two healthy devices: a pod asking for both gets both, one more is refused as kubelet does.
     a.write("two.yaml", &device_pod("two", res, 2));
     a.wait_phase("two", "Running", T);
+    wait_devices(&a, "two", &["d1", "d2"]);
     a.write("one.yaml", &device_pod("one", res, 1));
     let (reason, message) = refused(&a.wait_phase("one", "Failed", T));
     assert_eq!(reason, "OutOfexample.com/dev");
     assert!(message.contains("requested: 1, used: 2, capacity: 2"), "{message}");
 
-    // The third device turns healthy: a pod asking for it runs.
+    // The third device turns healthy: a pod asking for one gets it.
     plugin.set("d3", true);
-    a.wait_log("devices=3 healthy=3", T);
+    wait_said(&a, "devices=3 healthy=3", 1);
     a.write("three.yaml", &device_pod("three", res, 1));
-    a.wait_phase("three", "Running", T);
+    wait_devices(&a, "three", &["d3"]);
 
     // A resource no plugin serves has no capacity.
     a.write("none.yaml", &device_pod("none", "other.example.com/x", 1));
     let (reason, message) = refused(&a.wait_phase("none", "Failed", T));
     assert_eq!(reason, "OutOfother.example.com/x");
     assert!(message.contains("capacity: 0"), "{message}");
+
+    // An agent restart keeps the allocations (the checkpoint): once the plugin registers again
+    // and "three" is gone, a new pod gets d3, never a device "two" still holds.
+    a.restart();
+    plugin.register();
+    wait_said(&a, "devices=3 healthy=3", 2);
+    a.remove("three.yaml");
+    a.wait_gone("three", T);
+    a.write("five.yaml", &device_pod("five", res, 1));
+    wait_devices(&a, "five", &["d3"]);
+    // The plugin was asked for each container's devices once: the restart asked again for none.
+    assert_eq!(
+        *plugin.allocations.lock().unwrap(),
+        [
+            vec!["d1".to_string(), "d2".into()],
+            vec!["d3".into()],
+            vec!["d3".into()]
+        ]
+    );
 
     // The plugin goes: its devices count as unhealthy, and a new pod asking for one is refused.
     drop(plugin);
@@ -596,7 +651,7 @@ fn pods_are_admitted_against_a_device_plugins_healthy_devices() {
     assert_eq!(reason, "OutOfexample.com/dev");
     assert!(message.contains("capacity: 0"), "{message}");
 
-    for p in ["two", "one", "three", "none", "four"] {
+    for p in ["two", "one", "none", "five", "four"] {
         a.remove(&format!("{p}.yaml"));
         a.wait_gone(p, T);
     }

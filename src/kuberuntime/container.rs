@@ -54,6 +54,8 @@ pub struct BuildInput {
     /// The process namespace to join instead of the pod's (or one of its own): an ephemeral
     /// container's target's (`targetContainerName`).
     pub pid_namespace: Option<PathBuf>,
+    /// What device plugins gave the container: device nodes, mounts, env, annotations.
+    pub devices: Option<crate::cm::devicemanager::allocation::Allocated>,
 }
 
 /// Errors here are kubelet's CreateContainerConfigError.
@@ -63,7 +65,14 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     let psc = spec.security_context.clone().unwrap_or_default();
     let csc = c.security_context.clone().unwrap_or_default();
 
-    let env = env::build(p, c, &input.facts, &input.env_objects).map_err(anyhow::Error::msg)?;
+    let mut env = env::build(p, c, &input.facts, &input.env_objects).map_err(anyhow::Error::msg)?;
+    // The device plugins' variables come after the container's own, as kubelet appends them.
+    if let Some(a) = &input.devices {
+        for (k, v) in &a.envs {
+            env.retain(|(name, _)| name != k);
+            env.push((k.clone(), v.clone()));
+        }
+    }
     let command = expand_all(c.command.as_deref().unwrap_or(&[]), &env);
     let args = expand_all(c.args.as_deref().unwrap_or(&[]), &env);
 
@@ -189,6 +198,12 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
     if !tm_path.is_empty() && !taken(&tm_path, &mounts) {
         mounts.push(bind(&tm_path, tm_file.clone(), false));
     }
+    // What device plugins mount for the container's devices (kubelet's deviceplugin mounts).
+    for (host, path, readonly) in input.devices.iter().flat_map(|a| &a.mounts) {
+        if !taken(path, &mounts) {
+            mounts.push(bind(path, PathBuf::from(host), *readonly));
+        }
+    }
     if let Some(l) = &selinux_labels {
         // What the agent made for the pod, labeled for this container (containerd's
         // SelinuxRelabel, which kubelet asks for on these); never a hostPath.
@@ -217,7 +232,7 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         .collect();
 
     let labels = container_labels(p, c);
-    let annotations = container_annotations(
+    let mut annotations = container_annotations(
         c,
         input.kind,
         input.attempt,
@@ -226,6 +241,9 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
             file: &tm_file,
         },
     );
+    if let Some(a) = &input.devices {
+        annotations.extend(a.annotations.clone());
+    }
 
     Ok(ContainerConfig {
         name: c.name.clone(),
@@ -270,8 +288,16 @@ pub fn build(input: &BuildInput) -> Result<ContainerConfig> {
         cgroup_parent: input.pod_cgroup.clone(),
         resources,
         mounts,
-        // Device plugins' allocations come here (none yet).
-        devices: Vec::new(),
+        devices: input
+            .devices
+            .iter()
+            .flat_map(|a| &a.devices)
+            .map(|(host, path, permissions)| ferrolet_runtime::config::Device {
+                host_path: host.into(),
+                container_path: path.clone(),
+                permissions: permissions.clone(),
+            })
+            .collect(),
         sysctls,
         labels,
         annotations,

@@ -356,6 +356,15 @@ impl PodWorker {
             ContainerKind::Ephemeral => self.target_pid_namespace(&s.name).await?,
             _ => None,
         };
+        // Device plugins' devices, asked for (and kept) at the first start (kubelet allocates
+        // them at admission; a plugin's failure waits here and is retried).
+        let devices = m.devices.allocate(&self.pod, &c).await.map_err(|e| {
+            Waiting::new(
+                reasons::CREATE_CONTAINER_CONFIG_ERROR,
+                format!("allocating devices: {e}"),
+            )
+            .retry_at(Utc::now())
+        })?;
         let input = BuildInput {
             cfg: m.cfg.clone(),
             pod: self.pod.clone(),
@@ -370,6 +379,7 @@ impl PodWorker {
             node_memory: m.node.capacity.memory,
             env_objects,
             pid_namespace,
+            devices,
         };
         let id = start::create_container(&m.rt, &m.images, input, image_id).await?;
         if first {

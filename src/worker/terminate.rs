@@ -149,6 +149,8 @@ impl PodWorker {
             return false;
         }
         self.m.pods.remove(&self.uid);
+        // Its devices are the next pods' (kubelet's UpdateAllocatedDevices).
+        self.m.devices.free_pod(&self.uid);
         info!(pod = %name, "pod removed");
         true
     }

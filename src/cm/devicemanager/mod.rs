@@ -5,8 +5,11 @@
 //! allocatable the healthy ones ([`DeviceManager::extended`], into the Node's status and the
 //! admission of pods that ask for it). A plugin whose stream ends has its devices counted
 //! unhealthy; if it has not registered again within [`STOPPED_GRACE`] (kubelet's
-//! endpointStopGracePeriod) its resource is removed. docs/device-plugins.md.
+//! endpointStopGracePeriod) its resource is removed. A container asking for devices gets
+//! healthy free ones through the plugin's Allocate at its first start, kept in a checkpoint
+//! ([`allocation`]). docs/device-plugins.md.
 
+pub mod allocation;
 mod endpoint;
 mod registration;
 
@@ -15,10 +18,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{Container, Pod};
+use tonic::transport::Channel;
 use tracing::{info, warn};
 
+use crate::apis::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
+use crate::apis::deviceplugin::v1beta1::{AllocateRequest, ContainerAllocateRequest};
 use crate::node::allocatable::Extended;
+use crate::pod;
 pub use crate::pod::validation::is_extended_resource_name;
+use allocation::{Allocated, Entry};
 
 pub use registration::serve;
 
@@ -47,12 +56,16 @@ struct Resource {
     generation: u64,
     /// The plugin's stream ended at this time and it has not registered since.
     stopped: Option<Instant>,
+    /// The current plugin, for Allocate.
+    client: Option<DevicePluginClient<Channel>>,
 }
 
 #[derive(Default)]
 struct State {
     resources: BTreeMap<String, Resource>,
     generations: u64,
+    /// The devices each container holds (kept in the checkpoint).
+    allocations: Vec<Entry>,
 }
 
 /// The node's device plugins and their devices. Cheap to clone.
@@ -65,11 +78,19 @@ pub struct DeviceManager {
 }
 
 impl DeviceManager {
-    /// A manager of the plugins in `dir`; `changed` runs whenever the counts change.
+    /// A manager of the plugins in `dir`, with the allocations its checkpoint kept; `changed`
+    /// runs whenever the counts change.
     pub fn new(dir: PathBuf, changed: Arc<dyn Fn() + Send + Sync>) -> DeviceManager {
+        let allocations = allocation::load(&dir).unwrap_or_else(|e| {
+            warn!(error = %e, "device manager: the allocation checkpoint cannot be read; starting without it");
+            Vec::new()
+        });
         DeviceManager {
             dir,
-            state: Arc::default(),
+            state: Arc::new(Mutex::new(State {
+                allocations,
+                ..Default::default()
+            })),
             changed,
         }
     }
@@ -84,13 +105,14 @@ impl DeviceManager {
 
     /// A plugin registered `resource`: a new generation, which replaces any earlier plugin of
     /// the resource. Its devices are unknown until its first list.
-    fn registered(&self, resource: &str) -> u64 {
+    fn registered(&self, resource: &str, client: Option<DevicePluginClient<Channel>>) -> u64 {
         let mut st = self.state();
         st.generations += 1;
         let generation = st.generations;
         let r = st.resources.entry(resource.to_string()).or_default();
         r.generation = generation;
         r.stopped = None;
+        r.client = client;
         generation
     }
 
@@ -185,6 +207,159 @@ impl DeviceManager {
         out
     }
 
+    /// The devices container `c` of `p` is to have: the ones it holds already (a restart keeps
+    /// them), else free healthy ones of each extended resource it asks for, handed to their
+    /// plugin's Allocate (kubelet's allocateContainerResources). `None` for a container that
+    /// asks for none. The error says which resource and why; nothing is held after one.
+    pub async fn allocate(&self, p: &Pod, c: &Container) -> Result<Option<Allocated>, String> {
+        let wants = extended_requests(c);
+        if wants.is_empty() {
+            return Ok(None);
+        }
+        let uid = pod::uid(p).to_string();
+        let init = pod::init_containers(p)
+            .iter()
+            .any(|i| i.name == c.name && !pod::is_sidecar(i));
+        let mut out = Allocated::default();
+        for (resource, n) in wants {
+            let held = self
+                .state()
+                .allocations
+                .iter()
+                .find(|e| e.pod_uid == uid && e.container == c.name && e.resource == resource)
+                .cloned();
+            if let Some(e) = held {
+                out.add(&e.response);
+                continue;
+            }
+            let (ids, client) = self.choose(&uid, &c.name, &resource, n)?;
+            let request = AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids.clone(),
+                }],
+            };
+            let mut client = client;
+            let answer = tokio::time::timeout(endpoint::CALL_TIMEOUT, client.allocate(request)).await;
+            let response = match answer {
+                Ok(Ok(r)) => r.into_inner(),
+                Ok(Err(status)) => {
+                    return Err(format!(
+                        "{resource}: the device plugin's Allocate failed: {}",
+                        status.message()
+                    ))
+                }
+                Err(_) => {
+                    return Err(format!(
+                        "{resource}: the device plugin did not answer Allocate within {:?}",
+                        endpoint::CALL_TIMEOUT
+                    ))
+                }
+            };
+            let [answer] = <[_; 1]>::try_from(response.container_responses).map_err(|r| {
+                format!(
+                    "{resource}: the device plugin answered Allocate for {} containers, not 1",
+                    r.len()
+                )
+            })?;
+            allocation::check_response(&answer)
+                .map_err(|e| format!("{resource}: the device plugin's Allocate answer: {e}"))?;
+            info!(pod = %pod::full_name(p), container = %c.name, resource = %resource, devices = ?ids, "devices allocated");
+            out.add(&answer);
+            self.state().allocations.push(Entry {
+                pod_uid: uid.clone(),
+                container: c.name.clone(),
+                init,
+                resource,
+                ids,
+                response: answer,
+            });
+            self.persist();
+        }
+        Ok(Some(out))
+    }
+
+    /// `n` healthy devices of `resource` no other container holds (a regular init container's
+    /// of the same pod are free for the next ones), and the plugin to ask.
+    fn choose(
+        &self,
+        uid: &str,
+        container: &str,
+        resource: &str,
+        n: usize,
+    ) -> Result<(Vec<String>, DevicePluginClient<Channel>), String> {
+        let st = self.state();
+        let Some(r) = st.resources.get(resource) else {
+            return Err(format!("{resource}: no device plugin serves it"));
+        };
+        let Some(client) = r.client.clone().filter(|_| r.stopped.is_none()) else {
+            return Err(format!("{resource}: its device plugin is not running"));
+        };
+        let held: std::collections::BTreeSet<&str> = st
+            .allocations
+            .iter()
+            .filter(|e| e.resource == resource)
+            .filter(|e| !(e.pod_uid == uid && (e.init || e.container == container)))
+            .flat_map(|e| e.ids.iter().map(String::as_str))
+            .collect();
+        let free: Vec<String> = r
+            .devices
+            .iter()
+            .filter(|(id, d)| d.healthy && !held.contains(id.as_str()))
+            .map(|(id, _)| id.clone())
+            .take(n)
+            .collect();
+        if free.len() < n {
+            return Err(format!("{resource}: {n} requested, {} healthy and free", free.len()));
+        }
+        Ok((free, client))
+    }
+
+    /// The pod is gone from the node: its devices are free.
+    pub fn free_pod(&self, uid: &str) {
+        let freed = {
+            let mut st = self.state();
+            let before = st.allocations.len();
+            st.allocations.retain(|e| e.pod_uid != uid);
+            before != st.allocations.len()
+        };
+        if freed {
+            self.persist();
+        }
+    }
+
+    /// The devices each container holds, as (pod UID, container, resource, device IDs).
+    pub fn allocations(&self) -> Vec<(String, String, String, Vec<String>)> {
+        self.state()
+            .allocations
+            .iter()
+            .map(|e| {
+                (
+                    e.pod_uid.clone(),
+                    e.container.clone(),
+                    e.resource.clone(),
+                    e.ids.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Write the allocations to the checkpoint (a failure is logged: the devices stay held in
+    /// memory).
+    fn persist(&self) {
+        let (entries, registered) = {
+            let st = self.state();
+            let registered = st
+                .resources
+                .iter()
+                .map(|(name, r)| (name.clone(), r.devices.keys().cloned().collect()))
+                .collect();
+            (st.allocations.clone(), registered)
+        };
+        if let Err(e) = allocation::store(&self.dir, &entries, registered) {
+            warn!(error = %e, "device manager: writing the allocation checkpoint");
+        }
+    }
+
     /// The devices of `resource` as last listed.
     pub fn devices(&self, resource: &str) -> BTreeMap<String, Device> {
         self.state()
@@ -193,6 +368,21 @@ impl DeviceManager {
             .map(|r| r.devices.clone())
             .unwrap_or_default()
     }
+}
+
+/// The extended resources container `c` asks for, with how many of each.
+fn extended_requests(c: &Container) -> Vec<(String, usize)> {
+    let Some(r) = &c.resources else { return Vec::new() };
+    let mut out = BTreeMap::new();
+    for (k, q) in r.limits.iter().chain(r.requests.iter()).flatten() {
+        if is_extended_resource_name(k) {
+            let n = q.0.parse::<usize>().unwrap_or(0);
+            if n > 0 {
+                out.insert(k.clone(), n);
+            }
+        }
+    }
+    out.into_iter().collect()
 }
 
 #[cfg(test)]
@@ -215,7 +405,7 @@ mod tests {
                 t.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }),
         );
-        let g = m.registered("example.com/dev");
+        let g = m.registered("example.com/dev", None);
         m.listed("example.com/dev", g, devs(&[("a", true), ("b", false), ("c", true)]));
         let e = m.extended();
         assert_eq!(
@@ -226,7 +416,7 @@ mod tests {
         m.listed("example.com/dev", g, devs(&[("a", true), ("b", false), ("c", true)]));
         assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 1);
         // a new registration replaces the old one: the old stream's end changes nothing
-        let g2 = m.registered("example.com/dev");
+        let g2 = m.registered("example.com/dev", None);
         m.stopped("example.com/dev", g);
         assert_eq!(m.extended().allocatable["example.com/dev"], 2);
         // the current stream ends: unhealthy, then gone after the grace period
@@ -243,10 +433,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_plugin_back_within_the_grace_period_keeps_its_resource() {
         let m = DeviceManager::new("/nowhere".into(), Arc::new(|| {}));
-        let g = m.registered("example.com/dev");
+        let g = m.registered("example.com/dev", None);
         m.listed("example.com/dev", g, devs(&[("a", true)]));
         m.stopped("example.com/dev", g);
-        let g2 = m.registered("example.com/dev");
+        let g2 = m.registered("example.com/dev", None);
         m.listed("example.com/dev", g2, devs(&[("a", true)]));
         tokio::time::sleep(STOPPED_GRACE + Duration::from_secs(1)).await;
         assert_eq!(m.extended().allocatable["example.com/dev"], 1);

@@ -61,7 +61,7 @@ impl Registration for Registrar {
             let socket = m.dir().join(&r.endpoint);
             match connect(&socket).await {
                 Ok(client) => {
-                    let generation = m.registered(&r.resource_name);
+                    let generation = m.registered(&r.resource_name, Some(client.clone()));
                     list_and_watch(m, r.resource_name, generation, client).await;
                 }
                 Err(e) => warn!(
