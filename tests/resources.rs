@@ -588,6 +588,40 @@ fn wait_devices(a: &Agent, name: &str, ids: &[&str]) {
     }
 }
 
+/// What the pod resources API says: each container's devices as (pod, resource, IDs), and
+/// how many devices the node's plugins list.
+fn pod_resources(a: &Agent) -> (Vec<(String, String, Vec<String>)>, usize) {
+    use ferrolet::apis::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
+    use ferrolet::apis::podresources::v1::{AllocatableResourcesRequest, ListPodResourcesRequest};
+    let socket = a.socket().parent().unwrap().join("pod-resources/kubelet.sock");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let channel = ferrolet::apis::dial(&socket, Duration::from_secs(5)).await.unwrap();
+        let mut c = PodResourcesListerClient::new(channel);
+        let list = c.list(ListPodResourcesRequest {}).await.unwrap().into_inner();
+        let all = c
+            .get_allocatable_resources(AllocatableResourcesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let mut held: Vec<_> = list
+            .pod_resources
+            .iter()
+            .flat_map(|p| p.containers.iter().map(move |c| (p, c)))
+            .flat_map(|(p, c)| {
+                c.devices
+                    .iter()
+                    .map(move |d| (p.name.clone(), d.resource_name.clone(), d.device_ids.clone()))
+            })
+            .collect();
+        held.sort();
+        (held, all.devices.len())
+    })
+}
+
 #[test]
 fn device_plugins_devices_admit_pods_and_reach_their_containers() {
     use deviceplugin::TestDevicePlugin;
@@ -617,6 +651,21 @@ fn device_plugins_devices_admit_pods_and_reach_their_containers() {
     wait_said(&a, "devices=3 healthy=3", 1);
     a.write("three.yaml", &device_pod("three", res, 1));
     wait_devices(&a, "three", &["d3"]);
+
+    // What monitoring agents read: who holds which device, and every device.
+    let (held, all) = pod_resources(&a);
+    assert_eq!(
+        held,
+        [
+            (
+                "three-node-devices".to_string(),
+                res.to_string(),
+                vec!["d3".to_string()]
+            ),
+            ("two-node-devices".into(), res.into(), vec!["d1".into(), "d2".into()]),
+        ]
+    );
+    assert_eq!(all, 3);
 
     // A resource no plugin serves has no capacity.
     a.write("none.yaml", &device_pod("none", "other.example.com/x", 1));

@@ -649,6 +649,7 @@ async fn serve(managers: &Arc<Managers>, joined: &Joined, stats: Arc<crate::stat
         joined.checkpoint.clone(),
     );
     crate::server::serve_all(cfg, state, joined.kube.clone(), managers.node.ips.clone()).await?;
+    crate::server::podresources::serve(&cfg.root_dir, managers.pods.clone(), managers.devices.clone()).await?;
     info!(
         node = %cfg.node_name,
         root = %cfg.root_dir.display(),

@@ -19,6 +19,7 @@ mod healthz;
 pub mod metrics;
 mod node;
 pub mod node_logs;
+pub mod podresources;
 mod stats;
 pub mod streaming;
 pub mod tls;

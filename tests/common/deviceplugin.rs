@@ -16,9 +16,7 @@ use api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use api::registration_client::RegistrationClient;
 use ferrolet::apis::deviceplugin::v1beta1 as api;
 use futures::Stream;
-use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
-use tonic::transport::{Endpoint, Uri};
 use tonic::{Request, Response, Status};
 
 /// What the plugin lists: device ID -> healthy.
@@ -113,17 +111,6 @@ pub struct TestDevicePlugin {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// A channel over the unix socket at `path`.
-async fn channel(path: PathBuf) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    Endpoint::from_static("http://plugin.invalid")
-        .connect_timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-        }))
-        .await
-}
-
 impl TestDevicePlugin {
     /// Serve `resource` with `devices` on `<dir>/<endpoint>`; not registered yet.
     pub fn serve(dir: &Path, resource: &str, endpoint: &str, devices: &[(&str, bool)]) -> TestDevicePlugin {
@@ -136,22 +123,16 @@ impl TestDevicePlugin {
         let (tx, rx) = watch::channel(list);
         let allocations = Arc::new(Mutex::new(Vec::new()));
         let socket = dir.join(endpoint);
-        std::fs::create_dir_all(dir).unwrap();
-        let _ = std::fs::remove_file(&socket);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let service = Service {
             devices: rx,
             allocations: allocations.clone(),
         };
-        let listener = {
+        let incoming = {
             let _g = rt.enter();
-            tokio::net::UnixListener::bind(&socket).unwrap()
+            ferrolet::apis::listen(&socket).unwrap()
         };
         rt.spawn(async move {
-            let incoming = futures::stream::unfold(listener, |l| async move {
-                let next = l.accept().await.map(|(s, _)| s);
-                Some((next, l))
-            });
             let _ = tonic::transport::Server::builder()
                 .add_service(DevicePluginServer::new(service))
                 .serve_with_incoming_shutdown(incoming, async {
@@ -180,7 +161,9 @@ impl TestDevicePlugin {
             options: Some(api::DevicePluginOptions::default()),
         };
         self.rt.block_on(async move {
-            let ch = channel(socket).await.map_err(|e| Status::unavailable(e.to_string()))?;
+            let ch = ferrolet::apis::dial(&socket, Duration::from_secs(5))
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
             RegistrationClient::new(ch).register(req).await.map(|_| ())
         })
     }

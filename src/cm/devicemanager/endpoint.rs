@@ -3,11 +3,10 @@
 //! as it lasts. Every unary call has a deadline, so a plugin that hangs stalls nothing.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tracing::warn;
 
 use super::{Device, DeviceManager};
@@ -19,16 +18,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A client of the plugin listening on `socket`.
 pub async fn connect(socket: &Path) -> Result<DevicePluginClient<Channel>, tonic::transport::Error> {
-    let path: PathBuf = socket.to_path_buf();
-    // The URI is not dialled: every connection is the socket.
-    let channel = Endpoint::from_static("http://device-plugin.invalid")
-        .connect_timeout(CALL_TIMEOUT)
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-        }))
-        .await?;
-    Ok(DevicePluginClient::new(channel))
+    Ok(DevicePluginClient::new(crate::apis::dial(socket, CALL_TIMEOUT).await?))
 }
 
 /// The devices of one list, by ID. An empty ID cannot be allocated and is left out; a health

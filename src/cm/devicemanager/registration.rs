@@ -4,8 +4,6 @@
 //! plugin is then dialled and watched in the background, as kubelet does. A bad one is refused
 //! with a message naming the field.
 
-use std::sync::Arc;
-
 use anyhow::{Context, Result};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
@@ -79,21 +77,8 @@ impl Registration for Registrar {
 /// Serve the Registration service on the manager's `kubelet.sock` (made anew; the directory is
 /// made if missing), in the background.
 pub async fn serve(m: DeviceManager) -> Result<()> {
-    let dir = m.dir().to_path_buf();
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let socket = dir.join(KUBELET_SOCKET);
-    match std::fs::remove_file(&socket) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("removing {}", socket.display()))
-        }
-        _ => {}
-    }
-    let listener =
-        tokio::net::UnixListener::bind(&socket).with_context(|| format!("listening on {}", socket.display()))?;
-    let incoming = futures::stream::unfold(Arc::new(listener), |l| async move {
-        let next = l.accept().await.map(|(s, _)| s);
-        Some((next, l))
-    });
+    let socket = m.dir().join(KUBELET_SOCKET);
+    let incoming = crate::apis::listen(&socket).with_context(|| format!("listening on {}", socket.display()))?;
     info!(socket = %socket.display(), "device plugin registration listening");
     tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
