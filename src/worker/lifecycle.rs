@@ -155,16 +155,10 @@ pub async fn run<S: PodSyncer>(mut s: S) {
         let started = std::time::Instant::now();
         match s.inbox().lifecycle {
             Lifecycle::Syncing => {
-                let wake = match std::panic::AssertUnwindSafe(Box::pin(s.sync_pod()))
-                    .catch_unwind()
+                let name = s.name();
+                let wake = caught(s.sync_pod(), &name, "pod sync panicked; retrying")
                     .await
-                {
-                    Ok(wake) => wake,
-                    Err(p) => {
-                        error!(pod = %s.name(), "pod sync panicked: {}; retrying", panic_message(p));
-                        Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default())
-                    }
-                };
+                    .unwrap_or_else(|| Some(Utc::now() + chrono::Duration::from_std(RETRY).unwrap_or_default()));
                 let round = std::mem::replace(&mut s.inbox().round, Round::Sync);
                 s.round_ended(round, started.elapsed());
                 if !wait_for_work(&mut s, wake).await {
@@ -172,27 +166,22 @@ pub async fn run<S: PodSyncer>(mut s: S) {
                 }
             }
             Lifecycle::Terminating => {
-                if let Err(p) = std::panic::AssertUnwindSafe(Box::pin(s.sync_terminating_pod()))
-                    .catch_unwind()
-                    .await
-                {
-                    error!(pod = %s.name(), "stopping the pod panicked: {}; removing it", panic_message(p));
-                }
+                let name = s.name();
+                caught(
+                    s.sync_terminating_pod(),
+                    &name,
+                    "stopping the pod panicked; removing it",
+                )
+                .await;
                 Box::pin(s.publish_stopped()).await;
                 s.round_ended(Round::Kill, started.elapsed());
                 s.inbox().lifecycle = Lifecycle::Terminated;
             }
             Lifecycle::Terminated => {
-                let removed = match std::panic::AssertUnwindSafe(Box::pin(s.sync_terminated_pod()))
-                    .catch_unwind()
+                let name = s.name();
+                let removed = caught(s.sync_terminated_pod(), &name, "removing the pod panicked")
                     .await
-                {
-                    Ok(removed) => removed,
-                    Err(p) => {
-                        error!(pod = %s.name(), "removing the pod panicked: {}", panic_message(p));
-                        false
-                    }
-                };
+                    .unwrap_or(false);
                 s.round_ended(Round::Remove, started.elapsed());
                 if removed {
                     s.removed();
@@ -205,6 +194,18 @@ pub async fn run<S: PodSyncer>(mut s: S) {
                     return;
                 }
             }
+        }
+    }
+}
+
+/// Run one sync function, boxed (its state exists only while it runs); a panic in it is
+/// logged as `what` with the panic's message, and is `None`.
+async fn caught<T>(f: impl Future<Output = T>, pod: &str, what: &str) -> Option<T> {
+    match std::panic::AssertUnwindSafe(Box::pin(f)).catch_unwind().await {
+        Ok(t) => Some(t),
+        Err(p) => {
+            error!(pod = %pod, panic = %panic_message(p), "{what}");
+            None
         }
     }
 }
