@@ -22,6 +22,10 @@ pub fn tests() -> Vec<Trial> {
             "power_cut_without_the_api_server_brings_the_pods_back_from_the_checkpoint",
             power_cut_without_the_api_server_brings_the_pods_back_from_the_checkpoint,
         ),
+        test(
+            "outage_events_beyond_the_queue_drop_the_oldest_and_the_rest_arrive_in_order",
+            outage_events_beyond_the_queue_drop_the_oldest_and_the_rest_arrive_in_order,
+        ),
     ]
 }
 
@@ -398,5 +402,159 @@ spec:
     }
     c.wait("the pods to go", Duration::from_secs(60), || {
         c.get_json(&["pod", "steady"]).is_none() && c.get_json(&["pod", "finisher"]).is_none()
+    });
+}
+
+/// The event queue's capacity in the events test (the agent's `FERROLET_TEST_EVENT_QUEUE`).
+const EVENT_QUEUE: usize = 12;
+/// Static pods started one at a time during the outage: three events each (Pulled, Created,
+/// Started), well over the queue.
+const EVENT_PODS: usize = 10;
+
+/// The pod events the agent recorded, in the order it recorded them, from its log (the
+/// recorder logs each event as it queues it): (pod name, reason).
+fn recorded_events(log: &str, node: &str) -> Vec<(String, String)> {
+    let field = |l: &str, name: &str| -> Option<String> {
+        let at = l.find(&format!(" {name}="))? + name.len() + 2;
+        let v = l[at..].split_whitespace().next()?;
+        Some(v.trim_matches('"').to_string())
+    };
+    log.lines()
+        .filter(|l| l.contains(" ferrolet::events: "))
+        .filter_map(|l| {
+            // `name_namespace(uid)`
+            let pod = field(l, "pod")?;
+            let name = pod.split('(').next()?.strip_suffix("_default")?.to_string();
+            (name.starts_with("ev-") && name.ends_with(node)).then_some((name, field(l, "reason")?))
+        })
+        .collect()
+}
+
+/// The events of the test's static pods as the API server has them, in the order they were
+/// created there (resourceVersion: one etcd revision after another).
+fn posted_events(c: &crate::common::cluster::Cluster, node: &str) -> Vec<(String, String)> {
+    let Some(l) = c.get_json(&["events", "-n", "default"]) else {
+        return Vec::new();
+    };
+    let mut got: Vec<(u64, String, String)> = l["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| {
+            let name = e["involvedObject"]["name"].as_str()?;
+            if !(name.starts_with("ev-") && name.ends_with(node)) {
+                return None;
+            }
+            let rv = e["metadata"]["resourceVersion"].as_str()?.parse().ok()?;
+            Some((rv, name.to_string(), e["reason"].as_str()?.to_string()))
+        })
+        .collect();
+    got.sort();
+    got.into_iter().map(|(_, n, r)| (n, r)).collect()
+}
+
+/// Issue 34: more events than the queue holds while the API server is away. Once it is back
+/// they reach it in the order they happened; the oldest beyond the bound are the ones dropped
+/// (the one the writer was trying when the server went stays its first), and the drops are
+/// counted in `ferrolet_events_dropped_total` and said in the log.
+fn outage_events_beyond_the_queue_drop_the_oldest_and_the_rest_arrive_in_order() {
+    let c = cluster();
+    let kc = c.node_kubeconfig("node-evq");
+    let node = c.node_with_env(
+        "evq",
+        &["--kubeconfig", kc.to_str().unwrap()],
+        "",
+        vec![("FERROLET_TEST_EVENT_QUEUE".into(), EVENT_QUEUE.to_string())],
+    );
+    let name = node.node.clone();
+    let pods: Vec<String> = (0..EVENT_PODS).map(|i| format!("ev-{i:02}")).collect();
+    struct Mirrors(Vec<String>);
+    impl Drop for Mirrors {
+        fn drop(&mut self) {
+            for m in &self.0 {
+                cluster().kubectl(&["delete", "pod", m, "--ignore-not-found", "--wait=false"]);
+            }
+        }
+    }
+    let _mirrors = Mirrors(pods.iter().map(|p| format!("{p}-{name}")).collect());
+    c.wait("the node Ready", Duration::from_secs(90), || {
+        c.get_json(&["node", &name]).is_some_and(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        })
+    });
+    node.wait_log("knob", Duration::from_secs(5));
+    let stopped = c.stop_apiserver();
+    let from = node.agent_log().len();
+    // One pod at a time, each once all three of its events are recorded: the order they
+    // happened in is the order they were queued in.
+    for p in &pods {
+        node.write(
+            &format!("{p}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {p}, namespace: default}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: app, image: {IMAGE}, command: [sleep, '3600']}}\n"
+            ),
+        );
+        let full = format!("{p}-{name}");
+        c.wait(&format!("{full}'s Started event"), Duration::from_secs(60), || {
+            recorded_events(&node.agent_log()[from..], &name)
+                .iter()
+                .any(|(n, r)| *n == full && r == "Started")
+        });
+    }
+    let happened = recorded_events(&node.agent_log()[from..], &name);
+    assert!(
+        happened.len() > EVENT_QUEUE + 1,
+        "only {} events recorded: {happened:?}",
+        happened.len()
+    );
+    node.wait_log("event queue full", Duration::from_secs(5));
+
+    c.restart_apiserver(stopped);
+    let newest = happened.last().unwrap().clone();
+    c.wait("the newest event posted", Duration::from_secs(120), || {
+        posted_events(c, &name).contains(&newest)
+    });
+    // Anything still on its way would come after the newest: there is nothing.
+    std::thread::sleep(Duration::from_secs(2));
+    let posted = posted_events(c, &name);
+    // What reached the server is what happened, in order, with the oldest left out: all but
+    // a prefix, after perhaps the first (held by the writer, not queued).
+    let tail = &happened[happened.len() - posted.len().min(happened.len())..];
+    let in_order = posted == tail
+        || (posted.first() == happened.first() && posted[1..] == happened[happened.len() - (posted.len() - 1)..]);
+    assert!(
+        in_order,
+        "posted events are not the newest of those recorded, in order:\nrecorded {happened:?}\nposted {posted:?}"
+    );
+    let lost = happened.len() - posted.len();
+    assert!(
+        lost > 0 && !posted.is_empty() && posted.len() <= EVENT_QUEUE + 1,
+        "{} of {} events posted with a queue of {EVENT_QUEUE}",
+        posted.len(),
+        happened.len()
+    );
+    let (_, metrics) = node.get("/metrics").unwrap();
+    let metrics = String::from_utf8_lossy(&metrics).to_string();
+    let dropped: usize = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ferrolet_events_dropped_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ferrolet_events_dropped_total in /metrics"));
+    // Node events of the outage may have been dropped too.
+    assert!(dropped >= lost, "{dropped} dropped counted, {lost} pod events lost");
+    eprintln!(
+        "events: {} recorded during the outage, {} posted in order, {lost} lost; {dropped} counted dropped",
+        happened.len(),
+        posted.len()
+    );
+    for p in &pods {
+        node.remove(&format!("{p}.yaml"));
+    }
+    c.wait("the mirror pods to go", Duration::from_secs(60), || {
+        pods.iter()
+            .all(|p| c.get_json(&["pod", &format!("{p}-{name}")]).is_none())
     });
 }
