@@ -8,7 +8,12 @@
 //! reached is tried again (10 s apart, the first wait jittered) until it answers: an edge node
 //! away from its server for hours posts what happened meanwhile, in order, once it is back.
 //! The queue holds [`QUEUE`] events; when it is full the oldest waiting one is dropped for the
-//! new one, counted ([`Sink::dropped`]) and logged once per overflow.
+//! new one, counted ([`Sink::dropped`] and the `ferrolet_events_dropped_total` metric) and logged
+//! once per overflow. The event the writer holds (being tried) is not in the queue: it is
+//! posted first when the server returns, then the queue's events, oldest first.
+//!
+//! Tests make the queue smaller with `FERROLET_TEST_EVENT_QUEUE=<events>`, so that an outage
+//! overflows it with a handful of pods.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +34,28 @@ use crate::kubeclient::Kube;
 pub const QUEUE: usize = 1000;
 /// The wait between tries of an event the API server did not answer.
 pub const RETRY_SLEEP: Duration = Duration::from_secs(10);
+/// The test knob: the queue's capacity instead of [`QUEUE`].
+pub const TEST_QUEUE_ENV: &str = "FERROLET_TEST_EVENT_QUEUE";
+
+/// The queue's capacity: [`QUEUE`], unless the test knob sets a number.
+fn capacity() -> usize {
+    let Ok(v) = std::env::var(TEST_QUEUE_ENV) else {
+        return QUEUE;
+    };
+    match v.trim().parse::<usize>() {
+        Ok(n) if n > 0 => {
+            warn!(
+                queue = n,
+                "{TEST_QUEUE_ENV} set: the event queue holds {n} events (a test knob)"
+            );
+            n
+        }
+        _ => {
+            warn!(value = %v, "{TEST_QUEUE_ENV} is not a positive number; ignored");
+            QUEUE
+        }
+    }
+}
 
 /// The events waiting, oldest first.
 struct Queue {
@@ -65,6 +92,7 @@ impl Queue {
         };
         self.queued.notify_one();
         if oldest.is_some() {
+            crate::metrics::global().event_dropped();
             let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             if !self.dropping.swap(true, Ordering::Relaxed) {
                 warn!(
@@ -104,7 +132,7 @@ pub struct Sink {
 impl Sink {
     /// Start the writer (on the current tokio runtime). `qps` 0: no rate limit.
     pub fn start(kube: Kube, qps: u32, burst: u32) -> Sink {
-        let queue = Arc::new(Queue::new(QUEUE));
+        let queue = Arc::new(Queue::new(capacity()));
         let origin = Instant::now();
         let writer = Writer {
             queue: queue.clone(),

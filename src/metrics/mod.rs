@@ -99,6 +99,7 @@ pub struct KubeletMetrics {
     probe_duration: HistogramVec,
     graceful_shutdown_start: Gauge,
     graceful_shutdown_end: Gauge,
+    events_dropped: IntCounter,
     process: process::ProcessMetrics,
 }
 
@@ -203,7 +204,11 @@ impl KubeletMetrics {
                 "kubelet_started_pods_total",
                 "Cumulative number of pods started",
             )),
-            started_pods_errors: valid(IntCounter::new(
+events_dropped: valid(IntCounter::new(
+                "ferrolet_events_dropped_total",
+                "Events dropped before reaching the API server because the queue to it was full (the oldest waiting goes first). kubelet has no such metric; client-go only logs.",
+            )),
+                        started_pods_errors: valid(IntCounter::new(
                 "kubelet_started_pods_errors_total",
                 "Cumulative number of errors when starting pods",
             )),
@@ -265,7 +270,7 @@ impl KubeletMetrics {
             )),
             process: process::ProcessMetrics::new(),
         };
-        let main: [Box<dyn Collector>; 23] = [
+        let main: [Box<dyn Collector>; 24] = [
             Box::new(m.node_name.clone()),
             Box::new(m.running_pods.clone()),
             Box::new(m.running_containers.clone()),
@@ -289,6 +294,7 @@ impl KubeletMetrics {
             Box::new(m.rest_duration.clone()),
             Box::new(m.graceful_shutdown_start.clone()),
             Box::new(m.graceful_shutdown_end.clone()),
+            Box::new(m.events_dropped.clone()),
         ];
         for c in main {
             valid(m.registry.register(c));
@@ -373,6 +379,11 @@ impl KubeletMetrics {
         self.cgroup_manager_duration
             .with_label_values(&[operation_type])
             .observe(took.as_secs_f64());
+    }
+
+    /// An event was dropped because the queue to the API server was full.
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     /// A pod sandbox was started (or failed to be).

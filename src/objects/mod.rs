@@ -298,9 +298,21 @@ impl ObjectManager {
                 }
                 Ok(token)
             }
-            // Served as kept, expired or not: the pod's client retries, and the next fetch
-            // renews it.
-            Err(e) => self.checkpoint.token(&uid, &kept_as).ok_or(e),
+            // No answer: served as kept, expired or not (the pod's client retries, and the
+            // next fetch renews it).
+            Err(e) if e.unreachable => {
+                self.note_unreachable();
+                match self.checkpoint.token(&uid, &kept_as) {
+                    Some(t) => {
+                        tracing::debug!(pod = %key.pod_name, error = %e.message, "API server unreachable; serving the checkpoint's token");
+                        Ok(t)
+                    }
+                    None => Err(e.message),
+                }
+            }
+            // The server answered (Forbidden, the ServiceAccount gone, ...): that is the
+            // truth, as in kubelet; the volume is not refreshed, its files stay.
+            Err(e) => Err(e.message),
         }
     }
 
@@ -329,7 +341,11 @@ impl ObjectManager {
                 }
                 Ok(env)
             }
-            Err(e) => self.checkpoint.service_env(&uid).ok_or(e),
+            Err(e) if e.unreachable => {
+                self.note_unreachable();
+                self.checkpoint.service_env(&uid).ok_or(e.message)
+            }
+            Err(e) => Err(e.message),
         };
         out
     }
@@ -458,6 +474,134 @@ pub fn references(p: &Pod) -> (BTreeSet<String>, BTreeSet<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    use http_body_util::BodyExt;
+
+    /// How the mock API server answers: `None` gives no answer at all (a refused connection),
+    /// `Some(code)` answers every request with that status.
+    type Answer = Option<u16>;
+
+    /// An object manager over a fresh checkpoint holding pod `u1` (namespace `ns`) with Secret
+    /// `s` (`pw: kept`) and a token `kept-token`, and an API server that answers as `answer`
+    /// says; the paths it was asked for.
+    /// What a test works with (the checkpoint's directory goes when it is dropped).
+    struct Fixture {
+        om: Arc<ObjectManager>,
+        cp: Arc<Checkpoint>,
+        asked: Arc<Mutex<Vec<String>>>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn manager(answer: Answer) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        cp.set_pods(&[Arc::new(pod())]).unwrap();
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "s", "namespace": "ns", "resourceVersion": "1"},
+            "data": {"pw": "a2VwdA=="}
+        }))
+        .unwrap();
+        cp.record_object(&["u1".into()], Object::Secret(&secret)).unwrap();
+        cp.record_token("u1", "default||600", "kept-token").unwrap();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        let service = tower::service_fn(move |req: axum::http::Request<kube::client::Body>| {
+            seen.lock().unwrap().push(req.uri().path().to_string());
+            async move {
+                let code = answer.ok_or("connection refused")?;
+                let _ = req.into_body().collect().await?;
+                let reason = match code {
+                    403 => "Forbidden",
+                    404 => "NotFound",
+                    _ => "InternalError",
+                };
+                let status = serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": format!("the mock says {code}"), "reason": reason, "code": code
+                });
+                let mut resp =
+                    axum::http::Response::new(http_body_util::Full::new(bytes::Bytes::from(status.to_string())));
+                *resp.status_mut() = axum::http::StatusCode::from_u16(code)?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(resp)
+            }
+        });
+        let kube = Kube::from_client(kube::Client::new(service, "default"));
+        Fixture {
+            om: ObjectManager::new(kube, "n", cp.clone()),
+            cp,
+            asked,
+            _dir: dir,
+        }
+    }
+
+    fn pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "1"},
+            "spec": {"containers": [{"name": "c"}], "volumes": [{"name": "v", "secret": {"secretName": "s"}}]}
+        }))
+        .unwrap()
+    }
+
+    fn projection() -> ServiceAccountTokenProjection {
+        serde_json::from_value(serde_json::json!({"path": "token", "expirationSeconds": 600})).unwrap()
+    }
+
+    /// Requests for the Secret and the token (not the Node's TTL).
+    fn object_requests(asked: &Mutex<Vec<String>>) -> usize {
+        asked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.contains("/secrets/") || p.ends_with("/token"))
+            .count()
+    }
+
+    #[tokio::test]
+    async fn restored_pods_are_served_from_the_checkpoint_without_asking() {
+        // Whatever the server would say, it is not asked while the node runs on restored pods.
+        let Fixture { om, cp, asked, _dir } = manager(Some(200));
+        cp.view().restored(1, "connection refused");
+        om.register_pod(&pod());
+        let s = om.secret("ns", "s").await.unwrap().expect("the checkpoint's Secret");
+        assert_eq!(s.data.as_ref().unwrap()["pw"].0, b"kept");
+        assert_eq!(om.token(&pod(), &projection()).await.unwrap(), "kept-token");
+        assert_eq!(object_requests(&asked), 0, "asked {:?}", asked.lock().unwrap());
+        // Once the server's pods are listed again, it is asked.
+        cp.view().fresh();
+        let _ = om.secret("ns", "s").await;
+        assert_eq!(object_requests(&asked), 1);
+    }
+
+    #[tokio::test]
+    async fn no_answer_serves_the_checkpoint_and_is_not_asked_again_at_once() {
+        let Fixture { om, asked, _dir, .. } = manager(None);
+        om.register_pod(&pod());
+        let s = om.secret("ns", "s").await.unwrap().expect("the checkpoint's Secret");
+        assert_eq!(s.data.as_ref().unwrap()["pw"].0, b"kept");
+        assert_eq!(object_requests(&asked), 1);
+        // Within UNREACHABLE_HOLD: served without asking.
+        assert_eq!(om.token(&pod(), &projection()).await.unwrap(), "kept-token");
+        assert!(om.secret("ns", "s").await.unwrap().is_some());
+        assert_eq!(object_requests(&asked), 1, "asked {:?}", asked.lock().unwrap());
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_not_served_from_the_checkpoint() {
+        for code in [403, 404] {
+            let Fixture { om, asked, _dir, .. } = manager(Some(code));
+            om.register_pod(&pod());
+            let secret = om.secret("ns", "s").await;
+            let token = om.token(&pod(), &projection()).await;
+            assert_eq!(object_requests(&asked), 2);
+            match code {
+                404 => assert!(matches!(secret, Ok(None)), "{secret:?}"),
+                _ => assert_eq!(secret.unwrap_err(), "the mock says 403"),
+            }
+            let err = token.expect_err("a refused token is not the checkpoint's");
+            assert!(err.contains(&format!("the mock says {code}")), "{err}");
+        }
+    }
 
     #[test]
     fn ttl_from_the_node_annotation() {

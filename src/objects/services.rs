@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 
-use super::store::api_message;
+use super::store::{api_message, unreachable, FetchError};
 use crate::kubeclient::Kube;
 
 const MASTER_NAMESPACE: &str = "default";
@@ -28,7 +28,7 @@ impl ServiceCache {
     }
 
     /// Every Service in the cluster (cached for the TTL).
-    pub async fn list(&self, kube: &Kube) -> Result<Arc<Vec<Service>>, String> {
+    pub async fn list(&self, kube: &Kube) -> Result<Arc<Vec<Service>>, FetchError> {
         if let Some((at, l)) = &*self.list.lock().unwrap_or_else(|e| e.into_inner()) {
             if at.elapsed() < self.ttl {
                 return Ok(l.clone());
@@ -37,7 +37,10 @@ impl ServiceCache {
         let api: kube::Api<Service> = kube::Api::all(kube.client());
         let got = api.list(&Default::default()).await.map_err(|e| {
             tracing::warn!(error = %api_message(&e), "listing services");
-            "failed to list services when setting up env vars".to_string()
+            FetchError {
+                message: "failed to list services when setting up env vars".to_string(),
+                unreachable: unreachable(&e),
+            }
         })?;
         let l = Arc::new(got.items);
         *self.list.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), l.clone()));

@@ -1,7 +1,9 @@
 //! ServiceAccount tokens for projected volumes (kubelet's token manager): a TokenRequest bound
 //! to the pod, cached per (service account, audiences, expiration, pod) and requested anew once
 //! 80% of its lifetime has passed or it is older than 24 hours (with a jitter of up to 10 s, as
-//! kubelet's). A refresh that fails keeps serving the cached token until it expires.
+//! kubelet's). A refresh that fails keeps serving the cached token until it expires. A failure
+//! says whether the API server answered it ([`FetchError::unreachable`]): only a server that gave
+//! no answer lets the caller fall back to the checkpoint's copy.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,7 +13,7 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::ServiceAccount;
 use tracing::{info, warn};
 
-use super::store::api_message;
+use super::store::{api_message, unreachable, FetchError};
 use crate::kubeclient::Kube;
 
 /// kubelet's maxTTL: a token is refreshed after a day whatever its expiration.
@@ -60,7 +62,7 @@ fn jitter() -> Duration {
 
 impl TokenManager {
     /// The token for `key`, cached or freshly requested.
-    pub async fn get(&self, kube: &Kube, key: &TokenKey) -> Result<String, String> {
+    pub async fn get(&self, kube: &Kube, key: &TokenKey) -> Result<String, FetchError> {
         let now = Utc::now();
         let cached = {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
@@ -84,14 +86,20 @@ impl TokenManager {
                 Ok(token)
             }
             Err(e) => match cached {
-                None => Err(format!("failed to fetch token: {e}")),
-                Some(t) if t.expires <= Utc::now() => Err(format!(
-                    "token {}/{} expired and refresh failed: {e}",
-                    key.namespace, key.service_account
-                )),
+                None => Err(FetchError {
+                    message: format!("failed to fetch token: {}", e.message),
+                    ..e
+                }),
+                Some(t) if t.expires <= Utc::now() => Err(FetchError {
+                    message: format!(
+                        "token {}/{} expired and refresh failed: {}",
+                        key.namespace, key.service_account, e.message
+                    ),
+                    ..e
+                }),
                 Some(t) => {
                     warn!(namespace = %key.namespace, service_account = %key.service_account, pod = %key.pod_name,
-                        error = %e, "couldn't update token; keeping the current one");
+                        error = %e.message, "couldn't update token; keeping the current one");
                     Ok(t.token)
                 }
             },
@@ -107,7 +115,12 @@ impl TokenManager {
     }
 }
 
-async fn request(kube: &Kube, key: &TokenKey) -> Result<Issued, String> {
+async fn request(kube: &Kube, key: &TokenKey) -> Result<Issued, FetchError> {
+    // What came back and could not be used is an answer all the same.
+    let answered = |message: &str| FetchError {
+        message: message.to_string(),
+        unreachable: false,
+    };
     let api: kube::Api<ServiceAccount> = kube::Api::namespaced(kube.client(), &key.namespace);
     let tr = TokenRequest {
         spec: Some(TokenRequestSpec {
@@ -126,13 +139,18 @@ async fn request(kube: &Kube, key: &TokenKey) -> Result<Issued, String> {
     let got = api
         .create_token_request(&key.service_account, &Default::default(), &tr)
         .await
-        .map_err(|e| api_message(&e))?;
-    let status = got.status.ok_or("the TokenRequest came back without a status")?;
+        .map_err(|e| FetchError {
+            message: api_message(&e),
+            unreachable: unreachable(&e),
+        })?;
+    let status = got
+        .status
+        .ok_or_else(|| answered("the TokenRequest came back without a status"))?;
     let (Some(token), Some(exp)) = (status.token, status.expiration_timestamp) else {
-        return Err("the TokenRequest came back without a token or its expiration".into());
+        return Err(answered("the TokenRequest came back without a token or its expiration"));
     };
     let expires = DateTime::from_timestamp(exp.0.as_second(), exp.0.subsec_nanosecond().max(0) as u32)
-        .ok_or("the token's expiration is out of range")?;
+        .ok_or_else(|| answered("the token's expiration is out of range"))?;
     Ok(Issued {
         token,
         expires,

@@ -1,6 +1,7 @@
 //! The objects pods use, read with the node's own identity: env and envFrom from a ConfigMap
 //! and a Secret, a configMap volume updated live (its `..data` swapped), the projected
-//! ServiceAccount token every pod gets, accepted by TokenReview.
+//! ServiceAccount token every pod gets, accepted by TokenReview; a Secret and a ServiceAccount
+//! the API server says are gone are not served from the node's checkpoint.
 
 use std::path::Path;
 use std::time::Duration;
@@ -18,7 +19,34 @@ pub fn tests() -> Vec<Trial> {
             "projected_service_account_token_accepted_by_token_review",
             projected_service_account_token_accepted_by_token_review,
         ),
+        test(
+            "objects_the_server_says_are_gone_are_not_served_from_the_checkpoint",
+            objects_the_server_says_are_gone_are_not_served_from_the_checkpoint,
+        ),
     ]
+}
+
+/// Deletes the API objects a test made when it ends, passed or not.
+struct Cleanup(Vec<[&'static str; 2]>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for [kind, name] in &self.0 {
+            cluster().kubectl(&["delete", kind, name, "--ignore-not-found", "--wait=false"]);
+        }
+    }
+}
+
+/// The messages of the pod's events with `reason`, as the API server has them.
+fn event_messages(pod: &str, reason: &str) -> Vec<String> {
+    let c = cluster();
+    let selector = format!("involvedObject.name={pod},reason={reason}");
+    c.get_json(&["events", "--field-selector", &selector])
+        .and_then(|l| l["items"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e["message"].as_str().map(String::from))
+        .collect()
 }
 
 fn read(p: &Path) -> String {
@@ -262,4 +290,123 @@ spec:
         "the token is bound to the pod: {st}"
     );
     c.kubectl_ok(&["delete", "pod", "sa-token", "--grace-period=1"]);
+}
+
+/// Issue 34: an answer of the API server is the truth, not an outage. A Secret it says is gone
+/// is forgotten by the checkpoint and its volume is not refreshed (a FailedMount event; the
+/// files already there stay, as kubelet leaves them). A token it refuses (the ServiceAccount is
+/// gone) after an agent restart, with nothing cached in memory, is a FailedMount too: the
+/// checkpoint's token is served only while the server gives no answer.
+fn objects_the_server_says_are_gone_are_not_served_from_the_checkpoint() {
+    let c = cluster();
+    wait_default_service_account();
+    let _cleanup = Cleanup(vec![
+        ["pod", "gone-objects"],
+        ["secret", "gone-secret"],
+        ["serviceaccount", "gone-sa"],
+    ]);
+    let kc = c.node_kubeconfig("node-objgone");
+    // Volumes follow their objects at each resync.
+    let mut node = c.node_with(
+        "objgone",
+        &["--kubeconfig", kc.to_str().unwrap()],
+        "syncFrequency: 3s\n",
+    );
+    let host = node.host_dir();
+    // Objects are cached for the Node's TTL (0 once the TTL controller has set it).
+    c.wait(
+        "the TTL controller's annotation on the Node",
+        Duration::from_secs(60),
+        || {
+            c.get_json(&["node", &node.node])
+                .is_some_and(|n| n["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] == "0")
+        },
+    );
+    let secret = |v: &str| {
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: gone-secret, namespace: default}}\nstringData: {{pw: {v}}}\n")
+    };
+    c.apply("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: gone-sa, namespace: default}\n");
+    c.apply(&secret("kept-until-deleted"));
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: gone-objects, namespace: default}}
+spec:
+  nodeName: {node}
+  serviceAccountName: gone-sa
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  volumes:
+  - {{name: host, hostPath: {{path: {host}}}}}
+  - {{name: sec, secret: {{secretName: gone-secret}}}}
+  - name: tok
+    projected:
+      sources: [{{serviceAccountToken: {{path: token, expirationSeconds: 3600}}}}]
+  containers:
+  - name: app
+    image: {IMAGE}
+    command: [sh, -c, "while true; do cat /sec/pw > /host/pw.tmp; mv /host/pw.tmp /host/pw; cat /tok/token > /host/token.tmp; mv /host/token.tmp /host/token; sleep 0.5; done"]
+    volumeMounts: [{{name: host, mountPath: /host}}, {{name: sec, mountPath: /sec}}, {{name: tok, mountPath: /tok}}]
+"#,
+        node = node.node,
+        host = host.display()
+    ));
+    c.wait("the secret and the token in the pod", Duration::from_secs(90), || {
+        read(&host.join("pw")) == "kept-until-deleted" && !read(&host.join("token")).is_empty()
+    });
+    let token = read(&host.join("token"));
+    let uid = c.get_json(&["pod", "gone-objects"]).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let checkpoint = node.root.join(format!("checkpoint/pods/{uid}.json"));
+    use base64::Engine;
+    let kept = base64::engine::general_purpose::STANDARD.encode("kept-until-deleted");
+    c.wait(
+        "the secret and the token in the checkpoint",
+        Duration::from_secs(30),
+        || {
+            let s = read(&checkpoint);
+            s.contains(&kept) && s.contains(&token)
+        },
+    );
+
+    // The Secret is deleted (the server is up): forgotten, not served; the files stay.
+    c.kubectl_ok(&["delete", "secret", "gone-secret"]);
+    c.wait(
+        "a FailedMount event saying the secret is not found",
+        Duration::from_secs(60),
+        || {
+            event_messages("gone-objects", "FailedMount")
+                .iter()
+                .any(|m| m.contains(r#"secret "gone-secret" not found"#))
+        },
+    );
+    c.wait(
+        "the secret forgotten by the checkpoint",
+        Duration::from_secs(30),
+        || !read(&checkpoint).contains(&kept),
+    );
+    assert_eq!(read(&host.join("pw")), "kept-until-deleted", "the volume's files stay");
+
+    // The Secret back, the ServiceAccount gone, and the agent restarted: its in-memory tokens
+    // are gone, and the TokenRequest is refused.
+    c.apply(&secret("back-again"));
+    c.wait("the new secret in the pod", Duration::from_secs(60), || {
+        read(&host.join("pw")) == "back-again"
+    });
+    c.kubectl_ok(&["delete", "serviceaccount", "gone-sa"]);
+    node.restart();
+    c.wait(
+        "a FailedMount event saying the ServiceAccount is not found",
+        Duration::from_secs(60),
+        || {
+            event_messages("gone-objects", "FailedMount")
+                .iter()
+                .any(|m| m.contains("failed to fetch token") && m.contains("gone-sa"))
+        },
+    );
+    assert_eq!(read(&host.join("token")), token, "the token's file stays as it was");
+    assert_eq!(read(&host.join("pw")), "back-again");
 }
