@@ -27,6 +27,9 @@ pub struct Entry {
     pub resource: String,
     pub ids: Vec<String>,
     pub response: ContainerAllocateResponse,
+    /// Chosen, the plugin's Allocate not answered yet: the devices are held (no other
+    /// container gets them meanwhile) but not written to the checkpoint.
+    pub pending: bool,
 }
 
 /// What a container gets from its devices' plugins, all resources together.
@@ -150,6 +153,7 @@ pub fn load(dir: &Path) -> Result<Vec<Entry>, String> {
             resource: e.resource,
             ids: e.ids.into_values().flatten().collect(),
             response,
+            pending: false,
         });
     }
     Ok(out)
@@ -162,6 +166,7 @@ pub fn store(dir: &Path, entries: &[Entry], registered: BTreeMap<String, Vec<Str
         data: Data {
             pod_device_entries: entries
                 .iter()
+                .filter(|e| !e.pending)
                 .map(|e| FileEntry {
                     pod_uid: e.pod_uid.clone(),
                     container: e.container.clone(),
@@ -208,8 +213,15 @@ mod tests {
             resource: "example.com/dev".into(),
             ids: vec!["d1".into(), "d2".into()],
             response: response(),
+            pending: false,
         };
-        store(dir.path(), std::slice::from_ref(&e), Default::default()).unwrap();
+        // a choice still waiting for its plugin's answer is not written down
+        let pending = Entry {
+            container: "d".into(),
+            pending: true,
+            ..e.clone()
+        };
+        store(dir.path(), &[e.clone(), pending], Default::default()).unwrap();
         assert_eq!(load(dir.path()).unwrap(), [e]);
         std::fs::write(dir.path().join(CHECKPOINT), b"{").unwrap();
         let err = load(dir.path()).unwrap_err();

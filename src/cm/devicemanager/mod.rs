@@ -226,13 +226,13 @@ impl DeviceManager {
                 .state()
                 .allocations
                 .iter()
-                .find(|e| e.pod_uid == uid && e.container == c.name && e.resource == resource)
+                .find(|e| e.pod_uid == uid && e.container == c.name && e.resource == resource && !e.pending)
                 .cloned();
             if let Some(e) = held {
                 out.add(&e.response);
                 continue;
             }
-            let (ids, client) = self.choose(&uid, &c.name, &resource, n)?;
+            let (ids, client) = self.choose(&uid, &c.name, init, &resource, n)?;
             let request = AllocateRequest {
                 container_requests: vec![ContainerAllocateRequest {
                     devices_ids: ids.clone(),
@@ -240,54 +240,85 @@ impl DeviceManager {
             };
             let mut client = client;
             let answer = tokio::time::timeout(endpoint::CALL_TIMEOUT, client.allocate(request)).await;
-            let response = match answer {
-                Ok(Ok(r)) => r.into_inner(),
-                Ok(Err(status)) => {
-                    return Err(format!(
-                        "{resource}: the device plugin's Allocate failed: {}",
-                        status.message()
-                    ))
-                }
-                Err(_) => {
-                    return Err(format!(
-                        "{resource}: the device plugin did not answer Allocate within {:?}",
-                        endpoint::CALL_TIMEOUT
-                    ))
-                }
+            let answer = Self::answer(&resource, answer);
+            let mut st = self.state();
+            let Some(held) = st
+                .allocations
+                .iter_mut()
+                .find(|e| e.pod_uid == uid && e.container == c.name && e.resource == resource && e.pending)
+            else {
+                return Err(format!("{resource}: the devices chosen were taken back meanwhile"));
             };
-            let [answer] = <[_; 1]>::try_from(response.container_responses).map_err(|r| {
-                format!(
-                    "{resource}: the device plugin answered Allocate for {} containers, not 1",
-                    r.len()
-                )
-            })?;
-            allocation::check_response(&answer)
-                .map_err(|e| format!("{resource}: the device plugin's Allocate answer: {e}"))?;
-            info!(pod = %pod::full_name(p), container = %c.name, resource = %resource, devices = ?ids, "devices allocated");
-            out.add(&answer);
-            self.state().allocations.push(Entry {
-                pod_uid: uid.clone(),
-                container: c.name.clone(),
-                init,
-                resource,
-                ids,
-                response: answer,
-            });
+            match answer {
+                Ok(answer) => {
+                    info!(pod = %pod::full_name(p), container = %c.name, resource = %resource, devices = ?ids, "devices allocated");
+                    out.add(&answer);
+                    held.response = answer;
+                    held.pending = false;
+                }
+                Err(e) => {
+                    st.allocations.retain(|e| {
+                        !(e.pod_uid == uid && e.container == c.name && e.resource == resource && e.pending)
+                    });
+                    return Err(e);
+                }
+            }
+            drop(st);
             self.persist();
         }
         Ok(Some(out))
     }
 
+    /// The plugin's answer to Allocate for one container, checked.
+    fn answer(
+        resource: &str,
+        answer: Result<
+            Result<tonic::Response<crate::apis::deviceplugin::v1beta1::AllocateResponse>, tonic::Status>,
+            tokio::time::error::Elapsed,
+        >,
+    ) -> Result<crate::apis::deviceplugin::v1beta1::ContainerAllocateResponse, String> {
+        let response = match answer {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(status)) => {
+                return Err(format!(
+                    "{resource}: the device plugin's Allocate failed: {}",
+                    status.message()
+                ))
+            }
+            Err(_) => {
+                return Err(format!(
+                    "{resource}: the device plugin did not answer Allocate within {:?}",
+                    endpoint::CALL_TIMEOUT
+                ))
+            }
+        };
+        let [answer] = <[_; 1]>::try_from(response.container_responses).map_err(|r| {
+            format!(
+                "{resource}: the device plugin answered Allocate for {} containers, not 1",
+                r.len()
+            )
+        })?;
+        allocation::check_response(&answer)
+            .map_err(|e| format!("{resource}: the device plugin's Allocate answer: {e}"))?;
+        Ok(answer)
+    }
+
     /// `n` healthy devices of `resource` no other container holds (a regular init container's
     /// of the same pod are free for the next ones), and the plugin to ask.
+    /// They are held (pending) from here on: a container starting meanwhile gets others.
     fn choose(
         &self,
         uid: &str,
         container: &str,
+        init: bool,
         resource: &str,
         n: usize,
     ) -> Result<(Vec<String>, DevicePluginClient<Channel>), String> {
-        let st = self.state();
+        let mut st = self.state();
+        // A choice whose answer never came (its round gave up) is chosen again.
+        st.allocations
+            .retain(|e| !(e.pod_uid == uid && e.container == container && e.resource == resource && e.pending));
+        let st = &mut *st;
         let Some(r) = st.resources.get(resource) else {
             return Err(format!("{resource}: no device plugin serves it"));
         };
@@ -311,6 +342,15 @@ impl DeviceManager {
         if free.len() < n {
             return Err(format!("{resource}: {n} requested, {} healthy and free", free.len()));
         }
+        st.allocations.push(Entry {
+            pod_uid: uid.to_string(),
+            container: container.to_string(),
+            init,
+            resource: resource.to_string(),
+            ids: free.clone(),
+            response: Default::default(),
+            pending: true,
+        });
         Ok((free, client))
     }
 
@@ -428,6 +468,24 @@ mod tests {
         );
         tokio::time::sleep(STOPPED_GRACE + Duration::from_secs(1)).await;
         assert!(m.extended().capacity.is_empty());
+    }
+
+    #[tokio::test]
+    async fn devices_chosen_for_one_container_are_held_while_its_plugin_answers() {
+        let m = DeviceManager::new("/nowhere".into(), Arc::new(|| {}));
+        let lazy = tonic::transport::Endpoint::from_static("http://unix.invalid").connect_lazy();
+        let g = m.registered("example.com/dev", Some(DevicePluginClient::new(lazy)));
+        m.listed("example.com/dev", g, devs(&[("a", true), ("b", true), ("c", false)]));
+        let (first, _) = m.choose("u1", "app", false, "example.com/dev", 1).unwrap();
+        let (second, _) = m.choose("u2", "app", false, "example.com/dev", 1).unwrap();
+        assert_eq!((first, second), (vec!["a".to_string()], vec!["b".to_string()]));
+        // the unhealthy one is never chosen
+        let e = m.choose("u3", "app", false, "example.com/dev", 1).unwrap_err();
+        assert!(e.contains("0 healthy and free"), "{e}");
+        // the first pod goes: its device is free again
+        m.free_pod("u1");
+        let (third, _) = m.choose("u3", "app", false, "example.com/dev", 1).unwrap();
+        assert_eq!(third, ["a"]);
     }
 
     #[tokio::test(start_paused = true)]
