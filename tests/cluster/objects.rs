@@ -154,17 +154,12 @@ spec:
     c.kubectl_ok(&["delete", "secret", "env-sec"]);
 }
 
-fn config_map_volume_updates_live() {
+/// A node whose volumes follow their objects: a resync every 3 s, and the objects cached for
+/// the Node's TTL, which the TTL controller sets (0 here) once the node has registered.
+fn node_following_objects(name: &str) -> crate::common::Agent {
     let c = cluster();
-    wait_default_service_account();
-    let kc = c.node_kubeconfig("node-objlive");
-    let node = c.node_with(
-        "objlive",
-        &["--kubeconfig", kc.to_str().unwrap()],
-        "syncFrequency: 3s\n",
-    );
-    let host = node.host_dir();
-    // The node registers itself; the TTL controller then sets its objects' TTL (0 here).
+    let kc = c.node_kubeconfig(&format!("node-{name}"));
+    let node = c.node_with(name, &["--kubeconfig", kc.to_str().unwrap()], "syncFrequency: 3s\n");
     c.wait(
         "the TTL controller's annotation on the Node",
         Duration::from_secs(60),
@@ -173,6 +168,14 @@ fn config_map_volume_updates_live() {
                 .is_some_and(|n| n["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] == "0")
         },
     );
+    node
+}
+
+fn config_map_volume_updates_live() {
+    let c = cluster();
+    wait_default_service_account();
+    let node = node_following_objects("objlive");
+    let host = node.host_dir();
     let cm = |v: &str| {
         format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: live, namespace: default}}\ndata: {{key: {v}}}\n")
     };
@@ -305,23 +308,8 @@ fn objects_the_server_says_are_gone_are_not_served_from_the_checkpoint() {
         ["secret", "gone-secret"],
         ["serviceaccount", "gone-sa"],
     ]);
-    let kc = c.node_kubeconfig("node-objgone");
-    // Volumes follow their objects at each resync.
-    let mut node = c.node_with(
-        "objgone",
-        &["--kubeconfig", kc.to_str().unwrap()],
-        "syncFrequency: 3s\n",
-    );
+    let mut node = node_following_objects("objgone");
     let host = node.host_dir();
-    // Objects are cached for the Node's TTL (0 once the TTL controller has set it).
-    c.wait(
-        "the TTL controller's annotation on the Node",
-        Duration::from_secs(60),
-        || {
-            c.get_json(&["node", &node.node])
-                .is_some_and(|n| n["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] == "0")
-        },
-    );
     let secret = |v: &str| {
         format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: gone-secret, namespace: default}}\nstringData: {{pw: {v}}}\n")
     };
