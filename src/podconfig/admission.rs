@@ -99,7 +99,7 @@ pub fn admit(
                 .as_ref()
                 .and_then(|s| s.allocatable.as_ref())
                 .and_then(|a| a.get(&res))
-                .and_then(|q| q.0.parse::<i64>().ok())
+                .and_then(|q| crate::pod::units::bytes(&q.0).ok())
                 .unwrap_or(0)
         });
         let used = active

@@ -84,12 +84,13 @@ impl PodResourcesLister for Lister {
         &self,
         _: Request<AllocatableResourcesRequest>,
     ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        let resources: Vec<String> = self.devices.extended().capacity.into_keys().collect();
-        let devices = resources
+        let devices = self
+            .devices
+            .device_ids()
             .into_iter()
-            .flat_map(|r| {
-                self.devices.devices(&r).into_keys().map(move |id| ContainerDevices {
-                    resource_name: r.clone(),
+            .flat_map(|(resource_name, ids)| {
+                ids.into_iter().map(move |id| ContainerDevices {
+                    resource_name: resource_name.clone(),
                     device_ids: vec![id],
                     topology: None,
                 })

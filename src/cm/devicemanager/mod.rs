@@ -386,27 +386,20 @@ impl DeviceManager {
     /// Write the allocations to the checkpoint (a failure is logged: the devices stay held in
     /// memory).
     fn persist(&self) {
-        let (entries, registered) = {
-            let st = self.state();
-            let registered = st
-                .resources
-                .iter()
-                .map(|(name, r)| (name.clone(), r.devices.keys().cloned().collect()))
-                .collect();
-            (st.allocations.clone(), registered)
-        };
+        let entries = self.state().allocations.clone();
+        let registered = self.device_ids();
         if let Err(e) = allocation::store(&self.dir, &entries, registered) {
             warn!(error = %e, "device manager: writing the allocation checkpoint");
         }
     }
 
-    /// The devices of `resource` as last listed.
-    pub fn devices(&self, resource: &str) -> BTreeMap<String, Device> {
+    /// Every device's ID, by resource (healthy or not), in one read.
+    pub fn device_ids(&self) -> BTreeMap<String, Vec<String>> {
         self.state()
             .resources
-            .get(resource)
-            .map(|r| r.devices.clone())
-            .unwrap_or_default()
+            .iter()
+            .map(|(name, r)| (name.clone(), r.devices.keys().cloned().collect()))
+            .collect()
     }
 }
 
