@@ -19,11 +19,10 @@ pub(crate) fn thread_count() -> usize {
 /// CLOCK_MONOTONIC now (`Instant` reads the same clock but does not show it): shared by the
 /// agent and the processes forked from it, so a deadline can travel between them.
 pub(crate) fn monotonic_now() -> std::time::Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime only writes the timespec it is given; CLOCK_MONOTONIC always
-    // exists. nix's clock_gettime needs its "time" feature, which nothing else here uses.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    // CLOCK_MONOTONIC always exists; a zero would only make a deadline come early.
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(std::time::Duration::from)
+        .unwrap_or_default()
 }
 
 /// Set the thread name the kernel shows as `comm` (top, `ps -o comm`, /proc/PID/stat);
