@@ -16,6 +16,7 @@ use super::payloads;
 use super::plugins::Plugin;
 use super::volumes::{self, is_mountpoint, pod_volumes_dir, FsGroup, SetUpFailed, VolumeHost};
 use crate::cm::pod_container_manager::PodCgroups;
+use crate::objects::claims::BoundClaim;
 use crate::objects::VolumeObjects;
 use crate::pod;
 use crate::pod::fieldpath::PodFacts;
@@ -26,6 +27,8 @@ pub struct SetUpInputs<'a> {
     pub objects: &'a VolumeObjects,
     /// The pod's user namespace (its pin and range), for a pod with `hostUsers: false`.
     pub userns: Option<&'a PodUserNamespace>,
+    /// The Node, for the node affinity of PersistentVolumes.
+    pub node: Option<&'a k8s_openapi::api::core::v1::Node>,
 }
 
 /// A pod's user namespace as its volumes are set up for it.
@@ -99,6 +102,7 @@ fn mount_volume(
         path: dir.clone(),
         tmpfs: false,
         reconstructed: existing.is_some_and(|e| e.reconstructed),
+        claim: v.claim.as_ref().map(|c| c.claim_ref()),
     };
     let host = match plugin {
         Plugin::EmptyDir => {
@@ -125,15 +129,46 @@ fn mount_volume(
             }
         }
         Plugin::HostPath => {
-            let h = v.spec.host_path.clone().unwrap_or_default();
+            let pv_spec = v.claim.as_ref().and_then(|c| c.volume.spec.as_ref());
+            let h = match pv_spec {
+                Some(s) => s.host_path.clone().unwrap_or_default(),
+                None => v.spec.host_path.clone().unwrap_or_default(),
+            };
             let path = std::path::PathBuf::from(&h.path);
             if existing.is_none() {
+                if let Some(c) = &v.claim {
+                    check_persistent_volume(c, inputs.node)?;
+                }
                 volumes::check_host_path(&path, h.type_.as_deref().unwrap_or(""))?;
             }
             mounted.path = path.clone();
             VolumeHost {
                 path,
-                readonly: false,
+                readonly: claim_read_only(v),
+                writable_by_us: false,
+                idmap: false,
+            }
+        }
+        Plugin::LocalVolume => {
+            let c = v
+                .claim
+                .as_ref()
+                .ok_or_else(|| anyhow!("a local volume is a PersistentVolume's, through a claim"))?;
+            let local = c.volume.spec.as_ref().and_then(|s| s.local.clone()).unwrap_or_default();
+            let path = std::path::PathBuf::from(&local.path);
+            let readonly = claim_read_only(v);
+            if existing.is_none() {
+                check_persistent_volume(c, inputs.node)?;
+                volumes::check_local_volume(c.volume_name(), &path)?;
+                // kubelet's local volume: the pod's fsGroup on a writable one.
+                if let (Some(g), false) = (fs_group, readonly) {
+                    volumes::set_volume_ownership(&path, g, false)?;
+                }
+            }
+            mounted.path = path.clone();
+            VolumeHost {
+                path,
+                readonly,
                 writable_by_us: false,
                 idmap: false,
             }
@@ -172,10 +207,45 @@ fn mount_volume(
         }
     };
     let host = match inputs.userns {
-        Some(u) if plugin != Plugin::HostPath => owned_for_user_namespace(p, plugin, host, u, fs_group)?,
+        Some(u) if !plugin.is_nodes() => owned_for_user_namespace(p, plugin, host, u, fs_group)?,
         _ => host,
     };
     Ok((host, mounted))
+}
+
+/// A claim's volume is read-only in the pod's containers when the pod's volume says so
+/// (`persistentVolumeClaim.readOnly`), as kubelet's mounter is.
+fn claim_read_only(v: &VolumeToMount) -> bool {
+    v.spec
+        .persistent_volume_claim
+        .as_ref()
+        .and_then(|c| c.read_only)
+        .unwrap_or(false)
+}
+
+/// What kubelet checks of a PersistentVolume before it mounts it: the node is one its
+/// `nodeAffinity` allows, and its `volumeMode` is a filesystem (a raw block volume goes into a
+/// container as a device, through `volumeDevices`, which ferrolet does not serve).
+fn check_persistent_volume(c: &BoundClaim, node: Option<&k8s_openapi::api::core::v1::Node>) -> Result<()> {
+    let name = c.volume_name();
+    let spec = c.volume.spec.as_ref();
+    if spec.and_then(|s| s.volume_mode.as_deref()) == Some("Block") {
+        return Err(anyhow!(
+            "PersistentVolume {name:?} has volumeMode Block: raw block volumes (volumeDevices) are not supported"
+        ));
+    }
+    let required = spec
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref());
+    if let Some(sel) = required {
+        let fits = node.is_some_and(|n| crate::podconfig::predicates::node_selector_matches(sel, n));
+        if !fits {
+            return Err(anyhow!(
+                "PersistentVolume {name:?} node affinity: no matching NodeSelectorTerms for this node"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A volume of a pod in a user namespace: bound idmapped where its filesystem takes idmapped
@@ -211,11 +281,11 @@ fn owned_for_user_namespace(
     Ok(host)
 }
 
-/// Unmount what is mounted on a volume's directory (its tmpfs) and remove it. A hostPath is
-/// never touched: only directories under the pod's volumes dir are.
+/// Unmount what is mounted on a volume's directory (its tmpfs) and remove it. A hostPath or
+/// local volume is never touched: only directories under the pod's volumes dir are.
 pub fn tear_down(m: &MountedVolume, pod_dir: &Path) -> Result<()> {
     let dir = &m.path;
-    if m.plugin == Plugin::HostPath || !dir.starts_with(pod_volumes_dir(pod_dir)) {
+    if m.plugin.is_nodes() || !dir.starts_with(pod_volumes_dir(pod_dir)) {
         return Ok(());
     }
     if is_mountpoint(dir) {

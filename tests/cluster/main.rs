@@ -14,6 +14,7 @@ mod outage;
 mod pods;
 mod server;
 mod streaming;
+mod volumes;
 
 use std::sync::OnceLock;
 
@@ -42,6 +43,7 @@ fn main() {
         images::tests(),
         server::tests(),
         streaming::tests(),
+        volumes::tests(),
     ]
     .into_iter()
     .flatten()
