@@ -357,14 +357,18 @@ impl PodWorker {
             _ => None,
         };
         // Device plugins' devices, asked for (and kept) at the first start (kubelet allocates
-        // them at admission; a plugin's failure waits here and is retried).
-        let devices = m.devices.allocate(&self.pod, &c).await.map_err(|e| {
-            Waiting::new(
-                reasons::CREATE_CONTAINER_CONFIG_ERROR,
-                format!("allocating devices: {e}"),
-            )
-            .retry_at(Utc::now())
-        })?;
+        // them at admission), and their plugins' PreStartContainer at every start. Every call
+        // has a deadline; a failure waits here, is a Warning event naming the resource and its
+        // plugin (kubelet's Failed "Error: ..." of a container whose config cannot be made),
+        // and is retried after a pause, so a plugin that fails at once is not called in a loop.
+        let devices = match m.devices.allocate(&self.pod, &c).await {
+            Ok(d) => d,
+            Err(e) => {
+                let message = format!("allocating devices: {e}");
+                self.event(Some(&c.name), reasons::EVENT_FAILED, &format!("Error: {message}"));
+                return Err(Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message).retry_in(start::RETRY));
+            }
+        };
         let input = BuildInput {
             cfg: m.cfg.clone(),
             pod: self.pod.clone(),
