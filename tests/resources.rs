@@ -863,6 +863,33 @@ fn device_plugins_preferred_allocation_pre_start_finished_pods_and_bad_plugins()
     drop(bad);
     wait_config_error(&a, "hang", "is not running");
     wait_failed_event(&a, &["hang-", "example.com/bad", "\"bad.sock\" is not running"]);
+    // It comes back, hanging again: the pod's removal does not wait for its answer.
+    let bad = TestDevicePlugin::serve_with(
+        &dir,
+        "example.com/bad",
+        "bad.sock",
+        &[("b1", true)],
+        Switches {
+            allocate: AllocateMode::Hang,
+            ..Default::default()
+        },
+    );
+    bad.register();
+    let deadline = Instant::now() + T;
+    while bad.allocations.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the plugin back was never asked");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gave_up = a.agent_log().matches("Allocate did not answer within").count();
+    let removing = Instant::now();
+    a.remove("hang.yaml");
+    a.wait_gone("hang", T);
+    assert_eq!(
+        a.agent_log().matches("Allocate did not answer within").count(),
+        gave_up,
+        "the removal waited for the hanging Allocate to give up ({:?})",
+        removing.elapsed()
+    );
 
     // Meanwhile the first pod was restarted: the plugin was asked once for its preference
     // (all four free, nothing that must be in it, two of them) and for Allocate, and
@@ -914,7 +941,7 @@ fn device_plugins_preferred_allocation_pre_start_finished_pods_and_bad_plugins()
         "once per container (pref and other): a restart keeps the devices"
     );
 
-    let pods = ["pref", "job", "next", "hang", "other"];
+    let pods = ["pref", "job", "next", "other"];
     for p in pods {
         a.remove(&format!("{p}.yaml"));
     }
