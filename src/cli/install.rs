@@ -39,7 +39,41 @@ pub struct InstallArgs {
     /// Install and enable the unit, but do not start it now.
     #[arg(long)]
     pub no_start: bool,
+    /// Join a cluster with this bootstrap token (`kubeadm token create`), as `kubeadm join`:
+    /// with --server and --ca-cert-hash.
+    #[arg(long, value_name = "ID.SECRET", requires_all = ["server", "ca_cert_hash"])]
+    pub bootstrap_token: Option<String>,
+    /// The cluster's API server, `https://HOST:6443`.
+    #[arg(long, value_name = "URL", requires = "bootstrap_token")]
+    pub server: Option<String>,
+    /// `sha256:<hex>` of the cluster CA's public key, as `kubeadm token create
+    /// --print-join-command` prints it: the CA the server presents must match.
+    #[arg(long, value_name = "sha256:HEX", requires = "bootstrap_token")]
+    pub ca_cert_hash: Option<String>,
 }
+
+/// The configuration of a node that joins a cluster: the cluster CA verifies the API server's
+/// client certificate on the kubelet port, and its requests are authorized by the cluster
+/// (Webhook); the node's client certificate is rotated.
+const JOIN_CONFIG: &str = "\
+# Written by `ferrolet install --bootstrap-token`: a node of the cluster at the server in
+# bootstrap-kubeconfig. Relative paths are relative to this file.
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: manifests
+authentication:
+  x509:
+    clientCAFile: pki/ca.crt
+  webhook:
+    enabled: true
+  anonymous:
+    enabled: false
+authorization:
+  mode: Webhook
+rotateCertificates: true
+registerNode: true
+failSwapOn: false
+";
 
 #[derive(Args, Debug, Clone)]
 pub struct UninstallArgs {
@@ -151,9 +185,34 @@ pub fn install(a: &InstallArgs) -> Result<i32> {
     let exe = std::fs::read("/proc/self/exe").context("reading this program's binary")?;
     r.add(&under(&dest, &bin), &exe, 0o755)?;
     let config_dir = dest.join(CONFIG_DIR);
-    r.add(&config_dir.join("config.yaml"), CONFIG.as_bytes(), 0o644)?;
+    // Joining: the cluster's CA, found and checked before anything is written.
+    let joined = match (&a.bootstrap_token, &a.server, &a.ca_cert_hash) {
+        (Some(t), Some(server), Some(hash)) => {
+            let token: super::join::Token = t.parse()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let ca = rt.block_on(super::join::discover(server, &token, hash))?;
+            println!("the cluster at {server} is the one --ca-cert-hash names, and knows the token");
+            Some((super::join::bootstrap_kubeconfig(server, &ca, &token), ca))
+        }
+        _ => None,
+    };
+    let mut unit = UNIT.replace("/usr/local/bin/ferrolet", &bin.display().to_string());
+    match &joined {
+        Some((kubeconfig, ca)) => {
+            r.add(&config_dir.join("config.yaml"), JOIN_CONFIG.as_bytes(), 0o644)?;
+            r.add(&config_dir.join("pki/ca.crt"), ca, 0o644)?;
+            r.add(&config_dir.join("bootstrap-kubeconfig"), kubeconfig.as_bytes(), 0o600)?;
+            unit = unit.replace(
+                "run --config /etc/ferrolet/config.yaml",
+                "run --config /etc/ferrolet/config.yaml --bootstrap-kubeconfig /etc/ferrolet/bootstrap-kubeconfig --kubeconfig /var/lib/ferrolet/kubeconfig",
+            );
+        }
+        None => r.add(&config_dir.join("config.yaml"), CONFIG.as_bytes(), 0o644)?,
+    }
     r.mkdirs(&config_dir.join("manifests"))?;
-    let unit = UNIT.replace("/usr/local/bin/ferrolet", &bin.display().to_string());
     r.add(
         &dest.join("etc/systemd/system/ferrolet.service"),
         unit.as_bytes(),

@@ -8,6 +8,7 @@ pub mod client;
 pub mod exec;
 pub mod images;
 pub mod install;
+pub mod join;
 pub mod logs;
 pub mod pods;
 pub mod reset;

@@ -27,7 +27,163 @@ pub fn tests() -> Vec<Trial> {
             "connect_bootstraps_restarts_and_reports_refused_requests",
             connect_bootstraps_restarts_and_reports_refused_requests,
         ),
+        test(
+            "install_joins_with_a_bootstrap_token_and_a_ca_hash",
+            install_joins_with_a_bootstrap_token_and_a_ca_hash,
+        ),
     ]
+}
+
+/// `ferrolet ARGS` run inside the cluster's network namespace.
+fn ferrolet_in_cluster(args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ferrolet"));
+    cmd.args(args);
+    crate::common::enter_netns(&mut cmd, &cluster().net.path);
+    cmd.output().expect("running ferrolet")
+}
+
+/// The README's three steps against the real control plane: what `kubeadm init` publishes
+/// (kube-public/cluster-info, readable anonymously, signed by the bootstrap signer), the token
+/// and the CA's hash a person copies from `kubeadm token create --print-join-command`, and
+/// `ferrolet install --bootstrap-token --server --ca-cert-hash` (staged with --destdir) giving
+/// a node that registers and goes Ready. A wrong hash or token is refused before anything is
+/// written.
+fn install_joins_with_a_bootstrap_token_and_a_ca_hash() {
+    let c = cluster();
+    let ca_pem = std::fs::read(&c.ca).unwrap();
+    let ca_b64 = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(&ca_pem)
+    };
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: cluster-info, namespace: kube-public}}
+data:
+  kubeconfig: |
+    apiVersion: v1
+    kind: Config
+    clusters:
+    - name: ""
+      cluster:
+        certificate-authority-data: {ca_b64}
+        server: {server}
+    contexts: []
+    users: []
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: "kubeadm:bootstrap-signer-clusterinfo", namespace: kube-public}}
+rules: [{{apiGroups: [""], resources: [configmaps], resourceNames: [cluster-info], verbs: [get]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: "kubeadm:bootstrap-signer-clusterinfo", namespace: kube-public}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: "kubeadm:bootstrap-signer-clusterinfo"}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:anonymous"}}]
+"#,
+        server = c.apiserver
+    ));
+    // The token is the bootstrap kubeconfig's; the hash is what kubeadm prints, made here
+    // with openssl as its documentation does.
+    let bootstrap = std::fs::read_to_string(&c.bootstrap_kubeconfig).unwrap();
+    let token = bootstrap
+        .split("token: ")
+        .nth(1)
+        .and_then(|rest| rest.trim_start_matches('"').split(['"', '}', '\n']).next())
+        .expect("a token in the bootstrap kubeconfig")
+        .trim()
+        .to_string();
+    let token_id = token.split('.').next().unwrap().to_string();
+    c.wait(
+        "the bootstrap signer's signature of cluster-info",
+        Duration::from_secs(60),
+        || {
+            c.get_json(&["configmap", "-n", "kube-public", "cluster-info"])
+                .is_some_and(|cm| cm["data"][format!("jws-kubeconfig-{token_id}")].is_string())
+        },
+    );
+    let hash = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl x509 -pubkey -noout -in {} | openssl pkey -pubin -outform der | openssl dgst -sha256 -hex | sed 's/^.* //'",
+            c.ca.display()
+        ))
+        .output()
+        .unwrap();
+    let hash = format!("sha256:{}", String::from_utf8_lossy(&hash.stdout).trim());
+    assert_eq!(hash.len(), 7 + 64, "{hash}");
+
+    let dest = tempfile::tempdir().unwrap();
+    let d = dest.path().to_str().unwrap();
+    let join = |token: &str, hash: &str| {
+        ferrolet_in_cluster(&[
+            "install",
+            "--destdir",
+            d,
+            "--no-start",
+            "--bootstrap-token",
+            token,
+            "--server",
+            &c.apiserver,
+            "--ca-cert-hash",
+            hash,
+        ])
+    };
+    // Refused: a CA of another cluster, a token the cluster does not sign with.
+    let wrong_hash = format!("sha256:{}", "0".repeat(64));
+    let out = join(&token, &wrong_hash);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("refusing to trust it"), "{err}");
+    let wrong_secret = format!("{token_id}.0000000000000000");
+    let out = join(&wrong_secret, &hash);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("does not verify"), "{err}");
+    assert!(
+        !dest.path().join("etc").exists(),
+        "nothing is written before the cluster is trusted"
+    );
+
+    let out = join(&token, &hash);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let etc = dest.path().join("etc/ferrolet");
+    assert_eq!(std::fs::read(etc.join("pki/ca.crt")).unwrap(), ca_pem);
+    let unit = std::fs::read_to_string(dest.path().join("etc/systemd/system/ferrolet.service")).unwrap();
+    assert!(
+        unit.contains("--bootstrap-kubeconfig /etc/ferrolet/bootstrap-kubeconfig"),
+        "{unit}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let kc = etc.join("bootstrap-kubeconfig");
+    assert_eq!(std::fs::metadata(&kc).unwrap().permissions().mode() & 0o777, 0o600);
+
+    // The node the installed files make: its TLS bootstrap from the written kubeconfig, then
+    // Ready in the API server.
+    let state = tempfile::tempdir().unwrap();
+    let node_kc = state.path().join("kubeconfig");
+    let node = c.node_with(
+        "joined",
+        &[
+            "--bootstrap-kubeconfig",
+            kc.to_str().unwrap(),
+            "--kubeconfig",
+            node_kc.to_str().unwrap(),
+        ],
+        "",
+    );
+    c.wait("the joined node Ready", Duration::from_secs(90), || {
+        c.get_json(&["node", &node.node]).is_some_and(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|x| x["type"] == "Ready" && x["status"] == "True"))
+        })
+    });
 }
 
 /// The CSRs as (name, requesting user, approved and issued).
