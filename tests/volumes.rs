@@ -2,8 +2,8 @@
 //! volumes and env, the atomic writer's `..data` swap seen by a running container, downwardAPI
 //! labels following the pod, memory emptyDirs sized as kubelet sizes them, fsGroup ownership,
 //! recursive read-only mounts, and what is refused: a subPath symlink leading out of its
-//! volume, hostPath type checks, volume types ferrolet has no plugin for. Each test runs its
-//! own `ferrolet run` (see common/mod.rs).
+//! volume, hostPath type checks, a static pod's claim (only an API server resolves one). Each
+//! test runs its own `ferrolet run` (see common/mod.rs).
 
 mod common;
 
@@ -350,13 +350,14 @@ spec:
             file = host_file.display()
         ),
     );
+    // A static pod's claim cannot be resolved (no API server): it says so, naming the claim.
     let p = a.wait_for("pvc", "FailedMount", T, |p| {
-        waiting_message(p, "c").is_some_and(|m| m.contains("not supported"))
+        waiting_message(p, "c").is_some_and(|m| m.contains("cannot use claims"))
     });
     assert_eq!(waiting_reason(&p, "c").as_deref(), Some("ContainerCreating"));
     assert!(
         waiting_message(&p, "c").unwrap().starts_with(
-            "MountVolume.SetUp failed for volume \"data\" : volume type \"persistentVolumeClaim\" is not supported"
+            "MountVolume.SetUp failed for volume \"data\" : claim \"data\": a claim is resolved through the API server"
         ),
         "{:?}",
         waiting_message(&p, "c")
@@ -373,7 +374,7 @@ spec:
     );
     a.wait_log("FailedMount", T);
     let log = a.agent_log();
-    assert!(log.contains("persistentVolumeClaim"), "{}", tail(&log, 30));
+    assert!(log.contains("a static pod cannot use claims"), "{}", tail(&log, 30));
     // The planted symlinks lead out of the volume: the containers are refused, the one whose
     // subPath stays inside runs.
     let p = a.wait_for("escape", "the subPath refusals", T, |p| {
