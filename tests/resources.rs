@@ -744,6 +744,20 @@ fn device_plugins_preferred_allocation_pre_start_finished_pods_and_bad_plugins()
     let a = Agent::start("devices2", &[]);
     let dir = a.socket().parent().unwrap().join("device-plugins");
     let marks = scratch(&a.dir, "marks");
+    // The agent's memory (KiB of Rss and Pss) before and with two plugins registered, for the
+    // record (printed, never asserted).
+    let memory = |pid: u32| -> (u64, u64) {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("Rss:"), field("Pss:"))
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let before = memory(a.pid());
     // A plugin that prefers p4, then p3, and is told of each start of a container.
     let pref = TestDevicePlugin::serve_with(
         &dir,
@@ -764,6 +778,13 @@ fn device_plugins_preferred_allocation_pre_start_finished_pods_and_bad_plugins()
     // One device, a plain plugin.
     let one = TestDevicePlugin::serve(&dir, "example.com/one", "one.sock", &[("o1", true)]);
     one.register();
+    wait_said(&a, "devices=4 healthy=4", 1);
+    wait_said(&a, "devices=1 healthy=1", 1);
+    let with_two = memory(a.pid());
+    println!(
+        "agent memory: {} KiB Rss / {} KiB Pss with no plugin, {} / {} KiB with 2 device plugins registered and listing",
+        before.0, before.1, with_two.0, with_two.1
+    );
     // A plugin whose Allocate never answers.
     let bad = TestDevicePlugin::serve_with(
         &dir,
