@@ -208,6 +208,8 @@ struct Joined {
     checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
     /// The device plugins (their registration is served with the managers).
     devices: crate::cm::devicemanager::DeviceManager,
+    /// The CSI drivers registered through the plugin watcher.
+    csi_drivers: crate::volumemanager::csi::CsiDrivers,
 }
 
 /// In a cluster: the node's API client (a bad credential ends the start here), the event
@@ -303,6 +305,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
         shutdown,
         checkpoint,
         devices,
+        csi_drivers: crate::volumemanager::csi::CsiDrivers::default(),
     })
 }
 
@@ -382,6 +385,7 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
     });
     // Device plugins may register once the pods can be admitted against their devices.
     crate::cm::devicemanager::serve(joined.devices.clone()).await?;
+    start_plugin_watcher(cfg, joined)?;
     // kubelet's syncNetworkStatus (in its updateRuntimeUp loop, every 5 s): a network that was
     // not ready is tried again, and the Node's Ready condition follows.
     {
@@ -396,6 +400,22 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         });
     }
     Ok(managers)
+}
+
+/// kubelet's plugin watcher on `<root>/plugins_registry`, with the CSI handler: drivers
+/// registered on the node, and in a cluster the Node's annotation and CSINode kept.
+fn start_plugin_watcher(cfg: &Arc<Config>, joined: &Joined) -> Result<()> {
+    use crate::volumemanager::csi::{nodeinfo::NodeInfo, CsiHandler};
+    let node_info = joined.kube.clone().map(|k| NodeInfo::start(k, &cfg.node_name));
+    let mut handlers = crate::pluginmanager::Handlers::new();
+    handlers.insert(
+        crate::apis::pluginregistration::v1::CSI_PLUGIN.into(),
+        Arc::new(CsiHandler::new(joined.csi_drivers.clone(), node_info)),
+    );
+    let dir = crate::pluginmanager::registry_dir(&cfg.root_dir);
+    crate::pluginmanager::PluginManager::start(&dir, handlers)
+        .with_context(|| format!("watching the plugin registry {}", dir.display()))?;
+    Ok(())
 }
 
 /// The QoS tiers' manager, updated once right away (kubelet's first round runs at start),

@@ -15,6 +15,7 @@
 
 pub mod actual_state_of_world;
 mod atomic_writer;
+pub mod csi;
 pub mod desired_state_of_world;
 mod payloads;
 pub mod plugins;
