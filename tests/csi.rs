@@ -1,20 +1,21 @@
 //! The plugin watcher and the CSI node side against a real CSI node plugin
 //! (tests/common/csiplugin.rs: tonic servers on unix sockets, volumes backed by directories and
-//! real bind mounts), driven through the library: no agent, no cluster (the CSINode object is
-//! tested against the control plane in tests/cluster/csi.rs). Root, for the mounts; every mount
-//! under the test's directory is undone even when the test fails.
+//! real bind mounts): driven through the library, and with a real agent and pod (an inline
+//! `csi` volume). The CSINode object is tested against the control plane in
+//! tests/cluster/csi.rs. Root, for the mounts; every mount under the test's directory is undone
+//! even when the test fails.
 
-#[allow(dead_code)]
-mod common {
-    pub mod csiplugin;
-}
+mod common;
+#[path = "common/csiplugin.rs"]
+mod csiplugin;
 
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::csiplugin::{is_mount_point, MountGuard, Options, TestCsiPlugin};
+use common::{Agent, IMAGE};
+use csiplugin::{is_mount_point, MountGuard, Options, TestCsiPlugin};
 use ferrolet::pluginmanager::{Handlers, PluginManager};
 use ferrolet::volumemanager::csi::client::{AccessMode, Capability, CsiClient, VolumeRequest};
 use ferrolet::volumemanager::csi::{self as csi, CsiDrivers, CsiHandler, VolData};
@@ -149,7 +150,7 @@ fn client_for(rt: &tokio::runtime::Runtime, root: &Path, plugin: &TestCsiPlugin)
     let (m, drivers) = watcher(rt, root);
     assert!(plugin.first_notification(Duration::from_secs(5)).0);
     let _g = rt.enter();
-    (m, CsiClient::new(drivers, None, "node-a"))
+    (m, CsiClient::new(drivers, None, "node-a", root))
 }
 
 fn request(driver: &str, handle: &str) -> VolumeRequest {
@@ -326,4 +327,88 @@ fn csi_client_publishes_directly_for_a_driver_that_does_not_stage() {
         .collect();
     assert_eq!(calls.len(), 2, "{calls:?}");
     drop(rt);
+}
+
+/// An inline `csi` volume of a static pod: published by the driver into the pod, seen and
+/// written by its container, kept as it is across an agent restart (reconstructed from
+/// vol_data.json, not published again), unpublished when the pod goes.
+#[test]
+fn a_pods_inline_csi_volume_is_published_kept_across_a_restart_and_torn_down() {
+    let mut a = Agent::start_with_config("csiinline", &[], "syncFrequency: 2s\n");
+    let _mounts = MountGuard(a.dir.clone());
+    let plugin = TestCsiPlugin::start(
+        &a.root.join("plugins_registry"),
+        &a.dir.join("csi-plugin"),
+        "inline.csi.test",
+        Options {
+            create_on_publish: true,
+            ..Options::default()
+        },
+    );
+    assert_eq!(
+        plugin.first_notification(Duration::from_secs(10)),
+        (true, String::new())
+    );
+    a.write(
+        "p.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: p}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: {IMAGE}
+    command: [sh, -c, "echo from-the-pod > /data/written; sleep 3600"]
+    volumeMounts: [{{name: data, mountPath: /data}}]
+  volumes: [{{name: data, csi: {{driver: inline.csi.test, volumeAttributes: {{size: small}}}}}}]
+"#
+        ),
+    );
+    let p = a.wait_phase("p", "Running", Duration::from_secs(45));
+    let uid = p.metadata.uid.clone().unwrap();
+    let handle = ferrolet::volumemanager::csi::volume::inline_volume_handle(&uid, "data");
+    let written = plugin.base.join(&handle).join("written");
+    wait_for("the container's write in the volume", Duration::from_secs(20), || {
+        std::fs::read_to_string(&written).is_ok_and(|s| s == "from-the-pod\n")
+    });
+    let pod_dir = a.root.join("pods").join(&uid);
+    let target = csi::target_path(&pod_dir, "data");
+    assert!(is_mount_point(&target));
+    let data = VolData::load(target.parent().unwrap()).unwrap();
+    assert_eq!(
+        (
+            data.volume_lifecycle_mode.as_str(),
+            data.pod_volume_name.as_str(),
+            data.volume_handle.as_str()
+        ),
+        ("Ephemeral", "data", handle.as_str())
+    );
+    let published = |calls: &[String]| calls.iter().filter(|c| c.starts_with("NodePublishVolume")).count();
+    assert_eq!(published(&plugin.calls()), 1);
+    assert!(
+        !plugin.calls().iter().any(|c| c.starts_with("NodeStageVolume")),
+        "an inline volume is not staged"
+    );
+
+    // A restart: the volume is found on disk and left as it is.
+    a.restart();
+    plugin.calls.lock().unwrap().clear();
+    wait_for("the driver registered again", Duration::from_secs(20), || {
+        plugin.notifications().len() >= 2
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(published(&plugin.calls()), 0, "{:?}", plugin.calls());
+    assert!(is_mount_point(&target));
+
+    // The pod goes: the volume is unpublished.
+    a.remove("p.yaml");
+    a.wait_gone("p", Duration::from_secs(45));
+    wait_for("NodeUnpublishVolume", Duration::from_secs(10), || {
+        plugin.calls().iter().any(|c| c.starts_with("NodeUnpublishVolume"))
+    });
+    assert!(!is_mount_point(&target));
+    assert!(!target.parent().unwrap().exists());
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), "from-the-pod\n");
 }

@@ -332,7 +332,13 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         opened.cgroups.clone(),
         joined.network_status.clone(),
     )?
-    .with_qos(qos);
+    .with_qos(qos)
+    .with_csi(crate::volumemanager::csi::client::CsiClient::new(
+        joined.csi_drivers.clone(),
+        joined.kube.clone(),
+        &cfg.node_name,
+        &cfg.root_dir,
+    ));
     {
         let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
         blocking(move || {

@@ -38,6 +38,8 @@ use volumes::VolumeHost;
 pub struct VolumeManager {
     dsw: Mutex<DesiredStateOfWorld>,
     asw: Mutex<ActualStateOfWorld>,
+    /// The node's CSI drivers, once the agent has them.
+    csi: std::sync::OnceLock<csi::client::CsiClient>,
 }
 
 impl VolumeManager {
@@ -46,7 +48,13 @@ impl VolumeManager {
         VolumeManager {
             dsw: Mutex::new(DesiredStateOfWorld::default()),
             asw: Mutex::new(ActualStateOfWorld::reconstruct(pods_dir)),
+            csi: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Serve csi volumes through `client` (set once; later calls change nothing).
+    pub fn set_csi(&self, client: csi::client::CsiClient) {
+        let _ = self.csi.set(client);
     }
 
     /// The pod's volumes, set up (blocking: mounts and fsync'd writes). An error from a volume
@@ -60,7 +68,12 @@ impl VolumeManager {
         userns: Option<&reconciler::PodUserNamespace>,
     ) -> Result<BTreeMap<String, VolumeHost>> {
         let want = self.dsw.lock().unwrap_or_else(|e| e.into_inner()).add_pod(p, pod_dir);
-        let inputs = reconciler::SetUpInputs { facts, objects, userns };
+        let inputs = reconciler::SetUpInputs {
+            facts,
+            objects,
+            userns,
+            csi: self.csi.get(),
+        };
         reconciler::reconcile_pod(&self.asw, &want, &inputs)
     }
 
@@ -72,7 +85,7 @@ impl VolumeManager {
         let mounted = self.asw.lock().unwrap_or_else(|e| e.into_inner()).pod_volumes(uid);
         let mut first_err = None;
         for (name, m) in mounted {
-            match reconciler::tear_down(&m, pod_dir) {
+            match reconciler::tear_down(&m, pod_dir, self.csi.get()) {
                 Ok(()) => {
                     tracing::debug!(pod_uid = uid, volume = %name, "UnmountVolume.TearDown succeeded");
                     self.asw

@@ -14,16 +14,19 @@ pub enum Plugin {
     Secret,
     DownwardApi,
     Projected,
+    /// A CSI driver's volume (inline `csi`; a PersistentVolume's `csi` source).
+    Csi,
 }
 
 impl Plugin {
-    pub const ALL: [Plugin; 6] = [
+    pub const ALL: [Plugin; 7] = [
         Plugin::EmptyDir,
         Plugin::HostPath,
         Plugin::ConfigMap,
         Plugin::Secret,
         Plugin::DownwardApi,
         Plugin::Projected,
+        Plugin::Csi,
     ];
 
     /// kubelet's plugin name.
@@ -35,6 +38,7 @@ impl Plugin {
             Plugin::Secret => "kubernetes.io/secret",
             Plugin::DownwardApi => "kubernetes.io/downward-api",
             Plugin::Projected => "kubernetes.io/projected",
+            Plugin::Csi => super::csi::PLUGIN_NAME,
         }
     }
 
@@ -72,6 +76,7 @@ pub fn plugin_for(v: &Volume) -> Result<Plugin, String> {
         (v.secret.is_some(), Plugin::Secret),
         (v.downward_api.is_some(), Plugin::DownwardApi),
         (v.projected.is_some(), Plugin::Projected),
+        (v.csi.is_some(), Plugin::Csi),
     ];
     if let Some((_, p)) = found.iter().find(|(set, _)| *set) {
         return Ok(*p);
@@ -89,7 +94,6 @@ pub fn unsupported(kind: &str) -> String {
         "persistentVolumeClaim" | "ephemeral" => {
             "it needs a PersistentVolume bound through an API server and an attacher/mounter (CSI), which ferrolet does not have"
         }
-        "csi" => "ferrolet does not run CSI drivers",
         "image" => "image volumes (OCI artifacts as volumes) are not implemented",
         "gitRepo" => "gitRepo volumes are deprecated and disabled in kubelet; clone in an init container into an emptyDir instead",
         "nfs" | "iscsi" | "rbd" | "cephfs" | "glusterfs" | "fc" | "flocker" | "quobyte" | "storageos"
@@ -98,7 +102,7 @@ pub fn unsupported(kind: &str) -> String {
         | "photonPersistentDisk" => "cloud provider disks are not built into ferrolet (kubelet serves them through CSI)",
         _ => "ferrolet has no plugin for it",
     };
-    format!("volume type {kind:?} is not supported: {why}; ferrolet serves emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes")
+    format!("volume type {kind:?} is not supported: {why}; ferrolet serves emptyDir, hostPath, configMap, secret, downwardAPI, projected and csi volumes")
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 
 use super::actual_state_of_world::{ActualStateOfWorld, MountedVolume};
+use super::csi::client::CsiClient;
 use super::desired_state_of_world::{PodToMount, VolumeToMount};
 use super::payloads;
 use super::plugins::Plugin;
@@ -26,6 +27,8 @@ pub struct SetUpInputs<'a> {
     pub objects: &'a VolumeObjects,
     /// The pod's user namespace (its pin and range), for a pod with `hostUsers: false`.
     pub userns: Option<&'a PodUserNamespace>,
+    /// The node's CSI drivers, for csi volumes (none: such a volume fails, saying so).
+    pub csi: Option<&'a CsiClient>,
 }
 
 /// A pod's user namespace as its volumes are set up for it.
@@ -52,7 +55,7 @@ pub fn reconcile_pod(
         .filter(|(name, _)| !want.volumes.iter().any(|v| v.name() == name))
         .collect();
     for (name, m) in stale {
-        tear_down(&m, &want.pod_dir)?;
+        tear_down(&m, &want.pod_dir, inputs.csi)?;
         tracing::info!(pod = %pod::full_name(&want.pod), volume = %name, "UnmountVolume.TearDown succeeded");
         lock().mark_unmounted(&uid, &name);
     }
@@ -101,6 +104,25 @@ fn mount_volume(
         reconstructed: existing.is_some_and(|e| e.reconstructed),
     };
     let host = match plugin {
+        Plugin::Csi => {
+            let csi = inputs
+                .csi
+                .ok_or_else(|| anyhow!("this node has no CSI drivers (the plugin watcher is not running)"))?;
+            let vol = super::csi::volume::CsiVolume::inline(p, &v.spec)?;
+            if let Some(r) = v.spec.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
+                return Err(anyhow!(
+                    "nodePublishSecretRef {:?}: secrets for CSI volumes are not yet supported",
+                    r.name
+                ));
+            }
+            let path = super::csi::volume::set_up(csi, p, &want.pod_dir, v.name(), &vol)?;
+            VolumeHost {
+                path,
+                readonly: vol.read_only,
+                writable_by_us: false,
+                idmap: false,
+            }
+        }
         Plugin::EmptyDir => {
             let e = v.spec.empty_dir.clone().unwrap_or_default();
             let memory = e.medium.as_deref() == Some("Memory");
@@ -172,7 +194,10 @@ fn mount_volume(
         }
     };
     let host = match inputs.userns {
-        Some(u) if plugin != Plugin::HostPath => owned_for_user_namespace(p, plugin, host, u, fs_group)?,
+        // A CSI volume's files are the driver's: never re-owned.
+        Some(u) if plugin != Plugin::HostPath && plugin != Plugin::Csi => {
+            owned_for_user_namespace(p, plugin, host, u, fs_group)?
+        }
         _ => host,
     };
     Ok((host, mounted))
@@ -211,12 +236,18 @@ fn owned_for_user_namespace(
     Ok(host)
 }
 
-/// Unmount what is mounted on a volume's directory (its tmpfs) and remove it. A hostPath is
-/// never touched: only directories under the pod's volumes dir are.
-pub fn tear_down(m: &MountedVolume, pod_dir: &Path) -> Result<()> {
+/// Unmount what is mounted on a volume's directory (its tmpfs) and remove it; a CSI volume is
+/// unpublished (and unstaged) by its driver. A hostPath is never touched: only directories
+/// under the pod's volumes dir are.
+pub fn tear_down(m: &MountedVolume, pod_dir: &Path, csi: Option<&CsiClient>) -> Result<()> {
     let dir = &m.path;
     if m.plugin == Plugin::HostPath || !dir.starts_with(pod_volumes_dir(pod_dir)) {
         return Ok(());
+    }
+    if m.plugin == Plugin::Csi {
+        let csi = csi.ok_or_else(|| anyhow!("tearing down {}: this node has no CSI drivers", dir.display()))?;
+        let pods_dir = pod_dir.parent().unwrap_or(pod_dir);
+        return super::csi::volume::tear_down(csi, pods_dir, dir);
     }
     if is_mountpoint(dir) {
         ferrolet_runtime::rootfs::unmount(dir).map_err(|e| anyhow!("unmounting {}: {e}", dir.display()))?;

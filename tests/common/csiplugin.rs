@@ -30,6 +30,9 @@ pub struct Options {
     pub node_id: String,
     pub max_volumes: i64,
     pub topology: BTreeMap<String, String>,
+    /// Make a volume's directory when it is published and missing (an ephemeral volume,
+    /// whose handle the CO makes up).
+    pub create_on_publish: bool,
 }
 
 impl Default for Options {
@@ -41,6 +44,7 @@ impl Default for Options {
             node_id: "test-node-id".into(),
             max_volumes: 0,
             topology: BTreeMap::new(),
+            create_on_publish: false,
         }
     }
 }
@@ -209,10 +213,11 @@ impl csi::node_server::Node for Node {
             r.target_path,
             if r.readonly { " ro" } else { "" }
         ));
-        let src = match self.opts.stage {
-            true if r.staging_target_path.is_empty() => {
-                return Err(Status::failed_precondition("staging_target_path missing"))
-            }
+        if self.opts.create_on_publish && !r.volume_id.contains('/') {
+            std::fs::create_dir_all(self.base.join(&r.volume_id)).map_err(|e| internal("creating the volume", e))?;
+        }
+        // An ephemeral volume is published without staging.
+        let src = match self.opts.stage && !r.staging_target_path.is_empty() {
             true => {
                 let s = PathBuf::from(&r.staging_target_path);
                 if !is_mount_point(&s) {

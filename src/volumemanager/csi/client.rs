@@ -159,6 +159,8 @@ pub struct CsiClient {
     drivers: CsiDrivers,
     kube: Option<Kube>,
     node_name: String,
+    /// The agent's root dir (the staging paths are under it).
+    root: PathBuf,
     handle: tokio::runtime::Handle,
 }
 
@@ -167,14 +169,30 @@ fn map(m: &BTreeMap<String, String>) -> HashMap<String, String> {
 }
 
 impl CsiClient {
-    /// A client of `drivers`; must be made on the agent's runtime (it keeps its handle).
-    pub fn new(drivers: CsiDrivers, kube: Option<Kube>, node_name: &str) -> CsiClient {
+    /// A client of `drivers` for the agent whose root dir is `root`; must be made on the
+    /// agent's runtime (it keeps its handle).
+    pub fn new(drivers: CsiDrivers, kube: Option<Kube>, node_name: &str, root: &Path) -> CsiClient {
         CsiClient {
             drivers,
             kube,
             node_name: node_name.to_string(),
+            root: root.to_path_buf(),
             handle: tokio::runtime::Handle::current(),
         }
+    }
+
+    /// Where this node stages a volume of `driver`.
+    pub fn staging_path(&self, driver: &str, volume_handle: &str) -> PathBuf {
+        super::staging_path(&self.root, driver, volume_handle)
+    }
+
+    /// The CSIDriver object of `driver` (cluster mode), or `None` (none, or standalone).
+    pub async fn driver_object(&self, driver: &str) -> Result<Option<CSIDriver>, CsiError> {
+        let Some(kube) = &self.kube else { return Ok(None) };
+        Api::<CSIDriver>::all(kube.client())
+            .get_opt(driver)
+            .await
+            .map_err(|e| CsiError::Other(anyhow::Error::new(e).context(format!("reading CSIDriver {driver}"))))
     }
 
     pub fn drivers(&self) -> &CsiDrivers {
@@ -260,11 +278,7 @@ impl CsiClient {
     ) -> Result<Option<(String, BTreeMap<String, String>)>, CsiError> {
         let Some(kube) = &self.kube else { return Ok(None) };
         let client = kube.client();
-        let other = |e: kube::Error, what: String| CsiError::Other(anyhow::Error::new(e).context(what));
-        let csidriver = Api::<CSIDriver>::all(client.clone())
-            .get_opt(driver)
-            .await
-            .map_err(|e| other(e, format!("reading CSIDriver {driver}")))?;
+        let csidriver = self.driver_object(driver).await?;
         // kubelet's isAttachmentRequired: no CSIDriver object means attach.
         let required = csidriver.is_none_or(|d| d.spec.attach_required != Some(false));
         if !required {

@@ -14,6 +14,7 @@
 
 pub mod client;
 pub mod nodeinfo;
+pub mod volume;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
