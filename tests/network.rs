@@ -102,6 +102,39 @@ fn bridge_pods_get_ips_reachable_from_node_and_pods() {
     assert!(net.http_get(&format!("{NODE_IP}:18080"), "/").is_err());
 }
 
+/// What `scripts/demo` runs: every manifest in examples/manifests, as a user copies them, runs
+/// on a fresh machine with the built-in image (none waits on a registry it cannot reach), and
+/// the web example answers on its hostPort.
+#[test]
+fn every_example_manifest_runs() {
+    let net = TestNet::create("examples");
+    let a = Agent::start_in_netns("examples", &net.path, "bridge", &[], BRIDGE_CONFIG);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/manifests");
+    let mut names = Vec::new();
+    for f in std::fs::read_dir(&dir).unwrap().flatten() {
+        let text = std::fs::read_to_string(f.path()).unwrap();
+        for doc in text.split("\n---") {
+            let v: serde_json::Value = serde_saphyr::from_str(doc).unwrap();
+            if v["kind"] == "Pod" {
+                names.push(v["metadata"]["name"].as_str().unwrap().to_string());
+            }
+        }
+        a.write(&f.file_name().to_string_lossy(), &text);
+    }
+    assert!(names.len() >= 2, "{names:?}");
+    for n in &names {
+        a.wait_for(n, "Running with every container ready", Duration::from_secs(60), |p| {
+            let st = p.status.as_ref();
+            st.and_then(|s| s.phase.as_deref()) == Some("Running")
+                && st
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .is_some_and(|cs| cs.iter().all(|c| c.ready))
+        });
+    }
+    let body = net.http_get_eventually("127.0.0.1:30080", "/", T).unwrap();
+    assert!(body.contains("on ferrolet"), "{body}");
+}
+
 #[test]
 fn host_network_pod_uses_the_node_namespace() {
     let net = TestNet::create("hostnet");

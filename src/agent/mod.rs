@@ -616,6 +616,7 @@ fn start_duties(
             rt: rt.clone(),
             pods: pods.clone(),
             cgroups: managers.setup.cgroups().clone(),
+            volumes: managers.setup.volumes().clone(),
             node_name: managers.node.name.clone(),
             root_dir: cfg.root_dir.clone(),
             pods_dir: cfg.pods_dir(),

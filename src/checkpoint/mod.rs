@@ -4,8 +4,9 @@
 //!
 //! Kept under `<root-dir>/checkpoint/` (0700):
 //! - `pods/<uid>.json` (0600): one bound pod as last seen (spec, UID, resourceVersion), with the
-//!   ConfigMaps and Secrets its volumes, env and image pulls use, its ServiceAccount tokens and
-//!   its Service environment variables, as last fetched. One file a pod, so that a pod and
+//!   ConfigMaps and Secrets its volumes, env and image pulls use, its ServiceAccount tokens,
+//!   its Service environment variables and its volumes' claims with their PersistentVolumes,
+//!   as last fetched. One file a pod, so that a pod and
 //!   what it uses are always written together, and a pod's removal removes everything of it.
 //! - `node.json` (0600): this node's Node as last watched (its labels and taints judge
 //!   admission while the server is away).
@@ -24,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
@@ -50,6 +51,10 @@ pub struct PodRecord {
     /// The Service environment variables of the pod's containers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_env: Option<Vec<(String, String)>>,
+    /// The PersistentVolumeClaims of the pod's volumes and the PersistentVolumes bound to them,
+    /// by volume name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<String, (PersistentVolumeClaim, PersistentVolume)>,
 }
 
 impl PodRecord {
@@ -60,6 +65,7 @@ impl PodRecord {
             secrets: BTreeMap::new(),
             tokens: BTreeMap::new(),
             service_env: None,
+            claims: BTreeMap::new(),
         }
     }
 
@@ -282,6 +288,23 @@ impl Checkpoint {
         })
     }
 
+    /// The claim of pod `uid`'s volume `volume` and the volume bound to it, as resolved.
+    pub fn record_claim(
+        &self,
+        uid: &str,
+        volume: &str,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+    ) -> Result<()> {
+        self.update(&[uid.to_string()], |r| {
+            if r.claims.get(volume).is_some_and(|(c, v)| c == pvc && v == pv) {
+                return false;
+            }
+            r.claims.insert(volume.to_string(), (pvc.clone(), pv.clone()));
+            true
+        })
+    }
+
     /// Change the records of `uids` (those the checkpoint holds); write those `f` changed.
     fn update(&self, uids: &[String], mut f: impl FnMut(&mut PodRecord) -> bool) -> Result<()> {
         let mut held = self.lock_pods();
@@ -324,6 +347,11 @@ impl Checkpoint {
     /// The token last issued for pod `uid` under `key`.
     pub fn token(&self, uid: &str, key: &str) -> Option<String> {
         self.lock_pods().get(uid)?.tokens.get(key).cloned()
+    }
+
+    /// The claim of pod `uid`'s volume `volume` and its volume, as last resolved.
+    pub fn claim(&self, uid: &str, volume: &str) -> Option<(PersistentVolumeClaim, PersistentVolume)> {
+        self.lock_pods().get(uid)?.claims.get(volume).cloned()
     }
 
     /// Pod `uid`'s Service environment variables as last computed.

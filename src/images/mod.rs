@@ -483,7 +483,7 @@ mod tests {
         std::fs::write(&yaml, text).unwrap();
         ferrolet_runtime::registry::RegistryConfig::load(&yaml)
             .unwrap_or_else(|e| panic!("examples/registries.yaml: {e}"));
-        let m = dir.join("manifests/private-image.yaml");
+        let m = dir.join("needs-registry/private-image.yaml");
         let data = std::fs::read_to_string(&m).unwrap();
         let (pods, err) = crate::podconfig::source::pods_from_manifest(
             &data,

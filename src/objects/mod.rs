@@ -1,6 +1,7 @@
 //! The API objects pods use, read with the node's own identity (kubelet's configmap, secret and
 //! token managers and its service lister): ConfigMaps and Secrets ([`store`]), ServiceAccount
-//! tokens bound to pods ([`tokens`]), Services for environment variables ([`services`]). The
+//! tokens bound to pods ([`tokens`]), Services for environment variables ([`services`]), the
+//! claims of persistent and ephemeral volumes with their PersistentVolumes ([`claims`]). The
 //! Node authorizer lets the node read only what pods bound to it reference, so everything here
 //! is asked for on behalf of one pod. Only nodes in a cluster have an [`ObjectManager`].
 //!
@@ -13,6 +14,7 @@
 //! env as they last were (docs/offline.md). Tokens are served as kept, expired or not; the
 //! pod's own client retries, and the next fetch once the server is back renews them.
 
+pub mod claims;
 pub mod local;
 pub mod services;
 pub mod store;
@@ -22,7 +24,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, ServiceAccountTokenProjection};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccountTokenProjection,
+};
 
 use crate::checkpoint::{Checkpoint, Object};
 use crate::kubeclient::Kube;
@@ -77,6 +81,9 @@ pub struct VolumeObjects {
     pub config_maps: BTreeMap<String, Lookup<ConfigMap>>,
     pub secrets: BTreeMap<String, Lookup<Secret>>,
     pub tokens: BTreeMap<(String, usize), Result<String, String>>,
+    /// The claims of `persistentVolumeClaim` and `ephemeral` volumes with their volumes, by
+    /// volume name.
+    pub claims: BTreeMap<String, claims::ClaimLookup>,
 }
 
 pub struct ObjectManager {
@@ -91,6 +98,9 @@ pub struct ObjectManager {
     checkpoint: Arc<Checkpoint>,
     /// When the API server last gave no answer to a fetch.
     unreachable_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The claims resolved for each pod's volumes, by pod UID and volume name: a pod's are
+    /// resolved once, as kubelet's populator does, and forgotten when it leaves.
+    claims: std::sync::Mutex<BTreeMap<(String, String), Arc<claims::BoundClaim>>>,
 }
 
 impl ObjectManager {
@@ -105,6 +115,7 @@ impl ObjectManager {
             tokens: TokenManager::default(),
             services: services::ServiceCache::new(SERVICES_TTL),
             unreachable_at: std::sync::Mutex::new(None),
+            claims: std::sync::Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -146,6 +157,10 @@ impl ObjectManager {
         self.config_maps.unregister(uid);
         self.secrets.unregister(uid);
         self.tokens.forget_pod(uid);
+        self.claims
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(u, _), _| u != uid);
     }
 
     pub async fn config_map(&self, ns: &str, name: &str) -> Lookup<ConfigMap> {
@@ -377,7 +392,86 @@ impl ObjectManager {
             }
         }
         (out.config_maps, out.secrets) = self.fetch(ns, cms, secrets).await;
+        for v in pod::spec(p).volumes.iter().flatten() {
+            if let Some((claim, ephemeral)) = claims::claim_name(p, v) {
+                let got = self.claim(p, &v.name, &claim, ephemeral).await;
+                out.claims.insert(v.name.clone(), got);
+            }
+        }
         out
+    }
+
+    /// The claim `name` of pod `p`'s volume `volume` and the PersistentVolume bound to it: as
+    /// resolved before for the pod, else from the API server (kept in the checkpoint), else,
+    /// while the server cannot be reached, as the checkpoint kept it.
+    async fn claim(&self, p: &Pod, volume: &str, name: &str, ephemeral: bool) -> claims::ClaimLookup {
+        let uid = pod::uid(p).to_string();
+        let key = (uid.clone(), volume.to_string());
+        if let Some(b) = self.claims.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(b.clone());
+        }
+        let kept = || {
+            self.checkpoint
+                .claim(&uid, volume)
+                .map(|(claim, volume)| Arc::new(claims::BoundClaim { claim, volume }))
+        };
+        if self.server_away() {
+            if let Some(b) = kept() {
+                return Ok(b);
+            }
+        }
+        let ns = pod::namespace(p);
+        let unreachable = |e: &kube::Error| store::unreachable(e);
+        let pvcs: kube::Api<PersistentVolumeClaim> = kube::Api::namespaced(self.kube.client(), ns);
+        let claim = match pvcs.get_opt(name).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return Err(format!("persistentvolumeclaim {name:?} not found")),
+            Err(e) if unreachable(&e) => {
+                self.note_unreachable();
+                return kept()
+                    .ok_or_else(|| format!("failed to fetch PVC from API server: {}", store::api_message(&e)));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "failed to fetch PVC from API server: {}",
+                    store::api_message(&e)
+                ))
+            }
+        };
+        let pv_name = claims::check_claim(p, ephemeral, &claim)?;
+        let pvs: kube::Api<PersistentVolume> = kube::Api::all(self.kube.client());
+        let fetch_error = |e: &kube::Error| {
+            format!(
+                "failed to fetch PV {pv_name} from API server: {}",
+                store::api_message(e)
+            )
+        };
+        let pv = match pvs.get_opt(&pv_name).await {
+            Ok(Some(v)) => v,
+            Ok(None) => {
+                return Err(format!(
+                    "failed to fetch PV {pv_name} from API server: persistentvolumes {pv_name:?} not found"
+                ))
+            }
+            Err(e) if unreachable(&e) => {
+                self.note_unreachable();
+                return kept().ok_or_else(|| fetch_error(&e));
+            }
+            Err(e) => return Err(fetch_error(&e)),
+        };
+        claims::check_volume(&claim, &pv)?;
+        let bound = Arc::new(claims::BoundClaim { claim, volume: pv });
+        let (cp, b, v) = (self.checkpoint.clone(), bound.clone(), volume.to_string());
+        let recorded = blocking(move || cp.record_claim(&uid, &v, &b.claim, &b.volume)).await;
+        if let Err(e) = recorded {
+            tracing::warn!(pod = %pod::full_name(p), volume, error = %format!("{e:#}"), "checkpointing a claim");
+        }
+        tracing::info!(pod = %pod::full_name(p), volume, claim = name, persistent_volume = %pv_name, "claim resolved");
+        self.claims
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, bound.clone());
+        Ok(bound)
     }
 
     /// The named ConfigMaps and Secrets of namespace `ns`, each as found or why not.
@@ -600,6 +694,46 @@ mod tests {
             }
             let err = token.expect_err("a refused token is not the checkpoint's");
             assert!(err.contains(&format!("the mock says {code}")), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn claims_are_served_from_the_checkpoint_only_without_an_answer() {
+        let claimed: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "1"},
+            "spec": {"containers": [{"name": "c"}], "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-p"}}]}
+        }))
+        .unwrap();
+        let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "data-p", "namespace": "ns", "uid": "c1"},
+            "spec": {"volumeName": "pv-1"}, "status": {"phase": "Bound"}
+        }))
+        .unwrap();
+        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pv-1"}, "spec": {"local": {"path": "/disk"}, "claimRef": {"uid": "c1"}}
+        }))
+        .unwrap();
+        for answer in [None, Some(503), Some(403), Some(404)] {
+            let Fixture { om, cp, asked, _dir } = manager(answer);
+            cp.record_claim("u1", "data", &pvc, &pv).unwrap();
+            let got = om.volume_objects(&claimed).await.claims.remove("data").unwrap();
+            assert!(asked
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|p| p.ends_with("/persistentvolumeclaims/data-p")));
+            match answer {
+                None | Some(503) => {
+                    let b = got.expect("the checkpoint's claim");
+                    assert_eq!(b.volume_name(), "pv-1");
+                    assert_eq!(b.claim_ref(), ("ns".to_string(), "data-p".to_string()));
+                }
+                Some(403) => assert_eq!(
+                    got.unwrap_err(),
+                    "failed to fetch PVC from API server: the mock says 403"
+                ),
+                _ => assert_eq!(got.unwrap_err(), "persistentvolumeclaim \"data-p\" not found"),
+            }
         }
     }
 

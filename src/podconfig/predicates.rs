@@ -57,6 +57,12 @@ fn affinity_matches(p: &Pod, node: &Node) -> bool {
     }
 }
 
+/// Whether `node` matches any term of `sel` (kubelet's CheckNodeAffinity of a
+/// PersistentVolume's `nodeAffinity.required`).
+pub fn node_selector_matches(sel: &k8s_openapi::api::core::v1::NodeSelector, node: &Node) -> bool {
+    sel.node_selector_terms.iter().any(|t| term_matches(t, node))
+}
+
 /// A term with no requirements matches nothing (the scheduler's rule).
 fn term_matches(t: &NodeSelectorTerm, node: &Node) -> bool {
     let exprs = t.match_expressions.as_deref().unwrap_or(&[]);

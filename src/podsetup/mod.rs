@@ -105,6 +105,11 @@ impl PodSetup {
         &self.cgroups
     }
 
+    /// The volume manager (what is set up, for the volumes' stats).
+    pub fn volumes(&self) -> &Arc<VolumeManager> {
+        &self.volumes
+    }
+
     /// Containers are about to be created: keep the kernel's cgroup migration lock warm
     /// until the hold is dropped, so that their migrations do not wait for a grace period
     /// ([`MigrationWarmer`]; docs/start-path.md).
@@ -240,13 +245,15 @@ impl PodSetup {
 
     /// Set up every volume of the pod through the volume manager (on every sync: configMap,
     /// secret, projected and downwardAPI volumes follow their sources); returns where each
-    /// lives on the node. An error from a volume is a [`crate::volumemanager::volumes::SetUpFailed`].
+    /// lives on the node. `node` is the Node its PersistentVolumes' node affinity is checked
+    /// against. An error from a volume is a [`crate::volumemanager::volumes::SetUpFailed`].
     pub async fn mount_volumes(
         &self,
         p: &Arc<Pod>,
         pod_dir: &Path,
         facts: &PodFacts,
         sandbox: Option<&Sandbox>,
+        node: Option<k8s_openapi::api::core::v1::Node>,
     ) -> Result<BTreeMap<String, VolumeHost>> {
         let userns = sandbox.and_then(|sb| {
             Some(crate::volumemanager::reconciler::PodUserNamespace {
@@ -266,7 +273,7 @@ impl PodSetup {
             _ => VolumeObjects::default(),
         };
         let (p, dir, facts, vm) = (p.clone(), pod_dir.to_path_buf(), facts.clone(), self.volumes.clone());
-        blocking(move || vm.mount_pod(&p, &dir, &facts, &objects, userns.as_ref())).await
+        blocking(move || vm.mount_pod(&p, &dir, &facts, &objects, userns.as_ref(), node.as_ref())).await
     }
 
     /// The ConfigMaps and Secrets `c`'s env and envFrom name (and the Service variables): from

@@ -26,6 +26,8 @@ pub struct Sources {
     pub rt: Arc<Runtime>,
     pub pods: Arc<PodManager>,
     pub cgroups: PodCgroups,
+    /// The volumes set up, for the stats of claims' PersistentVolumes.
+    pub volumes: Arc<crate::volumemanager::VolumeManager>,
     pub node_name: String,
     /// On the node's filesystem (nodefs).
     pub root_dir: PathBuf,
@@ -447,6 +449,19 @@ fn sample_pod(
             fs,
             name: v.name.clone(),
             pvc_ref: None,
+        });
+    }
+    // The claims' PersistentVolumes (local and hostPath: directories of the node, used in
+    // place): their filesystem's numbers (kubelet's statfs metrics of a local volume), with
+    // the claim they belong to.
+    for (name, path, (namespace, claim)) in src.volumes.claimed_volumes(&p.pod_ref.uid) {
+        let Some(info) = fs_info(&path) else {
+            continue;
+        };
+        volumes.push(VolumeStats {
+            fs: fs_stats(Some(info), now),
+            name,
+            pvc_ref: Some(PvcReference { name: claim, namespace }),
         });
     }
     // kubelet counts the pod's /etc/hosts file too.

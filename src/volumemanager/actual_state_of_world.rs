@@ -19,6 +19,8 @@ pub struct MountedVolume {
     pub tmpfs: bool,
     /// Found on disk when the agent started, not set up by this agent.
     pub reconstructed: bool,
+    /// `(namespace, name)` of the claim it is the volume of.
+    pub claim: Option<(String, String)>,
 }
 
 #[derive(Debug, Default)]
@@ -52,6 +54,7 @@ impl ActualStateOfWorld {
                             path,
                             tmpfs,
                             reconstructed: true,
+                            claim: None,
                         },
                     );
                 }

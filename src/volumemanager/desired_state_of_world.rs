@@ -1,6 +1,8 @@
 //! kubelet's DesiredStateOfWorld: the volumes the pods on the node should have, from their
 //! specs. A pod is added when its worker syncs it and deleted when it is torn down; each of
-//! its volumes is named with the plugin that serves it, or why none does.
+//! its volumes is named with the plugin that serves it, or why none does. A volume backed by a
+//! claim (`persistentVolumeClaim`, `ephemeral`) carries its claim and PersistentVolume, as
+//! the object manager resolved them, and is served by the PersistentVolume's plugin.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,7 +10,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, Volume};
 
-use super::plugins::{plugin_for, Plugin};
+use super::plugins::{plugin_for, plugin_for_pv, Plugin};
+use crate::objects::claims::{claim_name, BoundClaim, ClaimLookup};
 use crate::pod;
 
 /// One volume a pod wants.
@@ -16,6 +19,8 @@ use crate::pod;
 pub struct VolumeToMount {
     pub spec: Volume,
     pub plugin: Result<Plugin, String>,
+    /// The claim and its PersistentVolume, for a volume backed by one.
+    pub claim: Option<Arc<BoundClaim>>,
 }
 
 impl VolumeToMount {
@@ -39,15 +44,32 @@ pub struct DesiredStateOfWorld {
 
 impl DesiredStateOfWorld {
     /// Add the pod, or take its latest version (labels and annotations of a downwardAPI volume
-    /// follow it); returns what it wants.
-    pub fn add_pod(&mut self, p: &Arc<Pod>, pod_dir: &Path) -> PodToMount {
+    /// follow it), with its volumes' claims as resolved; returns what it wants.
+    pub fn add_pod(&mut self, p: &Arc<Pod>, pod_dir: &Path, claims: &BTreeMap<String, ClaimLookup>) -> PodToMount {
         let volumes = pod::spec(p)
             .volumes
             .iter()
             .flatten()
-            .map(|v| VolumeToMount {
-                spec: v.clone(),
-                plugin: plugin_for(v),
+            .map(|v| {
+                let Some((claim, _)) = claim_name(p, v) else {
+                    return VolumeToMount {
+                        spec: v.clone(),
+                        plugin: plugin_for(v),
+                        claim: None,
+                    };
+                };
+                let found = match claims.get(&v.name) {
+                    Some(Ok(b)) => Ok(b.clone()),
+                    Some(Err(e)) => Err(e.clone()),
+                    None => Err(format!(
+                        "claim {claim:?}: a claim is resolved through the API server, and this pod did not come from one (a static pod cannot use claims; give it a hostPath or local volume)"
+                    )),
+                };
+                VolumeToMount {
+                    spec: v.clone(),
+                    plugin: found.as_ref().map_err(Clone::clone).and_then(|b| plugin_for_pv(&b.volume)),
+                    claim: found.ok(),
+                }
             })
             .collect();
         let entry = PodToMount {

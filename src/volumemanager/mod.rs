@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::objects::VolumeObjects;
 use crate::pod::fieldpath::PodFacts;
@@ -57,8 +57,9 @@ impl VolumeManager {
         let _ = self.csi.set(client);
     }
 
-    /// The pod's volumes, set up (blocking: mounts and fsync'd writes). An error from a volume
-    /// is a [`volumes::SetUpFailed`].
+    /// The pod's volumes, set up (blocking: mounts and fsync'd writes). `node` is the Node a
+    /// PersistentVolume's node affinity is checked against. An error from a volume is a
+    /// [`volumes::SetUpFailed`].
     pub fn mount_pod(
         &self,
         p: &Arc<Pod>,
@@ -66,13 +67,19 @@ impl VolumeManager {
         facts: &PodFacts,
         objects: &VolumeObjects,
         userns: Option<&reconciler::PodUserNamespace>,
+        node: Option<&Node>,
     ) -> Result<BTreeMap<String, VolumeHost>> {
-        let want = self.dsw.lock().unwrap_or_else(|e| e.into_inner()).add_pod(p, pod_dir);
+        let want = self
+            .dsw
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add_pod(p, pod_dir, &objects.claims);
         let inputs = reconciler::SetUpInputs {
             facts,
             objects,
             userns,
             csi: self.csi.get(),
+            node,
         };
         reconciler::reconcile_pod(&self.asw, &want, &inputs)
     }
@@ -123,6 +130,25 @@ impl VolumeManager {
         self.asw.lock().unwrap_or_else(|e| e.into_inner()).pod_uids()
     }
 
+    /// The pod's volumes that are claims' PersistentVolumes, as set up: the volume's name,
+    /// where it is on the node, and `(namespace, name)` of its claim (for `/stats/summary`).
+    pub fn claimed_volumes(&self, uid: &str) -> Vec<(String, std::path::PathBuf, (String, String))> {
+        self.asw
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pod_volumes(uid)
+            .into_iter()
+            .filter_map(|(name, m)| {
+                // A CSI volume is its driver's mount inside the volume's directory.
+                let path = match m.plugin {
+                    plugins::Plugin::Csi => m.path.join("mount"),
+                    _ => m.path,
+                };
+                Some((name, path, m.claim?))
+            })
+            .collect()
+    }
+
     /// Whether the pod is among those whose volumes are wanted.
     pub fn is_desired(&self, uid: &str) -> bool {
         self.dsw.lock().unwrap_or_else(|e| e.into_inner()).has_pod(uid)
@@ -132,6 +158,7 @@ impl VolumeManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects;
     use std::os::unix::fs::MetadataExt;
 
     fn facts() -> PodFacts {
@@ -162,7 +189,7 @@ mod tests {
         let p = Arc::new(p);
         let vm = VolumeManager::new(t.path());
         let dir = t.path().join("u");
-        let hosts = vm.mount_pod(&p, &dir, &facts(), &objects("one"), None).unwrap();
+        let hosts = vm.mount_pod(&p, &dir, &facts(), &objects("one"), None, None).unwrap();
         let cfg = &hosts["cfg"];
         assert!(cfg.readonly && cfg.path.ends_with("volumes/kubernetes.io~configmap/cfg"));
         assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "one");
@@ -176,7 +203,7 @@ mod tests {
             "app=\"web\""
         );
         let before = std::fs::read_link(cfg.path.join(atomic_writer::DATA_DIR)).unwrap();
-        vm.mount_pod(&p, &dir, &facts(), &objects("two"), None).unwrap();
+        vm.mount_pod(&p, &dir, &facts(), &objects("two"), None, None).unwrap();
         assert_eq!(std::fs::read_to_string(cfg.path.join("conf/k.txt")).unwrap(), "two");
         assert_ne!(
             std::fs::read_link(cfg.path.join(atomic_writer::DATA_DIR)).unwrap(),
@@ -185,7 +212,7 @@ mod tests {
         // A missing configMap names itself as kubelet does.
         let mut none = VolumeObjects::default();
         none.config_maps.insert("cfg".into(), Ok(None));
-        let e = vm.mount_pod(&p, &dir, &facts(), &none, None).unwrap_err();
+        let e = vm.mount_pod(&p, &dir, &facts(), &none, None, None).unwrap_err();
         assert_eq!(
             e.to_string(),
             "MountVolume.SetUp failed for volume \"cfg\" : configmap \"cfg\" not found"
@@ -211,11 +238,11 @@ mod tests {
         let vm = VolumeManager::new(t.path());
         // The refused volume names itself and its type.
         let e = vm
-            .mount_pod(&p, &dir, &facts(), &VolumeObjects::default(), None)
+            .mount_pod(&p, &dir, &facts(), &VolumeObjects::default(), None, None)
             .unwrap_err();
         assert!(
             e.to_string().starts_with(
-                "MountVolume.SetUp failed for volume \"pvc\" : volume type \"persistentVolumeClaim\" is not supported"
+                "MountVolume.SetUp failed for volume \"pvc\" : claim \"data\": a claim is resolved through the API server"
             ),
             "{e}"
         );
@@ -223,7 +250,7 @@ mod tests {
         p2.spec.as_mut().unwrap().volumes.as_mut().unwrap().pop();
         let p = Arc::new(p2);
         let hosts = vm
-            .mount_pod(&p, &dir, &facts(), &VolumeObjects::default(), None)
+            .mount_pod(&p, &dir, &facts(), &VolumeObjects::default(), None, None)
             .unwrap();
         let scratch = hosts["scratch"].path.clone();
         assert_eq!(std::fs::metadata(&scratch).unwrap().gid(), 3456);
@@ -234,11 +261,94 @@ mod tests {
         // A new agent finds the volume set up: its files stay and fsGroup is not walked again.
         let vm = VolumeManager::new(t.path());
         assert_eq!(vm.pods_with_volumes(), ["u"]);
-        vm.mount_pod(&p, &dir, &facts(), &VolumeObjects::default(), None)
+        vm.mount_pod(&p, &dir, &facts(), &VolumeObjects::default(), None, None)
             .unwrap();
         assert_eq!(std::fs::metadata(scratch.join("kept")).unwrap().gid(), 0);
         vm.unmount_pod("u", &dir).unwrap();
         assert!(vm.pods_with_volumes().is_empty());
         assert!(!scratch.exists());
+    }
+
+    #[test]
+    fn claims_of_local_and_host_path_volumes_are_used_in_place() {
+        let t = tempfile::tempdir().unwrap();
+        let data = t.path().join("disk");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("old"), "kept").unwrap();
+        let p: Arc<Pod> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web-0", "namespace": "ns", "uid": "u"},
+                "spec": {"securityContext": {"fsGroup": 2345}, "containers": [{"name": "c"}], "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data-web-0"}},
+                    {"name": "logs", "persistentVolumeClaim": {"claimName": "logs", "readOnly": true}}
+                ]}
+            }))
+            .unwrap(),
+        );
+        let bound = |claim: &str, pv: serde_json::Value| -> objects::claims::ClaimLookup {
+            Ok(Arc::new(objects::claims::BoundClaim {
+                claim: serde_json::from_value(serde_json::json!({"metadata": {"name": claim, "namespace": "ns"}}))
+                    .unwrap(),
+                volume: serde_json::from_value(pv).unwrap(),
+            }))
+        };
+        let affinity = |host: &str| {
+            serde_json::json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [host]}]}]}})
+        };
+        let objects_for = |host: &str| {
+            let mut o = VolumeObjects::default();
+            o.claims.insert(
+                "data".into(),
+                bound(
+                    "data-web-0",
+                    serde_json::json!({"metadata": {"name": "pv-local"}, "spec": {
+                        "local": {"path": data}, "nodeAffinity": affinity(host)}}),
+                ),
+            );
+            o.claims.insert(
+                "logs".into(),
+                bound(
+                    "logs",
+                    serde_json::json!({"metadata": {"name": "pv-host"}, "spec": {
+                        "hostPath": {"path": t.path(), "type": "Directory"}}}),
+                ),
+            );
+            o
+        };
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1"}}
+        }))
+        .unwrap();
+        let dir = t.path().join("pods/u");
+        let vm = VolumeManager::new(&t.path().join("pods"));
+        // A volume whose node affinity leaves this node out is refused, naming it.
+        let e = vm
+            .mount_pod(&p, &dir, &facts(), &objects_for("n2"), None, Some(&node))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "MountVolume.SetUp failed for volume \"data\" : PersistentVolume \"pv-local\" node affinity: no matching NodeSelectorTerms for this node"
+        );
+        let hosts = vm
+            .mount_pod(&p, &dir, &facts(), &objects_for("n1"), None, Some(&node))
+            .unwrap();
+        assert_eq!(hosts["data"].path, data);
+        assert!(!hosts["data"].readonly);
+        assert_eq!(hosts["logs"].path, t.path());
+        assert!(hosts["logs"].readonly, "persistentVolumeClaim.readOnly");
+        // The pod's fsGroup owns the writable local volume, as kubelet's local plugin does.
+        assert_eq!(std::fs::metadata(&data).unwrap().gid(), 2345);
+        assert_eq!(std::fs::metadata(data.join("old")).unwrap().gid(), 2345);
+        // A claim that could not be resolved names its reason.
+        let mut o = objects_for("n1");
+        o.claims
+            .insert("data".into(), Err("PVC ns/data-web-0 is pending".into()));
+        let e = vm.mount_pod(&p, &dir, &facts(), &o, None, Some(&node)).unwrap_err();
+        assert!(e.to_string().ends_with(": PVC ns/data-web-0 is pending"), "{e}");
+        // The pod's removal leaves the node's directories and their data alone.
+        vm.unmount_pod("u", &dir).unwrap();
+        assert_eq!(std::fs::read_to_string(data.join("old")).unwrap(), "kept");
+        assert!(t.path().is_dir());
     }
 }

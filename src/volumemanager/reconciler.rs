@@ -17,6 +17,7 @@ use super::payloads;
 use super::plugins::Plugin;
 use super::volumes::{self, is_mountpoint, pod_volumes_dir, FsGroup, SetUpFailed, VolumeHost};
 use crate::cm::pod_container_manager::PodCgroups;
+use crate::objects::claims::BoundClaim;
 use crate::objects::VolumeObjects;
 use crate::pod;
 use crate::pod::fieldpath::PodFacts;
@@ -29,6 +30,8 @@ pub struct SetUpInputs<'a> {
     pub userns: Option<&'a PodUserNamespace>,
     /// The node's CSI drivers, for csi volumes (none: such a volume fails, saying so).
     pub csi: Option<&'a CsiClient>,
+    /// The Node, for the node affinity of PersistentVolumes.
+    pub node: Option<&'a k8s_openapi::api::core::v1::Node>,
 }
 
 /// A pod's user namespace as its volumes are set up for it.
@@ -102,19 +105,51 @@ fn mount_volume(
         path: dir.clone(),
         tmpfs: false,
         reconstructed: existing.is_some_and(|e| e.reconstructed),
+        claim: v.claim.as_ref().map(|c| c.claim_ref()),
     };
     let host = match plugin {
         Plugin::Csi => {
             let csi = inputs
                 .csi
                 .ok_or_else(|| anyhow!("this node has no CSI drivers (the plugin watcher is not running)"))?;
-            let vol = super::csi::volume::CsiVolume::inline(p, &v.spec)?;
-            if let Some(r) = v.spec.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
-                return Err(anyhow!(
-                    "nodePublishSecretRef {:?}: secrets for CSI volumes are not yet supported",
-                    r.name
-                ));
-            }
+            let vol = match &v.claim {
+                // A claim's CSI PersistentVolume: attached, staged and published.
+                Some(c) => {
+                    if existing.is_none() {
+                        check_persistent_volume(c, inputs.node)?;
+                    }
+                    let source = c.volume.spec.as_ref().and_then(|s| s.csi.as_ref());
+                    let refs = source.map(|s| {
+                        [
+                            (
+                                "nodeStageSecretRef",
+                                s.node_stage_secret_ref.as_ref().map(|r| r.name.clone()),
+                            ),
+                            (
+                                "nodePublishSecretRef",
+                                s.node_publish_secret_ref.as_ref().map(|r| r.name.clone()),
+                            ),
+                        ]
+                    });
+                    if let Some((field, Some(name))) = refs.into_iter().flatten().find(|(_, r)| r.is_some()) {
+                        return Err(anyhow!(
+                            "PersistentVolume {:?}: {field} {name:?}: secrets for CSI volumes are not yet supported",
+                            c.volume_name()
+                        ));
+                    }
+                    super::csi::volume::CsiVolume::from_pv(&c.volume, claim_read_only(v))?
+                }
+                // An inline (ephemeral) CSI volume: published only.
+                None => {
+                    if let Some(r) = v.spec.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
+                        return Err(anyhow!(
+                            "nodePublishSecretRef {:?}: secrets for CSI volumes are not yet supported",
+                            r.name
+                        ));
+                    }
+                    super::csi::volume::CsiVolume::inline(p, &v.spec)?
+                }
+            };
             let path = super::csi::volume::set_up(csi, p, &want.pod_dir, v.name(), &vol)?;
             VolumeHost {
                 path,
@@ -147,15 +182,46 @@ fn mount_volume(
             }
         }
         Plugin::HostPath => {
-            let h = v.spec.host_path.clone().unwrap_or_default();
+            let pv_spec = v.claim.as_ref().and_then(|c| c.volume.spec.as_ref());
+            let h = match pv_spec {
+                Some(s) => s.host_path.clone().unwrap_or_default(),
+                None => v.spec.host_path.clone().unwrap_or_default(),
+            };
             let path = std::path::PathBuf::from(&h.path);
             if existing.is_none() {
+                if let Some(c) = &v.claim {
+                    check_persistent_volume(c, inputs.node)?;
+                }
                 volumes::check_host_path(&path, h.type_.as_deref().unwrap_or(""))?;
             }
             mounted.path = path.clone();
             VolumeHost {
                 path,
-                readonly: false,
+                readonly: claim_read_only(v),
+                writable_by_us: false,
+                idmap: false,
+            }
+        }
+        Plugin::LocalVolume => {
+            let c = v
+                .claim
+                .as_ref()
+                .ok_or_else(|| anyhow!("a local volume is a PersistentVolume's, through a claim"))?;
+            let local = c.volume.spec.as_ref().and_then(|s| s.local.clone()).unwrap_or_default();
+            let path = std::path::PathBuf::from(&local.path);
+            let readonly = claim_read_only(v);
+            if existing.is_none() {
+                check_persistent_volume(c, inputs.node)?;
+                volumes::check_local_volume(c.volume_name(), &path)?;
+                // kubelet's local volume: the pod's fsGroup on a writable one.
+                if let (Some(g), false) = (fs_group, readonly) {
+                    volumes::set_volume_ownership(&path, g, false)?;
+                }
+            }
+            mounted.path = path.clone();
+            VolumeHost {
+                path,
+                readonly,
                 writable_by_us: false,
                 idmap: false,
             }
@@ -195,12 +261,47 @@ fn mount_volume(
     };
     let host = match inputs.userns {
         // A CSI volume's files are the driver's: never re-owned.
-        Some(u) if plugin != Plugin::HostPath && plugin != Plugin::Csi => {
+        Some(u) if !plugin.is_nodes() && plugin != Plugin::Csi => {
             owned_for_user_namespace(p, plugin, host, u, fs_group)?
         }
         _ => host,
     };
     Ok((host, mounted))
+}
+
+/// A claim's volume is read-only in the pod's containers when the pod's volume says so
+/// (`persistentVolumeClaim.readOnly`), as kubelet's mounter is.
+fn claim_read_only(v: &VolumeToMount) -> bool {
+    v.spec
+        .persistent_volume_claim
+        .as_ref()
+        .and_then(|c| c.read_only)
+        .unwrap_or(false)
+}
+
+/// What kubelet checks of a PersistentVolume before it mounts it: the node is one its
+/// `nodeAffinity` allows, and its `volumeMode` is a filesystem (a raw block volume goes into a
+/// container as a device, through `volumeDevices`, which ferrolet does not serve).
+fn check_persistent_volume(c: &BoundClaim, node: Option<&k8s_openapi::api::core::v1::Node>) -> Result<()> {
+    let name = c.volume_name();
+    let spec = c.volume.spec.as_ref();
+    if spec.and_then(|s| s.volume_mode.as_deref()) == Some("Block") {
+        return Err(anyhow!(
+            "PersistentVolume {name:?} has volumeMode Block: raw block volumes (volumeDevices) are not supported"
+        ));
+    }
+    let required = spec
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref());
+    if let Some(sel) = required {
+        let fits = node.is_some_and(|n| crate::podconfig::predicates::node_selector_matches(sel, n));
+        if !fits {
+            return Err(anyhow!(
+                "PersistentVolume {name:?} node affinity: no matching NodeSelectorTerms for this node"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A volume of a pod in a user namespace: bound idmapped where its filesystem takes idmapped
@@ -237,11 +338,11 @@ fn owned_for_user_namespace(
 }
 
 /// Unmount what is mounted on a volume's directory (its tmpfs) and remove it; a CSI volume is
-/// unpublished (and unstaged) by its driver. A hostPath is never touched: only directories
-/// under the pod's volumes dir are.
+/// unpublished (and unstaged) by its driver. A hostPath or local volume is never touched: only
+/// directories under the pod's volumes dir are.
 pub fn tear_down(m: &MountedVolume, pod_dir: &Path, csi: Option<&CsiClient>) -> Result<()> {
     let dir = &m.path;
-    if m.plugin == Plugin::HostPath || !dir.starts_with(pod_volumes_dir(pod_dir)) {
+    if m.plugin.is_nodes() || !dir.starts_with(pod_volumes_dir(pod_dir)) {
         return Ok(());
     }
     if m.plugin == Plugin::Csi {

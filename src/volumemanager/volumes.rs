@@ -193,6 +193,22 @@ pub fn check_host_path(path: &Path, typ: &str) -> Result<()> {
     }
 }
 
+/// A local PersistentVolume's path: a directory of the node (kubelet also mounts a block
+/// device there with its fsType; ferrolet takes directories only).
+pub fn check_local_volume(pv: &str, path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(md) if md.is_dir() => Ok(()),
+        Ok(_) => bail!(
+            "local volume path {:?} of PersistentVolume {pv:?} is not a directory (block device local volumes are not supported)",
+            path.display().to_string()
+        ),
+        Err(e) => bail!(
+            "local volume path {:?} of PersistentVolume {pv:?}: {e}",
+            path.display().to_string()
+        ),
+    }
+}
+
 /// The pod's fsGroup as a volume's ownership is set from it: the group, and whether
 /// `fsGroupChangePolicy: OnRootMismatch` lets a volume whose root is right already alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

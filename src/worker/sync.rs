@@ -154,9 +154,11 @@ impl PodWorker {
             self.resources.sandbox = Some(m.setup.create_sandbox(&self.pod, &self.pod_dir).await?);
         }
         let facts = self.facts();
+        // The Node, for the node affinity of the pod's PersistentVolumes.
+        let node = crate::objects::claims::has_claims(&self.pod).then(|| m.node_object());
         self.resources.volumes = match m
             .setup
-            .mount_volumes(&self.pod, &self.pod_dir, &facts, self.resources.sandbox.as_ref())
+            .mount_volumes(&self.pod, &self.pod_dir, &facts, self.resources.sandbox.as_ref(), node)
             .await
         {
             Ok(v) => v,

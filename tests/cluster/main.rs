@@ -17,6 +17,7 @@ mod outage;
 mod pods;
 mod server;
 mod streaming;
+mod volumes;
 
 use std::sync::OnceLock;
 
@@ -46,6 +47,7 @@ fn main() {
         images::tests(),
         server::tests(),
         streaming::tests(),
+        volumes::tests(),
     ]
     .into_iter()
     .flatten()

@@ -1,6 +1,7 @@
 //! The API server away: pods keep running, the agent restarts without restarting a container,
 //! and the statuses catch up when the API server is back; a node that loses power while the
-//! server is away brings its pods back from its checkpoint and reconciles when it returns.
+//! server is away brings its pods back from its checkpoint (objects, tokens, a claim and its
+//! PersistentVolume included) and reconciles when it returns.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -35,6 +36,17 @@ pub fn tests() -> Vec<Trial> {
 
 /// How many pods the offline boot brings back (the closing numbers are over these).
 const OFFLINE_PODS: usize = 20;
+
+/// Deletes the API objects a test made when it ends, passed or not.
+struct DeleteOnDrop(Vec<[&'static str; 2]>);
+
+impl Drop for DeleteOnDrop {
+    fn drop(&mut self) {
+        for [kind, name] in &self.0 {
+            cluster().kubectl(&["delete", kind, name, "--ignore-not-found", "--wait=false"]);
+        }
+    }
+}
 
 fn ready(p: &Pod) -> bool {
     p.status
@@ -89,6 +101,37 @@ metadata: {name: offline-secret, namespace: default}
 stringData: {pw: s3cret}
 "#,
     );
+    // A claim bound to a hostPath PersistentVolume with a file in it: the pod that uses it
+    // must find its volume after the power cut, with the claim from the checkpoint.
+    let pv_dir = node.host_dir().join("pv");
+    std::fs::create_dir_all(&pv_dir).unwrap();
+    std::fs::write(pv_dir.join("marker"), "kept").unwrap();
+    let pv = format!("offline-pv-{name}");
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: {pv}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  hostPath: {{path: {dir}, type: Directory}}
+  claimRef: {{name: offline-claim, namespace: default}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: offline-claim, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: {pv}
+  resources: {{requests: {{storage: 1Gi}}}}
+"#,
+        dir = pv_dir.display()
+    ));
+    let pv: &'static str = Box::leak(pv.into_boxed_str());
+    let _claim = DeleteOnDrop(vec![["pvc", "offline-claim"], ["pv", pv]]);
     // A label the scheduler placed a pod by, added after the node registered: admission after
     // the power cut must still see it (the Node is checkpointed too).
     c.wait("the node to register", Duration::from_secs(60), || {
@@ -118,8 +161,18 @@ stringData: {pw: s3cret}
         };
         let token_check = if automount {
             " && test -s /var/run/secrets/kubernetes.io/serviceaccount/token && test -s /var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+        } else if i == 2 {
+            " && grep -qx kept /data/marker"
         } else {
             ""
+        };
+        let (claim, claim_mount) = if i == 2 {
+            (
+                "  - {name: data, persistentVolumeClaim: {claimName: offline-claim}}\n",
+                "    - {name: data, mountPath: /data}\n",
+            )
+        } else {
+            ("", "")
         };
         c.apply(&format!(
             r#"
@@ -134,7 +187,7 @@ spec:
   volumes:
   - {{name: cm, configMap: {{name: offline-cm}}}}
   - {{name: sec, secret: {{secretName: offline-secret}}}}
-  containers:
+{claim}  containers:
   - name: app
     image: {IMAGE}
     command: [sh, -c, "sleep 3600"]
@@ -143,7 +196,7 @@ spec:
     volumeMounts:
     - {{name: cm, mountPath: /cm}}
     - {{name: sec, mountPath: /sec}}
-    readinessProbe:
+{claim_mount}    readinessProbe:
       exec: {{command: [sh, -c, "grep -qx hello /cm/greeting && grep -qx s3cret /sec/pw && test x$GREETING = xhello{token_check}"]}}
       periodSeconds: 1
 "#
