@@ -176,7 +176,14 @@ impl csi::node_server::Node for Node {
         r: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let r = r.into_inner();
-        self.record(format!("NodeStageVolume {} {}", r.volume_id, r.staging_target_path));
+        let mut context: Vec<String> = r.publish_context.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        context.sort();
+        self.record(format!(
+            "NodeStageVolume {} {} [{}]",
+            r.volume_id,
+            r.staging_target_path,
+            context.join(",")
+        ));
         if !self.opts.stage {
             return Err(Status::unimplemented("no staging"));
         }
