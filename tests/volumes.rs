@@ -351,12 +351,12 @@ spec:
         ),
     );
     let p = a.wait_for("pvc", "FailedMount", T, |p| {
-        waiting_message(p, "c").is_some_and(|m| m.contains("not supported"))
+        waiting_message(p, "c").is_some_and(|m| m.contains("a claim is resolved through the API server"))
     });
     assert_eq!(waiting_reason(&p, "c").as_deref(), Some("ContainerCreating"));
     assert!(
         waiting_message(&p, "c").unwrap().starts_with(
-            "MountVolume.SetUp failed for volume \"data\" : volume type \"persistentVolumeClaim\" is not supported"
+            "MountVolume.SetUp failed for volume \"data\" : claim \"data\": a claim is resolved through the API server"
         ),
         "{:?}",
         waiting_message(&p, "c")
@@ -373,7 +373,11 @@ spec:
     );
     a.wait_log("FailedMount", T);
     let log = a.agent_log();
-    assert!(log.contains("persistentVolumeClaim"), "{}", tail(&log, 30));
+    assert!(
+        log.contains("a claim is resolved through the API server"),
+        "{}",
+        tail(&log, 30)
+    );
     // The planted symlinks lead out of the volume: the containers are refused, the one whose
     // subPath stays inside runs.
     let p = a.wait_for("escape", "the subPath refusals", T, |p| {
