@@ -8,6 +8,8 @@
 mod common;
 #[path = "common/csiplugin.rs"]
 mod csiplugin;
+#[path = "common/deviceplugin.rs"]
+mod deviceplugin;
 
 use std::io::Write;
 use std::path::Path;
@@ -411,4 +413,78 @@ spec:
     assert!(!is_mount_point(&target));
     assert!(!target.parent().unwrap().exists());
     assert_eq!(std::fs::read_to_string(&written).unwrap(), "from-the-pod\n");
+}
+
+/// A device plugin that registers through the plugin watcher (type `DevicePlugin`, its name
+/// the resource, its endpoint its DevicePlugin socket) reaches the device manager as one
+/// registered through `kubelet.sock` does; bad ones are refused naming the field; its
+/// registration socket gone, its devices count as unhealthy.
+#[test]
+fn plugin_watcher_hands_device_plugins_to_the_device_manager() {
+    use ferrolet::apis::pluginregistration::v1::DEVICE_PLUGIN;
+    use ferrolet::cm::devicemanager::{watcher::DevicePluginHandler, DeviceManager};
+    let t = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let registry = ferrolet::pluginmanager::registry_dir(t.path());
+    let devices = DeviceManager::new(t.path().join("device-plugins"), Arc::new(|| {}));
+    let mut h = Handlers::new();
+    h.insert(
+        DEVICE_PLUGIN.into(),
+        Arc::new(DevicePluginHandler::new(devices.clone())),
+    );
+    let m = {
+        let _g = rt.enter();
+        PluginManager::start(&registry, h).unwrap()
+    };
+    let dp = deviceplugin::TestDevicePlugin::serve(
+        &t.path().join("dp"),
+        "example.com/widget",
+        "widget.sock",
+        &[("w1", true), ("w2", false)],
+    );
+    let as_device_plugin = |versions: &[&str]| Options {
+        kind: DEVICE_PLUGIN.into(),
+        versions: versions.iter().map(|v| v.to_string()).collect(),
+        endpoint: Some(t.path().join("dp").join(&dp.endpoint)),
+        ..Options::default()
+    };
+    let mut reg = TestCsiPlugin::start(
+        &registry,
+        &t.path().join("reg"),
+        "example.com/widget",
+        as_device_plugin(&["v1beta1"]),
+    );
+    assert_eq!(reg.first_notification(Duration::from_secs(5)), (true, String::new()));
+    let counts = || {
+        let e = devices.extended();
+        (
+            e.capacity.get("example.com/widget").copied(),
+            e.allocatable.get("example.com/widget").copied(),
+        )
+    };
+    wait_for("the widgets listed", Duration::from_secs(5), || {
+        counts() == (Some(2), Some(1))
+    });
+    let bad_name = TestCsiPlugin::start(
+        &registry,
+        &t.path().join("bad-name"),
+        "widget",
+        as_device_plugin(&["v1beta1"]),
+    );
+    let (ok, why) = bad_name.first_notification(Duration::from_secs(5));
+    assert!(!ok && why.contains("name: \"widget\""), "{why}");
+    let bad_version = TestCsiPlugin::start(
+        &registry,
+        &t.path().join("bad-version"),
+        "example.com/gadget",
+        as_device_plugin(&["v1alpha"]),
+    );
+    let (ok, why) = bad_version.first_notification(Duration::from_secs(5));
+    assert!(!ok && why.contains("supported_versions: "), "{why}");
+    reg.unregister();
+    wait_for("the widgets unhealthy", Duration::from_secs(5), || {
+        counts() == (Some(2), Some(0))
+    });
+    assert!(m.plugins().is_empty());
+    drop(rt);
 }

@@ -408,8 +408,9 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
     Ok(managers)
 }
 
-/// kubelet's plugin watcher on `<root>/plugins_registry`, with the CSI handler: drivers
-/// registered on the node, and in a cluster the Node's annotation and CSINode kept.
+/// kubelet's plugin watcher on `<root>/plugins_registry`, with the CSI handler (drivers
+/// registered on the node, and in a cluster the Node's annotation and CSINode kept) and the
+/// device plugin handler (the device manager's plugins, as through `kubelet.sock`).
 fn start_plugin_watcher(cfg: &Arc<Config>, joined: &Joined) -> Result<()> {
     use crate::volumemanager::csi::{nodeinfo::NodeInfo, CsiHandler};
     let node_info = joined.kube.clone().map(|k| NodeInfo::start(k, &cfg.node_name));
@@ -417,6 +418,12 @@ fn start_plugin_watcher(cfg: &Arc<Config>, joined: &Joined) -> Result<()> {
     handlers.insert(
         crate::apis::pluginregistration::v1::CSI_PLUGIN.into(),
         Arc::new(CsiHandler::new(joined.csi_drivers.clone(), node_info)),
+    );
+    handlers.insert(
+        crate::apis::pluginregistration::v1::DEVICE_PLUGIN.into(),
+        Arc::new(crate::cm::devicemanager::watcher::DevicePluginHandler::new(
+            joined.devices.clone(),
+        )),
     );
     let dir = crate::pluginmanager::registry_dir(&cfg.root_dir);
     crate::pluginmanager::PluginManager::start(&dir, handlers)

@@ -33,6 +33,9 @@ pub struct Options {
     /// Make a volume's directory when it is published and missing (an ephemeral volume,
     /// whose handle the CO makes up).
     pub create_on_publish: bool,
+    /// The endpoint GetInfo names instead of the CSI socket (another plugin's, e.g. a device
+    /// plugin's, when this one registers as a `DevicePlugin`).
+    pub endpoint: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -45,6 +48,7 @@ impl Default for Options {
             max_volumes: 0,
             topology: BTreeMap::new(),
             create_on_publish: false,
+            endpoint: None,
         }
     }
 }
@@ -357,7 +361,8 @@ impl TestCsiPlugin {
         let base = plugin_dir.join("volumes");
         std::fs::create_dir_all(&base).unwrap();
         let endpoint = plugin_dir.join("csi.sock");
-        let registration = registry.join(format!("{name}-reg.sock"));
+        let file = name.replace('/', "_");
+        let registration = registry.join(format!("{file}-reg.sock"));
         let calls = Calls::default();
         let notified = Arc::new(Mutex::new(Vec::new()));
         let (stop_csi, csi_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -383,12 +388,12 @@ impl TestCsiPlugin {
                 .await;
         });
         // Made aside and renamed in, as node-driver-registrar's socket appears whole.
-        let aside = registry.join(format!(".{name}-reg.sock"));
+        let aside = registry.join(format!(".{file}-reg.sock"));
         let incoming = ferrolet::apis::listen(&aside).unwrap();
         std::fs::rename(&aside, &registration).unwrap();
         let service = Registration {
             name: name.into(),
-            endpoint: endpoint.clone(),
+            endpoint: opts.endpoint.clone().unwrap_or_else(|| endpoint.clone()),
             opts,
             notified: notified.clone(),
         };

@@ -12,6 +12,7 @@
 pub mod allocation;
 mod endpoint;
 mod registration;
+pub mod watcher;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
