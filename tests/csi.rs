@@ -488,3 +488,68 @@ fn plugin_watcher_hands_device_plugins_to_the_device_manager() {
     assert!(m.plugins().is_empty());
     drop(rt);
 }
+
+/// A claim's CSI volume whose publish fails is left staged (it never reaches the actual state);
+/// when the pod goes, the volume manager still has the driver undo it, from vol_data.json.
+#[test]
+fn a_csi_volume_whose_publish_failed_is_unstaged_when_its_pod_goes() {
+    use ferrolet::objects::{claims::BoundClaim, VolumeObjects};
+    use ferrolet::volumemanager::VolumeManager;
+    let t = tempfile::tempdir().unwrap();
+    let _mounts = MountGuard(t.path().to_path_buf());
+    let rt = runtime();
+    let root = t.path().join("root");
+    let plugin = TestCsiPlugin::start(
+        &ferrolet::pluginmanager::registry_dir(&root),
+        &t.path().join("plugin"),
+        "failing.csi.test",
+        Options {
+            fail_publish: true,
+            ..Options::default()
+        },
+    );
+    let (_m, c) = client_for(&rt, &root, &plugin);
+    plugin.volume("vol-3");
+    let pods = root.join("pods");
+    let vm = VolumeManager::new(&pods);
+    vm.set_csi(c);
+    let p: Arc<k8s_openapi::api::core::v1::Pod> = Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u4"},
+            "spec": {"containers": [{"name": "c"}], "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "c"}}]}
+        }))
+        .unwrap(),
+    );
+    let mut objects = VolumeObjects::default();
+    objects.claims.insert(
+        "data".into(),
+        Ok(Arc::new(BoundClaim {
+            claim: serde_json::from_value(serde_json::json!({"metadata": {"name": "c", "namespace": "ns"}})).unwrap(),
+            volume: serde_json::from_value(serde_json::json!({"metadata": {"name": "pv-3"}, "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "csi": {"driver": "failing.csi.test", "volumeHandle": "vol-3"}}}))
+            .unwrap(),
+        })),
+    );
+    let pod_dir = pods.join("u4");
+    let facts = ferrolet::pod::fieldpath::PodFacts::default();
+    let e = vm
+        .mount_pod(&p, &pod_dir, &facts, &objects, None, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(
+            "MountVolume.SetUp failed for volume \"data\" : NodePublishVolume of CSI driver \"failing.csi.test\" failed: rpc error: code = Internal"
+        ),
+        "{e}"
+    );
+    let staging = csi::staging_path(&root, "failing.csi.test", "vol-3");
+    assert!(is_mount_point(&staging));
+    vm.unmount_pod("u4", &pod_dir).unwrap();
+    assert!(!is_mount_point(&staging));
+    assert!(!staging.parent().unwrap().exists());
+    assert!(!pod_dir.join("volumes").exists());
+    assert!(plugin.calls().iter().any(|c| c.starts_with("NodeUnstageVolume vol-3 ")));
+    drop(rt);
+}

@@ -108,6 +108,11 @@ impl VolumeManager {
         if let Some(e) = first_err {
             return Err(e);
         }
+        // CSI volumes whose set-up failed part way never reached the actual state: their
+        // drivers undo them too, from their vol_data.json.
+        if let Some(c) = self.csi.get() {
+            csi::volume::sweep(c, pod_dir)?;
+        }
         volumes::teardown(pod_dir)?;
         // hostPaths stay in the actual state until here: nothing to undo for them.
         let left: Vec<String> = self

@@ -36,6 +36,8 @@ pub struct Options {
     /// The endpoint GetInfo names instead of the CSI socket (another plugin's, e.g. a device
     /// plugin's, when this one registers as a `DevicePlugin`).
     pub endpoint: Option<PathBuf>,
+    /// NodePublishVolume fails (Internal), after doing nothing.
+    pub fail_publish: bool,
 }
 
 impl Default for Options {
@@ -49,6 +51,7 @@ impl Default for Options {
             topology: BTreeMap::new(),
             create_on_publish: false,
             endpoint: None,
+            fail_publish: false,
         }
     }
 }
@@ -224,6 +227,9 @@ impl csi::node_server::Node for Node {
             r.target_path,
             if r.readonly { " ro" } else { "" }
         ));
+        if self.opts.fail_publish {
+            return Err(Status::internal("publishing fails (the test asked)"));
+        }
         if self.opts.create_on_publish && !r.volume_id.contains('/') {
             std::fs::create_dir_all(self.base.join(&r.volume_id)).map_err(|e| internal("creating the volume", e))?;
         }

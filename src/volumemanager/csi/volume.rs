@@ -230,6 +230,28 @@ pub fn tear_down(c: &CsiClient, pods_dir: &Path, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Tear down every CSI volume directory left in the pod's volumes dir (a set-up that failed
+/// part way, after vol_data.json was written: the volume may be staged, or published), by its
+/// vol_data.json, as [`tear_down`] does (blocking).
+pub fn sweep(c: &CsiClient, pod_dir: &Path) -> Result<()> {
+    let pods_dir = pod_dir.parent().unwrap_or(pod_dir);
+    let base = pod_dir.join("volumes").join(POD_DIR_NAME);
+    for v in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        tear_down(c, pods_dir, &v.path())?;
+    }
+    match std::fs::remove_dir(&base) {
+        Err(e)
+            if !matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty
+            ) =>
+        {
+            Err(anyhow!("removing {}: {e}", base.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The CSI volume directories under `pods_dir` whose vol_data.json names `driver` and
 /// `handle`.
 pub fn users(pods_dir: &Path, driver: &str, handle: &str) -> Vec<PathBuf> {
