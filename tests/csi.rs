@@ -331,8 +331,8 @@ fn csi_client_publishes_directly_for_a_driver_that_does_not_stage() {
     drop(rt);
 }
 
-/// An inline `csi` volume of a static pod: published by the driver into the pod, seen and
-/// written by its container, kept as it is across an agent restart (reconstructed from
+/// An inline `csi` volume of a static pod: published by the driver into the pod with its
+/// nodePublishSecretRef's data, seen and written by its container, kept as it is across an agent restart (reconstructed from
 /// vol_data.json, not published again), unpublished when the pod goes.
 #[test]
 fn a_pods_inline_csi_volume_is_published_kept_across_a_restart_and_torn_down() {
@@ -364,7 +364,12 @@ spec:
     image: {IMAGE}
     command: [sh, -c, "echo from-the-pod > /data/written; sleep 3600"]
     volumeMounts: [{{name: data, mountPath: /data}}]
-  volumes: [{{name: data, csi: {{driver: inline.csi.test, volumeAttributes: {{size: small}}}}}}]
+  volumes: [{{name: data, csi: {{driver: inline.csi.test, volumeAttributes: {{size: small}}, nodePublishSecretRef: {{name: creds}}}}}}]
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: creds}}
+stringData: {{user: admin}}
 "#
         ),
     );
@@ -389,6 +394,15 @@ spec:
     );
     let published = |calls: &[String]| calls.iter().filter(|c| c.starts_with("NodePublishVolume")).count();
     assert_eq!(published(&plugin.calls()), 1);
+    // The nodePublishSecretRef's data (a Secret of the static pod path) reaches the driver.
+    assert!(
+        plugin
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("NodePublishVolume") && c.contains(" secrets=user=admin")),
+        "{:?}",
+        plugin.calls()
+    );
     assert!(
         !plugin.calls().iter().any(|c| c.starts_with("NodeStageVolume")),
         "an inline volume is not staged"

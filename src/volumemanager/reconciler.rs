@@ -141,13 +141,11 @@ fn mount_volume(
                 }
                 // An inline (ephemeral) CSI volume: published only.
                 None => {
+                    let mut vol = super::csi::volume::CsiVolume::inline(p, &v.spec)?;
                     if let Some(r) = v.spec.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
-                        return Err(anyhow!(
-                            "nodePublishSecretRef {:?}: secrets for CSI volumes are not yet supported",
-                            r.name
-                        ));
+                        vol.publish_secrets = csi_secret(inputs.objects, pod::namespace(p), &r.name)?;
                     }
-                    super::csi::volume::CsiVolume::inline(p, &v.spec)?
+                    vol
                 }
             };
             let path = super::csi::volume::set_up(csi, p, &want.pod_dir, v.name(), &vol)?;
@@ -267,6 +265,27 @@ fn mount_volume(
         _ => host,
     };
     Ok((host, mounted))
+}
+
+/// The data of the Secret a CSI volume names, as the driver gets it (kubelet's
+/// getCredentialsFromSecret: each key, its bytes as a string).
+fn csi_secret(objects: &VolumeObjects, ns: &str, name: &str) -> Result<BTreeMap<String, String>> {
+    let secret = match objects.secrets.get(name) {
+        Some(Ok(Some(s))) => s.clone(),
+        Some(Ok(None)) => {
+            return Err(anyhow!(
+                "fetching NodePublishSecretRef {ns}/{name} failed: secret not found"
+            ))
+        }
+        Some(Err(e)) => return Err(anyhow!("fetching NodePublishSecretRef {ns}/{name} failed: {e}")),
+        None => return Err(anyhow!("fetching NodePublishSecretRef {ns}/{name} failed: not fetched")),
+    };
+    Ok(secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
+        .collect())
 }
 
 /// A claim's volume is read-only in the pod's containers when the pod's volume says so

@@ -221,10 +221,17 @@ impl csi::node_server::Node for Node {
         r: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let r = r.into_inner();
+        let mut secrets: Vec<String> = r.secrets.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        secrets.sort();
         self.record(format!(
-            "NodePublishVolume {} {}{}",
+            "NodePublishVolume {} {}{}{}",
             r.volume_id,
             r.target_path,
+            if secrets.is_empty() {
+                String::new()
+            } else {
+                format!(" secrets={}", secrets.join(","))
+            },
             if r.readonly { " ro" } else { "" }
         ));
         if self.opts.fail_publish {
