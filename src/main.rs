@@ -65,6 +65,12 @@ fn real_main() -> Result<i32> {
         Command::Exec(a) => cli::exec::run(&a),
         Command::Top(a) => tokio_rt(false)?.block_on(cli::top::run(&a)),
         Command::Images(c) => cli::images::run(&c),
+        Command::Install(a) => cli::install::install(&a),
+        Command::Uninstall(a) => cli::install::uninstall(&a, |root| {
+            reset(&cli::RootArg {
+                root_dir: root.to_path_buf(),
+            })
+        }),
     }
 }
 

@@ -705,3 +705,247 @@ fn device_plugins_devices_admit_pods_and_reach_their_containers() {
         a.wait_gone(p, T);
     }
 }
+
+/// Wait until the agent recorded a Warning event of reason Failed (kubelet's, for a container
+/// that cannot start) whose line says every one of `needles`; the line.
+fn wait_failed_event(a: &Agent, needles: &[&str]) -> String {
+    let deadline = Instant::now() + T;
+    loop {
+        let log = a.agent_log();
+        let line = log
+            .lines()
+            .find(|l| l.contains(" WARN ") && l.contains("reason=\"Failed\"") && needles.iter().all(|n| l.contains(n)));
+        if let Some(l) = line {
+            return l.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Failed Warning event saying {needles:?}:\n{}",
+            tail(&log, 40)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Wait until container `main` of pod `name` waits with CreateContainerConfigError and a
+/// message saying `needle`; the message.
+fn wait_config_error(a: &Agent, name: &str, needle: &str) -> String {
+    let p = a.wait_for(name, needle, T, |p| {
+        waiting_reason(p, "main").as_deref() == Some("CreateContainerConfigError")
+            && waiting_message(p, "main").is_some_and(|m| m.contains(needle))
+    });
+    waiting_message(&p, "main").unwrap()
+}
+
+#[test]
+fn device_plugins_preferred_allocation_pre_start_finished_pods_and_bad_plugins() {
+    use deviceplugin::{AllocateMode, Switches, TestDevicePlugin};
+    use ferrolet::apis::deviceplugin::v1beta1::DevicePluginOptions;
+    let a = Agent::start("devices2", &[]);
+    let dir = a.socket().parent().unwrap().join("device-plugins");
+    let marks = scratch(&a.dir, "marks");
+    // A plugin that prefers p4, then p3, and is told of each start of a container.
+    let pref = TestDevicePlugin::serve_with(
+        &dir,
+        "example.com/pref",
+        "pref.sock",
+        &[("p1", true), ("p2", true), ("p3", true), ("p4", true)],
+        Switches {
+            options: DevicePluginOptions {
+                pre_start_required: true,
+                get_preferred_allocation_available: true,
+            },
+            preferred: vec!["p4".into(), "p3".into()],
+            pre_start_marks: Some(marks.clone()),
+            ..Default::default()
+        },
+    );
+    pref.register();
+    // One device, a plain plugin.
+    let one = TestDevicePlugin::serve(&dir, "example.com/one", "one.sock", &[("o1", true)]);
+    one.register();
+    // A plugin whose Allocate never answers.
+    let bad = TestDevicePlugin::serve_with(
+        &dir,
+        "example.com/bad",
+        "bad.sock",
+        &[("b1", true)],
+        Switches {
+            allocate: AllocateMode::Hang,
+            ..Default::default()
+        },
+    );
+    bad.register();
+    wait_said(&a, "devices=4 healthy=4", 1);
+    wait_said(&a, "devices=1 healthy=1", 2);
+
+    // The plugin's preferred devices; PreStartContainer with them before each start: the
+    // container reads what PreStartContainer wrote (its count of calls and the IDs), then ends
+    // and is restarted.
+    a.write(
+        "pref.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: pref}}\nspec:\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, \"cat /marks/p3,p4; echo TEST_DEVICES=$TEST_DEVICES; sleep 1\"]\n    resources:\n      limits: {{example.com/pref: 2}}\n    volumeMounts: [{{name: marks, mountPath: /marks}}]\n  volumes: [{{name: marks, hostPath: {{path: {}}}}}]\n",
+            marks.display()
+        ),
+    );
+
+    // A pod that ran to completion (restartPolicy Never) holds its device no more: a new pod
+    // is admitted and gets it while the finished pod is still on the node.
+    a.write(
+        "job.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: job}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, \"ls /dev/test-o1\"]\n    resources:\n      limits: {{example.com/one: 1}}\n"
+        ),
+    );
+    a.wait_phase("job", "Succeeded", T);
+    a.write("next.yaml", &device_pod("next", "example.com/one", 1));
+    wait_devices(&a, "next", &["o1"]);
+    assert_eq!(
+        phase_of(a.pod("job").as_ref()),
+        Some("Succeeded"),
+        "the finished pod is still there"
+    );
+    let (held, _) = pod_resources(&a);
+    let of_one: Vec<_> = held.iter().filter(|(_, r, _)| r == "example.com/one").collect();
+    assert_eq!(of_one.len(), 1, "{held:?}");
+    assert!(of_one[0].0.starts_with("next-"), "{held:?}");
+    // The checkpoint says the same.
+    let next_uid = a.pod("next").unwrap().metadata.uid.unwrap();
+    let cp: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("kubelet_internal_checkpoint")).unwrap()).unwrap();
+    let holders: Vec<&str> = cp["Data"]["PodDeviceEntries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ResourceName"] == "example.com/one")
+        .map(|e| e["PodUID"].as_str().unwrap())
+        .collect();
+    assert_eq!(holders, [next_uid.as_str()]);
+    assert_eq!(
+        *one.allocations.lock().unwrap(),
+        [vec!["o1".to_string()], vec!["o1".into()]]
+    );
+
+    // A plugin whose Allocate hangs stalls only its own pod: another pod starts meanwhile (with
+    // two of the other plugin's devices: its preference, p4 and p3, is taken by now, so it
+    // answers with too few, and the choice is filled up here).
+    a.write("hang.yaml", &device_pod("hang", "example.com/bad", 1));
+    let deadline = Instant::now() + T;
+    while bad.allocations.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the bad plugin was never asked");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let hang_began = Instant::now();
+    a.write("other.yaml", &device_pod("other", "example.com/pref", 2));
+    wait_devices(&a, "other", &["p1", "p2"]);
+    assert!(
+        !a.agent_log().contains("did not answer within"),
+        "the other pod started only after the hanging Allocate gave up ({:?})",
+        hang_began.elapsed()
+    );
+    wait_said(&a, "cannot be taken as it is", 1);
+    // The hanging pod's container waits, and a Warning event names the resource and plugin.
+    let m = wait_config_error(&a, "hang", "Allocate did not answer within 10s");
+    assert!(m.contains("example.com/bad") && m.contains("bad.sock"), "{m}");
+    wait_failed_event(
+        &a,
+        &["hang-", "example.com/bad", "\"bad.sock\"", "Allocate did not answer"],
+    );
+    // Garbage: a relative device path, then two answers for one container.
+    bad.set_allocate(AllocateMode::BadPath);
+    wait_config_error(&a, "hang", "devices[0].host_path");
+    wait_failed_event(&a, &["hang-", "example.com/bad", "devices[0].host_path"]);
+    bad.set_allocate(AllocateMode::TwoAnswers);
+    wait_config_error(&a, "hang", "answered for 2 containers, not 1");
+    wait_failed_event(&a, &["hang-", "example.com/bad", "answered for 2 containers"]);
+    // The plugin crashes.
+    drop(bad);
+    wait_config_error(&a, "hang", "is not running");
+    wait_failed_event(&a, &["hang-", "example.com/bad", "\"bad.sock\" is not running"]);
+    // It comes back, hanging again: the pod's removal does not wait for its answer.
+    let bad = TestDevicePlugin::serve_with(
+        &dir,
+        "example.com/bad",
+        "bad.sock",
+        &[("b1", true)],
+        Switches {
+            allocate: AllocateMode::Hang,
+            ..Default::default()
+        },
+    );
+    bad.register();
+    let deadline = Instant::now() + T;
+    while bad.allocations.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the plugin back was never asked");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gave_up = a.agent_log().matches("Allocate did not answer within").count();
+    let removing = Instant::now();
+    a.remove("hang.yaml");
+    a.wait_gone("hang", T);
+    assert_eq!(
+        a.agent_log().matches("Allocate did not answer within").count(),
+        gave_up,
+        "the removal waited for the hanging Allocate to give up ({:?})",
+        removing.elapsed()
+    );
+
+    // Meanwhile the first pod was restarted: the plugin was asked once for its preference
+    // (all four free, nothing that must be in it, two of them) and for Allocate, and
+    // PreStartContainer came before each start with the container's devices.
+    a.wait_for("pref", "restarted", T, |p| restarts(p, "main") >= 1);
+    let deadline = Instant::now() + T;
+    let calls_seen = loop {
+        // The current attempt's log: `<calls> p3,p4`, written by the PreStartContainer before it.
+        let log = a.logs("pref", "");
+        let calls = log
+            .lines()
+            .find_map(|l| l.strip_suffix(" p3,p4"))
+            .and_then(|n| n.trim().parse::<usize>().ok());
+        if let Some(n) = calls.filter(|n| *n >= 2) {
+            assert!(log.contains("TEST_DEVICES=p3,p4"), "{log}");
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pref never printed a second PreStartContainer:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    {
+        let sw = pref.switches.lock().unwrap();
+        let all = || ["p1", "p2", "p3", "p4"].map(String::from).to_vec();
+        assert_eq!(
+            sw.preferred_asked[0],
+            (all(), Vec::new(), 2),
+            "{:?}",
+            sw.preferred_asked
+        );
+        let pre_starts_of_pref: Vec<_> = sw.pre_starts.iter().filter(|ids| ids[0] != "p1").collect();
+        assert!(pre_starts_of_pref.len() >= calls_seen, "{:?}", sw.pre_starts);
+        assert!(
+            pre_starts_of_pref.iter().all(|ids| *ids == &["p3", "p4"]),
+            "{:?}",
+            sw.pre_starts
+        );
+    }
+    assert_eq!(
+        pref.allocations.lock().unwrap()[0],
+        ["p3", "p4"],
+        "Allocate was asked for the preferred devices"
+    );
+    assert_eq!(
+        pref.allocations.lock().unwrap().len(),
+        2,
+        "once per container (pref and other): a restart keeps the devices"
+    );
+
+    let pods = ["pref", "job", "next", "other"];
+    for p in pods {
+        a.remove(&format!("{p}.yaml"));
+    }
+    for p in pods {
+        a.wait_gone(p, T);
+    }
+}

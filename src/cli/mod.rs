@@ -1,11 +1,13 @@
 //! The command line: `ferrolet run` takes kubelet's flags (defined with the configuration they
 //! set, [`crate::config::RunFlags`]); `pods`, `logs`, `exec` and `top` talk to a running agent over its
 //! unix socket; `images` works on the image store directly; `reset` stops and removes
-//! everything an agent left on the node.
+//! everything an agent left on the node; `install` and `uninstall` put the agent on a machine
+//! and take it off.
 
 pub mod client;
 pub mod exec;
 pub mod images;
+pub mod install;
 pub mod logs;
 pub mod pods;
 pub mod reset;
@@ -43,6 +45,11 @@ pub enum Command {
     Images(ImagesCommand),
     /// Stop and remove every pod, container, sandbox and cgroup an agent left under the root dir.
     Reset(RootArg),
+    /// Make this machine a node in one step: binary, config, manifest dir, systemd unit,
+    /// completions and man pages; the unit enabled and started.
+    Install(install::InstallArgs),
+    /// Undo `ferrolet install`: stop the unit and the pods, remove what install added.
+    Uninstall(install::UninstallArgs),
 }
 
 #[derive(Args, Debug, Clone)]

@@ -37,6 +37,8 @@ pub trait Codec {
     fn flag(name: &str, _vals: &[String]) -> Result<Self::T> {
         bail!("--{name}: not a flag")
     }
+    /// What the flag's value is called in `--help` (`--sync-frequency <DURATION>`).
+    const VALUE_NAME: &'static str = "VALUE";
     /// The flag's clap shape: by default it takes one string value.
     fn arg(a: Arg) -> Arg {
         a.action(ArgAction::Set)
@@ -90,6 +92,7 @@ fn path(p: &Path) -> Value {
 /// `true` / `false`; the bare flag means true (`--fail-swap-on`).
 pub struct Bool;
 impl Codec for Bool {
+    const VALUE_NAME: &'static str = "BOOL";
     type T = bool;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<bool> {
         boolean(f, v)
@@ -112,12 +115,14 @@ fn bool_arg(a: Arg) -> Arg {
         .num_args(0..=1)
         .default_missing_value("true")
         .value_parser(value_parser!(bool))
+        .hide_possible_values(true)
 }
 
 /// A boolean whose unset value is decided later by the mode (standalone or in a cluster);
 /// `/configz` shows the resolved value.
 pub struct OptBool;
 impl Codec for OptBool {
+    const VALUE_NAME: &'static str = "BOOL";
     type T = Option<bool>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Option<bool>> {
         boolean(f, v).map(Some)
@@ -136,6 +141,7 @@ impl Codec for OptBool {
 /// A Go duration: `1m30s` in, `1m30s` out.
 pub struct Dur;
 impl Codec for Dur {
+    const VALUE_NAME: &'static str = "DURATION";
     type T = Duration;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Duration> {
         duration(f, v)
@@ -155,6 +161,7 @@ pub struct Int<T>(PhantomData<T>);
 macro_rules! int_codec {
     ($($t:ty, $signed:literal);* $(;)?) => {$(
         impl Codec for Int<$t> {
+            const VALUE_NAME: &'static str = "N";
             type T = $t;
             fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<$t> {
                 #[allow(clippy::useless_conversion)]
@@ -179,6 +186,7 @@ int_codec!(u8, false; u32, false; i32, true; i64, true);
 /// A port number (0 turns a listener off).
 pub struct Port;
 impl Codec for Port {
+    const VALUE_NAME: &'static str = "PORT";
     type T = u16;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<u16> {
         let n = integer(f, v)?;
@@ -199,6 +207,7 @@ impl Codec for Port {
 /// A percentage of the image filesystem (imageGC*ThresholdPercent), checked by validation.
 pub struct Percent;
 impl Codec for Percent {
+    const VALUE_NAME: &'static str = "PERCENT";
     type T = i32;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<i32> {
         let n = integer(f, v)?;
@@ -218,6 +227,7 @@ impl Codec for Percent {
 /// eventRecordQPS: 0 is no limit.
 pub struct EventQps;
 impl Codec for EventQps {
+    const VALUE_NAME: &'static str = "N";
     type T = u32;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<u32> {
         u32::try_from(integer(f, v)?)
@@ -237,6 +247,7 @@ impl Codec for EventQps {
 /// eventBurst: 0 is unset, and kubelet's defaulting fills in 100.
 pub struct EventBurst;
 impl Codec for EventBurst {
+    const VALUE_NAME: &'static str = "N";
     type T = u32;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<u32> {
         match integer(f, v)? {
@@ -258,6 +269,7 @@ impl Codec for EventBurst {
 /// containerLogMaxWorkers, with kubelet's message for a value below 1.
 pub struct LogWorkers;
 impl Codec for LogWorkers {
+    const VALUE_NAME: &'static str = "N";
     type T = u32;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<u32> {
         u32::try_from(integer(f, v)?)
@@ -274,6 +286,7 @@ macro_rules! non_negative_codec {
     ($name:ident, $field:literal, $flag:literal) => {
         pub struct $name;
         impl Codec for $name {
+            const VALUE_NAME: &'static str = "N";
             type T = u32;
             fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<u32> {
                 u32::try_from(integer(f, v)?).map_err(|_| {
@@ -307,6 +320,7 @@ non_negative_codec!(RegistryBurst, "registryBurst", "registry-burst");
 /// maxParallelImagePulls: unset (`null`) for no limit.
 pub struct MaxParallel;
 impl Codec for MaxParallel {
+    const VALUE_NAME: &'static str = "N";
     type T = Option<u32>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Option<u32>> {
         match v {
@@ -335,6 +349,7 @@ impl Codec for MaxParallel {
 /// A string as given.
 pub struct Str;
 impl Codec for Str {
+    const VALUE_NAME: &'static str = "STRING";
     type T = String;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<String> {
         string(f, v)
@@ -350,6 +365,7 @@ impl Codec for Str {
 /// An optional string: empty in the file is unset.
 pub struct OptStr;
 impl Codec for OptStr {
+    const VALUE_NAME: &'static str = "STRING";
     type T = Option<String>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Option<String>> {
         Ok(Some(string(f, v)?).filter(|s| !s.is_empty()))
@@ -365,6 +381,7 @@ impl Codec for OptStr {
 /// The node's name (`--hostname-override`), lowercased as kubelet does.
 pub struct NodeName;
 impl Codec for NodeName {
+    const VALUE_NAME: &'static str = "NAME";
     type T = String;
     fn flag(_: &str, vals: &[String]) -> Result<String> {
         Ok(last(vals).trim().to_ascii_lowercase())
@@ -375,6 +392,7 @@ impl Codec for NodeName {
 /// command line.
 pub struct FilePath;
 impl Codec for FilePath {
+    const VALUE_NAME: &'static str = "PATH";
     type T = PathBuf;
     fn read(f: &str, v: &Value, cx: &mut FileCx) -> Result<PathBuf> {
         Ok(resolve_relative(cx.base, &string(f, v)?))
@@ -390,6 +408,7 @@ impl Codec for FilePath {
 /// An optional path, set when given.
 pub struct OptPath;
 impl Codec for OptPath {
+    const VALUE_NAME: &'static str = "PATH";
     type T = Option<PathBuf>;
     fn read(f: &str, v: &Value, cx: &mut FileCx) -> Result<Option<PathBuf>> {
         FilePath::read(f, v, cx).map(Some)
@@ -405,6 +424,7 @@ impl Codec for OptPath {
 /// An optional path that an empty string in the file unsets (kubelet's TLS and CA files).
 pub struct OptPathNonEmpty;
 impl Codec for OptPathNonEmpty {
+    const VALUE_NAME: &'static str = "PATH";
     type T = Option<PathBuf>;
     fn read(f: &str, v: &Value, cx: &mut FileCx) -> Result<Option<PathBuf>> {
         Ok(Some(string(f, v)?)
@@ -422,6 +442,7 @@ impl Codec for OptPathNonEmpty {
 /// A list of paths (comma-separated on the command line).
 pub struct PathList;
 impl Codec for PathList {
+    const VALUE_NAME: &'static str = "PATH,...";
     type T = Vec<PathBuf>;
     fn read(f: &str, v: &Value, cx: &mut FileCx) -> Result<Vec<PathBuf>> {
         list(f, v, "a list of paths")?
@@ -443,6 +464,7 @@ impl Codec for PathList {
 /// An IP address.
 pub struct Ip;
 impl Codec for Ip {
+    const VALUE_NAME: &'static str = "IP";
     type T = IpAddr;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<IpAddr> {
         ip(f, v)
@@ -461,6 +483,7 @@ impl Codec for Ip {
 /// An optional IP address, set when given.
 pub struct OptIp;
 impl Codec for OptIp {
+    const VALUE_NAME: &'static str = "IP";
     type T = Option<IpAddr>;
     fn read(f: &str, v: &Value, cx: &mut FileCx) -> Result<Option<IpAddr>> {
         Ip::read(f, v, cx).map(Some)
@@ -479,6 +502,7 @@ impl Codec for OptIp {
 /// A list of IP addresses (comma-separated on the command line).
 pub struct IpList;
 impl Codec for IpList {
+    const VALUE_NAME: &'static str = "IP,...";
     type T = Vec<IpAddr>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Vec<IpAddr>> {
         list(f, v, "a list of IP addresses")?.iter().map(|x| ip(f, x)).collect()
@@ -501,6 +525,7 @@ impl Codec for IpList {
 /// allowedUnsafeSysctls: names or patterns (comma-separated on the command line).
 pub struct Sysctls;
 impl Codec for Sysctls {
+    const VALUE_NAME: &'static str = "NAME,...";
     type T = Vec<String>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Vec<String>> {
         list(f, v, "a list of sysctl names or patterns")?
@@ -522,6 +547,7 @@ impl Codec for Sysctls {
 /// A quantity of bytes (`10Mi`); `/configz` writes the number of bytes as a string.
 pub struct Quantity;
 impl Codec for Quantity {
+    const VALUE_NAME: &'static str = "QUANTITY";
     type T = u64;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<u64> {
         Ok(bytes(&string(f, v)?).map_err(|e| anyhow!("{f}: {e}"))? as u64)
@@ -538,6 +564,7 @@ impl Codec for Quantity {
 /// (repeatable).
 pub struct UrlHeaders;
 impl Codec for UrlHeaders {
+    const VALUE_NAME: &'static str = "KEY:VALUE";
     type T = Vec<(String, String)>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Vec<(String, String)>> {
         let mut out = Vec::new();
@@ -568,6 +595,7 @@ impl Codec for UrlHeaders {
 /// registerWithTaints (Taint objects) and `--register-with-taints key=value:Effect,...`.
 pub struct Taints;
 impl Codec for Taints {
+    const VALUE_NAME: &'static str = "KEY=VALUE:EFFECT,...";
     type T = Vec<k8s_openapi::api::core::v1::Taint>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Self::T> {
         list(f, v, "a list of taints")?
@@ -590,6 +618,7 @@ impl Codec for Taints {
 /// `--node-labels key=value,...`.
 pub struct Labels;
 impl Codec for Labels {
+    const VALUE_NAME: &'static str = "KEY=VALUE,...";
     type T = BTreeMap<String, String>;
     fn flag(_: &str, vals: &[String]) -> Result<Self::T> {
         vals.iter().map(|l| super::parse_label(l)).collect()
@@ -603,6 +632,7 @@ impl Codec for Labels {
 /// other resources are accepted with a warning.
 pub struct ReservedMap;
 impl Codec for ReservedMap {
+    const VALUE_NAME: &'static str = "RESOURCE=QUANTITY,...";
     type T = Reserved;
     fn read(f: &str, v: &Value, cx: &mut FileCx) -> Result<Reserved> {
         let mut r = Reserved::default();
@@ -653,6 +683,7 @@ impl Codec for ReservedMap {
 /// qosReserved: `{memory: 50%}` in the file, `memory=50%` on the command line.
 pub struct QosReserved;
 impl Codec for QosReserved {
+    const VALUE_NAME: &'static str = "memory=PERCENT";
     type T = Option<i64>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Option<i64>> {
         let mut out = None;
@@ -685,6 +716,7 @@ impl Codec for QosReserved {
 /// alone is the empty list, shown as `[none]`.
 pub struct Enforce;
 impl Codec for Enforce {
+    const VALUE_NAME: &'static str = "LIST";
     type T = Vec<String>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Vec<String>> {
         let keys = list(f, v, "a list of strings")?
@@ -721,6 +753,7 @@ fn threshold(t: Threshold) -> Value {
 /// `signal<threshold,...` on the command line.
 pub struct Thresholds;
 impl Codec for Thresholds {
+    const VALUE_NAME: &'static str = "SIGNAL<QUANTITY,...";
     type T = EvictionHard;
     fn read(f: &str, v: &Value, cx: &mut FileCx) -> Result<EvictionHard> {
         let mut g = EvictionHard::none();
@@ -793,6 +826,7 @@ fn signal_flag<T>(name: &str, v: &str, parse: impl Fn(&str) -> Result<T>) -> Res
 /// evictionSoftGracePeriod: signal to duration.
 pub struct GraceMap;
 impl Codec for GraceMap {
+    const VALUE_NAME: &'static str = "SIGNAL=DURATION,...";
     type T = BTreeMap<String, Duration>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Self::T> {
         signal_map(f, v, duration)
@@ -808,6 +842,7 @@ impl Codec for GraceMap {
 /// evictionMinimumReclaim: signal to quantity or percentage.
 pub struct ReclaimMap;
 impl Codec for ReclaimMap {
+    const VALUE_NAME: &'static str = "SIGNAL=QUANTITY,...";
     type T = BTreeMap<String, Threshold>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Self::T> {
         signal_map(f, v, |field, x| {
@@ -835,6 +870,7 @@ impl NetMode {
     }
 }
 impl Codec for NetMode {
+    const VALUE_NAME: &'static str = "MODE";
     type T = NetworkMode;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<NetworkMode> {
         NetMode::parse(f, &string(f, v)?)

@@ -36,11 +36,170 @@ impl SettingFlags {
     }
 }
 
+/// `ferrolet run --help` in sections, as a person looks for a flag: each flag's section.
+/// A flag no section names is under "Other" (the test below keeps that empty).
+const HEADINGS: &[(&str, &[&str])] = &[
+    (
+        "Node and state",
+        &[
+            "hostname-override",
+            "root-dir",
+            "v",
+            "runonce",
+            "node-ip",
+            "fail-swap-on",
+            "oom-score-adj",
+        ],
+    ),
+    (
+        "Static pods (no control plane needed)",
+        &[
+            "pod-manifest-path",
+            "manifest-url",
+            "manifest-url-header",
+            "file-check-frequency",
+            "http-check-frequency",
+        ],
+    ),
+    (
+        "Joining a cluster",
+        &[
+            "kubeconfig",
+            "bootstrap-kubeconfig",
+            "rotate-certificates",
+            "register-node",
+            "register-with-taints",
+            "node-labels",
+            "node-status-update-frequency",
+            "node-status-max-images",
+            "kube-api-qps",
+            "kube-api-burst",
+            "event-qps",
+            "event-burst",
+        ],
+    ),
+    (
+        "Pods and containers",
+        &[
+            "sync-frequency",
+            "max-pods",
+            "pod-max-pids",
+            "runtime-request-timeout",
+            "allowed-unsafe-sysctls",
+            "container-log-max-size",
+            "container-log-max-files",
+            "container-log-link-dir",
+            "minimum-container-ttl-duration",
+            "maximum-dead-containers-per-container",
+            "maximum-dead-containers",
+        ],
+    ),
+    (
+        "Pod network and DNS",
+        &[
+            "network",
+            "pod-cidr",
+            "cni-conf-dir",
+            "cni-bin-dir",
+            "cluster-dns",
+            "cluster-domain",
+            "resolv-conf",
+        ],
+    ),
+    (
+        "Images",
+        &[
+            "registry-config",
+            "image-import-dir",
+            "serialize-image-pulls",
+            "max-parallel-image-pulls",
+            "registry-qps",
+            "registry-burst",
+            "image-pull-progress-timeout",
+            "image-gc-high-threshold",
+            "image-gc-low-threshold",
+            "minimum-image-gc-age",
+            "image-credential-provider-config",
+            "image-credential-provider-bin-dir",
+        ],
+    ),
+    (
+        "Resources and cgroups",
+        &[
+            "cgroup-root",
+            "cgroups-per-qos",
+            "cpu-cfs-quota",
+            "cpu-cfs-quota-period",
+            "qos-reserved",
+            "enforce-node-allocatable",
+            "system-reserved-cgroup",
+            "kube-reserved-cgroup",
+        ],
+    ),
+    (
+        "Eviction and stats",
+        &[
+            "eviction-hard",
+            "eviction-soft",
+            "eviction-soft-grace-period",
+            "eviction-minimum-reclaim",
+            "eviction-pressure-transition-period",
+            "eviction-max-pod-grace-period",
+            "housekeeping-interval",
+            "volume-stats-agg-period",
+        ],
+    ),
+    (
+        "The kubelet API (serving, authentication)",
+        &[
+            "address",
+            "port",
+            "read-only-port",
+            "healthz-port",
+            "healthz-bind-address",
+            "tls-cert-file",
+            "tls-private-key-file",
+            "tls-min-version",
+            "rotate-server-certificates",
+            "client-ca-file",
+            "anonymous-auth",
+            "authentication-token-webhook",
+            "authentication-token-webhook-cache-ttl",
+            "authorization-mode",
+            "authorization-webhook-cache-authorized-ttl",
+            "authorization-webhook-cache-unauthorized-ttl",
+            "enable-debugging-handlers",
+        ],
+    ),
+];
+
+fn heading(flag: &str) -> &'static str {
+    HEADINGS
+        .iter()
+        .find(|(_, flags)| flags.contains(&flag))
+        .map_or("Other", |(h, _)| h)
+}
+
 impl Args for SettingFlags {
     fn augment_args(mut cmd: Command) -> Command {
-        for s in SETTINGS.iter() {
+        // In the sections' order, each section's flags in its order.
+        let mut settings: Vec<_> = SETTINGS.iter().filter(|s| s.flag.is_some()).collect();
+        let rank = |flag: &str| {
+            HEADINGS
+                .iter()
+                .enumerate()
+                .find_map(|(i, (_, flags))| flags.iter().position(|f| *f == flag).map(|j| (i, j)))
+                .unwrap_or((HEADINGS.len(), 0))
+        };
+        settings.sort_by_key(|s| rank(s.flag.unwrap_or("")));
+        for s in settings {
             let Some(flag) = s.flag else { continue };
-            let mut a = Arg::new(flag).long(flag).help(s.help()).hide(s.has("hidden"));
+            let mut a = Arg::new(flag)
+                .long(flag)
+                .help(s.help())
+                .hide(s.has("hidden"))
+                .value_name(s.value_name)
+                .help_heading(heading(flag));
             if let [c] = flag.as_bytes() {
                 a = a.short(*c as char);
             }
@@ -107,6 +266,33 @@ mod tests {
         apply(&mut cfg, &cmd.flags)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    #[test]
+    fn every_flag_has_help_and_a_section() {
+        use clap::CommandFactory;
+        let mut c = Cmd::command();
+        c.build();
+        let mut without_help = Vec::new();
+        for a in c.get_arguments().filter(|a| !a.is_hide_set() && a.get_long().is_some()) {
+            let long = a.get_long().unwrap_or("");
+            let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+            if help.trim().is_empty() {
+                without_help.push(long);
+            }
+            if long != "config" && long != "help" {
+                assert_ne!(heading(long), "Other", "--{long} is in no section of HEADINGS");
+            }
+        }
+        assert!(without_help.is_empty(), "flags without help: {without_help:?}");
+        for (_, flags) in HEADINGS {
+            for f in *flags {
+                assert!(
+                    SETTINGS.iter().any(|s| s.flag == Some(*f)),
+                    "HEADINGS names --{f}, which no setting has"
+                );
+            }
+        }
     }
 
     #[test]

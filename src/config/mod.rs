@@ -51,8 +51,10 @@ declare! {
         /// The pod subnet; kubelet's podCIDR when set.
         #[setting("ferrolet.podSubnet" | _ => Str, quiet)]
         pub subnet: String = "10.88.0.0/16".into(),
+        /// Where `--network cni` reads the CNI network configuration (the first file by name).
         #[setting("ferrolet.cniConfDir" | "cni-conf-dir" => FilePath, quiet)]
         pub cni_conf_dir: PathBuf = PathBuf::from("/etc/cni/net.d"),
+        /// Directories searched for CNI plugin binaries, comma-separated.
         #[setting("ferrolet.cniBinDirs" | "cni-bin-dir" => PathList, quiet)]
         pub cni_bin_dirs: Vec<PathBuf> = vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")],
     }
@@ -100,6 +102,7 @@ declare! {
         /// Client-side rate limit towards the API server (kubeAPIQPS / kubeAPIBurst).
         #[setting("kubeAPIQPS" | "kube-api-qps" => Int<i32>)]
         pub kube_api_qps: i32 = 50,
+        /// Requests the API client may send at once above kubeAPIQPS (kubeAPIBurst).
         #[setting("kubeAPIBurst" | "kube-api-burst" => Int<u32>)]
         pub kube_api_burst: u32 = 100,
         /// Event writes a second to the API server, 0 for no limit, and their burst
@@ -108,6 +111,7 @@ declare! {
         #[help = "Event writes a second to the API server (0: no limit)."]
         #[setting("eventRecordQPS" | "event-qps" => EventQps)]
         pub event_record_qps: u32 = 50,
+        /// Event writes sent at once above eventRecordQPS (eventBurst; 0: 100).
         #[setting("eventBurst" | "event-burst" => EventBurst)]
         pub event_burst: u32 = 100,
     }
@@ -150,6 +154,7 @@ declare! {
         /// `system-reserved` / `kube-reserved` are enforced.
         #[setting("systemReservedCgroup" | "system-reserved-cgroup" => Str)]
         pub system_reserved_cgroup: String = String::new(),
+        /// Absolute cgroup path of the agent itself, limited when `kube-reserved` is enforced.
         #[setting("kubeReservedCgroup" | "kube-reserved-cgroup" => Str)]
         pub kube_reserved_cgroup: String = String::new(),
         /// The agent's own oom_score_adj (kubelet's oomScoreAdj, default -999).
@@ -529,8 +534,10 @@ declare! {
         /// started in (safe on shared machines and under systemd with Delegate=yes).
         #[setting("cgroupRoot" | "cgroup-root" => Str)]
         pub cgroup_root: String = String::new(),
+        /// Put pods in QoS cgroups (kubepods/burstable, kubepods/besteffort), as kubelet does.
         #[setting("cgroupsPerQOS" | "cgroups-per-qos" => Bool)]
         pub cgroups_per_qos: bool = true,
+        /// Most pods the node runs; more are refused at admission (kubelet's maxPods).
         #[setting("maxPods" | "max-pods" => Int<u32>)]
         pub max_pods: u32 = 110,
         /// Most processes in one pod (kubelet's podPidsLimit; -1: no per-pod limit).
@@ -538,8 +545,10 @@ declare! {
         pub pod_pids_limit: i64 = -1,
         #[setting("podLogsDir" | _ => FilePath)]
         pub pod_logs_dir: PathBuf = PathBuf::from("/var/log/pods"),
+        /// Size at which a container's log file is rotated, e.g. `10Mi`.
         #[setting("containerLogMaxSize" | "container-log-max-size" => Quantity)]
         pub container_log_max_size: u64 = 10 << 20,
+        /// Log files kept per container, the current one included.
         #[setting("containerLogMaxFiles" | "container-log-max-files" => Int<u32>)]
         pub container_log_max_files: u32 = 5,
         #[setting("enableServer" | _ => Bool)]
@@ -552,8 +561,10 @@ declare! {
         /// in kubelet, disables it.
         #[setting("readOnlyPort" | "read-only-port" => Port)]
         pub read_only_port: u16 = 0,
+        /// DNS server addresses for pods with `dnsPolicy: ClusterFirst`, comma-separated.
         #[setting("clusterDNS" | "cluster-dns" => IpList)]
         pub cluster_dns: Vec<IpAddr> = Vec::new(),
+        /// The cluster's DNS domain, searched by pods after their namespace's.
         #[setting("clusterDomain" | "cluster-domain" => Str)]
         pub cluster_domain: String = "cluster.local".into(),
         /// Sysctls (names, or prefixes ending in `*`) pods may set beyond kubelet's safe set
@@ -561,12 +572,16 @@ declare! {
         #[help = "Comma-separated unsafe sysctls or patterns (ending in `*`) pods may set."]
         #[setting("allowedUnsafeSysctls" | "allowed-unsafe-sysctls" => Sysctls)]
         pub allowed_unsafe_sysctls: Vec<String> = Vec::new(),
+        /// The resolver configuration pods with `dnsPolicy: Default` get.
         #[setting("resolvConf" | "resolv-conf" => FilePath)]
         pub resolv_conf: PathBuf = PathBuf::from("/etc/resolv.conf"),
+        /// The pod network's range on a standalone node (in a cluster the Node's spec.podCIDR).
         #[setting("podCIDR" | "pod-cidr" => OptStr)]
         pub pod_cidr: Option<String> = None,
+        /// The node's address in its status and hostIP (default: the address of the default route).
         #[setting("ferrolet.nodeIP" | "node-ip" => OptIp, quiet)]
         pub node_ip: Option<IpAddr> = None,
+        /// Longest a runtime request may take, such as an exec's start (kubelet's runtimeRequestTimeout).
         #[setting("runtimeRequestTimeout" | "runtime-request-timeout" => Dur)]
         pub runtime_request_timeout: Duration = Duration::from_secs(120),
         /// exec, attach and port-forward connections with no traffic this long are closed

@@ -80,6 +80,7 @@ declare! {
         /// with --rotate-server-certificates a certificate the API server signs.
         #[setting("tlsCertFile" | "tls-cert-file" => OptPathNonEmpty)]
         pub tls_cert_file: Option<PathBuf> = None,
+        /// The serving certificate's private key (PEM), with --tls-cert-file.
         #[setting("tlsPrivateKeyFile" | "tls-private-key-file" => OptPathNonEmpty)]
         pub tls_private_key_file: Option<PathBuf> = None,
         #[help = "VersionTLS12 or VersionTLS13."]
@@ -94,6 +95,7 @@ declare! {
         #[help = "The plain /healthz port (0: off)."]
         #[setting("healthzPort" | "healthz-port" => Port)]
         pub healthz_port: u16 = 10248,
+        /// Where the plain /healthz port listens.
         #[setting("healthzBindAddress" | "healthz-bind-address" => Ip)]
         pub healthz_bind_address: IpAddr = IpAddr::from([127, 0, 0, 1]),
         /// CA bundle client certificates are verified against (authentication.x509.clientCAFile);
@@ -106,6 +108,7 @@ declare! {
         #[help = "Check bearer tokens with a TokenReview."]
         #[setting("authentication.webhook.enabled" | "authentication-token-webhook" => OptBool)]
         pub authn_webhook: Option<bool> = None,
+        /// How long a TokenReview's answer is kept.
         #[setting("authentication.webhook.cacheTTL" | "authentication-token-webhook-cache-ttl" => Dur)]
         pub authn_webhook_cache_ttl: Duration = Duration::from_secs(120),
         /// Requests with no credential are served as system:anonymous (authentication.anonymous).
@@ -116,8 +119,10 @@ declare! {
         #[help = "AlwaysAllow or Webhook."]
         #[setting("authorization.mode" | "authorization-mode" => Authz)]
         pub authz_mode: Option<AuthzMode> = None,
+        /// How long a SubjectAccessReview's "allowed" is kept.
         #[setting("authorization.webhook.cacheAuthorizedTTL" | "authorization-webhook-cache-authorized-ttl" => Dur)]
         pub authz_cache_authorized_ttl: Duration = Duration::from_secs(300),
+        /// How long a SubjectAccessReview's "denied" is kept.
         #[setting("authorization.webhook.cacheUnauthorizedTTL" | "authorization-webhook-cache-unauthorized-ttl" => Dur)]
         pub authz_cache_unauthorized_ttl: Duration = Duration::from_secs(30),
         /// Serve the debugging routes (exec, attach, port-forward, run, container and node logs,
@@ -191,6 +196,7 @@ impl ServingConfig {
 /// tlsMinVersion: `VersionTLS12` or `VersionTLS13`.
 pub struct TlsMin;
 impl Codec for TlsMin {
+    const VALUE_NAME: &'static str = "VERSION";
     type T = TlsVersion;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<TlsVersion> {
         TlsVersion::parse(f, &string(f, v)?)
@@ -206,6 +212,7 @@ impl Codec for TlsMin {
 /// authorization.mode: `AlwaysAllow` or `Webhook`; unset follows the mode.
 pub struct Authz;
 impl Codec for Authz {
+    const VALUE_NAME: &'static str = "MODE";
     type T = Option<AuthzMode>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Option<AuthzMode>> {
         AuthzMode::parse(f, &string(f, v)?).map(Some)

@@ -44,6 +44,8 @@ pub struct Setting<S = Config> {
     pub show: Show<S>,
     /// The flag's clap shape.
     pub arg: fn(Arg) -> Arg,
+    /// What the flag's value is called in `--help`.
+    pub value_name: &'static str,
 }
 
 impl<S: 'static> Setting<S> {
@@ -73,6 +75,7 @@ impl<S: 'static> Setting<S> {
             }),
             show: Arc::new(move |s| C::show(get(s))),
             arg: C::arg,
+            value_name: C::VALUE_NAME,
         }
     }
 
@@ -88,6 +91,7 @@ impl<S: 'static> Setting<S> {
             apply_flag: Arc::new(move |p, name, vals| apply_flag(get_mut(p), name, vals)),
             show: Arc::new(move |p| show(get(p))),
             arg: self.arg,
+            value_name: self.value_name,
         }
     }
 

@@ -76,6 +76,7 @@ impl ShutdownConfig {
 /// (file only, as kubelet's).
 pub struct PriorityGraces;
 impl Codec for PriorityGraces {
+    const VALUE_NAME: &'static str = "PRIORITY=DURATION,...";
     type T = Vec<PriorityGrace>;
     fn read(f: &str, v: &Value, _: &mut FileCx) -> Result<Self::T> {
         let list = v

@@ -60,6 +60,8 @@ pub const EVENT_FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
 pub const EVENT_FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
 pub const EVENT_INVALID_ENV_VAR_NAMES: &str = "InvalidEnvironmentVariableNames";
 pub const EVENT_FAILED_MOUNT: &str = "FailedMount";
+/// kubelet's FailedToCreateContainer (and other failures of a container's start): a Warning.
+pub const EVENT_FAILED: &str = "Failed";
 /// ferrolet's own: an evicted static pod runs again once the node's pressure is gone.
 pub const EVENT_RERUN_AFTER_EVICTION: &str = "RerunAfterEviction";
 

@@ -443,6 +443,13 @@ impl PodWorker {
                 }
             }
         }
+        // A pod that finished (Succeeded or Failed: nothing of it starts again) holds no
+        // devices, as kubelet's UpdateAllocatedDevices counts only active pods. Freed before
+        // the phase is recorded, where admission reads it: a pod admitted because this one
+        // finished finds its devices free.
+        if Phase::of(&st).is_some_and(Phase::is_terminal) {
+            self.m.devices.free_pod(&self.uid, "the pod finished");
+        }
         let rec = PersistedStatus {
             start_time: self.report.start_time,
             status: st.clone(),

@@ -289,22 +289,32 @@ impl PodWorker {
     async fn pull_unless_stopped(&mut self, c: &k8s_openapi::api::core::v1::Container) -> Result<Digest, Waiting> {
         let (m, pod, c) = (self.m.clone(), self.pod.clone(), c.clone());
         let pull = async move { m.images.ensure_image_exists(&pod, &c).await };
-        tokio::pin!(pull);
+        self.unless_stopped(pull, "the image pull").await?
+    }
+
+    /// Run `work` while the pod's messages are still taken: a pod asked to stop meanwhile
+    /// cancels it (`what`, for the waiting message) and the start waits.
+    async fn unless_stopped<T>(
+        &mut self,
+        work: impl std::future::Future<Output = T>,
+        what: &str,
+    ) -> Result<T, Waiting> {
+        tokio::pin!(work);
         loop {
             tokio::select! {
-                r = &mut pull => return r,
+                r = &mut work => return Ok(r),
                 msg = self.inbox.rx.recv() => match msg {
                     Some(msg) => {
                         self.take(msg);
                         if self.stopping() {
                             return Err(Waiting::new(
                                 reasons::CONTAINER_CREATING,
-                                "the pod is being stopped; the image pull was cancelled",
+                                format!("the pod is being stopped; {what} was cancelled"),
                             )
                             .retry_at(Utc::now()));
                         }
                     }
-                    None => return (&mut pull).await,
+                    None => return Ok((&mut work).await),
                 },
             }
         }
@@ -359,14 +369,24 @@ impl PodWorker {
             _ => None,
         };
         // Device plugins' devices, asked for (and kept) at the first start (kubelet allocates
-        // them at admission; a plugin's failure waits here and is retried).
-        let devices = m.devices.allocate(&self.pod, &c).await.map_err(|e| {
-            Waiting::new(
-                reasons::CREATE_CONTAINER_CONFIG_ERROR,
-                format!("allocating devices: {e}"),
-            )
-            .retry_at(Utc::now())
-        })?;
+        // them at admission), and their plugins' PreStartContainer at every start. Every call
+        // has a deadline; a failure waits here, is a Warning event naming the resource and its
+        // plugin (kubelet's Failed "Error: ..." of a container whose config cannot be made),
+        // and is retried after a pause, so a plugin that fails at once is not called in a loop.
+        // The calls are cancelled when the pod is asked to stop meanwhile (a choice held for an
+        // Allocate never answered is chosen again, or freed with the pod).
+        let allocating = {
+            let (m, pod, c) = (m.clone(), self.pod.clone(), c.clone());
+            async move { m.devices.allocate(&pod, &c).await }
+        };
+        let devices = match self.unless_stopped(allocating, "the device plugins' calls").await? {
+            Ok(d) => d,
+            Err(e) => {
+                let message = format!("allocating devices: {e}");
+                self.event(Some(&c.name), reasons::EVENT_FAILED, &format!("Error: {message}"));
+                return Err(Waiting::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, message).retry_in(start::RETRY));
+            }
+        };
         let input = BuildInput {
             cfg: m.cfg.clone(),
             pod: self.pod.clone(),

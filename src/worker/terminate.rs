@@ -150,7 +150,7 @@ impl PodWorker {
         }
         self.m.pods.remove(&self.uid);
         // Its devices are the next pods' (kubelet's UpdateAllocatedDevices).
-        self.m.devices.free_pod(&self.uid);
+        self.m.devices.free_pod(&self.uid, "the pod was removed");
         info!(pod = %name, "pod removed");
         true
     }

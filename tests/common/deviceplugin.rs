@@ -4,7 +4,10 @@
 //! agent's `kubelet.sock`, as smarter-device-manager or NVIDIA's plugin do. Its devices are
 //! named by the test, each with a health the test can change (ListAndWatch sends the new list);
 //! Allocate hands back what a plugin gives a container: a device node (`/dev/null` under the
-//! container path the test names), a mount, an env var and an annotation per device.
+//! container path the test names), an env var and an annotation per device. [`Switches`] make
+//! it ask for GetPreferredAllocation (answered from a preference list) and PreStartContainer
+//! (recorded, and written to a file the container can read), or answer Allocate badly: never,
+//! with a relative device path, or with two answers for one container.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,10 +25,58 @@ use tonic::{Request, Response, Status};
 /// What the plugin lists: device ID -> healthy.
 pub type Devices = BTreeMap<String, bool>;
 
+/// How the plugin answers Allocate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocateMode {
+    /// As a good plugin: a device node, an env var and an annotation per device.
+    Good,
+    /// Never answers.
+    Hang,
+    /// A device whose host path is not absolute.
+    BadPath,
+    /// Two answers for the one container asked for.
+    TwoAnswers,
+}
+
+/// What the test can change of the plugin's behaviour while it runs, and what it recorded.
+#[derive(Debug)]
+pub struct Switches {
+    /// What GetDevicePluginOptions says.
+    pub options: api::DevicePluginOptions,
+    /// GetPreferredAllocation answers with these devices that are available (in this order),
+    /// after the must-include ones, up to the size asked for; or, when `preferred_exact`,
+    /// with exactly this list.
+    pub preferred: Vec<String>,
+    pub preferred_exact: bool,
+    pub allocate: AllocateMode,
+    /// Each GetPreferredAllocation asked: (available, must include, size).
+    pub preferred_asked: Vec<(Vec<String>, Vec<String>, i32)>,
+    /// Each PreStartContainer's device IDs, in order.
+    pub pre_starts: Vec<Vec<String>>,
+    /// PreStartContainer writes `<n> <ids>` (n: how many times it was called with these IDs)
+    /// to the file named by the IDs (`p3,p4`) in this directory, for the container to read.
+    pub pre_start_marks: Option<PathBuf>,
+}
+
+impl Default for Switches {
+    fn default() -> Switches {
+        Switches {
+            options: api::DevicePluginOptions::default(),
+            preferred: Vec::new(),
+            preferred_exact: false,
+            allocate: AllocateMode::Good,
+            preferred_asked: Vec::new(),
+            pre_starts: Vec::new(),
+            pre_start_marks: None,
+        }
+    }
+}
+
 struct Service {
     devices: watch::Receiver<Devices>,
     /// Every Allocate's device IDs, per container, in order.
     allocations: Arc<Mutex<Vec<Vec<String>>>>,
+    switches: Arc<Mutex<Switches>>,
 }
 
 fn listing(d: &Devices) -> api::ListAndWatchResponse {
@@ -47,7 +98,7 @@ impl DevicePlugin for Service {
         &self,
         _: Request<api::Empty>,
     ) -> Result<Response<api::DevicePluginOptions>, Status> {
-        Ok(Response::new(api::DevicePluginOptions::default()))
+        Ok(Response::new(self.switches.lock().unwrap().options))
     }
 
     type ListAndWatchStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
@@ -67,12 +118,38 @@ impl DevicePlugin for Service {
 
     async fn get_preferred_allocation(
         &self,
-        _: Request<api::PreferredAllocationRequest>,
+        r: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
-        Err(Status::unimplemented("no preferred allocation"))
+        let mut sw = self.switches.lock().unwrap();
+        let mut out = api::PreferredAllocationResponse::default();
+        for c in r.into_inner().container_requests {
+            let mut available = c.available_device_i_ds.clone();
+            available.sort();
+            let mut must = c.must_include_device_i_ds.clone();
+            must.sort();
+            sw.preferred_asked.push((available, must, c.allocation_size));
+            let ids = if sw.preferred_exact {
+                sw.preferred.clone()
+            } else {
+                let mut ids = c.must_include_device_i_ds.clone();
+                for id in &sw.preferred {
+                    if ids.len() < c.allocation_size as usize
+                        && c.available_device_i_ds.contains(id)
+                        && !ids.contains(id)
+                    {
+                        ids.push(id.clone());
+                    }
+                }
+                ids
+            };
+            out.container_responses
+                .push(api::ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
+        Ok(Response::new(out))
     }
 
     async fn allocate(&self, r: Request<api::AllocateRequest>) -> Result<Response<api::AllocateResponse>, Status> {
+        let mode = self.switches.lock().unwrap().allocate;
         let mut out = api::AllocateResponse::default();
         for c in r.into_inner().container_requests {
             self.allocations.lock().unwrap().push(c.devices_ids.clone());
@@ -80,22 +157,42 @@ impl DevicePlugin for Service {
             for id in &c.devices_ids {
                 resp.devices.push(api::DeviceSpec {
                     container_path: format!("/dev/test-{id}"),
-                    host_path: "/dev/null".into(),
+                    host_path: if mode == AllocateMode::BadPath {
+                        "null"
+                    } else {
+                        "/dev/null"
+                    }
+                    .into(),
                     permissions: "rw".into(),
                 });
             }
             resp.envs.insert("TEST_DEVICES".into(), c.devices_ids.join(","));
             resp.annotations
                 .insert("test.example.com/devices".into(), c.devices_ids.join(","));
+            if mode == AllocateMode::TwoAnswers {
+                out.container_responses.push(resp.clone());
+            }
             out.container_responses.push(resp);
+        }
+        if mode == AllocateMode::Hang {
+            futures::future::pending::<()>().await;
         }
         Ok(Response::new(out))
     }
 
     async fn pre_start_container(
         &self,
-        _: Request<api::PreStartContainerRequest>,
+        r: Request<api::PreStartContainerRequest>,
     ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        let mut ids = r.into_inner().devices_ids;
+        ids.sort();
+        let mut sw = self.switches.lock().unwrap();
+        sw.pre_starts.push(ids.clone());
+        if let Some(marks) = &sw.pre_start_marks {
+            let n = sw.pre_starts.iter().filter(|i| **i == ids).count();
+            let line = format!("{n} {}\n", ids.join(","));
+            std::fs::write(marks.join(ids.join(",")), line).map_err(|e| Status::internal(e.to_string()))?;
+        }
         Ok(Response::new(api::PreStartContainerResponse {}))
     }
 }
@@ -108,12 +205,25 @@ pub struct TestDevicePlugin {
     pub endpoint: String,
     devices: watch::Sender<Devices>,
     pub allocations: Arc<Mutex<Vec<Vec<String>>>>,
+    /// Its behaviour (set before it registers, for the options) and what it recorded.
+    pub switches: Arc<Mutex<Switches>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl TestDevicePlugin {
     /// Serve `resource` with `devices` on `<dir>/<endpoint>`; not registered yet.
     pub fn serve(dir: &Path, resource: &str, endpoint: &str, devices: &[(&str, bool)]) -> TestDevicePlugin {
+        TestDevicePlugin::serve_with(dir, resource, endpoint, devices, Switches::default())
+    }
+
+    /// As [`TestDevicePlugin::serve`], behaving as `switches` say.
+    pub fn serve_with(
+        dir: &Path,
+        resource: &str,
+        endpoint: &str,
+        devices: &[(&str, bool)],
+        switches: Switches,
+    ) -> TestDevicePlugin {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -124,9 +234,11 @@ impl TestDevicePlugin {
         let allocations = Arc::new(Mutex::new(Vec::new()));
         let socket = dir.join(endpoint);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let switches = Arc::new(Mutex::new(switches));
         let service = Service {
             devices: rx,
             allocations: allocations.clone(),
+            switches: switches.clone(),
         };
         let incoming = {
             let _g = rt.enter();
@@ -147,6 +259,7 @@ impl TestDevicePlugin {
             endpoint: endpoint.into(),
             devices: tx,
             allocations,
+            switches,
             stop: Some(stop),
         }
     }
@@ -158,7 +271,7 @@ impl TestDevicePlugin {
             version: version.into(),
             endpoint: self.endpoint.clone(),
             resource_name: resource.into(),
-            options: Some(api::DevicePluginOptions::default()),
+            options: Some(self.switches.lock().unwrap().options),
         };
         self.rt.block_on(async move {
             let ch = ferrolet::apis::dial(&socket, Duration::from_secs(5))
@@ -181,6 +294,11 @@ impl TestDevicePlugin {
                 Err(e) => panic!("registering {}: {e}", self.resource),
             }
         }
+    }
+
+    /// Change how it answers Allocate from now on.
+    pub fn set_allocate(&self, mode: AllocateMode) {
+        self.switches.lock().unwrap().allocate = mode;
     }
 
     /// Change a device's health (or add one): ListAndWatch sends the new list.

@@ -11,10 +11,20 @@ use tracing::warn;
 
 use super::{Device, DeviceManager};
 use crate::apis::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
-use crate::apis::deviceplugin::v1beta1::{Empty, ListAndWatchResponse, HEALTHY};
+use crate::apis::deviceplugin::v1beta1::{DevicePluginOptions, Empty, ListAndWatchResponse, HEALTHY};
 
 /// The deadline of a connection and of every call to a plugin but its stream (kubelet's 10 s).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The deadline of PreStartContainer (kubelet's KubeletPreStartContainerRPCTimeoutInSecs).
+pub const PRE_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the plugin says of itself (GetDevicePluginOptions, as kubelet asks when a plugin
+/// connects), or why it did not say it within the deadline.
+pub async fn options(client: &mut DevicePluginClient<Channel>) -> Result<DevicePluginOptions, String> {
+    let called = tokio::time::timeout(CALL_TIMEOUT, client.get_device_plugin_options(Empty {})).await;
+    super::answered(called, CALL_TIMEOUT)
+}
 
 /// A client of the plugin listening on `socket`.
 pub async fn connect(socket: &Path) -> Result<DevicePluginClient<Channel>, tonic::transport::Error> {

@@ -6,12 +6,17 @@
 //! admission of pods that ask for it). A plugin whose stream ends has its devices counted
 //! unhealthy; if it has not registered again within [`STOPPED_GRACE`] (kubelet's
 //! endpointStopGracePeriod) its resource is removed. A container asking for devices gets
-//! healthy free ones through the plugin's Allocate at its first start, kept in a checkpoint
-//! ([`allocation`]). docs/device-plugins.md.
+//! healthy free ones at its first start ([`select`]: its pod's init containers' first, then
+//! those the plugin prefers when it offers GetPreferredAllocation), through the plugin's
+//! Allocate, kept in a checkpoint ([`allocation`]); a plugin that asks for PreStartContainer is
+//! called before every start. A pod's devices are freed when it finishes or goes. Every call
+//! to a plugin has a deadline, and a failure is an [`Error`] naming the resource and the
+//! plugin. docs/device-plugins.md.
 
 pub mod allocation;
 mod endpoint;
 mod registration;
+pub mod select;
 pub mod watcher;
 
 use std::collections::BTreeMap;
@@ -24,11 +29,15 @@ use tonic::transport::Channel;
 use tracing::{info, warn};
 
 use crate::apis::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
-use crate::apis::deviceplugin::v1beta1::{AllocateRequest, ContainerAllocateRequest};
+use crate::apis::deviceplugin::v1beta1::{
+    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse, ContainerPreferredAllocationRequest,
+    DevicePluginOptions, PreStartContainerRequest, PreferredAllocationRequest,
+};
 use crate::node::allocatable::Extended;
 use crate::pod;
 pub use crate::pod::validation::is_extended_resource_name;
 use allocation::{Allocated, Entry};
+use select::Candidates;
 
 pub use registration::serve;
 
@@ -59,6 +68,68 @@ struct Resource {
     stopped: Option<Instant>,
     /// The current plugin, for Allocate.
     client: Option<DevicePluginClient<Channel>>,
+    /// Its socket's name in the device plugin directory (named in errors).
+    endpoint: String,
+    /// What it said of itself (GetDevicePluginOptions): which calls it wants.
+    options: DevicePluginOptions,
+}
+
+/// The plugin of one resource as a container's start needs it.
+#[derive(Clone, Debug)]
+struct Plugin {
+    client: DevicePluginClient<Channel>,
+    endpoint: String,
+    options: DevicePluginOptions,
+}
+
+/// Why a container cannot have its devices: the resource (and its plugin) and what went wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("{resource}: no device plugin serves it")]
+    Unserved { resource: String },
+    #[error("{resource}: its device plugin {endpoint:?} is not running")]
+    NotRunning { resource: String, endpoint: String },
+    #[error("{resource}: {requested} requested, {free} healthy and free")]
+    Unavailable {
+        resource: String,
+        requested: usize,
+        free: usize,
+    },
+    /// A call to the plugin failed, timed out or was answered with something unusable.
+    #[error("{resource}: device plugin {endpoint:?}: {call} {why}")]
+    Plugin {
+        resource: String,
+        endpoint: String,
+        call: &'static str,
+        why: String,
+    },
+    #[error("{resource}: the devices chosen were taken back meanwhile")]
+    TakenBack { resource: String },
+}
+
+impl Error {
+    /// The resource whose devices could not be had.
+    pub fn resource(&self) -> &str {
+        match self {
+            Error::Unserved { resource }
+            | Error::NotRunning { resource, .. }
+            | Error::Unavailable { resource, .. }
+            | Error::Plugin { resource, .. }
+            | Error::TakenBack { resource } => resource,
+        }
+    }
+}
+
+/// What a call to a plugin came to: its answer, a refusal, or no answer within the deadline.
+type Called<T> = Result<Result<tonic::Response<T>, tonic::Status>, tokio::time::error::Elapsed>;
+
+/// A plugin's answer, or why there was none, for [`Error::Plugin`].
+fn answered<T>(called: Called<T>, timeout: Duration) -> Result<T, String> {
+    match called {
+        Ok(Ok(r)) => Ok(r.into_inner()),
+        Ok(Err(status)) => Err(format!("failed: {} ({:?})", status.message(), status.code())),
+        Err(_) => Err(format!("did not answer within {timeout:?}")),
+    }
 }
 
 #[derive(Default)]
@@ -74,6 +145,8 @@ struct State {
 pub struct DeviceManager {
     dir: PathBuf,
     state: Arc<Mutex<State>>,
+    /// Held while the checkpoint is written.
+    persisting: Arc<Mutex<()>>,
     /// Told when a resource's devices change (the node status posts the new counts).
     changed: Arc<dyn Fn() + Send + Sync>,
 }
@@ -92,6 +165,7 @@ impl DeviceManager {
                 allocations,
                 ..Default::default()
             })),
+            persisting: Arc::default(),
             changed,
         }
     }
@@ -104,9 +178,16 @@ impl DeviceManager {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A plugin registered `resource`: a new generation, which replaces any earlier plugin of
-    /// the resource. Its devices are unknown until its first list.
-    fn registered(&self, resource: &str, client: Option<DevicePluginClient<Channel>>) -> u64 {
+    /// A plugin on socket `endpoint` registered `resource` with `options`: a new generation,
+    /// which replaces any earlier plugin of the resource. Its devices are unknown until its
+    /// first list.
+    fn registered(
+        &self,
+        resource: &str,
+        endpoint: &str,
+        client: Option<DevicePluginClient<Channel>>,
+        options: DevicePluginOptions,
+    ) -> u64 {
         let mut st = self.state();
         st.generations += 1;
         let generation = st.generations;
@@ -114,6 +195,8 @@ impl DeviceManager {
         r.generation = generation;
         r.stopped = None;
         r.client = client;
+        r.endpoint = endpoint.to_string();
+        r.options = options;
         generation
     }
 
@@ -208,11 +291,14 @@ impl DeviceManager {
         out
     }
 
-    /// The devices container `c` of `p` is to have: the ones it holds already (a restart keeps
-    /// them), else free healthy ones of each extended resource it asks for, handed to their
-    /// plugin's Allocate (kubelet's allocateContainerResources). `None` for a container that
-    /// asks for none. The error says which resource and why; nothing is held after one.
-    pub async fn allocate(&self, p: &Pod, c: &Container) -> Result<Option<Allocated>, String> {
+    /// The devices container `c` of `p` is to have at this start: the ones it holds already (a
+    /// restart keeps them), else healthy free ones of each extended resource it asks for,
+    /// chosen with the plugin's GetPreferredAllocation where it offers it and handed to its
+    /// Allocate (kubelet's allocateContainerResources); then, for a plugin that asks for it,
+    /// its PreStartContainer with the container's devices (kubelet's
+    /// GetDeviceRunContainerOptions, at every start). `None` for a container that asks for
+    /// none. The error names the resource, its plugin and why; nothing new is held after one.
+    pub async fn allocate(&self, p: &Pod, c: &Container) -> Result<Option<Allocated>, Error> {
         let wants = extended_requests(c);
         if wants.is_empty() {
             return Ok(None);
@@ -222,6 +308,7 @@ impl DeviceManager {
             .iter()
             .any(|i| i.name == c.name && !pod::is_sidecar(i));
         let mut out = Allocated::default();
+        let mut held_ids = Vec::new();
         for (resource, n) in wants {
             let held = self
                 .state()
@@ -231,24 +318,30 @@ impl DeviceManager {
                 .cloned();
             if let Some(e) = held {
                 out.add(&e.response);
+                held_ids.push((resource, e.ids));
                 continue;
             }
-            let (ids, client) = self.choose(&uid, &c.name, init, &resource, n)?;
+            let (ids, plugin) = self.choose(&uid, &c.name, init, &resource, n).await?;
             let request = AllocateRequest {
                 container_requests: vec![ContainerAllocateRequest {
                     devices_ids: ids.clone(),
                 }],
             };
-            let mut client = client;
-            let answer = tokio::time::timeout(endpoint::CALL_TIMEOUT, client.allocate(request)).await;
-            let answer = Self::answer(&resource, answer);
+            let mut client = plugin.client.clone();
+            let called = tokio::time::timeout(endpoint::CALL_TIMEOUT, client.allocate(request)).await;
+            let answer = Self::answer(called).map_err(|why| Error::Plugin {
+                resource: resource.clone(),
+                endpoint: plugin.endpoint.clone(),
+                call: "Allocate",
+                why,
+            });
             let mut st = self.state();
             let Some(held) = st
                 .allocations
                 .iter_mut()
                 .find(|e| e.pod_uid == uid && e.container == c.name && e.resource == resource && e.pending)
             else {
-                return Err(format!("{resource}: the devices chosen were taken back meanwhile"));
+                return Err(Error::TakenBack { resource });
             };
             match answer {
                 Ok(answer) => {
@@ -266,104 +359,199 @@ impl DeviceManager {
             }
             drop(st);
             self.persist();
+            held_ids.push((resource, ids));
+        }
+        for (resource, ids) in held_ids {
+            self.pre_start(&resource, ids).await?;
         }
         Ok(Some(out))
     }
 
-    /// The plugin's answer to Allocate for one container, checked.
+    /// The plugin's answer to Allocate for one container, checked (kubelet requires one
+    /// answer per container asked for).
     fn answer(
-        resource: &str,
-        answer: Result<
-            Result<tonic::Response<crate::apis::deviceplugin::v1beta1::AllocateResponse>, tonic::Status>,
-            tokio::time::error::Elapsed,
-        >,
-    ) -> Result<crate::apis::deviceplugin::v1beta1::ContainerAllocateResponse, String> {
-        let response = match answer {
-            Ok(Ok(r)) => r.into_inner(),
-            Ok(Err(status)) => {
-                return Err(format!(
-                    "{resource}: the device plugin's Allocate failed: {}",
-                    status.message()
-                ))
-            }
-            Err(_) => {
-                return Err(format!(
-                    "{resource}: the device plugin did not answer Allocate within {:?}",
-                    endpoint::CALL_TIMEOUT
-                ))
-            }
-        };
-        let [answer] = <[_; 1]>::try_from(response.container_responses).map_err(|r| {
-            format!(
-                "{resource}: the device plugin answered Allocate for {} containers, not 1",
-                r.len()
-            )
-        })?;
-        allocation::check_response(&answer)
-            .map_err(|e| format!("{resource}: the device plugin's Allocate answer: {e}"))?;
+        called: Called<crate::apis::deviceplugin::v1beta1::AllocateResponse>,
+    ) -> Result<ContainerAllocateResponse, String> {
+        let response = answered(called, endpoint::CALL_TIMEOUT)?;
+        let [answer] = <[_; 1]>::try_from(response.container_responses)
+            .map_err(|r| format!("answered for {} containers, not 1", r.len()))?;
+        allocation::check_response(&answer).map_err(|e| format!("answer: {e}"))?;
         Ok(answer)
     }
 
-    /// `n` healthy devices of `resource` no other container holds (a regular init container's
-    /// of the same pod are free for the next ones), and the plugin to ask.
-    /// They are held (pending) from here on: a container starting meanwhile gets others.
-    fn choose(
+    /// PreStartContainer with the container's `ids` of `resource`, when its plugin asks for
+    /// it (kubelet's callPreStartContainerIfNeeded, with kubelet's 30 s deadline).
+    async fn pre_start(&self, resource: &str, ids: Vec<String>) -> Result<(), Error> {
+        let plugin = {
+            let st = self.state();
+            // A resource no plugin serves now (after an agent restart, until its plugin
+            // registers again) has no plugin that asked for the call, as kubelet's stopped
+            // endpoint without options.
+            let Some(r) = st.resources.get(resource).filter(|r| r.options.pre_start_required) else {
+                return Ok(());
+            };
+            match r.client.clone().filter(|_| r.stopped.is_none()) {
+                Some(client) => (client, r.endpoint.clone()),
+                None => {
+                    return Err(Error::NotRunning {
+                        resource: resource.to_string(),
+                        endpoint: r.endpoint.clone(),
+                    })
+                }
+            }
+        };
+        let (mut client, endpoint) = plugin;
+        let request = PreStartContainerRequest {
+            devices_ids: ids.clone(),
+        };
+        let called = tokio::time::timeout(endpoint::PRE_START_TIMEOUT, client.pre_start_container(request)).await;
+        answered(called, endpoint::PRE_START_TIMEOUT).map_err(|why| Error::Plugin {
+            resource: resource.to_string(),
+            endpoint,
+            call: "PreStartContainer",
+            why,
+        })?;
+        tracing::debug!(resource, devices = ?ids, "device plugin: PreStartContainer done");
+        Ok(())
+    }
+
+    /// `n` healthy devices of `resource` no other container holds (its pod's regular init
+    /// containers' first), with the plugin's preferred ones where it offers to say
+    /// (kubelet's devicesToAllocate), and the plugin. They are held (pending) from here on:
+    /// a container starting meanwhile gets others.
+    async fn choose(
         &self,
         uid: &str,
         container: &str,
         init: bool,
         resource: &str,
         n: usize,
-    ) -> Result<(Vec<String>, DevicePluginClient<Channel>), String> {
+    ) -> Result<(Vec<String>, Plugin), Error> {
+        let (candidates, plugin) = self.candidates(uid, container, resource, n)?;
+        let mut preferred = None;
+        if plugin.options.get_preferred_allocation_available && candidates.ask_plugin(n) {
+            let (available, must_include) = candidates.preferred_request();
+            let request = PreferredAllocationRequest {
+                container_requests: vec![ContainerPreferredAllocationRequest {
+                    available_device_i_ds: available,
+                    must_include_device_i_ds: must_include,
+                    allocation_size: n as i32,
+                }],
+            };
+            let mut client = plugin.client.clone();
+            let called = tokio::time::timeout(endpoint::CALL_TIMEOUT, client.get_preferred_allocation(request)).await;
+            // kubelet fails the allocation when the call fails.
+            let answer = answered(called, endpoint::CALL_TIMEOUT).map_err(|why| Error::Plugin {
+                resource: resource.to_string(),
+                endpoint: plugin.endpoint.clone(),
+                call: "GetPreferredAllocation",
+                why,
+            })?;
+            let ids = answer
+                .container_responses
+                .into_iter()
+                .next()
+                .map(|r| r.device_i_ds)
+                .unwrap_or_default();
+            // An answer that cannot be taken as it is: kubelet keeps what of it is free and
+            // fills up with its own choice.
+            if let Err(why) = candidates.check_preferred(n, &ids) {
+                warn!(resource, endpoint = %plugin.endpoint, answer = ?ids, "device plugin: GetPreferredAllocation's answer cannot be taken as it is ({why}); its free devices are kept and the rest chosen here");
+            }
+            preferred = Some(ids);
+        }
+        self.reserve(uid, container, init, resource, n, preferred.as_deref())
+    }
+
+    /// The devices container `container` of pod `uid` may be given, and the plugin, or why
+    /// there are not `n`.
+    fn candidates(&self, uid: &str, container: &str, resource: &str, n: usize) -> Result<(Candidates, Plugin), Error> {
+        Self::candidates_in(&self.state(), uid, container, resource, n)
+    }
+
+    fn candidates_in(
+        st: &State,
+        uid: &str,
+        container: &str,
+        resource: &str,
+        n: usize,
+    ) -> Result<(Candidates, Plugin), Error> {
+        let Some(r) = st.resources.get(resource) else {
+            return Err(Error::Unserved {
+                resource: resource.to_string(),
+            });
+        };
+        let Some(client) = r.client.clone().filter(|_| r.stopped.is_none()) else {
+            return Err(Error::NotRunning {
+                resource: resource.to_string(),
+                endpoint: r.endpoint.clone(),
+            });
+        };
+        let candidates = Candidates::of(&r.devices, &st.allocations, uid, container, resource);
+        if !candidates.enough(n) {
+            return Err(Error::Unavailable {
+                resource: resource.to_string(),
+                requested: n,
+                free: candidates.reusable.len() + candidates.free.len(),
+            });
+        }
+        let plugin = Plugin {
+            client,
+            endpoint: r.endpoint.clone(),
+            options: r.options,
+        };
+        Ok((candidates, plugin))
+    }
+
+    /// Hold `n` devices of `resource` for the container (pending its plugin's Allocate),
+    /// picked from what is free now with the plugin's `preferred` ones first.
+    fn reserve(
+        &self,
+        uid: &str,
+        container: &str,
+        init: bool,
+        resource: &str,
+        n: usize,
+        preferred: Option<&[String]>,
+    ) -> Result<(Vec<String>, Plugin), Error> {
         let mut st = self.state();
         // A choice whose answer never came (its round gave up) is chosen again.
         st.allocations
             .retain(|e| !(e.pod_uid == uid && e.container == container && e.resource == resource && e.pending));
-        let st = &mut *st;
-        let Some(r) = st.resources.get(resource) else {
-            return Err(format!("{resource}: no device plugin serves it"));
+        let (candidates, plugin) = Self::candidates_in(&st, uid, container, resource, n)?;
+        let Some(ids) = candidates.pick(n, preferred) else {
+            return Err(Error::Unavailable {
+                resource: resource.to_string(),
+                requested: n,
+                free: candidates.reusable.len() + candidates.free.len(),
+            });
         };
-        let Some(client) = r.client.clone().filter(|_| r.stopped.is_none()) else {
-            return Err(format!("{resource}: its device plugin is not running"));
-        };
-        let held: std::collections::BTreeSet<&str> = st
-            .allocations
-            .iter()
-            .filter(|e| e.resource == resource)
-            .filter(|e| !(e.pod_uid == uid && (e.init || e.container == container)))
-            .flat_map(|e| e.ids.iter().map(String::as_str))
-            .collect();
-        let free: Vec<String> = r
-            .devices
-            .iter()
-            .filter(|(id, d)| d.healthy && !held.contains(id.as_str()))
-            .map(|(id, _)| id.clone())
-            .take(n)
-            .collect();
-        if free.len() < n {
-            return Err(format!("{resource}: {n} requested, {} healthy and free", free.len()));
-        }
         st.allocations.push(Entry {
             pod_uid: uid.to_string(),
             container: container.to_string(),
             init,
             resource: resource.to_string(),
-            ids: free.clone(),
+            ids: ids.clone(),
             response: Default::default(),
             pending: true,
         });
-        Ok((free, client))
+        Ok((ids, plugin))
     }
 
-    /// The pod is gone from the node: its devices are free.
-    pub fn free_pod(&self, uid: &str) {
-        let freed = {
+    /// The pod is gone from the node, or has finished (kubelet's UpdateAllocatedDevices frees
+    /// the devices of pods that are not active): its devices are the next pods', and the
+    /// checkpoint says so. `why` is logged.
+    pub fn free_pod(&self, uid: &str, why: &str) {
+        let freed: Vec<(String, Vec<String>)> = {
             let mut st = self.state();
-            let before = st.allocations.len();
-            st.allocations.retain(|e| e.pod_uid != uid);
-            before != st.allocations.len()
+            let (gone, kept) = std::mem::take(&mut st.allocations)
+                .into_iter()
+                .partition(|e| e.pod_uid == uid);
+            st.allocations = kept;
+            gone.into_iter().map(|e: Entry| (e.resource, e.ids)).collect()
         };
-        if freed {
+        if !freed.is_empty() {
+            info!(pod_uid = uid, devices = ?freed, "devices freed: {why}");
             self.persist();
         }
     }
@@ -387,6 +575,9 @@ impl DeviceManager {
     /// Write the allocations to the checkpoint (a failure is logged: the devices stay held in
     /// memory).
     fn persist(&self) {
+        // One writer at a time, each with the state as it is when it writes: two changes
+        // persisted at once never leave the older one in the file.
+        let _writing = self.persisting.lock().unwrap_or_else(|e| e.into_inner());
         let entries = self.state().allocations.clone();
         let registered = self.device_ids();
         if let Err(e) = allocation::store(&self.dir, &entries, registered) {
@@ -439,7 +630,7 @@ mod tests {
                 t.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }),
         );
-        let g = m.registered("example.com/dev", None);
+        let g = m.registered("example.com/dev", "dev.sock", None, Default::default());
         m.listed("example.com/dev", g, devs(&[("a", true), ("b", false), ("c", true)]));
         let e = m.extended();
         assert_eq!(
@@ -450,7 +641,7 @@ mod tests {
         m.listed("example.com/dev", g, devs(&[("a", true), ("b", false), ("c", true)]));
         assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 1);
         // a new registration replaces the old one: the old stream's end changes nothing
-        let g2 = m.registered("example.com/dev", None);
+        let g2 = m.registered("example.com/dev", "dev.sock", None, Default::default());
         m.stopped("example.com/dev", g);
         assert_eq!(m.extended().allocatable["example.com/dev"], 2);
         // the current stream ends: unhealthy, then gone after the grace period
@@ -468,27 +659,72 @@ mod tests {
     async fn devices_chosen_for_one_container_are_held_while_its_plugin_answers() {
         let m = DeviceManager::new("/nowhere".into(), Arc::new(|| {}));
         let lazy = tonic::transport::Endpoint::from_static("http://unix.invalid").connect_lazy();
-        let g = m.registered("example.com/dev", Some(DevicePluginClient::new(lazy)));
+        let g = m.registered(
+            "example.com/dev",
+            "dev.sock",
+            Some(DevicePluginClient::new(lazy)),
+            Default::default(),
+        );
         m.listed("example.com/dev", g, devs(&[("a", true), ("b", true), ("c", false)]));
-        let (first, _) = m.choose("u1", "app", false, "example.com/dev", 1).unwrap();
-        let (second, _) = m.choose("u2", "app", false, "example.com/dev", 1).unwrap();
+        let (first, _) = m.reserve("u1", "app", false, "example.com/dev", 1, None).unwrap();
+        let (second, _) = m.reserve("u2", "app", false, "example.com/dev", 1, None).unwrap();
         assert_eq!((first, second), (vec!["a".to_string()], vec!["b".to_string()]));
         // the unhealthy one is never chosen
-        let e = m.choose("u3", "app", false, "example.com/dev", 1).unwrap_err();
-        assert!(e.contains("0 healthy and free"), "{e}");
+        let e = m.reserve("u3", "app", false, "example.com/dev", 1, None).unwrap_err();
+        assert!(e.to_string().contains("0 healthy and free"), "{e}");
+        assert_eq!(e.resource(), "example.com/dev");
         // the first pod goes: its device is free again
-        m.free_pod("u1");
-        let (third, _) = m.choose("u3", "app", false, "example.com/dev", 1).unwrap();
+        m.free_pod("u1", "removed");
+        let (third, _) = m.reserve("u3", "app", false, "example.com/dev", 1, None).unwrap();
         assert_eq!(third, ["a"]);
+    }
+
+    #[tokio::test]
+    async fn a_finished_pods_devices_are_free_and_gone_from_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = DeviceManager::new(dir.path().into(), Arc::new(|| {}));
+        let lazy = tonic::transport::Endpoint::from_static("http://unix.invalid").connect_lazy();
+        let g = m.registered(
+            "example.com/dev",
+            "dev.sock",
+            Some(DevicePluginClient::new(lazy)),
+            Default::default(),
+        );
+        m.listed("example.com/dev", g, devs(&[("a", true), ("b", true)]));
+        for uid in ["u1", "u2"] {
+            m.reserve(uid, "app", false, "example.com/dev", 1, None).unwrap();
+        }
+        // Allocate answered for both
+        m.state().allocations.iter_mut().for_each(|e| e.pending = false);
+        m.persist();
+        assert_eq!(allocation::load(dir.path()).unwrap().len(), 2);
+        let e = m.reserve("u3", "app", false, "example.com/dev", 1, None).unwrap_err();
+        assert_eq!(
+            e,
+            Error::Unavailable {
+                resource: "example.com/dev".into(),
+                requested: 1,
+                free: 0
+            }
+        );
+        m.free_pod("u1", "the pod finished");
+        let kept = allocation::load(dir.path()).unwrap();
+        assert_eq!(
+            kept.iter().map(|e| e.pod_uid.as_str()).collect::<Vec<_>>(),
+            ["u2"],
+            "the checkpoint follows"
+        );
+        let (ids, _) = m.reserve("u3", "app", false, "example.com/dev", 1, None).unwrap();
+        assert_eq!(ids, ["a"]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_plugin_back_within_the_grace_period_keeps_its_resource() {
         let m = DeviceManager::new("/nowhere".into(), Arc::new(|| {}));
-        let g = m.registered("example.com/dev", None);
+        let g = m.registered("example.com/dev", "dev.sock", None, Default::default());
         m.listed("example.com/dev", g, devs(&[("a", true)]));
         m.stopped("example.com/dev", g);
-        let g2 = m.registered("example.com/dev", None);
+        let g2 = m.registered("example.com/dev", "dev.sock", None, Default::default());
         m.listed("example.com/dev", g2, devs(&[("a", true)]));
         tokio::time::sleep(STOPPED_GRACE + Duration::from_secs(1)).await;
         assert_eq!(m.extended().allocatable["example.com/dev"], 1);

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use super::endpoint::{connect, list_and_watch};
+use super::endpoint::{connect, list_and_watch, options};
 use super::{is_extended_resource_name, DeviceManager};
 use crate::apis::deviceplugin::v1beta1::registration_server::{Registration, RegistrationServer};
 use crate::apis::deviceplugin::v1beta1::{Empty, RegisterRequest, KUBELET_SOCKET, VERSION};
@@ -58,10 +58,25 @@ impl Registration for Registrar {
         tokio::spawn(async move {
             let socket = m.dir().join(&r.endpoint);
             match connect(&socket).await {
-                Ok(client) => {
-                    let generation = m.registered(&r.resource_name, Some(client.clone()));
-                    list_and_watch(m, r.resource_name, generation, client).await;
-                }
+                // kubelet asks the plugin for its options when it connects; a plugin that
+                // cannot say them is not used.
+                Ok(mut client) => match options(&mut client).await {
+                    Ok(opts) => {
+                        info!(
+                            resource = %r.resource_name,
+                            pre_start_required = opts.pre_start_required,
+                            get_preferred_allocation_available = opts.get_preferred_allocation_available,
+                            "device plugin connected"
+                        );
+                        let generation = m.registered(&r.resource_name, &r.endpoint, Some(client.clone()), opts);
+                        list_and_watch(m, r.resource_name, generation, client).await;
+                    }
+                    Err(why) => warn!(
+                        resource = %r.resource_name,
+                        socket = %socket.display(),
+                        "device plugin not used: GetDevicePluginOptions {why}"
+                    ),
+                },
                 Err(e) => warn!(
                     resource = %r.resource_name,
                     socket = %socket.display(),

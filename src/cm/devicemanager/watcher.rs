@@ -2,9 +2,9 @@
 //! devicemanager plugin handler for the `DevicePlugin` type) rather than through
 //! `kubelet.sock`: the plugin's name is its extended resource, its endpoint its DevicePlugin
 //! socket. Validated as `kubelet.sock` registrations are (v1beta1 among its versions, an
-//! extended resource name), dialled with the deadline, and read from then on exactly like a
-//! plugin registered through `kubelet.sock`; its registration socket gone, its devices count
-//! as unhealthy (the grace period of a plugin whose stream ended).
+//! extended resource name), dialled with the deadline, asked its options, and read from then
+//! on exactly like a plugin registered through `kubelet.sock`; its registration socket gone,
+//! its devices count as unhealthy (the grace period of a plugin whose stream ended).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use anyhow::{bail, Context};
 
-use super::endpoint::{connect, list_and_watch};
+use super::endpoint::{connect, list_and_watch, options};
 use super::{is_extended_resource_name, DeviceManager};
 use crate::apis::deviceplugin::v1beta1::VERSION;
 use crate::pluginmanager::PluginHandler;
@@ -46,10 +46,14 @@ impl PluginHandler for DevicePluginHandler {
     }
 
     async fn register(&self, name: &str, endpoint: &str, _versions: &[String]) -> anyhow::Result<()> {
-        let client = connect(Path::new(endpoint))
+        let mut client = connect(Path::new(endpoint))
             .await
             .with_context(|| format!("endpoint: connecting to the device plugin at {endpoint}"))?;
-        let generation = self.m.registered(name, Some(client.clone()));
+        // As through kubelet.sock: a plugin that cannot say its options is not used.
+        let opts = options(&mut client)
+            .await
+            .map_err(|why| anyhow::anyhow!("GetDevicePluginOptions {why}"))?;
+        let generation = self.m.registered(name, endpoint, Some(client.clone()), opts);
         self.registered
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -1,0 +1,241 @@
+//! `ferrolet install` and `ferrolet uninstall`: a fresh board made a node in one step, and
+//! undone. Install puts the binary, a configuration, the static pod directory, the systemd unit
+//! (examples/ferrolet.service, [docs/systemd.md]), shell completions and man pages made from
+//! this command line (clap_complete, clap_mangen) in their places, then enables and starts the
+//! unit. What it adds, and only what it adds, is written to a record
+//! (`/etc/ferrolet/install-record.json`); a file that was there already (an edited config, a
+//! manifest) is kept and never recorded. Uninstall stops and disables the unit, stops and
+//! removes every pod the agent ran (`ferrolet reset` of its root dir), then removes what the
+//! record lists: a file only while it is as install wrote it (an edited config stays, and is
+//! named), a directory only when empty. `--destdir` stages everything under another root (for
+//! packaging and tests) and touches no service.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, CommandFactory};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::Cli;
+
+/// The unit and the configuration as shipped in examples/.
+const UNIT: &str = include_str!("../../examples/ferrolet.service");
+const CONFIG: &str = include_str!("../../examples/kubelet-config.yaml");
+const CONFIG_DIR: &str = "etc/ferrolet";
+const RECORD: &str = "etc/ferrolet/install-record.json";
+
+#[derive(Args, Debug, Clone)]
+pub struct InstallArgs {
+    /// Install under this root instead of `/` (staging for a package or an image): no service
+    /// is enabled or started.
+    #[arg(long, value_name = "DIR")]
+    pub destdir: Option<PathBuf>,
+    /// Where the binary and the man pages go (`<prefix>/bin`, `<prefix>/share/man`).
+    #[arg(long, value_name = "PATH", default_value = "/usr/local")]
+    pub prefix: PathBuf,
+    /// Install and enable the unit, but do not start it now.
+    #[arg(long)]
+    pub no_start: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct UninstallArgs {
+    /// The root `ferrolet install --destdir` used.
+    #[arg(long, value_name = "DIR")]
+    pub destdir: Option<PathBuf>,
+}
+
+/// What install added: removed by uninstall, and nothing else.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Record {
+    /// Files written, with the sha256 of what was written.
+    files: Vec<(PathBuf, String)>,
+    /// Directories made, parents first.
+    dirs: Vec<PathBuf>,
+    /// The agent's root dir (its pods are reset on uninstall).
+    root_dir: PathBuf,
+    /// Whether the unit was enabled (and so is disabled again).
+    enabled: bool,
+}
+
+/// `dest` + an absolute path.
+fn under(dest: &Path, abs: &Path) -> PathBuf {
+    dest.join(abs.strip_prefix("/").unwrap_or(abs))
+}
+
+fn sha256(data: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(data))
+}
+
+impl Record {
+    fn mkdirs(&mut self, dir: &Path) -> Result<()> {
+        let mut missing = Vec::new();
+        let mut d = dir;
+        while !d.exists() {
+            missing.push(d.to_path_buf());
+            match d.parent() {
+                Some(p) => d = p,
+                None => break,
+            }
+        }
+        for m in missing.into_iter().rev() {
+            std::fs::create_dir(&m).with_context(|| format!("creating {}", m.display()))?;
+            self.dirs.push(m);
+        }
+        Ok(())
+    }
+
+    /// Write `data` at `path` unless something is there already (kept, and said).
+    fn add(&mut self, path: &Path, data: &[u8], mode: u32) -> Result<()> {
+        if path.exists() {
+            println!("kept      {} (already there)", path.display());
+            return Ok(());
+        }
+        self.mkdirs(path.parent().unwrap_or(Path::new("/")))?;
+        ferrolet_fsutil::write_atomic_mode(path, data, mode).with_context(|| format!("writing {}", path.display()))?;
+        println!("installed {}", path.display());
+        self.files.push((path.to_path_buf(), sha256(data)));
+        Ok(())
+    }
+}
+
+/// The shell completions and man pages of this command line: (path under `/`, content).
+fn generated(prefix: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>> {
+    use clap_complete::Shell;
+    let mut out = Vec::new();
+    for (shell, path) in [
+        (Shell::Bash, "/usr/share/bash-completion/completions/ferrolet"),
+        (Shell::Zsh, "/usr/share/zsh/vendor-completions/_ferrolet"),
+        (Shell::Fish, "/usr/share/fish/vendor_completions.d/ferrolet.fish"),
+    ] {
+        let mut buf = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "ferrolet", &mut buf);
+        out.push((PathBuf::from(path), buf));
+    }
+    let man = prefix.join("share/man/man8");
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut pages = vec![("ferrolet".to_string(), cmd.clone())];
+    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        pages.push((format!("ferrolet-{}", sub.get_name()), sub.clone()));
+    }
+    for (name, c) in pages {
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(c.name(name.clone()))
+            .section("8")
+            .render(&mut buf)
+            .with_context(|| format!("rendering the man page {name}"))?;
+        out.push((man.join(format!("{name}.8")), buf));
+    }
+    Ok(out)
+}
+
+pub fn install(a: &InstallArgs) -> Result<i32> {
+    let dest = a.destdir.clone().unwrap_or_else(|| PathBuf::from("/"));
+    let record_path = dest.join(RECORD);
+    if record_path.exists() {
+        bail!(
+            "ferrolet is installed already ({} exists); `ferrolet uninstall` first",
+            record_path.display()
+        );
+    }
+    let mut r = Record {
+        root_dir: PathBuf::from("/var/lib/ferrolet"),
+        ..Default::default()
+    };
+    let bin = a.prefix.join("bin/ferrolet");
+    let exe = std::fs::read("/proc/self/exe").context("reading this program's binary")?;
+    r.add(&under(&dest, &bin), &exe, 0o755)?;
+    let config_dir = dest.join(CONFIG_DIR);
+    r.add(&config_dir.join("config.yaml"), CONFIG.as_bytes(), 0o644)?;
+    r.mkdirs(&config_dir.join("manifests"))?;
+    let unit = UNIT.replace("/usr/local/bin/ferrolet", &bin.display().to_string());
+    r.add(
+        &dest.join("etc/systemd/system/ferrolet.service"),
+        unit.as_bytes(),
+        0o644,
+    )?;
+    for (path, data) in generated(&a.prefix)? {
+        r.add(&under(&dest, &path), &data, 0o644)?;
+    }
+    if a.destdir.is_none() {
+        systemctl(&["daemon-reload"])?;
+        let mut enable = vec!["enable"];
+        if !a.no_start {
+            enable.push("--now");
+        }
+        enable.push("ferrolet.service");
+        systemctl(&enable)?;
+        r.enabled = true;
+    }
+    // The record goes last: an install that failed half-way has no record, and says so.
+    let data = serde_json::to_vec_pretty(&r).context("encoding the install record")?;
+    ferrolet_fsutil::write_atomic_mode(&record_path, &data, 0o644)?;
+    println!(
+        "ferrolet is installed: put static pods in {}, or join a cluster (README: Joining a cluster); \
+         `ferrolet uninstall` removes what was added",
+        config_dir.join("manifests").display()
+    );
+    Ok(0)
+}
+
+fn systemctl(args: &[&str]) -> Result<()> {
+    let st = Process::new("systemctl")
+        .args(args)
+        .status()
+        .with_context(|| format!("running systemctl {}", args.join(" ")))?;
+    if !st.success() {
+        bail!("systemctl {} failed ({st})", args.join(" "));
+    }
+    Ok(())
+}
+
+/// Stop the service, then `reset(root_dir)` (stops and removes the pods), then remove what the
+/// record lists.
+pub fn uninstall(a: &UninstallArgs, reset: impl FnOnce(&Path) -> Result<i32>) -> Result<i32> {
+    let dest = a.destdir.clone().unwrap_or_else(|| PathBuf::from("/"));
+    let record_path = dest.join(RECORD);
+    let r: Record = ferrolet_fsutil::read_json(&record_path).with_context(|| {
+        format!(
+            "ferrolet was not installed by `ferrolet install` here ({})",
+            record_path.display()
+        )
+    })?;
+    if r.enabled {
+        systemctl(&["disable", "--now", "ferrolet.service"])?;
+    }
+    if a.destdir.is_none() && r.root_dir.exists() {
+        reset(&r.root_dir)?;
+    }
+    let mut kept = Vec::new();
+    for (path, sum) in &r.files {
+        match std::fs::read(path) {
+            Ok(now) if sha256(&now) == *sum => {
+                std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
+                println!("removed   {}", path.display());
+            }
+            Ok(_) => kept.push(path.clone()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+    std::fs::remove_file(&record_path).with_context(|| format!("removing {}", record_path.display()))?;
+    for d in r.dirs.iter().rev() {
+        // Only when empty: what the user put there stays.
+        if std::fs::remove_dir(d).is_ok() {
+            println!("removed   {}/", d.display());
+        }
+    }
+    if r.enabled {
+        let _ = systemctl(&["daemon-reload"]);
+    }
+    for k in &kept {
+        println!("kept      {} (changed since it was installed)", k.display());
+    }
+    let _ = std::io::stdout().flush();
+    Ok(0)
+}
