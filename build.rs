@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 /// The gRPC APIs of src/apis, each a `package` the generated code is named after.
 const PROTOS: &[&str] = &[
+    "src/apis/proto/csi_v1.proto",
     "src/apis/proto/deviceplugin_v1beta1.proto",
     "src/apis/proto/pluginregistration_v1.proto",
     "src/apis/proto/podresources_v1.proto",

@@ -29,6 +29,7 @@ pub mod mirror;
 pub mod node;
 pub mod nodeshutdown;
 pub mod objects;
+pub mod pluginmanager;
 pub mod pod;
 pub mod podconfig;
 pub mod podsetup;

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[(u32, &[&str])] = &[
     // Vocabulary and tools that import nothing of the agent.
     (1, &["apis", "backoff", "metrics", "pod", "tasks"]),
-    (2, &["checkpoint", "config"]),
+    (2, &["checkpoint", "config", "pluginmanager"]),
     (3, &["kubeclient"]),
     (4, &["events", "mirror", "probe"]),
     (5, &["lifecycle", "node", "prober"]),

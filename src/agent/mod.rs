@@ -208,6 +208,8 @@ struct Joined {
     checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
     /// The device plugins (their registration is served with the managers).
     devices: crate::cm::devicemanager::DeviceManager,
+    /// The CSI drivers registered through the plugin watcher.
+    csi_drivers: crate::volumemanager::csi::CsiDrivers,
 }
 
 /// In a cluster: the node's API client (a bad credential ends the start here), the event
@@ -303,6 +305,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
         shutdown,
         checkpoint,
         devices,
+        csi_drivers: crate::volumemanager::csi::CsiDrivers::default(),
     })
 }
 
@@ -329,7 +332,13 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         opened.cgroups.clone(),
         joined.network_status.clone(),
     )?
-    .with_qos(qos);
+    .with_qos(qos)
+    .with_csi(crate::volumemanager::csi::client::CsiClient::new(
+        joined.csi_drivers.clone(),
+        joined.kube.clone(),
+        &cfg.node_name,
+        &cfg.root_dir,
+    ));
     {
         let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
         blocking(move || {
@@ -382,6 +391,7 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
     });
     // Device plugins may register once the pods can be admitted against their devices.
     crate::cm::devicemanager::serve(joined.devices.clone()).await?;
+    start_plugin_watcher(cfg, joined)?;
     // kubelet's syncNetworkStatus (in its updateRuntimeUp loop, every 5 s): a network that was
     // not ready is tried again, and the Node's Ready condition follows.
     {
@@ -396,6 +406,29 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         });
     }
     Ok(managers)
+}
+
+/// kubelet's plugin watcher on `<root>/plugins_registry`, with the CSI handler (drivers
+/// registered on the node, and in a cluster the Node's annotation and CSINode kept) and the
+/// device plugin handler (the device manager's plugins, as through `kubelet.sock`).
+fn start_plugin_watcher(cfg: &Arc<Config>, joined: &Joined) -> Result<()> {
+    use crate::volumemanager::csi::{nodeinfo::NodeInfo, CsiHandler};
+    let node_info = joined.kube.clone().map(|k| NodeInfo::start(k, &cfg.node_name));
+    let mut handlers = crate::pluginmanager::Handlers::new();
+    handlers.insert(
+        crate::apis::pluginregistration::v1::CSI_PLUGIN.into(),
+        Arc::new(CsiHandler::new(joined.csi_drivers.clone(), node_info)),
+    );
+    handlers.insert(
+        crate::apis::pluginregistration::v1::DEVICE_PLUGIN.into(),
+        Arc::new(crate::cm::devicemanager::watcher::DevicePluginHandler::new(
+            joined.devices.clone(),
+        )),
+    );
+    let dir = crate::pluginmanager::registry_dir(&cfg.root_dir);
+    crate::pluginmanager::PluginManager::start(&dir, handlers)
+        .with_context(|| format!("watching the plugin registry {}", dir.display()))?;
+    Ok(())
 }
 
 /// The QoS tiers' manager, updated once right away (kubelet's first round runs at start),

@@ -71,6 +71,18 @@ pub mod pluginregistration {
     }
 }
 
+/// The Container Storage Interface (csi.v1): the Identity and Node services a CSI driver's
+/// node plugin serves on the endpoint it registered through the plugin watcher.
+pub mod csi {
+    #[allow(clippy::all, clippy::pedantic, missing_docs)]
+    pub mod v1 {
+        tonic::include_proto!("csi.v1");
+
+        /// The CSI versions the agent speaks (kubelet's: any 1.x).
+        pub const SUPPORTED_MAJOR: u64 = 1;
+    }
+}
+
 /// Pod resources (podresources/v1): what the agent serves on
 /// `<root>/pod-resources/kubelet.sock` to monitoring agents.
 pub mod podresources {

@@ -378,6 +378,10 @@ impl ObjectManager {
             if let Some(s) = v.secret.as_ref().and_then(|s| s.secret_name.clone()) {
                 secrets.insert(s);
             }
+            // An inline csi volume's nodePublishSecretRef (the pod's namespace).
+            if let Some(r) = v.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
+                secrets.insert(r.name.clone());
+            }
             for (i, src) in v.projected.iter().flat_map(|p| p.sources.iter().flatten()).enumerate() {
                 if let Some(c) = &src.config_map {
                     cms.insert(c.name.clone());
@@ -545,6 +549,9 @@ pub fn references(p: &Pod) -> (BTreeSet<String>, BTreeSet<String>) {
         }
         if let Some(s) = v.secret.as_ref().and_then(|s| s.secret_name.clone()) {
             secrets.insert(s);
+        }
+        if let Some(r) = v.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
+            secrets.insert(r.name.clone());
         }
         for src in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
             if let Some(c) = &src.config_map {

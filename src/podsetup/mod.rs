@@ -85,6 +85,12 @@ impl PodSetup {
         self
     }
 
+    /// The node's CSI drivers, for csi volumes.
+    pub fn with_csi(self, client: crate::volumemanager::csi::client::CsiClient) -> PodSetup {
+        self.volumes.set_csi(client);
+        self
+    }
+
     /// In a cluster: where pods' ConfigMaps, Secrets, tokens and Services come from.
     pub fn with_objects(mut self, objects: Arc<ObjectManager>) -> PodSetup {
         self.objects = Some(objects);

@@ -15,6 +15,7 @@
 
 pub mod actual_state_of_world;
 mod atomic_writer;
+pub mod csi;
 pub mod desired_state_of_world;
 mod payloads;
 pub mod plugins;
@@ -37,6 +38,8 @@ use volumes::VolumeHost;
 pub struct VolumeManager {
     dsw: Mutex<DesiredStateOfWorld>,
     asw: Mutex<ActualStateOfWorld>,
+    /// The node's CSI drivers, once the agent has them.
+    csi: std::sync::OnceLock<csi::client::CsiClient>,
 }
 
 impl VolumeManager {
@@ -45,7 +48,13 @@ impl VolumeManager {
         VolumeManager {
             dsw: Mutex::new(DesiredStateOfWorld::default()),
             asw: Mutex::new(ActualStateOfWorld::reconstruct(pods_dir)),
+            csi: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Serve csi volumes through `client` (set once; later calls change nothing).
+    pub fn set_csi(&self, client: csi::client::CsiClient) {
+        let _ = self.csi.set(client);
     }
 
     /// The pod's volumes, set up (blocking: mounts and fsync'd writes). `node` is the Node a
@@ -69,6 +78,7 @@ impl VolumeManager {
             facts,
             objects,
             userns,
+            csi: self.csi.get(),
             node,
         };
         reconciler::reconcile_pod(&self.asw, &want, &inputs)
@@ -82,7 +92,7 @@ impl VolumeManager {
         let mounted = self.asw.lock().unwrap_or_else(|e| e.into_inner()).pod_volumes(uid);
         let mut first_err = None;
         for (name, m) in mounted {
-            match reconciler::tear_down(&m, pod_dir) {
+            match reconciler::tear_down(&m, pod_dir, self.csi.get()) {
                 Ok(()) => {
                     tracing::debug!(pod_uid = uid, volume = %name, "UnmountVolume.TearDown succeeded");
                     self.asw
@@ -97,6 +107,11 @@ impl VolumeManager {
         }
         if let Some(e) = first_err {
             return Err(e);
+        }
+        // CSI volumes whose set-up failed part way never reached the actual state: their
+        // drivers undo them too, from their vol_data.json.
+        if let Some(c) = self.csi.get() {
+            csi::volume::sweep(c, pod_dir)?;
         }
         volumes::teardown(pod_dir)?;
         // hostPaths stay in the actual state until here: nothing to undo for them.
@@ -128,7 +143,14 @@ impl VolumeManager {
             .unwrap_or_else(|e| e.into_inner())
             .pod_volumes(uid)
             .into_iter()
-            .filter_map(|(name, m)| Some((name, m.path, m.claim?)))
+            .filter_map(|(name, m)| {
+                // A CSI volume is its driver's mount inside the volume's directory.
+                let path = match m.plugin {
+                    plugins::Plugin::Csi => m.path.join("mount"),
+                    _ => m.path,
+                };
+                Some((name, path, m.claim?))
+            })
             .collect()
     }
 

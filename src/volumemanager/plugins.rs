@@ -15,18 +15,21 @@ pub enum Plugin {
     Secret,
     DownwardApi,
     Projected,
+    /// A CSI driver's volume (inline `csi`; a PersistentVolume's `csi` source).
+    Csi,
     /// A `local` PersistentVolume: a directory of the node, used in place.
     LocalVolume,
 }
 
 impl Plugin {
-    pub const ALL: [Plugin; 7] = [
+    pub const ALL: [Plugin; 8] = [
         Plugin::EmptyDir,
         Plugin::HostPath,
         Plugin::ConfigMap,
         Plugin::Secret,
         Plugin::DownwardApi,
         Plugin::Projected,
+        Plugin::Csi,
         Plugin::LocalVolume,
     ];
 
@@ -39,6 +42,7 @@ impl Plugin {
             Plugin::Secret => "kubernetes.io/secret",
             Plugin::DownwardApi => "kubernetes.io/downward-api",
             Plugin::Projected => "kubernetes.io/projected",
+            Plugin::Csi => super::csi::PLUGIN_NAME,
             Plugin::LocalVolume => "kubernetes.io/local-volume",
         }
     }
@@ -84,6 +88,7 @@ pub fn plugin_for(v: &Volume) -> Result<Plugin, String> {
         (v.secret.is_some(), Plugin::Secret),
         (v.downward_api.is_some(), Plugin::DownwardApi),
         (v.projected.is_some(), Plugin::Projected),
+        (v.csi.is_some(), Plugin::Csi),
     ];
     if let Some((_, p)) = found.iter().find(|(set, _)| *set) {
         return Ok(*p);
@@ -107,6 +112,9 @@ pub fn plugin_for_pv(pv: &PersistentVolume) -> Result<Plugin, String> {
     }
     if spec.local.is_some() {
         return Ok(Plugin::LocalVolume);
+    }
+    if spec.csi.is_some() {
+        return Ok(Plugin::Csi);
     }
     // The source is the one field of the spec that is not about the volume's binding.
     const NOT_SOURCES: [&str; 8] = [
@@ -133,7 +141,6 @@ pub fn plugin_for_pv(pv: &PersistentVolume) -> Result<Plugin, String> {
 /// The reason a volume type is refused.
 pub fn unsupported(kind: &str) -> String {
     let why = match kind {
-        "csi" => "ferrolet does not run CSI drivers",
         "image" => "image volumes (OCI artifacts as volumes) are not implemented",
         "gitRepo" => "gitRepo volumes are deprecated and disabled in kubelet; clone in an init container into an emptyDir instead",
         "nfs" | "iscsi" | "rbd" | "cephfs" | "glusterfs" | "fc" | "flocker" | "quobyte" | "storageos"
@@ -142,7 +149,7 @@ pub fn unsupported(kind: &str) -> String {
         | "photonPersistentDisk" => "cloud provider disks are not built into ferrolet (kubelet serves them through CSI)",
         _ => "ferrolet has no plugin for it",
     };
-    format!("volume type {kind:?} is not supported: {why}; ferrolet serves emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes, and claims of hostPath and local PersistentVolumes")
+    format!("volume type {kind:?} is not supported: {why}; ferrolet serves emptyDir, hostPath, configMap, secret, downwardAPI, projected and csi volumes, and claims of hostPath, local and CSI PersistentVolumes")
 }
 
 #[cfg(test)]

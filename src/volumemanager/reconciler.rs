@@ -11,6 +11,7 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 
 use super::actual_state_of_world::{ActualStateOfWorld, MountedVolume};
+use super::csi::client::CsiClient;
 use super::desired_state_of_world::{PodToMount, VolumeToMount};
 use super::payloads;
 use super::plugins::Plugin;
@@ -27,6 +28,8 @@ pub struct SetUpInputs<'a> {
     pub objects: &'a VolumeObjects,
     /// The pod's user namespace (its pin and range), for a pod with `hostUsers: false`.
     pub userns: Option<&'a PodUserNamespace>,
+    /// The node's CSI drivers, for csi volumes (none: such a volume fails, saying so).
+    pub csi: Option<&'a CsiClient>,
     /// The Node, for the node affinity of PersistentVolumes.
     pub node: Option<&'a k8s_openapi::api::core::v1::Node>,
 }
@@ -55,7 +58,7 @@ pub fn reconcile_pod(
         .filter(|(name, _)| !want.volumes.iter().any(|v| v.name() == name))
         .collect();
     for (name, m) in stale {
-        tear_down(&m, &want.pod_dir)?;
+        tear_down(&m, &want.pod_dir, inputs.csi)?;
         tracing::info!(pod = %pod::full_name(&want.pod), volume = %name, "UnmountVolume.TearDown succeeded");
         lock().mark_unmounted(&uid, &name);
     }
@@ -105,6 +108,54 @@ fn mount_volume(
         claim: v.claim.as_ref().map(|c| c.claim_ref()),
     };
     let host = match plugin {
+        Plugin::Csi => {
+            let csi = inputs
+                .csi
+                .ok_or_else(|| anyhow!("this node has no CSI drivers (the plugin watcher is not running)"))?;
+            let vol = match &v.claim {
+                // A claim's CSI PersistentVolume: attached, staged and published.
+                Some(c) => {
+                    if existing.is_none() {
+                        check_persistent_volume(c, inputs.node)?;
+                    }
+                    let source = c.volume.spec.as_ref().and_then(|s| s.csi.as_ref());
+                    let refs = source.map(|s| {
+                        [
+                            (
+                                "nodeStageSecretRef",
+                                s.node_stage_secret_ref.as_ref().map(|r| r.name.clone()),
+                            ),
+                            (
+                                "nodePublishSecretRef",
+                                s.node_publish_secret_ref.as_ref().map(|r| r.name.clone()),
+                            ),
+                        ]
+                    });
+                    if let Some((field, Some(name))) = refs.into_iter().flatten().find(|(_, r)| r.is_some()) {
+                        return Err(anyhow!(
+                            "PersistentVolume {:?}: {field} {name:?}: secrets for CSI volumes are not yet supported",
+                            c.volume_name()
+                        ));
+                    }
+                    super::csi::volume::CsiVolume::from_pv(&c.volume, claim_read_only(v))?
+                }
+                // An inline (ephemeral) CSI volume: published only.
+                None => {
+                    let mut vol = super::csi::volume::CsiVolume::inline(p, &v.spec)?;
+                    if let Some(r) = v.spec.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
+                        vol.publish_secrets = csi_secret(inputs.objects, pod::namespace(p), &r.name)?;
+                    }
+                    vol
+                }
+            };
+            let path = super::csi::volume::set_up(csi, p, &want.pod_dir, v.name(), &vol)?;
+            VolumeHost {
+                path,
+                readonly: vol.read_only,
+                writable_by_us: false,
+                idmap: false,
+            }
+        }
         Plugin::EmptyDir => {
             let e = v.spec.empty_dir.clone().unwrap_or_default();
             let memory = e.medium.as_deref() == Some("Memory");
@@ -207,10 +258,34 @@ fn mount_volume(
         }
     };
     let host = match inputs.userns {
-        Some(u) if !plugin.is_nodes() => owned_for_user_namespace(p, plugin, host, u, fs_group)?,
+        // A CSI volume's files are the driver's: never re-owned.
+        Some(u) if !plugin.is_nodes() && plugin != Plugin::Csi => {
+            owned_for_user_namespace(p, plugin, host, u, fs_group)?
+        }
         _ => host,
     };
     Ok((host, mounted))
+}
+
+/// The data of the Secret a CSI volume names, as the driver gets it (kubelet's
+/// getCredentialsFromSecret: each key, its bytes as a string).
+fn csi_secret(objects: &VolumeObjects, ns: &str, name: &str) -> Result<BTreeMap<String, String>> {
+    let secret = match objects.secrets.get(name) {
+        Some(Ok(Some(s))) => s.clone(),
+        Some(Ok(None)) => {
+            return Err(anyhow!(
+                "fetching NodePublishSecretRef {ns}/{name} failed: secret not found"
+            ))
+        }
+        Some(Err(e)) => return Err(anyhow!("fetching NodePublishSecretRef {ns}/{name} failed: {e}")),
+        None => return Err(anyhow!("fetching NodePublishSecretRef {ns}/{name} failed: not fetched")),
+    };
+    Ok(secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
+        .collect())
 }
 
 /// A claim's volume is read-only in the pod's containers when the pod's volume says so
@@ -281,12 +356,18 @@ fn owned_for_user_namespace(
     Ok(host)
 }
 
-/// Unmount what is mounted on a volume's directory (its tmpfs) and remove it. A hostPath or
-/// local volume is never touched: only directories under the pod's volumes dir are.
-pub fn tear_down(m: &MountedVolume, pod_dir: &Path) -> Result<()> {
+/// Unmount what is mounted on a volume's directory (its tmpfs) and remove it; a CSI volume is
+/// unpublished (and unstaged) by its driver. A hostPath or local volume is never touched: only
+/// directories under the pod's volumes dir are.
+pub fn tear_down(m: &MountedVolume, pod_dir: &Path, csi: Option<&CsiClient>) -> Result<()> {
     let dir = &m.path;
     if m.plugin.is_nodes() || !dir.starts_with(pod_volumes_dir(pod_dir)) {
         return Ok(());
+    }
+    if m.plugin == Plugin::Csi {
+        let csi = csi.ok_or_else(|| anyhow!("tearing down {}: this node has no CSI drivers", dir.display()))?;
+        let pods_dir = pod_dir.parent().unwrap_or(pod_dir);
+        return super::csi::volume::tear_down(csi, pods_dir, dir);
     }
     if is_mountpoint(dir) {
         ferrolet_runtime::rootfs::unmount(dir).map_err(|e| anyhow!("unmounting {}: {e}", dir.display()))?;

@@ -541,6 +541,14 @@ pub fn teardown(pod_dir: &Path) -> Result<()> {
             }
         }
     }
+    // Anything still mounted (a CSI volume its driver did not unpublish) would be emptied
+    // through its mount: stop instead.
+    let dir = pod_volumes_dir(pod_dir);
+    let top = std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
+    let still = ferrolet_runtime::rootfs::mounts_under(&dir);
+    if let Some(m) = still.iter().find(|m| **m != top) {
+        anyhow::bail!("not removing the pod's volumes: {} is still mounted", m.display());
+    }
     match std::fs::remove_dir_all(pod_volumes_dir(pod_dir)) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -5,8 +5,11 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/csiplugin.rs"]
+mod csiplugin;
 
 mod bootstrap;
+mod csi;
 mod images;
 mod node;
 mod objects;
@@ -39,6 +42,7 @@ fn main() {
     let shared: Vec<Trial> = [
         pods::tests(),
         bootstrap::tests(),
+        csi::tests(),
         objects::tests(),
         images::tests(),
         server::tests(),

@@ -17,6 +17,7 @@ pub mod allocation;
 mod endpoint;
 mod registration;
 pub mod select;
+pub mod watcher;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
