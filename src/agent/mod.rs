@@ -210,6 +210,8 @@ struct Joined {
     devices: crate::cm::devicemanager::DeviceManager,
     /// The CSI drivers registered through the plugin watcher.
     csi_drivers: crate::volumemanager::csi::CsiDrivers,
+    /// The volume manager, once made, for the Node's volumesInUse.
+    volumes: Arc<std::sync::OnceLock<Arc<crate::volumemanager::VolumeManager>>>,
 }
 
 /// In a cluster: the node's API client (a bad credential ends the start here), the event
@@ -260,6 +262,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
         })
     });
     let mut node_handle = None;
+    let volumes: Arc<std::sync::OnceLock<Arc<crate::volumemanager::VolumeManager>>> = Arc::default();
     if let (Some(kube), Some(checkpoint)) = (&kube, &checkpoint) {
         let images: crate::node::cluster::ImageList = {
             let rt = rt.clone();
@@ -276,9 +279,16 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
                 let eviction = eviction.clone();
                 Arc::new(move || eviction.pressure())
             },
-            {
-                let devices = devices.clone();
-                Arc::new(move || devices.extended())
+            crate::node::cluster::Reported {
+                extended: {
+                    let devices = devices.clone();
+                    Arc::new(move || devices.extended())
+                },
+                // The volume manager is made with the managers, after the Node's loop starts.
+                volumes_in_use: {
+                    let slot = volumes.clone();
+                    Arc::new(move || slot.get().map(|vm| vm.volumes_in_use()).unwrap_or_default())
+                },
             },
             checkpoint.clone(),
         )
@@ -306,6 +316,7 @@ async fn join_cluster(mut cfg: Arc<Config>, rt: &Arc<Runtime>) -> Result<Joined>
         checkpoint,
         devices,
         csi_drivers: crate::volumemanager::csi::CsiDrivers::default(),
+        volumes,
     })
 }
 
@@ -339,6 +350,7 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         &cfg.node_name,
         &cfg.root_dir,
     ));
+    let _ = joined.volumes.set(setup.volumes().clone());
     {
         let (root, settings) = (cfg.root_dir.clone(), serde_json::to_value(setup.network().settings())?);
         blocking(move || {

@@ -36,6 +36,15 @@ pub type ImageList = Arc<dyn Fn() -> Result<Vec<ImageRecord>> + Send + Sync>;
 pub type PressureFn = Arc<dyn Fn() -> Pressure + Send + Sync>;
 /// The device plugins' resources now (the device manager's counts).
 pub type ExtendedFn = Arc<dyn Fn() -> crate::node::allocatable::Extended + Send + Sync>;
+/// The volumes in use on the node (the volume manager's, made after the status loop starts).
+pub type VolumesInUseFn = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
+/// What the node's managers report into its status through the loop: the device plugins'
+/// resources and the volumes in use.
+pub struct Reported {
+    pub extended: ExtendedFn,
+    pub volumes_in_use: VolumesInUseFn,
+}
 
 /// kubelet's event at start, and the one for the pods' cgroup limit.
 pub const STARTING: &str = "Starting";
@@ -116,7 +125,7 @@ pub async fn start(
     readiness: Readiness,
     events: Recorder,
     pressure: PressureFn,
-    extended: ExtendedFn,
+    reported: Reported,
     checkpoint: Arc<Checkpoint>,
 ) -> Result<NodeHandle> {
     events.node(Kind::Normal, STARTING, "Starting kubelet.");
@@ -146,7 +155,8 @@ pub async fn start(
         readiness,
         events,
         pressure,
-        extended,
+        extended: reported.extended,
+        volumes_in_use: reported.volumes_in_use,
         extended_seen: Default::default(),
         registered: registered_tx,
         is_registered: false,
@@ -283,6 +293,7 @@ async fn observe(
         kubelet_port: cfg.serving.port.into(),
         extended: Default::default(),
         extended_gone: Vec::new(),
+        volumes_in_use: Vec::new(),
     })
 }
 
@@ -296,6 +307,7 @@ struct StatusLoop {
     events: Recorder,
     pressure: PressureFn,
     extended: ExtendedFn,
+    volumes_in_use: VolumesInUseFn,
     /// Every resource a device plugin served since the start: one it no longer serves leaves
     /// the Node's status.
     extended_seen: std::collections::BTreeSet<String>,
@@ -326,6 +338,7 @@ impl StatusLoop {
         )
         .await?;
         o.extended = (self.extended)();
+        o.volumes_in_use = (self.volumes_in_use)();
         self.extended_seen.extend(o.extended.capacity.keys().cloned());
         o.extended_gone = self
             .extended_seen

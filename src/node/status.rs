@@ -47,6 +47,8 @@ pub struct Observed {
     pub not_ready: Vec<String>,
     /// The kubelet API's port (daemonEndpoints.kubeletEndpoint; kubelet's `port`).
     pub kubelet_port: i32,
+    /// The volume manager's volumes in use (kubelet's setVolumesInUse), sorted.
+    pub volumes_in_use: Vec<String>,
 }
 
 /// The node's addresses with a configured or detected IP and no cloud provider: each IP as
@@ -106,6 +108,8 @@ pub fn node_images(mut records: Vec<ImageRecord>, max: i32) -> Vec<ContainerImag
 pub fn set_node_status(node: &mut Node, o: &Observed, now: &Time) -> Vec<&'static str> {
     let status = node.status.get_or_insert_with(Default::default);
     status.addresses = Some(o.addresses.clone());
+    // None when empty: the API server drops an empty list, and the patch then removes it.
+    status.volumes_in_use = (!o.volumes_in_use.is_empty()).then(|| o.volumes_in_use.clone());
 
     // Capacity and allocatable: the resources the agent measures replace their entries; any
     // other (an extended resource an administrator advertised) stays, allocatable as capacity.
@@ -244,6 +248,10 @@ pub fn status_patch(uid: &str, old: &NodeStatus, new: &NodeStatus) -> Value {
     if old.features != new.features {
         status.insert("features".into(), to(&new.features));
     }
+    if old.volumes_in_use != new.volumes_in_use {
+        // A plain list: replaced whole; null removes it.
+        status.insert("volumesInUse".into(), to(&new.volumes_in_use));
+    }
     json!({"metadata": {"uid": uid}, "status": status})
 }
 
@@ -297,6 +305,7 @@ mod tests {
             kubelet_port: KUBELET_PORT,
             extended: Default::default(),
             extended_gone: Vec::new(),
+            volumes_in_use: Vec::new(),
         }
     }
 
@@ -403,6 +412,33 @@ mod tests {
         let mut served = s.clone();
         served.images = Some(Vec::new());
         assert!(!changed(&served, s));
+    }
+
+    #[test]
+    fn volumes_in_use_are_listed_patched_and_removed() {
+        let mut node = Node::default();
+        set_node_status(&mut node, &observed(), &t(0));
+        let none = node.status.clone().unwrap();
+        assert_eq!(none.volumes_in_use, None, "no volumes: no list");
+        let mut o = observed();
+        o.volumes_in_use = vec!["kubernetes.io/csi/d^h1".into()];
+        set_node_status(&mut node, &o, &t(0));
+        let some = node.status.clone().unwrap();
+        assert!(changed(&none, &some));
+        assert_eq!(
+            status_patch("u", &none, &some)["status"]["volumesInUse"],
+            serde_json::json!(["kubernetes.io/csi/d^h1"])
+        );
+        // Gone again: the patch removes the list.
+        assert_eq!(
+            status_patch("u", &some, &none)["status"]["volumesInUse"],
+            serde_json::Value::Null
+        );
+        assert!(status_patch("u", &some, &none)["status"]
+            .as_object()
+            .unwrap()
+            .contains_key("volumesInUse"));
+        assert!(!changed(&some, &some.clone()));
     }
 
     #[test]

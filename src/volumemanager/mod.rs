@@ -154,6 +154,44 @@ impl VolumeManager {
             .collect()
     }
 
+    /// kubelet's GetVolumesInUse, for the Node's `status.volumesInUse`: the unique names
+    /// (`kubernetes.io/csi/<driver>^<volume handle>`) of the claims' CSI volumes pods want or
+    /// still have set up (the attach-detach controller does not detach a volume a node reports
+    /// in use). Inline CSI volumes are neither attached nor staged: not reported, as in kubelet.
+    pub fn volumes_in_use(&self) -> Vec<String> {
+        let unique = |driver: &str, handle: &str| format!("kubernetes.io/csi/{driver}^{handle}");
+        let mut out = std::collections::BTreeSet::new();
+        for p in self.dsw.lock().unwrap_or_else(|e| e.into_inner()).pods() {
+            for v in &p.volumes {
+                let source = v
+                    .claim
+                    .as_ref()
+                    .and_then(|c| c.volume.spec.as_ref())
+                    .and_then(|s| s.csi.as_ref());
+                if let Some(s) = source {
+                    out.insert(unique(&s.driver, &s.volume_handle));
+                }
+            }
+        }
+        let set_up: Vec<std::path::PathBuf> = {
+            let asw = self.asw.lock().unwrap_or_else(|e| e.into_inner());
+            asw.pod_uids()
+                .iter()
+                .flat_map(|u| asw.pod_volumes(u))
+                .filter(|(_, m)| m.plugin == plugins::Plugin::Csi)
+                .map(|(_, m)| m.path)
+                .collect()
+        };
+        for dir in set_up {
+            if let Ok(d) = csi::VolData::load(&dir) {
+                if d.volume_lifecycle_mode != "Ephemeral" {
+                    out.insert(unique(&d.driver_name, &d.volume_handle));
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+
     /// Whether the pod is among those whose volumes are wanted.
     pub fn is_desired(&self, uid: &str) -> bool {
         self.dsw.lock().unwrap_or_else(|e| e.into_inner()).has_pod(uid)
@@ -272,6 +310,43 @@ mod tests {
         vm.unmount_pod("u", &dir).unwrap();
         assert!(vm.pods_with_volumes().is_empty());
         assert!(!scratch.exists());
+    }
+
+    #[test]
+    fn a_claims_csi_volume_is_in_use_while_its_pod_wants_it() {
+        let t = tempfile::tempdir().unwrap();
+        let p: Arc<Pod> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db-0", "namespace": "ns", "uid": "u"},
+                "spec": {"containers": [{"name": "c"}], "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}}
+                ]}
+            }))
+            .unwrap(),
+        );
+        let mut o = VolumeObjects::default();
+        o.claims.insert(
+            "data".into(),
+            Ok(Arc::new(objects::claims::BoundClaim {
+                claim: serde_json::from_value(
+                    serde_json::json!({"metadata": {"name": "data-db-0", "namespace": "ns"}}),
+                )
+                .unwrap(),
+                volume: serde_json::from_value(serde_json::json!({"metadata": {"name": "pv-1"}, "spec": {
+                    "csi": {"driver": "drv.example.com", "volumeHandle": "h1"}}}))
+                .unwrap(),
+            })),
+        );
+        let vm = VolumeManager::new(&t.path().join("pods"));
+        assert!(vm.volumes_in_use().is_empty());
+        // No CSI driver here: the set-up fails, and the volume is in use all the same (the
+        // pod wants it, and a controller must not detach it meanwhile).
+        let dir = t.path().join("pods/u");
+        let e = vm.mount_pod(&p, &dir, &facts(), &o, None, None).unwrap_err();
+        assert!(e.to_string().contains("no CSI drivers"), "{e}");
+        assert_eq!(vm.volumes_in_use(), ["kubernetes.io/csi/drv.example.com^h1"]);
+        vm.unmount_pod("u", &dir).unwrap();
+        assert!(vm.volumes_in_use().is_empty());
     }
 
     #[test]

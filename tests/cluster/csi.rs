@@ -287,6 +287,16 @@ spec:
     assert_eq!(data.attachment_id, attachment);
     let staging = ferrolet::volumemanager::csi::staging_path(&node.root, &driver, "vol-1");
     assert!(is_mount_point(&staging));
+    // The Node reports the volume in use (the attach-detach controller does not detach it).
+    let unique = format!("kubernetes.io/csi/{driver}^vol-1");
+    let in_use = || {
+        c.get_json(&["node", &n])
+            .and_then(|node| node["status"]["volumesInUse"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .any(|v| v == unique.as_str())
+    };
+    c.wait("the volume in the Node's volumesInUse", Duration::from_secs(60), in_use);
 
     // Deleted, the pod comes back on the same data.
     c.kubectl_ok(&["delete", "pod", &first, "--wait=false"]);
@@ -306,6 +316,9 @@ spec:
     });
     c.wait("the volume unstaged", Duration::from_secs(30), || {
         !is_mount_point(&staging)
+    });
+    c.wait("the volume gone from volumesInUse", Duration::from_secs(60), || {
+        !in_use()
     });
     let calls = plugin.calls();
     let count = |m: &str| calls.iter().filter(|c| c.starts_with(m)).count();

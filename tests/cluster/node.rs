@@ -125,9 +125,12 @@ async fn scenario(name: String, node_kubeconfig: PathBuf, admin: PathBuf, root_d
         readiness,
         events,
         Arc::new(ferrolet::node::conditions::Pressure::default),
-        {
-            let extended = extended.clone();
-            Arc::new(move || extended.lock().unwrap().clone())
+        node_cluster::Reported {
+            extended: {
+                let extended = extended.clone();
+                Arc::new(move || extended.lock().unwrap().clone())
+            },
+            volumes_in_use: Arc::new(Vec::new),
         },
         ferrolet::checkpoint::Checkpoint::open(&cfg.root_dir).unwrap(),
     )
