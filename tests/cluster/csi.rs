@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use libtest_mimic::Trial;
 use serde_json::Value;
 
-use crate::common::IMAGE;
 use crate::csiplugin::{is_mount_point, MountGuard, Options, TestCsiPlugin};
 use crate::{cluster, test};
 
@@ -229,32 +228,7 @@ spec:
     ));
     let _attacher = Attacher::start(attachment.clone());
     let created = Instant::now();
-    c.apply(&format!(
-        r#"
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {{name: {set}, namespace: default}}
-spec:
-  serviceName: ""
-  replicas: 1
-  selector: {{matchLabels: {{app: {set}}}}}
-  template:
-    metadata: {{labels: {{app: {set}}}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: db
-        image: {IMAGE}
-        command: [sh, -c, "echo $(cat /proc/sys/kernel/random/uuid) >> /data/log && cp /data/log /data/seen && sleep 3600"]
-        volumeMounts: [{{name: data, mountPath: /data}}]
-  volumeClaimTemplates:
-  - metadata: {{name: data}}
-    spec:
-      accessModes: [ReadWriteOnce]
-      storageClassName: {class}
-      resources: {{requests: {{storage: 1Gi}}}}
-"#
-    ));
+    c.apply(&crate::volumes::stateful_set(&set, &class, ""));
     let first = format!("{set}-0");
     c.wait("the StatefulSet's pod Running", Duration::from_secs(120), || {
         running(c, &first)

@@ -57,6 +57,38 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
+/// A StatefulSet `set` of one pod (with `pod_extra`, lines of its pod spec) that appends a
+/// line to `/data/log` on each start and copies the log to `/data/seen`, its `data` claim of 1Gi
+/// from `class`.
+pub fn stateful_set(set: &str, class: &str, pod_extra: &str) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{name: {set}, namespace: default}}
+spec:
+  serviceName: ""
+  replicas: 1
+  selector: {{matchLabels: {{app: {set}}}}}
+  template:
+    metadata: {{labels: {{app: {set}}}}}
+    spec:
+{pod_extra}      terminationGracePeriodSeconds: 1
+      containers:
+      - name: db
+        image: {IMAGE}
+        command: [sh, -c, "echo $(cat /proc/sys/kernel/random/uuid) >> /data/log && cp /data/log /data/seen && sleep 3600"]
+        volumeMounts: [{{name: data, mountPath: /data}}]
+  volumeClaimTemplates:
+  - metadata: {{name: data}}
+    spec:
+      accessModes: [ReadWriteOnce]
+      storageClassName: {class}
+      resources: {{requests: {{storage: 1Gi}}}}
+"#
+    )
+}
+
 /// A local PersistentVolume of `class` at `path`, on `node` only.
 fn local_pv(name: &str, class: &str, path: &Path, node: &str) -> String {
     format!(
@@ -124,33 +156,7 @@ volumeBindingMode: WaitForFirstConsumer
         pv_eph = local_pv(&format!("pv-eph-{n}"), &eph_class, &scratch, &n),
     ));
     let created = Instant::now();
-    c.apply(&format!(
-        r#"
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {{name: {set}, namespace: default}}
-spec:
-  serviceName: ""
-  replicas: 1
-  selector: {{matchLabels: {{app: {set}}}}}
-  template:
-    metadata: {{labels: {{app: {set}}}}}
-    spec:
-      securityContext: {{fsGroup: 2345}}
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: db
-        image: {IMAGE}
-        command: [sh, -c, "echo $(cat /proc/sys/kernel/random/uuid) >> /data/log && cp /data/log /data/seen && sleep 3600"]
-        volumeMounts: [{{name: data, mountPath: /data}}]
-  volumeClaimTemplates:
-  - metadata: {{name: data}}
-    spec:
-      accessModes: [ReadWriteOnce]
-      storageClassName: {class}
-      resources: {{requests: {{storage: 1Gi}}}}
-"#
-    ));
+    c.apply(&stateful_set(&set, &class, "      securityContext: {fsGroup: 2345}\n"));
     let first = format!("{set}-0");
     c.wait("the StatefulSet's pod Running", Duration::from_secs(120), || {
         pod(&first).is_some_and(|p| running(&p))
