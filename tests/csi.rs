@@ -567,3 +567,66 @@ fn a_csi_volume_whose_publish_failed_is_unstaged_when_its_pod_goes() {
     assert!(plugin.calls().iter().any(|c| c.starts_with("NodeUnstageVolume vol-3 ")));
     drop(rt);
 }
+
+/// kubelet's fsGroup on CSI volumes: with no CSIDriver (policy ReadWriteOnceWithFSType), a
+/// writable ReadWriteOnce volume with an fsType gets the pod's fsGroup once published; a
+/// read-only one is left as the driver made it.
+#[test]
+fn a_writable_csi_volume_gets_the_pods_fs_group() {
+    use ferrolet::objects::{claims::BoundClaim, VolumeObjects};
+    use ferrolet::volumemanager::VolumeManager;
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let _mounts = MountGuard(t.path().to_path_buf());
+    let rt = runtime();
+    let root = t.path().join("root");
+    let plugin = TestCsiPlugin::start(
+        &ferrolet::pluginmanager::registry_dir(&root),
+        &t.path().join("plugin"),
+        "group.csi.test",
+        Options::default(),
+    );
+    let (_m, c) = client_for(&rt, &root, &plugin);
+    let (rw, ro) = (plugin.volume("vol-rw"), plugin.volume("vol-ro"));
+    std::fs::write(rw.join("f"), "x").unwrap();
+    let pods = root.join("pods");
+    let vm = VolumeManager::new(&pods);
+    vm.set_csi(c);
+    let p: Arc<k8s_openapi::api::core::v1::Pod> = Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u7"},
+            "spec": {"securityContext": {"fsGroup": 4321}, "containers": [{"name": "c"}], "volumes": [
+                {"name": "rw", "persistentVolumeClaim": {"claimName": "rw"}},
+                {"name": "ro", "persistentVolumeClaim": {"claimName": "ro", "readOnly": true}}]}
+        }))
+        .unwrap(),
+    );
+    let claim = |name: &str, handle: &str| -> ferrolet::objects::claims::ClaimLookup {
+        Ok(Arc::new(BoundClaim {
+            claim: serde_json::from_value(serde_json::json!({"metadata": {"name": name, "namespace": "ns"}})).unwrap(),
+            volume: serde_json::from_value(serde_json::json!({"metadata": {"name": format!("pv-{name}")}, "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "csi": {"driver": "group.csi.test", "volumeHandle": handle, "fsType": "ext4"}}}))
+            .unwrap(),
+        }))
+    };
+    let mut objects = VolumeObjects::default();
+    objects.claims.insert("rw".into(), claim("rw", "vol-rw"));
+    objects.claims.insert("ro".into(), claim("ro", "vol-ro"));
+    let pod_dir = pods.join("u7");
+    let facts = ferrolet::pod::fieldpath::PodFacts::default();
+    let before = std::fs::metadata(&ro).unwrap().gid();
+    let hosts = vm.mount_pod(&p, &pod_dir, &facts, &objects, None, None).unwrap();
+    assert!(is_mount_point(&hosts["rw"].path));
+    assert_eq!(std::fs::metadata(&rw).unwrap().gid(), 4321);
+    assert_eq!(std::fs::metadata(rw.join("f")).unwrap().gid(), 4321);
+    assert!(hosts["ro"].readonly);
+    assert_eq!(
+        std::fs::metadata(&ro).unwrap().gid(),
+        before,
+        "a read-only volume is not re-owned"
+    );
+    vm.unmount_pod("u7", &pod_dir).unwrap();
+    assert!(!is_mount_point(&hosts["rw"].path));
+    drop(rt);
+}

@@ -148,7 +148,7 @@ fn mount_volume(
                     vol
                 }
             };
-            let path = super::csi::volume::set_up(csi, p, &want.pod_dir, v.name(), &vol)?;
+            let path = super::csi::volume::set_up(csi, p, &want.pod_dir, v.name(), &vol, fs_group)?;
             VolumeHost {
                 path,
                 readonly: vol.read_only,

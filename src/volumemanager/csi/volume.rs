@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Volume};
 use super::client::{AccessMode, Capability, CsiClient, VolumeRequest, ATTACH_TIMEOUT};
 use super::{sha256_hex, target_path, VolData, POD_DIR_NAME};
 use crate::pod;
+use crate::volumemanager::volumes::{set_volume_ownership, FsGroup};
 
 /// kubelet's volumeLifecycleMode values.
 pub const PERSISTENT: &str = "Persistent";
@@ -133,13 +134,33 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// kubelet's supportsFSGroup: whether the pod's fsGroup is applied to a CSI volume, by the
+/// CSIDriver's `fsGroupPolicy` (`ReadWriteOnceWithFSType` when it says none, or there is no
+/// CSIDriver): `File` always, `None` never, `ReadWriteOnceWithFSType` when the volume has an
+/// fsType and is ReadWriteOnce (an inline volume: when it has an fsType).
+pub fn fs_group_applies(policy: Option<&str>, v: &CsiVolume) -> bool {
+    match policy.unwrap_or("ReadWriteOnceWithFSType") {
+        "None" => false,
+        "File" => true,
+        _ => !v.capability.fs_type.is_empty() && (v.ephemeral || v.capability.access_mode == AccessMode::ReadWriteOnce),
+    }
+}
+
 /// Where the pod's volume `name` is published; set up if it is not yet (blocking: run on a
 /// blocking thread).
-pub fn set_up(c: &CsiClient, p: &Pod, pod_dir: &Path, name: &str, v: &CsiVolume) -> Result<PathBuf> {
+pub fn set_up(
+    c: &CsiClient,
+    p: &Pod,
+    pod_dir: &Path,
+    name: &str,
+    v: &CsiVolume,
+    fs_group: Option<FsGroup>,
+) -> Result<PathBuf> {
     let target = target_path(pod_dir, name);
     if is_mounted(&target) {
         return Ok(target);
     }
+    let mut fs_group_policy = None;
     c.block_on(async {
         let mut req = VolumeRequest {
             driver: v.driver.clone(),
@@ -151,6 +172,7 @@ pub fn set_up(c: &CsiClient, p: &Pod, pod_dir: &Path, name: &str, v: &CsiVolume)
         // kubelet's podInfoOnMount: the pod's identity in the volume context when the
         // driver's CSIDriver asks for it.
         let object = c.driver_object(&v.driver).await?;
+        fs_group_policy = object.as_ref().and_then(|d| d.spec.fs_group_policy.clone());
         if object.as_ref().and_then(|d| d.spec.pod_info_on_mount) == Some(true) {
             let sa = pod::spec(p).service_account_name.clone().unwrap_or_default();
             for (k, val) in [
@@ -195,6 +217,12 @@ pub fn set_up(c: &CsiClient, p: &Pod, pod_dir: &Path, name: &str, v: &CsiVolume)
         c.publish(&req, staging.as_deref(), &target, v.read_only, &data).await
     })
     .map_err(anyhow::Error::new)?;
+    // kubelet's csiMountMgr.SetUpAt: the pod's fsGroup on a writable volume the driver's
+    // policy gives it to.
+    if let Some(g) = fs_group.filter(|_| !v.read_only && fs_group_applies(fs_group_policy.as_deref(), v)) {
+        set_volume_ownership(&target, g, false)
+            .with_context(|| format!("applying fsGroup {} to CSI volume {name:?}", g.gid))?;
+    }
     Ok(target)
 }
 
@@ -301,5 +329,30 @@ mod tests {
         assert!(v.ephemeral);
         assert_eq!(v.volume_handle, format!("csi-{}", sha256_hex("u-1scratch")));
         assert_eq!(unescape(r"/a\040b"), "/a b");
+    }
+
+    #[test]
+    fn fs_group_by_the_drivers_policy() {
+        let pv = |modes: serde_json::Value, fs: &str| -> CsiVolume {
+            let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "pv"},
+                "spec": {"accessModes": modes, "csi": {"driver": "d", "volumeHandle": "h", "fsType": fs}}
+            }))
+            .unwrap();
+            CsiVolume::from_pv(&pv, false).unwrap()
+        };
+        let rwo = pv(serde_json::json!(["ReadWriteOnce"]), "ext4");
+        // No CSIDriver, or no policy: ReadWriteOnceWithFSType.
+        assert!(fs_group_applies(None, &rwo));
+        assert!(!fs_group_applies(None, &pv(serde_json::json!(["ReadWriteOnce"]), "")));
+        assert!(!fs_group_applies(
+            None,
+            &pv(serde_json::json!(["ReadWriteMany"]), "ext4")
+        ));
+        assert!(fs_group_applies(
+            Some("File"),
+            &pv(serde_json::json!(["ReadWriteMany"]), "")
+        ));
+        assert!(!fs_group_applies(Some("None"), &rwo));
     }
 }
