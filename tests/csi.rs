@@ -630,3 +630,75 @@ fn a_writable_csi_volume_gets_the_pods_fs_group() {
     assert!(!is_mount_point(&hosts["rw"].path));
     drop(rt);
 }
+
+/// A CSI PersistentVolume's nodePublishSecretRef (in a namespace of its own) reaches the
+/// driver's NodePublishVolume as kubelet hands it (each key, its value); a Secret that does
+/// not exist fails the volume naming the reference.
+#[test]
+fn a_csi_persistent_volumes_secret_reaches_the_driver() {
+    use ferrolet::objects::{claims::BoundClaim, VolumeObjects};
+    use ferrolet::volumemanager::VolumeManager;
+    let t = tempfile::tempdir().unwrap();
+    let _mounts = MountGuard(t.path().to_path_buf());
+    let rt = runtime();
+    let root = t.path().join("root");
+    let plugin = TestCsiPlugin::start(
+        &ferrolet::pluginmanager::registry_dir(&root),
+        &t.path().join("plugin"),
+        "secret.csi.test",
+        Options::default(),
+    );
+    let (_m, c) = client_for(&rt, &root, &plugin);
+    plugin.volume("vol-s");
+    let pods = root.join("pods");
+    let vm = VolumeManager::new(&pods);
+    vm.set_csi(c);
+    let p: Arc<k8s_openapi::api::core::v1::Pod> = Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u8"},
+            "spec": {"containers": [{"name": "c"}], "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}
+        }))
+        .unwrap(),
+    );
+    let mut objects = VolumeObjects::default();
+    objects.claims.insert(
+        "data".into(),
+        Ok(Arc::new(BoundClaim {
+            claim: serde_json::from_value(serde_json::json!({"metadata": {"name": "data", "namespace": "ns"}}))
+                .unwrap(),
+            volume: serde_json::from_value(serde_json::json!({"metadata": {"name": "pv-s"}, "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "csi": {"driver": "secret.csi.test", "volumeHandle": "vol-s",
+                    "nodePublishSecretRef": {"namespace": "storage", "name": "creds"}}}}))
+            .unwrap(),
+        })),
+    );
+    let pod_dir = pods.join("u8");
+    let facts = ferrolet::pod::fieldpath::PodFacts::default();
+    let key = ("storage".to_string(), "creds".to_string());
+    objects.pv_secrets.insert(key.clone(), Ok(None));
+    let e = vm
+        .mount_pod(&p, &pod_dir, &facts, &objects, None, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.ends_with("fetching NodePublishSecretRef storage/creds failed: secret not found"),
+        "{e}"
+    );
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "creds", "namespace": "storage"}, "data": {"user": "YWRtaW4="}
+    }))
+    .unwrap();
+    objects.pv_secrets.insert(key, Ok(Some(Arc::new(secret))));
+    vm.mount_pod(&p, &pod_dir, &facts, &objects, None, None).unwrap();
+    let calls = plugin.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with("NodePublishVolume vol-s ") && c.contains(" secrets=user=admin")),
+        "{calls:?}"
+    );
+    vm.unmount_pod("u8", &pod_dir).unwrap();
+    drop(rt);
+}

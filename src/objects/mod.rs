@@ -84,6 +84,9 @@ pub struct VolumeObjects {
     /// The claims of `persistentVolumeClaim` and `ephemeral` volumes with their volumes, by
     /// volume name.
     pub claims: BTreeMap<String, claims::ClaimLookup>,
+    /// The Secrets the claims' CSI PersistentVolumes name (`nodeStageSecretRef`,
+    /// `nodePublishSecretRef`), by `(namespace, name)`: any namespace.
+    pub pv_secrets: BTreeMap<(String, String), Lookup<Secret>>,
 }
 
 pub struct ObjectManager {
@@ -399,6 +402,21 @@ impl ObjectManager {
         for v in pod::spec(p).volumes.iter().flatten() {
             if let Some((claim, ephemeral)) = claims::claim_name(p, v) {
                 let got = self.claim(p, &v.name, &claim, ephemeral).await;
+                let csi = got.as_ref().ok().and_then(|b| b.volume.spec.as_ref()?.csi.clone());
+                for r in csi
+                    .iter()
+                    .flat_map(|c| [&c.node_stage_secret_ref, &c.node_publish_secret_ref])
+                {
+                    let Some(r) = r else { continue };
+                    let key = (
+                        r.namespace.clone().unwrap_or_default(),
+                        r.name.clone().unwrap_or_default(),
+                    );
+                    if !out.pv_secrets.contains_key(&key) {
+                        let found = self.secret(&key.0, &key.1).await;
+                        out.pv_secrets.insert(key, found);
+                    }
+                }
                 out.claims.insert(v.name.clone(), got);
             }
         }
@@ -741,6 +759,45 @@ mod tests {
                 ),
                 _ => assert_eq!(got.unwrap_err(), "persistentvolumeclaim \"data-p\" not found"),
             }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_csi_persistent_volumes_secrets_are_fetched_from_their_namespace() {
+        let claimed: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "1"},
+            "spec": {"containers": [{"name": "c"}], "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-p"}}]}
+        }))
+        .unwrap();
+        let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "data-p", "namespace": "ns", "uid": "c1"},
+            "spec": {"volumeName": "pv-1"}, "status": {"phase": "Bound"}
+        }))
+        .unwrap();
+        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pv-1"}, "spec": {"claimRef": {"uid": "c1"}, "csi": {"driver": "d", "volumeHandle": "h",
+                "nodeStageSecretRef": {"namespace": "storage", "name": "stage"},
+                "nodePublishSecretRef": {"namespace": "storage", "name": "publish"}}}
+        }))
+        .unwrap();
+        let Fixture { om, cp, asked, _dir } = manager(Some(404));
+        cp.record_claim("u1", "data", &pvc, &pv).unwrap();
+        // The claim from the checkpoint (a boot without the server), the secrets asked for.
+        cp.view().restored(1, "connection refused");
+        let o = om.volume_objects(&claimed).await;
+        assert!(o.claims["data"].is_ok());
+        let asked = asked.lock().unwrap().clone();
+        for name in ["stage", "publish"] {
+            assert!(
+                asked
+                    .iter()
+                    .any(|p| p == &format!("/api/v1/namespaces/storage/secrets/{name}")),
+                "{asked:?}"
+            );
+            assert!(matches!(
+                o.pv_secrets[&("storage".to_string(), name.to_string())],
+                Ok(None)
+            ));
         }
     }
 

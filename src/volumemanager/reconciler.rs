@@ -118,32 +118,25 @@ fn mount_volume(
                     if existing.is_none() {
                         check_persistent_volume(c, inputs.node)?;
                     }
-                    let source = c.volume.spec.as_ref().and_then(|s| s.csi.as_ref());
-                    let refs = source.map(|s| {
-                        [
-                            (
-                                "nodeStageSecretRef",
-                                s.node_stage_secret_ref.as_ref().map(|r| r.name.clone()),
-                            ),
-                            (
-                                "nodePublishSecretRef",
-                                s.node_publish_secret_ref.as_ref().map(|r| r.name.clone()),
-                            ),
-                        ]
-                    });
-                    if let Some((field, Some(name))) = refs.into_iter().flatten().find(|(_, r)| r.is_some()) {
-                        return Err(anyhow!(
-                            "PersistentVolume {:?}: {field} {name:?}: secrets for CSI volumes are not yet supported",
-                            c.volume_name()
-                        ));
+                    let mut vol = super::csi::volume::CsiVolume::from_pv(&c.volume, claim_read_only(v))?;
+                    // The PersistentVolume's secrets (any namespace), fetched with the claim.
+                    if let Some(s) = c.volume.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+                        if let Some(r) = &s.node_stage_secret_ref {
+                            vol.stage_secrets = pv_secret(inputs.objects, "NodeStageSecretRef", r)?;
+                        }
+                        if let Some(r) = &s.node_publish_secret_ref {
+                            vol.publish_secrets = pv_secret(inputs.objects, "NodePublishSecretRef", r)?;
+                        }
                     }
-                    super::csi::volume::CsiVolume::from_pv(&c.volume, claim_read_only(v))?
+                    vol
                 }
                 // An inline (ephemeral) CSI volume: published only.
                 None => {
                     let mut vol = super::csi::volume::CsiVolume::inline(p, &v.spec)?;
                     if let Some(r) = v.spec.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
-                        vol.publish_secrets = csi_secret(inputs.objects, pod::namespace(p), &r.name)?;
+                        let ns = pod::namespace(p);
+                        let found = inputs.objects.secrets.get(&r.name);
+                        vol.publish_secrets = csi_secret(found, "NodePublishSecretRef", ns, &r.name)?;
                     }
                     vol
                 }
@@ -267,18 +260,34 @@ fn mount_volume(
     Ok((host, mounted))
 }
 
-/// The data of the Secret a CSI volume names, as the driver gets it (kubelet's
-/// getCredentialsFromSecret: each key, its bytes as a string).
-fn csi_secret(objects: &VolumeObjects, ns: &str, name: &str) -> Result<BTreeMap<String, String>> {
-    let secret = match objects.secrets.get(name) {
+/// The data of a PersistentVolume's Secret (`ref_`, in its own namespace), as fetched with the
+/// claim.
+fn pv_secret(
+    objects: &VolumeObjects,
+    field: &str,
+    r: &k8s_openapi::api::core::v1::SecretReference,
+) -> Result<BTreeMap<String, String>> {
+    let (ns, name) = (
+        r.namespace.clone().unwrap_or_default(),
+        r.name.clone().unwrap_or_default(),
+    );
+    let found = objects.pv_secrets.get(&(ns.clone(), name.clone()));
+    csi_secret(found, field, &ns, &name)
+}
+
+/// The data of the Secret a CSI volume names (`field`: which reference), as the driver gets it
+/// (kubelet's getCredentialsFromSecret: each key, its bytes as a string).
+fn csi_secret(
+    found: Option<&crate::objects::Lookup<k8s_openapi::api::core::v1::Secret>>,
+    field: &str,
+    ns: &str,
+    name: &str,
+) -> Result<BTreeMap<String, String>> {
+    let secret = match found {
         Some(Ok(Some(s))) => s.clone(),
-        Some(Ok(None)) => {
-            return Err(anyhow!(
-                "fetching NodePublishSecretRef {ns}/{name} failed: secret not found"
-            ))
-        }
-        Some(Err(e)) => return Err(anyhow!("fetching NodePublishSecretRef {ns}/{name} failed: {e}")),
-        None => return Err(anyhow!("fetching NodePublishSecretRef {ns}/{name} failed: not fetched")),
+        Some(Ok(None)) => return Err(anyhow!("fetching {field} {ns}/{name} failed: secret not found")),
+        Some(Err(e)) => return Err(anyhow!("fetching {field} {ns}/{name} failed: {e}")),
+        None => return Err(anyhow!("fetching {field} {ns}/{name} failed: not fetched")),
     };
     Ok(secret
         .data
