@@ -412,9 +412,9 @@ impl ObjectManager {
                         r.namespace.clone().unwrap_or_default(),
                         r.name.clone().unwrap_or_default(),
                     );
-                    if !out.pv_secrets.contains_key(&key) {
-                        let found = self.secret(&key.0, &key.1).await;
-                        out.pv_secrets.insert(key, found);
+                    if let std::collections::btree_map::Entry::Vacant(e) = out.pv_secrets.entry(key) {
+                        let (ns, name) = e.key().clone();
+                        e.insert(self.secret(&ns, &name).await);
                     }
                 }
                 out.claims.insert(v.name.clone(), got);
