@@ -112,35 +112,22 @@ fn mount_volume(
             let csi = inputs
                 .csi
                 .ok_or_else(|| anyhow!("this node has no CSI drivers (the plugin watcher is not running)"))?;
-            let vol = match &v.claim {
+            let mut vol = match &v.claim {
                 // A claim's CSI PersistentVolume: attached, staged and published.
                 Some(c) => {
                     if existing.is_none() {
                         check_persistent_volume(c, inputs.node)?;
                     }
-                    let mut vol = super::csi::volume::CsiVolume::from_pv(&c.volume, claim_read_only(v))?;
-                    // The PersistentVolume's secrets (any namespace), fetched with the claim.
-                    if let Some(s) = c.volume.spec.as_ref().and_then(|s| s.csi.as_ref()) {
-                        if let Some(r) = &s.node_stage_secret_ref {
-                            vol.stage_secrets = pv_secret(inputs.objects, "NodeStageSecretRef", r)?;
-                        }
-                        if let Some(r) = &s.node_publish_secret_ref {
-                            vol.publish_secrets = pv_secret(inputs.objects, "NodePublishSecretRef", r)?;
-                        }
-                    }
-                    vol
+                    super::csi::volume::CsiVolume::from_pv(&c.volume, claim_read_only(v))?
                 }
                 // An inline (ephemeral) CSI volume: published only.
-                None => {
-                    let mut vol = super::csi::volume::CsiVolume::inline(p, &v.spec)?;
-                    if let Some(r) = v.spec.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
-                        let ns = pod::namespace(p);
-                        let found = inputs.objects.secrets.get(&r.name);
-                        vol.publish_secrets = csi_secret(found, "NodePublishSecretRef", ns, &r.name)?;
-                    }
-                    vol
-                }
+                None => super::csi::volume::CsiVolume::inline(p, &v.spec)?,
             };
+            // Secrets are needed only to set the volume up: one published already (every later
+            // sync, and while the API server is away) never waits on them.
+            if !super::csi::volume::is_mounted(&super::csi::target_path(&want.pod_dir, v.name())) {
+                csi_secrets(&mut vol, v, pod::namespace(p), inputs.objects)?;
+            }
             let path = super::csi::volume::set_up(csi, p, &want.pod_dir, v.name(), &vol, fs_group)?;
             VolumeHost {
                 path,
@@ -258,6 +245,36 @@ fn mount_volume(
         _ => host,
     };
     Ok((host, mounted))
+}
+
+/// The Secrets a CSI volume hands its driver: a claim's PersistentVolume's
+/// `nodeStageSecretRef` and `nodePublishSecretRef` (any namespace, fetched with the claim), an
+/// inline volume's `nodePublishSecretRef` (the pod's namespace `ns`).
+fn csi_secrets(
+    vol: &mut super::csi::volume::CsiVolume,
+    v: &VolumeToMount,
+    ns: &str,
+    objects: &VolumeObjects,
+) -> Result<()> {
+    match &v.claim {
+        Some(c) => {
+            if let Some(s) = c.volume.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+                if let Some(r) = &s.node_stage_secret_ref {
+                    vol.stage_secrets = pv_secret(objects, "NodeStageSecretRef", r)?;
+                }
+                if let Some(r) = &s.node_publish_secret_ref {
+                    vol.publish_secrets = pv_secret(objects, "NodePublishSecretRef", r)?;
+                }
+            }
+        }
+        None => {
+            if let Some(r) = v.spec.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()) {
+                let found = objects.secrets.get(&r.name);
+                vol.publish_secrets = csi_secret(found, "NodePublishSecretRef", ns, &r.name)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The data of a PersistentVolume's Secret (`ref_`, in its own namespace), as fetched with the
