@@ -1,9 +1,17 @@
 //! `ferrolet install` and `ferrolet uninstall`, staged under a directory (`--destdir`), as a
 //! package build or an image build runs them: what install adds is in its place, and
-//! uninstall removes exactly that, keeping what a person changed or put there.
+//! uninstall removes exactly that, keeping what a person changed or put there; and for real,
+//! on a machine with systemd as PID 1 (tests/common/systemd.rs), as a person installs it on a
+//! fresh board: the unit starts the agent, which runs a static pod, keeps it across its own
+//! restart, and uninstall stops the pod and the service and leaves the machine as it was.
+
+mod common;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::systemd::SystemdMachine;
 
 fn ferrolet(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ferrolet"))
@@ -117,4 +125,174 @@ fn install_places_everything_and_uninstall_removes_only_that() {
     let none = ferrolet(&["uninstall", "--destdir", d]);
     assert!(!none.status.success());
     assert!(String::from_utf8_lossy(&none.stderr).contains("not installed by `ferrolet install`"));
+}
+
+/// `args` run inside the machine: (success, stdout + stderr).
+fn inside(m: &SystemdMachine, args: &[&str]) -> (bool, String) {
+    let out = m.run(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The agent's journal in the machine and the machine's console, for failure messages.
+fn journal(m: &SystemdMachine) -> String {
+    let (_, j) = inside(m, &["journalctl", "-u", "ferrolet", "--no-pager", "-n", "40"]);
+    let (_, w) = inside(
+        m,
+        &[
+            "sh",
+            "-c",
+            "journalctl -u ferrolet --no-pager | grep -E ' (WARN|ERROR) ' | tail -20",
+        ],
+    );
+    format!(
+        "--- journalctl -u ferrolet ---\n{j}\n--- its warnings ---\n{w}\n{}",
+        m.log()
+    )
+}
+
+/// Wait (60 s at most) until `f` holds of what `args` print inside the machine.
+fn wait_inside(m: &SystemdMachine, what: &str, args: &[&str], f: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, text) = inside(m, args);
+        if f(&text) {
+            return text;
+        }
+        if Instant::now() > deadline {
+            panic!("{what}: `{}` says\n{text}\n{}", args.join(" "), journal(m));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The pid (as the machine numbers it) of the `hello` pod's container, found by its command.
+fn hello_pid(m: &SystemdMachine) -> Option<u32> {
+    let (ok, said) = inside(m, &["pgrep", "-x", "-f", "sleep 3601"]);
+    let pids: Vec<u32> = said.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    (ok && pids.len() == 1).then(|| pids[0])
+}
+
+#[test]
+fn install_under_systemd_runs_static_pods_and_uninstall_undoes_it() {
+    let name = format!("ferrolet-it-install-{}", std::process::id());
+    let dir = std::env::temp_dir().join(&name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let m = SystemdMachine::boot(&dir, &name);
+    let bin = env!("CARGO_BIN_EXE_ferrolet");
+
+    // The machine's root is an overlay, on which the agent's image store cannot build its own
+    // overlays (an upper directory on overlayfs): the agent's root dir gets a tmpfs, as a
+    // board's /var/lib is a disk. It goes with the machine's mount namespace.
+    for args in [
+        &["mkdir", "-p", "/var/lib/ferrolet"][..],
+        &[
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=2g",
+            "ferrolet-root",
+            "/var/lib/ferrolet",
+        ],
+    ] {
+        let (ok, said) = inside(&m, args);
+        assert!(ok, "{args:?}: {said}");
+    }
+    // First as a board where the agent cannot start: systemd-nspawn keeps the cgroup v1
+    // controllers read-only, so the agent cannot make its kubepods cgroups. Install says the
+    // service did not start, and uninstall still takes everything back.
+    let (ok, said) = inside(&m, &[bin, "install"]);
+    assert!(!ok, "install with an agent that cannot start: {said}");
+    assert!(said.contains("its service did not start"), "{said}");
+    let (ok, said) = inside(&m, &["/usr/local/bin/ferrolet", "uninstall"]);
+    assert!(ok, "uninstall after a failed start: {said}\n{}", journal(&m));
+    assert!(!Path::new(&format!("/proc/{}/root/usr/local/bin/ferrolet", m.leader())).exists());
+
+    // Then as a board whose systemd hands the agent its cgroups.
+    m.delegate_cgroup_controllers();
+    let (ok, said) = inside(&m, &[bin, "install"]);
+    assert!(ok, "ferrolet install under systemd: {said}\n{}", journal(&m));
+    assert!(said.contains("ferrolet is installed"), "{said}");
+    // Type=notify: active once the agent said READY=1.
+    wait_inside(
+        &m,
+        "the unit is active",
+        &["systemctl", "is-active", "ferrolet.service"],
+        |t| t.trim() == "active",
+    );
+    let (_, enabled) = inside(&m, &["systemctl", "is-enabled", "ferrolet.service"]);
+    assert_eq!(enabled.trim(), "enabled");
+
+    // A static pod, as a person drops it in.
+    let manifests = format!("/proc/{}/root/etc/ferrolet/manifests", m.leader());
+    std::fs::write(
+        format!("{manifests}/hello.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: hello}}\nspec:\n  containers:\n  - name: main\n    image: {}\n    command: [sleep, '3601']\n",
+            common::IMAGE
+        ),
+    )
+    .unwrap();
+    wait_inside(&m, "the static pod runs", &["/usr/local/bin/ferrolet", "pods"], |t| {
+        t.lines().any(|l| l.contains("hello-") && l.contains("Running"))
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pid = loop {
+        if let Some(p) = hello_pid(&m) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the pod's pid never showed");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let alive = |pid: u32| inside(&m, &["kill", "-0", &pid.to_string()]).0;
+    assert!(alive(pid), "the container's process {pid}");
+
+    // KillMode=process: restarting the agent leaves the pod running; the new agent adopts it.
+    let (ok, said) = inside(&m, &["systemctl", "restart", "ferrolet.service"]);
+    assert!(ok, "systemctl restart: {said}");
+    wait_inside(
+        &m,
+        "the agent is back",
+        &["systemctl", "is-active", "ferrolet.service"],
+        |t| t.trim() == "active",
+    );
+    wait_inside(&m, "the adopted pod runs", &["/usr/local/bin/ferrolet", "pods"], |t| {
+        t.lines()
+            .any(|l| l.contains("hello-") && l.contains("Running") && l.contains(" 0 "))
+    });
+    assert!(alive(pid), "the pod's container survived the agent's restart");
+    assert_eq!(hello_pid(&m), Some(pid), "the same container, not a new one");
+
+    // Uninstall: the service stops and is disabled, the pod is stopped and removed, what
+    // install put there is gone, and what the person put there (the manifest) stays.
+    let (ok, said) = inside(&m, &["/usr/local/bin/ferrolet", "uninstall"]);
+    assert!(ok, "ferrolet uninstall: {said}\n{}", journal(&m));
+    let (_, active) = inside(&m, &["systemctl", "is-active", "ferrolet.service"]);
+    assert_ne!(active.trim(), "active", "{active}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "the pod's process {pid} outlived uninstall");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let root = |p: &str| format!("/proc/{}/root{p}", m.leader());
+    for gone in [
+        "/usr/local/bin/ferrolet",
+        "/etc/systemd/system/ferrolet.service",
+        "/etc/ferrolet/config.yaml",
+        "/etc/ferrolet/install-record.json",
+        "/usr/share/bash-completion/completions/ferrolet",
+    ] {
+        assert!(
+            !Path::new(&root(gone)).exists(),
+            "{gone} is still there after uninstall"
+        );
+    }
+    assert!(Path::new(&root("/etc/ferrolet/manifests/hello.yaml")).exists());
+    let (_, unit) = inside(&m, &["systemctl", "list-unit-files", "ferrolet.service", "--no-legend"]);
+    assert!(unit.trim().is_empty(), "systemd still knows the unit: {unit}");
 }

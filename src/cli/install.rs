@@ -3,7 +3,9 @@
 //! (examples/ferrolet.service, [docs/systemd.md]), shell completions and man pages made from
 //! this command line (clap_complete, clap_mangen) in their places, then enables and starts the
 //! unit. What it adds, and only what it adds, is written to a record
-//! (`/etc/ferrolet/install-record.json`); a file that was there already (an edited config, a
+//! (`/etc/ferrolet/install-record.json`), written before the unit is touched, so that an
+//! install whose service fails to start is undone like any other (a file that cannot be
+//! written takes back the ones before it); a file that was there already (an edited config, a
 //! manifest) is kept and never recorded. Uninstall stops and disables the unit, stops and
 //! removes every pod the agent ran (`ferrolet reset` of its root dir), then removes what the
 //! record lists: a file only while it is as install wrote it (an edited config stays, and is
@@ -123,6 +125,23 @@ impl Record {
         Ok(())
     }
 
+    /// Write the record (atomically).
+    fn save(&self, path: &Path) -> Result<()> {
+        let data = serde_json::to_vec_pretty(self).context("encoding the install record")?;
+        ferrolet_fsutil::write_atomic_mode(path, &data, 0o644)
+            .with_context(|| format!("writing the install record {}", path.display()))
+    }
+
+    /// Remove what was written so far (a failed install), newest first.
+    fn take_back(&self) {
+        for (path, _) in self.files.iter().rev() {
+            let _ = std::fs::remove_file(path);
+        }
+        for d in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+
     /// Write `data` at `path` unless something is there already (kept, and said).
     fn add(&mut self, path: &Path, data: &[u8], mode: u32) -> Result<()> {
         if path.exists() {
@@ -181,9 +200,38 @@ pub fn install(a: &InstallArgs) -> Result<i32> {
         root_dir: PathBuf::from("/var/lib/ferrolet"),
         ..Default::default()
     };
-    let bin = a.prefix.join("bin/ferrolet");
-    let exe = std::fs::read("/proc/self/exe").context("reading this program's binary")?;
-    r.add(&under(&dest, &bin), &exe, 0o755)?;
+    // Files first; one that cannot be written takes back the ones before it, so a failed
+    // install leaves nothing behind.
+    if let Err(e) = place(a, &dest, &mut r) {
+        r.take_back();
+        return Err(e);
+    }
+    // The record before any service is touched: from here on `ferrolet uninstall` undoes it,
+    // even when the unit fails to start.
+    r.save(&record_path)?;
+    if a.destdir.is_none() {
+        systemctl(&["daemon-reload"])?;
+        systemctl(&["enable", "ferrolet.service"])?;
+        r.enabled = true;
+        r.save(&record_path)?;
+        if !a.no_start {
+            systemctl(&["start", "ferrolet.service"]).context(
+                "ferrolet is installed and enabled, but its service did not start (`journalctl -u ferrolet` says why; \
+                 `ferrolet uninstall` removes it)",
+            )?;
+        }
+    }
+    println!(
+        "ferrolet is installed: put static pods in {}, or join a cluster (README: Joining a cluster); \
+         `ferrolet uninstall` removes what was added",
+        dest.join(CONFIG_DIR).join("manifests").display()
+    );
+    Ok(0)
+}
+
+/// The binary, the configuration (a joining node's too), the unit, completions and man pages,
+/// each recorded in `r` as it is written.
+fn place(a: &InstallArgs, dest: &Path, r: &mut Record) -> Result<()> {
     let config_dir = dest.join(CONFIG_DIR);
     // Joining: the cluster's CA, found and checked before anything is written.
     let joined = match (&a.bootstrap_token, &a.server, &a.ca_cert_hash) {
@@ -199,6 +247,9 @@ pub fn install(a: &InstallArgs) -> Result<i32> {
         }
         _ => None,
     };
+    let bin = a.prefix.join("bin/ferrolet");
+    let exe = std::fs::read("/proc/self/exe").context("reading this program's binary")?;
+    r.add(&under(dest, &bin), &exe, 0o755)?;
     let mut unit = UNIT.replace("/usr/local/bin/ferrolet", &bin.display().to_string());
     match &joined {
         Some((kubeconfig, ca)) => {
@@ -219,27 +270,9 @@ pub fn install(a: &InstallArgs) -> Result<i32> {
         0o644,
     )?;
     for (path, data) in generated(&a.prefix)? {
-        r.add(&under(&dest, &path), &data, 0o644)?;
+        r.add(&under(dest, &path), &data, 0o644)?;
     }
-    if a.destdir.is_none() {
-        systemctl(&["daemon-reload"])?;
-        let mut enable = vec!["enable"];
-        if !a.no_start {
-            enable.push("--now");
-        }
-        enable.push("ferrolet.service");
-        systemctl(&enable)?;
-        r.enabled = true;
-    }
-    // The record goes last: an install that failed half-way has no record, and says so.
-    let data = serde_json::to_vec_pretty(&r).context("encoding the install record")?;
-    ferrolet_fsutil::write_atomic_mode(&record_path, &data, 0o644)?;
-    println!(
-        "ferrolet is installed: put static pods in {}, or join a cluster (README: Joining a cluster); \
-         `ferrolet uninstall` removes what was added",
-        config_dir.join("manifests").display()
-    );
-    Ok(0)
+    Ok(())
 }
 
 fn systemctl(args: &[&str]) -> Result<()> {

@@ -46,7 +46,8 @@ impl SystemdMachine {
         for d in [&upper, &root] {
             std::fs::create_dir_all(d).unwrap();
         }
-        super::mount_tmpfs(&upper);
+        // A limit, not an allocation: room for a debug build of the agent installed inside.
+        super::mount_tmpfs_of(&upper, "1g");
         std::fs::create_dir_all(upper.join("u")).unwrap();
         std::fs::create_dir_all(upper.join("w")).unwrap();
         nix::mount::mount(
@@ -171,6 +172,32 @@ impl SystemdMachine {
     /// The inhibitor locks, as logind's ListInhibitors answers.
     pub fn inhibitors(&self) -> String {
         self.busctl(&["call", "ListInhibitors"])
+    }
+
+    /// The machine's cgroup v1 controller hierarchies made writable. systemd-nspawn mounts
+    /// them read-only in a cgroup namespace whose root is the machine's own cgroup (below this
+    /// test's), so the writable view still reaches only the machine's subtree: an agent
+    /// installed inside can make its pods' cgroups there, as on a board whose systemd hands
+    /// it every hierarchy (Delegate=yes). A remount of the bind only: the hierarchies' other
+    /// mounts are untouched.
+    pub fn delegate_cgroup_controllers(&self) {
+        let info = std::fs::read_to_string(format!("/proc/{}/mountinfo", self.leader)).unwrap();
+        for line in info.lines() {
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
+            let mut l = left.split_whitespace();
+            let (target, opts) = (l.nth(4).unwrap_or(""), l.next().unwrap_or(""));
+            if right.split_whitespace().next() != Some("cgroup") || !opts.split(',').any(|o| o == "ro") {
+                continue;
+            }
+            let out = self.run(&["mount", "-o", "remount,bind,rw", target]);
+            assert!(
+                out.status.success(),
+                "making the machine's {target} writable: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 
     /// Run `args` inside the machine (all its namespaces), as its root would.
