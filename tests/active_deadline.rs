@@ -56,7 +56,7 @@ fn a_pod_is_killed_at_its_active_deadline_and_stays_failed() {
     let t = container_status(&p, "c").state.clone().unwrap().terminated.unwrap();
     assert_eq!(t.exit_code, 137, "stopped by SIGKILL after the grace period: {t:?}");
     assert_eq!(restarts(&p, "c"), 0);
-    assert!(a.logs("dl", "container=c").contains("started"));
+    a.wait_logs("dl", "container=c", "started");
     assert!(a
         .agent_log()
         .contains("Pod was active on the node longer than the specified deadline"));

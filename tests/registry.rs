@@ -789,7 +789,7 @@ fn pod_pull_policies_events_and_image_id() {
         st.image_id,
         format!("{}/demo/two@{}", r.host(), r.digest_of("demo/two:1"))
     );
-    assert!(a.logs("always", "").contains("two 1"), "{}", a.logs("always", ""));
+    a.wait_logs("always", "", "two 1");
     // The busybox layer came with the demo image; the other is fetched once for both pods.
     assert_eq!(r.blob_gets(&layers[0]), 0, "{:#?}", r.requests());
     assert_eq!(
@@ -851,7 +851,7 @@ fn pod_pull_policies_events_and_image_id() {
         container_status(&p, "c").image_id,
         format!("{}/demo/multi@{}", r.host(), r.digest_of("demo/multi:1"))
     );
-    assert!(a.logs("multi", "").contains(&format!("linux/{}", host_arch())));
+    a.wait_logs("multi", "", &format!("linux/{}", host_arch()));
     // `ferrolet images ls` shows them with size and last use.
     let o = ferrolet(&["images", "ls", "--root-dir", a.root.to_str().unwrap()]);
     let ls = String::from_utf8_lossy(&o.stdout);
@@ -972,7 +972,7 @@ fn pod_auth_errors_back_off_and_pull_secrets() {
         ),
     );
     a.wait_phase("withsecret", "Running", T);
-    assert!(a.logs("withsecret", "").contains("two 1"));
+    a.wait_logs("withsecret", "", "two 1");
     // registries.yaml changes: credentials for the host; the next attempt uses them.
     assert_ne!(phase_of(a.pod("reload").as_ref()), Some("Running"));
     let path = cfgdir.path().join("registries.yaml");
@@ -1117,7 +1117,7 @@ fn pod_stalled_download_times_out_then_resumes() {
     );
     assert_eq!(proxy.cuts_done(), 1);
     a.wait_phase("stall", "Running", Duration::from_secs(90));
-    assert!(a.logs("stall", "").contains("two 1"));
+    a.wait_logs("stall", "", "two 1");
     let gets: Vec<String> = proxy
         .requests()
         .into_iter()

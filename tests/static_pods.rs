@@ -21,7 +21,7 @@ fn add_update_remove_manifests() {
         p1.metadata.annotations.as_ref().unwrap()["kubernetes.io/config.source"],
         "file"
     );
-    assert!(a.logs("hello", "").contains("v1"));
+    a.wait_logs("hello", "", "v1");
     // The pod's worker let go of its cgroup migration hold once its container was created:
     // the warm thread ends with the last hold, where a hold kept would keep it running for
     // 5 s after the newest one (docs/start-path.md, "The cgroup migration wait").
@@ -48,7 +48,7 @@ fn add_update_remove_manifests() {
     let p2 = a.wait_pod("hello", "the new version running", T, |p| {
         p.is_some_and(|p| p.metadata.uid.as_deref() != Some(uid1.as_str()) && phase_of(Some(p)) == Some("Running"))
     });
-    assert!(a.logs("hello", "").contains("v2"), "{}", a.logs("hello", ""));
+    a.wait_logs("hello", "", "v2");
     assert_eq!(a.pods().len(), 1, "the old version is gone");
     let _ = p2;
     // Removing the file deletes the pod and everything it had.
@@ -84,7 +84,7 @@ spec:
         ),
     );
     let p = a.wait_phase("init", "Running", T);
-    assert!(a.logs("init", "container=app").contains("order=12"));
+    a.wait_logs("init", "container=app", "order=12");
     let st = p.status.as_ref().unwrap();
     let inits = st.init_container_statuses.as_ref().unwrap();
     for i in inits {
@@ -556,7 +556,7 @@ fn agent_kill9_and_restart_keeps_containers() {
     // Restart counts carry over too.
     let p = a.pod("crashy").unwrap();
     assert!(restarts(&p, "main") >= restarts(&crashy, "main"));
-    assert!(a.logs("keep", "tailLines=1").contains("tick"));
+    a.wait_logs("keep", "tailLines=1", "tick");
 }
 
 #[test]
@@ -800,7 +800,7 @@ fn manifest_url_source() {
         p.metadata.annotations.as_ref().unwrap()["kubernetes.io/config.source"],
         "http"
     );
-    assert!(a.logs("remote", "").contains("from-url"));
+    a.wait_logs("remote", "", "from-url");
     *body.lock().unwrap() = pod_yaml("remote2", "Always", "sleep 3600");
     a.wait_phase("remote2", "Running", T);
     a.wait_gone("remote", T);

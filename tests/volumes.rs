@@ -16,24 +16,6 @@ const T: Duration = Duration::from_secs(45);
 /// Volumes follow their sources at each pod sync: a short syncFrequency keeps the tests short.
 const FAST_SYNC: &str = "syncFrequency: 2s\n";
 
-/// Wait until the pod's logs satisfy `f`; returns them.
-fn wait_logs(a: &Agent, pod: &str, query: &str, what: &str, f: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + T;
-    loop {
-        let l = a.logs(pod, query);
-        if f(&l) {
-            return l;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{pod}: {what} never came; logs:\n{}\nagent:\n{}",
-            tail(&l, 20),
-            tail(&a.agent_log(), 30)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// The last line of the logs starting with `prefix`, without it.
 fn last_value(logs: &str, prefix: &str) -> Option<String> {
     logs.lines()
@@ -83,7 +65,7 @@ spec:
         ),
     );
     a.wait_phase("app", "Running", T);
-    let logs = wait_logs(&a, "app", "", "the first file line", |l| l.contains("file="));
+    let logs = a.wait_logs_for("app", "", "the first file line", |l| l.contains("file="));
     assert!(logs.contains("env=hello hello-pw blue"), "{logs}");
     assert!(logs.contains("secretfs=tmpfs"), "secrets are on tmpfs only: {logs}");
     assert_eq!(last_value(&logs, "file=").as_deref(), Some("hello hello-pw"));
@@ -96,7 +78,7 @@ spec:
 
     // The file changes: the running container sees the new content through a new `..data`.
     a.write("objects.yaml", &config_map("bonjour"));
-    let logs = wait_logs(&a, "app", "", "the new content", |l| {
+    let logs = a.wait_logs_for("app", "", "the new content", |l| {
         last_value(l, "file=").as_deref() == Some("bonjour bonjour-pw")
     });
     let second = last_value(&logs, "data=").unwrap();
@@ -149,13 +131,13 @@ spec:
     };
     a.write("info.yaml", &manifest("one"));
     a.wait_phase("info", "Running", T);
-    let logs = wait_logs(&a, "info", "", "the labels", |l| l.contains("labels=tier=\"one\""));
+    let logs = a.wait_logs_for("info", "", "the labels", |l| l.contains("labels=tier=\"one\""));
     assert!(
         last_value(&logs, "data=").is_some_and(|d| d.starts_with("..2")),
         "{logs}"
     );
     a.write("info.yaml", &manifest("two"));
-    let logs = wait_logs(&a, "info", "", "the new labels", |l| {
+    let logs = a.wait_logs_for("info", "", "the new labels", |l| {
         last_value(l, "labels=").as_deref() == Some("tier=\"two\"")
     });
     assert_eq!(last_value(&logs, "ann=").as_deref(), Some("note=\"two note\""));
@@ -188,7 +170,7 @@ spec:
         ),
     );
     a.wait_phase("mem", "Running", T);
-    let logs = wait_logs(&a, "mem", "", "df", |l| l.matches("df=").count() == 2);
+    let logs = a.wait_logs_for("mem", "", "df", |l| l.matches("df=").count() == 2);
     // sizeLimit; without one, the pod's memory limit (96Mi).
     assert!(logs.contains("df=tmpfs 65536\n"), "{logs}");
     assert!(logs.contains("df=tmpfs 98304\n"), "{logs}");
@@ -237,7 +219,7 @@ spec:
         ),
     );
     a.wait_phase("fsg", "Running", T);
-    let logs = wait_logs(&a, "fsg", "", "ls", |l| l.contains("id="));
+    let logs = a.wait_logs_for("fsg", "", "ls", |l| l.contains("id="));
     let field = |prefix: &str, i: usize| {
         last_value(&logs, prefix)
             .and_then(|l| l.split_whitespace().nth(i).map(str::to_string))
@@ -303,7 +285,7 @@ spec:
         ),
     );
     a.wait_phase("rro", "Running", T);
-    let logs = wait_logs(&a, "rro", "", "the writes", |l| l.contains("/plain sub="));
+    let logs = a.wait_logs_for("rro", "", "the writes", |l| l.contains("/plain sub="));
     assert!(logs.contains("/ro top=ro") && logs.contains("/ro sub=ro"), "{logs}");
     // kubelet's plain read-only bind leaves the submount writable.
     assert!(
@@ -512,7 +494,7 @@ spec:
         ),
     );
     a.wait_phase("m", "Running", T);
-    wait_logs(&a, "m", "", "the container's output", |l| {
+    a.wait_logs_for("m", "", "the container's output", |l| {
         l.lines().any(|l| l == "hello-from-a-mount")
     });
     assert!(is_tmpfs(&a.logs) && is_tmpfs(&source) && is_tmpfs(&a.root.join("pods")));

@@ -504,6 +504,30 @@ impl Agent {
         s
     }
 
+    /// The pod's logs once they contain `needle`: a container that runs has not always
+    /// written its first line yet.
+    pub fn wait_logs(&self, pod: &str, query: &str, needle: &str) -> String {
+        self.wait_logs_for(pod, query, needle, |l| l.contains(needle))
+    }
+
+    /// The pod's logs once `f` holds of them (60 s at most); `what` names the wait.
+    pub fn wait_logs_for(&self, pod: &str, query: &str, what: &str, f: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let l = self.logs(pod, query);
+            if f(&l) {
+                return l;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{pod}: {what} never came; logs:\n{}\nagent:\n{}",
+                tail(&l, 20),
+                tail(&self.agent_log(), 30)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Run the `ferrolet` CLI against this agent.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         // --root-dir right after the subcommand: anything after `--` belongs to the command.
