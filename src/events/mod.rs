@@ -108,9 +108,10 @@ impl Recorder {
             Kind::Normal => info!(pod = %full, container, reason, "{message}"),
             Kind::Warning => warn!(pod = %full, container, reason, "{message}"),
         }
+        let object = format!("{}/{}", pod::namespace(p), pod::name(p));
         let object = match container {
-            Some(c) => format!("{full}/{c}"),
-            None => full,
+            Some(c) => format!("{object}/{c}"),
+            None => object,
         };
         self.remember(kind, object, reason, message);
         if let Some(s) = &self.sink {

@@ -36,7 +36,19 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'unsafe-inli
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 async fn page(AxumState(st): AxumState<Arc<State>>) -> Response {
-    let node = super::node_object(&st).await;
+    let mut node = super::node_object(&st).await;
+    // What the machine has and what pods may have, as the Node's status says it.
+    let cfg = st.config.clone();
+    if let Ok(capacity) =
+        crate::tasks::blocking(move || Ok(crate::node::machine::capacity(&cfg.root_dir, cfg.max_pods))).await
+    {
+        let c = &st.config;
+        let allocatable =
+            crate::node::allocatable::allocatable(&capacity, c.system_reserved, c.kube_reserved, &c.eviction_hard);
+        let status = node.status.get_or_insert_with(Default::default);
+        status.capacity = Some(capacity.to_list());
+        status.allocatable = Some(allocatable.to_list());
+    }
     let view = View {
         node_name: &st.node_name,
         node: &node,
@@ -177,6 +189,16 @@ fn nice_ceiling(v: u64) -> u64 {
     }
 }
 
+/// A chart's span: `60m`, `90s`, `2m30s`.
+fn duration_text(secs: u32) -> String {
+    match (secs / 60, secs % 60) {
+        (0, s) => format!("{s}s"),
+        (m, 0) => format!("{m}m"),
+        (m, s) if m < 10 => format!("{m}m{s}s"),
+        (m, _) => format!("{m}m"),
+    }
+}
+
 /// How long ago `t` was, in kubectl's short form (`45s`, `12m`, `3h`, `2d`).
 fn age(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
     let s = (now - t).num_seconds().max(0);
@@ -213,6 +235,15 @@ impl Metric {
         }
     }
 
+    /// The smallest top of the scale: 10m of cpu, 1Mi of memory (an idle pod's line is
+    /// not blown up to fill the chart).
+    fn least_scale(self) -> u64 {
+        match self {
+            Metric::Cpu => 10,
+            Metric::Memory => 1024,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Metric::Cpu => "cpu",
@@ -232,15 +263,18 @@ fn chart(out: &mut String, points: &[Point], metric: Metric, now: u32, (w, h): (
         .filter(|(_, v)| *v != NONE)
         .collect();
     let max = vals.iter().map(|(_, v)| *v as u64).max().unwrap_or(0);
-    let scale = nice_ceiling(max.max(1));
-    let from = now.saturating_sub(WINDOW_SECS);
+    let scale = nice_ceiling(max.max(metric.least_scale()));
+    // The hour, or less while the agent is younger: from the first point (a minute at least).
+    let span = vals
+        .first()
+        .map_or(WINDOW_SECS, |(at, _)| now.saturating_sub(*at).clamp(60, WINDOW_SECS));
+    let from = now.saturating_sub(span);
     let latest = vals.last().map_or("-".to_string(), |(_, v)| metric.text(*v as u64));
     let _ = write!(
         out,
-        r#"<figure class="chart"><figcaption>{} <b>{}</b></figcaption><svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{} {} over the last hour" data-metric="{}" data-points="{}">"#,
+        r#"<figure class="chart"><figcaption>{} <b>{}</b></figcaption><svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{} over the last hour" data-metric="{}" data-points="{}">"#,
         esc(title),
         esc(&latest),
-        esc(title),
         metric.name(),
         metric.name(),
         vals.len()
@@ -251,6 +285,7 @@ fn chart(out: &mut String, points: &[Point], metric: Metric, now: u32, (w, h): (
         (0.5, metric.text(scale / 2)),
         (1.0, metric.text(scale)),
     ] {
+        let label = if frac == 0.0 { "0".to_string() } else { label };
         let y = top + ph * (1.0 - frac);
         let _ = write!(
             out,
@@ -261,7 +296,11 @@ fn chart(out: &mut String, points: &[Point], metric: Metric, now: u32, (w, h): (
             esc(&label)
         );
     }
-    for (frac, label) in [(0.0, "-60m"), (0.5, "-30m"), (1.0, "now")] {
+    for (frac, label) in [
+        (0.0, format!("-{}", duration_text(span))),
+        (0.5, format!("-{}", duration_text(span / 2))),
+        (1.0, "now".to_string()),
+    ] {
         let x = left + pw * frac;
         let anchor = if frac == 0.0 {
             "start"
@@ -277,7 +316,7 @@ fn chart(out: &mut String, points: &[Point], metric: Metric, now: u32, (w, h): (
         );
     }
     let xy = |(at, v): (u32, u32)| {
-        let x = left + pw * (at.saturating_sub(from) as f64 / WINDOW_SECS as f64).min(1.0);
+        let x = left + pw * (at.saturating_sub(from) as f64 / span as f64).min(1.0);
         let y = top + ph * (1.0 - v as f64 / scale as f64);
         (x, y)
     };
@@ -520,7 +559,7 @@ fn containers_section(o: &mut String, view: &View<'_>) {
     let mut pods: Vec<_> = view.pods.iter().collect();
     pods.sort_by_key(|e| crate::pod::full_name(&e.pod));
     for e in pods {
-        let pod = crate::pod::full_name(&e.pod);
+        let pod = format!("{}/{}", crate::pod::namespace(&e.pod), crate::pod::name(&e.pod));
         for c in statuses(&e.status) {
             let (state, class) = state_text(c);
             let last = c.last_state.as_ref().and_then(|l| l.terminated.as_ref()).map(|t| {
@@ -660,16 +699,22 @@ mod tests {
             })
             .collect();
         let mut o = String::new();
-        chart(&mut o, &pts, Metric::Cpu, 10_090, (400, 100), "cpu");
+        chart(&mut o, &pts, Metric::Cpu, 10_100, (400, 100), "cpu");
         assert!(o.contains(r#"data-points="9""#), "{o}");
         let poly = o.split(r#"<polyline class="line" points=""#).nth(1).unwrap();
         let poly = &poly[..poly.find('"').unwrap()];
         assert_eq!(poly.split(' ').count(), 9);
         assert!(o.contains(">1.00<"), "scale ceiling 1000m: {o}");
-        assert!(o.contains("-60m") && o.contains("now"));
+        assert!(
+            o.contains(">-1m30s<") && o.contains(">-45s<") && o.contains(">now<"),
+            "{o}"
+        );
         let mut o = String::new();
         chart(&mut o, &[], Metric::Memory, 10_090, (400, 100), "memory");
         assert!(o.contains("no samples yet") && o.contains(r#"data-points="0""#));
+        assert!(o.contains(">-60m<"), "{o}");
+        assert_eq!(duration_text(3600), "60m");
+        assert_eq!(duration_text(150), "2m30s");
     }
 
     #[test]
