@@ -209,7 +209,8 @@ fn status_page_in_headless_chromium() {
         &[
             &format!("--screenshot={}", png.display()),
             "--window-size=1280,1600",
-            "--virtual-time-budget=3000",
+            "--virtual-time-budget=4000",
+            "--run-all-compositor-stages-before-draw",
         ],
         &url,
     );

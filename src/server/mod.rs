@@ -295,7 +295,7 @@ pub fn healthz_router(state: Arc<State>) -> Router {
 
 /// kubelet's read-only endpoints, unauthenticated (kubelet's default handlers: health, pods,
 /// spec, stats, metrics; no logs, exec or configuration), and the status page, which shows
-/// nothing those do not.
+/// what those do and the recent events (docs/server.md).
 pub fn read_only_router(state: Arc<State>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::all))

@@ -176,6 +176,15 @@ fn mem_text(kib: u64) -> String {
     }
 }
 
+/// A quantity in Ki (memory, storage) in the largest unit that keeps it readable; others as
+/// they are.
+fn quantity_text(q: &str) -> String {
+    match q.strip_suffix("Ki").and_then(|n| n.parse::<u64>().ok()) {
+        Some(kib) => mem_text(kib),
+        None => q.to_string(),
+    }
+}
+
 /// A round ceiling for a chart's scale: 1, 2 or 5 times a power of ten at or above `v`.
 fn nice_ceiling(v: u64) -> u64 {
     let mut p = 1u64;
@@ -447,10 +456,12 @@ fn node_section(o: &mut String, view: &View<'_>, points: &[Point], now: u32) {
         let a = allocatable.get(name).map_or("-", |q| q.0.as_str());
         let _ = write!(
             o,
-            "<tr><td>{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td></tr>",
+            "<tr><td>{}</td><td class=\"mono\" title=\"{}\">{}</td><td class=\"mono\" title=\"{}\">{}</td></tr>",
             esc(name),
             esc(&q.0),
-            esc(a)
+            esc(&quantity_text(&q.0)),
+            esc(a),
+            esc(&quantity_text(a))
         );
     }
     o.push_str(r#"</tbody></table></div><div><table id="conditions"><thead><tr><th>condition</th><th>status</th><th>reason</th><th>message</th></tr></thead><tbody>"#);
@@ -724,6 +735,8 @@ mod tests {
         assert_eq!(mem_text(512), "512Ki");
         assert_eq!(mem_text(3 * 1024 + 512), "3.5Mi");
         assert_eq!(mem_text(2 << 20), "2.0Gi");
+        assert_eq!(quantity_text("24684084Ki"), "23.5Gi");
+        assert_eq!(quantity_text("110"), "110");
         assert_eq!(nice_ceiling(1), 1);
         assert_eq!(nice_ceiling(3), 5);
         assert_eq!(nice_ceiling(130), 200);
