@@ -218,3 +218,28 @@ fn status_page_in_headless_chromium() {
     assert!(meta.len() > 10_000, "a screenshot of {} bytes", meta.len());
     eprintln!("status page screenshot: {}", png.display());
 }
+
+#[test]
+fn read_only_port_serves_the_page() {
+    let port = free_port();
+    let a = Agent::start_with_config("uiro", FAST, &format!("readOnlyPort: {port}\n"));
+    a.write("idle.yaml", &pod_yaml("idle", "Always", "sleep 3600"));
+    a.wait_for("idle", "running", Duration::from_secs(60), |p| running(p, "main"));
+    // `ferrolet ui` only says where the page already is.
+    let out = a.cli(&["ui"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(url, format!("http://127.0.0.1:{port}/ui"));
+    let (code, body) = curl_with(Command::new("curl"), &["-D", "-"], &url);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(&format!("default/idle-{}", a.node)), "{body}");
+    assert!(
+        body.to_ascii_lowercase()
+            .contains("content-security-policy: default-src 'none'"),
+        "{body}"
+    );
+    // a non-loopback --listen is refused
+    let out = a.cli(&["ui", "--listen", "0.0.0.0:0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}
