@@ -56,10 +56,10 @@ async fn page(AxumState(st): AxumState<Arc<State>>) -> Response {
         events: st.events.recent(),
         now: Utc::now(),
     };
-    let html = st.stats.with_history(|h| {
-        let now = view.now.timestamp().clamp(0, u32::MAX as i64) as u32;
-        let node_series = series_points(&h.node, now);
-        let mut pods: Vec<PodCharts> = h
+    let now = view.now.timestamp().clamp(0, u32::MAX as i64) as u32;
+    // The points are copied out under the lock; the page is rendered without it.
+    let (node_series, mut pods) = st.stats.with_history(|h| {
+        let pods: Vec<PodCharts> = h
             .pods
             .values()
             .map(|p| PodCharts {
@@ -67,9 +67,10 @@ async fn page(AxumState(st): AxumState<Arc<State>>) -> Response {
                 points: series_points(&p.series, now),
             })
             .collect();
-        pods.sort_by(|a, b| a.full.cmp(&b.full));
-        render(&view, &node_series, &pods, now)
+        (series_points(&h.node, now), pods)
     });
+    pods.sort_by(|a, b| a.full.cmp(&b.full));
+    let html = render(&view, &node_series, &pods, now);
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),

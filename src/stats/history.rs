@@ -212,7 +212,8 @@ impl History {
                 }
             }
         }
-        if self.pods.len() != s.pods.len() || s.pods.iter().any(|p| !self.pods.contains_key(&p.pod_ref.uid)) {
+        // Every pod of the round has its series now: more series means some pods are gone.
+        if self.pods.len() != s.pods.len() {
             self.pods.retain(|uid, _| s.pods.iter().any(|p| &p.pod_ref.uid == uid));
         }
     }

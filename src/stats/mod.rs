@@ -3,7 +3,8 @@
 //!
 //! One background task samples everything once per housekeeping interval
 //! (`--housekeeping-interval`, 10s as cAdvisor's default) on the blocking pool, keeps the last
-//! two cpu readings of each cgroup for the rates ([`rate`]), and publishes an immutable
+//! two cpu readings of each cgroup for the rates ([`rate`]), records the round in the last
+//! hour of node and pod cpu and memory for the status page ([`history`]), and publishes an immutable
 //! [`Snapshot`]. Every endpoint serves from the latest snapshot: a scrape clones an `Arc` and,
 //! the first time a view is asked for, renders it once ([`Snapshot`] keeps the rendering), so
 //! its cost does not grow with cgroup walks. Directory walks (container writable layers, logs,
