@@ -17,8 +17,9 @@ fi
 # registry pull tests and the pull benchmark, checkpolicy for the cgroup v2 lane's SELinux test
 # policy, systemd, dbus and systemd-container (systemd-nspawn) for the graceful node shutdown
 # test's machine with systemd as PID 1, openssl for the join test's CA hash (made as kubeadm's
-# documentation makes it).
-packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iptables iproute2 etcd-server docker-registry skopeo checkpolicy systemd dbus systemd-container openssl ${FERROLET_EXTRA_PACKAGES:-})
+# documentation makes it), chromium for the status page test (headless: the page's DOM after its
+# script ran, and a screenshot).
+packages=(libseccomp-dev pkg-config gcc busybox-static containernetworking-plugins nftables iptables iproute2 etcd-server docker-registry skopeo checkpolicy systemd dbus systemd-container openssl chromium ${FERROLET_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

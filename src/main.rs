@@ -64,6 +64,7 @@ fn real_main() -> Result<i32> {
         Command::Logs(a) => tokio_rt(false)?.block_on(cli::logs::run(&a)),
         Command::Exec(a) => cli::exec::run(&a),
         Command::Top(a) => tokio_rt(false)?.block_on(cli::top::run(&a)),
+        Command::Ui(a) => tokio_rt(false)?.block_on(cli::ui::run(&a)),
         Command::Images(c) => cli::images::run(&c),
         Command::Install(a) => cli::install::install(&a),
         Command::Uninstall(a) => cli::install::uninstall(&a, |root| {

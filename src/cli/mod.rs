@@ -13,6 +13,7 @@ pub mod logs;
 pub mod pods;
 pub mod reset;
 pub mod top;
+pub mod ui;
 
 use std::path::PathBuf;
 
@@ -41,6 +42,8 @@ pub enum Command {
     Exec(ExecArgs),
     /// Show cpu and memory of pods or the node (like `kubectl top`).
     Top(TopArgs),
+    /// Print the status page's address, or serve the page on loopback.
+    Ui(ui::UiArgs),
     /// Manage the node's images.
     #[command(subcommand)]
     Images(ImagesCommand),

@@ -13,9 +13,10 @@ pub(crate) mod token_bucket;
 pub use correlator::{Correlated, Correlator};
 pub use object::{event_name, make, node_reference, pod_reference, COMPONENT};
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
@@ -57,11 +58,26 @@ impl Kind {
     }
 }
 
+/// Events the recorder keeps in memory for the status page, newest last.
+pub const RECENT: usize = 100;
+
+/// An event as the status page lists it.
+#[derive(Debug, Clone)]
+pub struct Recent {
+    pub time: DateTime<Utc>,
+    pub kind: Kind,
+    /// `namespace/name` of the pod (with `/container` when it concerns one), or `node/<name>`.
+    pub object: String,
+    pub reason: String,
+    pub message: String,
+}
+
 /// Where events go; cheap to clone, never blocks the caller.
 #[derive(Clone)]
 pub struct Recorder {
     node: Arc<str>,
     sink: Option<sink::Sink>,
+    recent: Arc<Mutex<VecDeque<Recent>>>,
 }
 
 impl Recorder {
@@ -70,6 +86,7 @@ impl Recorder {
         Recorder {
             node: node.into(),
             sink: None,
+            recent: Arc::default(),
         }
     }
 
@@ -80,6 +97,7 @@ impl Recorder {
         Recorder {
             node: node.into(),
             sink: Some(sink::Sink::start(kube, qps, burst)),
+            recent: Arc::default(),
         }
     }
 
@@ -90,6 +108,12 @@ impl Recorder {
             Kind::Normal => info!(pod = %full, container, reason, "{message}"),
             Kind::Warning => warn!(pod = %full, container, reason, "{message}"),
         }
+        let object = format!("{}/{}", pod::namespace(p), pod::name(p));
+        let object = match container {
+            Some(c) => format!("{object}/{c}"),
+            None => object,
+        };
+        self.remember(kind, object, reason, message);
         if let Some(s) = &self.sink {
             s.send(make(
                 pod_reference(p, container),
@@ -108,6 +132,7 @@ impl Recorder {
             Kind::Normal => info!(node = %self.node, reason, "{message}"),
             Kind::Warning => warn!(node = %self.node, reason, "{message}"),
         }
+        self.remember(kind, format!("node/{}", self.node), reason, message);
         if let Some(s) = &self.sink {
             s.send(make(
                 node_reference(&self.node),
@@ -120,8 +145,50 @@ impl Recorder {
         }
     }
 
+    /// Keep the event for [`Recorder::recent`], the oldest going past [`RECENT`].
+    fn remember(&self, kind: Kind, object: String, reason: &str, message: &str) {
+        let mut q = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() == RECENT {
+            q.pop_front();
+        }
+        q.push_back(Recent {
+            time: Utc::now(),
+            kind,
+            object,
+            reason: reason.to_string(),
+            message: message.to_string(),
+        });
+    }
+
+    /// The last [`RECENT`] events, newest first.
+    pub fn recent(&self) -> Vec<Recent> {
+        let q = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        q.iter().rev().cloned().collect()
+    }
+
     /// Events dropped because the queue to the API server was full (0 standalone).
     pub fn dropped(&self) -> u64 {
         self.sink.as_ref().map_or(0, sink::Sink::dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_events_are_bounded_newest_first() {
+        let r = Recorder::standalone("n1");
+        for i in 0..RECENT + 5 {
+            r.node(Kind::Normal, "Tick", &format!("{i}"));
+        }
+        let recent = r.recent();
+        assert_eq!(recent.len(), RECENT);
+        assert_eq!(recent[0].message, format!("{}", RECENT + 4));
+        assert_eq!(recent[RECENT - 1].message, "5");
+        assert_eq!(recent[0].object, "node/n1");
+        // clones share the list
+        r.clone().node(Kind::Warning, "Last", "x");
+        assert_eq!(r.recent()[0].reason, "Last");
     }
 }

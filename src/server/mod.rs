@@ -8,7 +8,8 @@
 //!   ([`metrics`]), none of the debugging ones (logs, exec...);
 //! - the CLI's unix socket (owner-only, no authentication): the kubelet endpoints and the
 //!   `/ferrolet/...` extras (pods with manifest errors, logs with a default container);
-//! - the exec socket, [`exec`].
+//! - the exec socket, [`exec`];
+//! - the status page ([`ui`], `/ui`) on the CLI socket and the read-only port.
 
 pub mod auth;
 pub mod certs;
@@ -23,6 +24,7 @@ pub mod podresources;
 mod stats;
 pub mod streaming;
 pub mod tls;
+pub mod ui;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -67,6 +69,8 @@ pub struct State {
     pub readiness: crate::node::cluster::Readiness,
     /// In a cluster: the checkpoint, whose view of the API server /healthz?verbose shows.
     pub checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
+    /// The event recorder, whose recent events the status page lists.
+    pub events: crate::events::Recorder,
 }
 
 impl State {
@@ -82,6 +86,7 @@ impl State {
         eviction: crate::eviction::Eviction,
         readiness: crate::node::cluster::Readiness,
         checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
+        events: crate::events::Recorder,
     ) -> Arc<State> {
         Arc::new(State {
             rt,
@@ -94,6 +99,7 @@ impl State {
             eviction,
             readiness,
             checkpoint,
+            events,
         })
     }
 }
@@ -288,7 +294,8 @@ pub fn healthz_router(state: Arc<State>) -> Router {
 }
 
 /// kubelet's read-only endpoints, unauthenticated (kubelet's default handlers: health, pods,
-/// spec, stats, metrics; no logs, exec or configuration).
+/// spec, stats, metrics; no logs, exec or configuration), and the status page, which shows
+/// what those do and the recent events (docs/server.md).
 pub fn read_only_router(state: Arc<State>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::all))
@@ -299,6 +306,7 @@ pub fn read_only_router(state: Arc<State>) -> Router {
         .route("/spec", get(node::spec))
         .merge(metrics::routes())
         .merge(stats::routes())
+        .merge(ui::routes())
         .with_state(state)
 }
 
@@ -311,6 +319,7 @@ pub fn local_router(state: Arc<State>) -> Router {
         .route("/ferrolet/pods", get(ferrolet_pods))
         .route("/ferrolet/node", get(ferrolet_node))
         .route("/ferrolet/logs/{namespace}/{pod}", get(ferrolet_logs))
+        .merge(ui::routes())
         .with_state(state)
 }
 
@@ -344,6 +353,16 @@ async fn ferrolet_pods(axum::extract::State(st): axum::extract::State<Arc<State>
 /// The node as a standalone agent has it: the Node it would register, with the eviction
 /// manager's pressure conditions (MemoryPressure, DiskPressure, PIDPressure).
 async fn ferrolet_node(axum::extract::State(st): axum::extract::State<Arc<State>>) -> Response {
+    let node = node_object(&st).await;
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string(&node).unwrap_or_default(),
+    )
+        .into_response()
+}
+
+/// The Node of /ferrolet/node and the status page.
+async fn node_object(st: &State) -> k8s_openapi::api::core::v1::Node {
     let mut node = crate::node::register::initial_node(&st.config);
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let status = node.status.get_or_insert_with(Default::default);
@@ -358,11 +377,7 @@ async fn ferrolet_node(axum::extract::State(st): axum::extract::State<Arc<State>
         .await
         .unwrap_or_else(|e| vec![format!("{e:#}")]);
     crate::node::conditions::set_ready(status.conditions.get_or_insert_with(Vec::new), &not_ready, &now);
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        serde_json::to_string(&node).unwrap_or_default(),
-    )
-        .into_response()
+    node
 }
 
 async fn container_logs(

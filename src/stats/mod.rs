@@ -3,7 +3,8 @@
 //!
 //! One background task samples everything once per housekeeping interval
 //! (`--housekeeping-interval`, 10s as cAdvisor's default) on the blocking pool, keeps the last
-//! two cpu readings of each cgroup for the rates ([`rate`]), and publishes an immutable
+//! two cpu readings of each cgroup for the rates ([`rate`]), records the round in the last
+//! hour of node and pod cpu and memory for the status page ([`history`]), and publishes an immutable
 //! [`Snapshot`]. Every endpoint serves from the latest snapshot: a scrape clones an `Arc` and,
 //! the first time a view is asked for, renders it once ([`Snapshot`] keeps the rendering), so
 //! its cost does not grow with cgroup walks. Directory walks (container writable layers, logs,
@@ -12,6 +13,7 @@
 //! where each number comes from.
 
 pub mod fs;
+pub mod history;
 pub mod net;
 mod prom;
 pub mod rate;
@@ -118,6 +120,8 @@ pub struct Stats {
     current: RwLock<Option<Arc<Snapshot>>>,
     history: Mutex<rate::CpuHistory>,
     usage: Mutex<fs::UsageCache>,
+    /// The last hour of cpu and memory, for the status page.
+    last_hour: Mutex<history::History>,
 }
 
 impl Stats {
@@ -127,12 +131,18 @@ impl Stats {
             current: RwLock::new(None),
             history: Mutex::default(),
             usage: Mutex::default(),
+            last_hour: Mutex::default(),
         })
     }
 
     /// The latest snapshot; `None` before the first round.
     pub fn latest(&self) -> Option<Arc<Snapshot>> {
         self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Read the last hour of cpu and memory (the lock is held while `f` runs: keep it short).
+    pub fn with_history<R>(&self, f: impl FnOnce(&history::History) -> R) -> R {
+        f(&self.last_hour.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Sample now (blocking).
@@ -142,6 +152,11 @@ impl Stats {
             let mut hist = self.history.lock().unwrap_or_else(|e| e.into_inner());
             Arc::new(sampler::sample(&self.sources, &mut hist, &usage))
         };
+        let at = u32::try_from(snap.taken.0.timestamp()).unwrap_or(0);
+        self.last_hour
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(&snap.summary, at);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(snap.clone());
         snap
     }
