@@ -20,7 +20,7 @@
 #   ARM64_VM_TIMEOUT=900 ...     seconds before the guest is given up on (default 900)
 #   ARM64_SKIP_UNIT=1 ...        the guest only
 #   ARM64_FERROLET=PATH ...      the guest only, with this aarch64 binary (e.g. the release's:
-#                                target/dist/ferrolet-<version>-aarch64-unknown-linux-musl)
+#                                target/release-dist/ferrolet-<version>-aarch64-unknown-linux-musl)
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
