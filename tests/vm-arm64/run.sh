@@ -66,7 +66,7 @@ if [ -n "${ARM64_FERROLET:-}" ]; then
 else
   step "building ferrolet and the unit tests for $target (dev profile)"
   nice -n 10 cargo build --quiet --target "$target" -p ferrolet
-  nice -n 10 cargo test --quiet --no-run --target "$target" -p ferrolet-fsutil -p ferrolet-runtime -p ferrolet --lib 2>/dev/null
+  nice -n 10 cargo test --quiet --no-run --target "$target" -p ferrolet-fsutil -p ferrolet-runtime -p ferrolet --lib
   bin=$target_dir/$target/debug/ferrolet
 fi
 file -b "$bin" | grep -q 'ARM aarch64.*statically linked' || { echo "arm64: $bin is not a static aarch64 binary: $(file -b "$bin")" >&2; exit 1; }
