@@ -2,6 +2,10 @@
 //! images/build-busybox.sh) so a fresh node runs busybox pods with nothing imported. The image
 //! is built into OUT_DIR, never into the source tree; FERROLET_DEMO_IMAGE names a ready archive
 //! instead. Without busybox-static on the build machine the binary carries no demo image.
+//! BUSYBOX names the busybox binary to build it from (the image takes that binary's
+//! architecture; BUSYBOX_RUNNER runs a foreign one, e.g. qemu-aarch64-static): a build for
+//! another architecture than the build machine's without BUSYBOX carries no demo image rather
+//! than one the node cannot run (scripts/release sets both for aarch64).
 //!
 //! Also compiles kubelet's node plugin APIs (src/apis/proto) into Rust with protox (a protobuf
 //! compiler in Rust: no protoc needed, for every target alike) and tonic.
@@ -33,12 +37,19 @@ fn main() {
     let embedded = out_dir.join("demo-image.tar");
     println!("cargo:rerun-if-env-changed=FERROLET_DEMO_IMAGE");
     println!("cargo:rerun-if-env-changed=BUSYBOX");
+    println!("cargo:rerun-if-env-changed=BUSYBOX_RUNNER");
+    let target_arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let foreign = target_arch != std::env::consts::ARCH && std::env::var_os("BUSYBOX").is_none();
     println!("cargo:rerun-if-changed=images/build-busybox.sh");
     let busybox = std::env::var_os("BUSYBOX").unwrap_or_else(|| "/bin/busybox".into());
     println!("cargo:rerun-if-changed={}", PathBuf::from(&busybox).display());
 
     let src = match std::env::var_os("FERROLET_DEMO_IMAGE") {
         Some(p) => PathBuf::from(p),
+        None if foreign => {
+            println!("cargo:warning=building for {target_arch} without BUSYBOX (a {target_arch} busybox-static): no demo image");
+            out_dir.join("no-demo-image")
+        }
         None => {
             let dir = out_dir.join("demo-image");
             let built = std::process::Command::new(root.join("images/build-busybox.sh"))

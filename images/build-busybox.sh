@@ -3,13 +3,23 @@
 #   images/out/busybox.oci.tar     OCI image layout (tar), named docker.io/library/busybox:{1.35,latest}
 #   images/out/busybox.docker.tar  the same image as `docker save` writes it, named localhost/busybox-docker:1.35
 # The output is reproducible: same busybox-static package in, same bytes out.
+# BUSYBOX names another busybox-static binary (default /bin/busybox); the image's architecture is
+# the binary's (amd64 or arm64, from its ELF header). A foreign one lists its applets under
+# BUSYBOX_RUNNER (e.g. qemu-aarch64-static, as scripts/release builds the aarch64 demo image).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/out}
 busybox=${BUSYBOX:-/bin/busybox}
 [ -x "$busybox" ] || { echo "build-busybox: $busybox not found (apt-get install busybox-static)" >&2; exit 1; }
-"$busybox" --list-full >/dev/null 2>&1 || { echo "build-busybox: $busybox is not a busybox binary" >&2; exit 1; }
+read -ra runner <<<"${BUSYBOX_RUNNER:-}"
+"${runner[@]}" "$busybox" --list-full >/dev/null 2>&1 || { echo "build-busybox: $busybox is not a busybox binary${runner:+ (run with ${runner[*]})}" >&2; exit 1; }
+# ELF e_machine, a little-endian 16-bit word at offset 18.
+case $(od -An -tu2 -j18 -N2 "$busybox" | tr -d ' ') in
+  62) arch=amd64 ;;
+  183) arch=arm64 ;;
+  *) echo "build-busybox: $busybox is neither x86-64 nor aarch64" >&2; exit 1 ;;
+esac
 version=$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null || echo unknown)
 
 work=$(mktemp -d)
@@ -22,7 +32,7 @@ for d in bin sbin usr/bin usr/sbin etc root tmp home var/www var/spool/cron/cron
   mkdir -p "$root/$d"
 done
 install -m 0755 "$busybox" "$root/bin/busybox"
-"$busybox" --list-full | while read -r applet; do
+"${runner[@]}" "$busybox" --list-full | while read -r applet; do
   [ "$applet" = "bin/busybox" ] && continue
   mkdir -p "$root/$(dirname "$applet")"
   ln -sf /bin/busybox "$root/$applet"
@@ -65,7 +75,7 @@ diff_id=$(sha "$work/layer.tar")
 gzip -n -9 -c "$work/layer.tar" >"$work/layer.tar.gz"
 layer=$(sha "$work/layer.tar.gz")
 
-config='{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":["sh"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:'$diff_id'"]},"history":[{"created_by":"ferrolet images/build-busybox.sh from busybox-static '$version'"}]}'
+config='{"architecture":"'$arch'","os":"linux","config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":["sh"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:'$diff_id'"]},"history":[{"created_by":"ferrolet images/build-busybox.sh from busybox-static '$version'"}]}'
 printf '%s' "$config" >"$work/config.json"
 cfg=$(sha "$work/config.json")
 

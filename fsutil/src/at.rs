@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-pub use nix::fcntl::{OFlag, RenameFlags, ResolveFlag};
+pub use nix::fcntl::{OFlag, ResolveFlag};
 pub use nix::sys::stat::{FileStat, Mode, SFlag};
 pub use nix::sys::time::TimeSpec;
 
@@ -116,6 +116,30 @@ pub fn rmdir(dir: BorrowedFd<'_>, name: impl AsRef<Path>) -> Result<()> {
         .with_context(|| format!("removing directory {}", shown(name)))
 }
 
+/// The flags of [`rename`] (`renameat2`'s). nix 0.29 has them, and the call, for glibc only;
+/// the static musl builds (scripts/release) need them too, so they are the kernel's here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags(libc::c_uint);
+
+impl RenameFlags {
+    /// Fail with `EEXIST` rather than replace an existing `new`.
+    pub const RENAME_NOREPLACE: Self = Self(libc::RENAME_NOREPLACE);
+    /// Swap `old` and `new` atomically (both must exist).
+    pub const RENAME_EXCHANGE: Self = Self(libc::RENAME_EXCHANGE);
+
+    /// No flags: `renameat`.
+    pub const fn empty() -> Self {
+        Self(0)
+    }
+}
+
+impl std::ops::BitOr for RenameFlags {
+    type Output = Self;
+    fn bitor(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+}
+
 /// `renameat2(old_dir, old, new_dir, new, flags)` (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`...).
 pub fn rename(
     old_dir: BorrowedFd<'_>,
@@ -124,9 +148,29 @@ pub fn rename(
     new: impl AsRef<Path>,
     flags: RenameFlags,
 ) -> Result<()> {
+    use nix::NixPath as _;
     let (old, new) = (old.as_ref(), new.as_ref());
-    nix::fcntl::renameat2(Some(old_dir.as_raw_fd()), old, Some(new_dir.as_raw_fd()), new, flags)
-        .with_context(|| format!("renaming {} to {}", shown(old), shown(new)))
+    old.with_nix_path(|o| {
+        new.with_nix_path(|n| {
+            // SAFETY: renameat2 reads the two NUL-terminated paths, alive for the call, and
+            // takes the two borrowed fds; it writes no memory of ours. A raw system call
+            // because neither nix (glibc only) nor every libc has a wrapper.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_renameat2,
+                    old_dir.as_raw_fd(),
+                    o.as_ptr(),
+                    new_dir.as_raw_fd(),
+                    n.as_ptr(),
+                    flags.0,
+                )
+            };
+            nix::errno::Errno::result(rc).map(drop)
+        })
+    })
+    .and_then(|r| r)
+    .and_then(|r| r)
+    .with_context(|| format!("renaming {} to {}", shown(old), shown(new)))
 }
 
 /// `fchownat(dir, name, uid, gid, AT_SYMLINK_NOFOLLOW)`: the owner of `name` itself, a symlink

@@ -451,8 +451,10 @@ fn set_timer(after: Duration) {
     let value = libc::itimerval {
         it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
         it_value: libc::timeval {
-            tv_sec: after.as_secs() as libc::time_t,
-            tv_usec: after.subsec_micros() as libc::suseconds_t,
+            // (`as _`: libc's time_t and suseconds_t are deprecated on musl, their width to
+            // change; whatever the target's timeval holds)
+            tv_sec: after.as_secs() as _,
+            tv_usec: after.subsec_micros() as _,
         },
     };
     // SAFETY: setitimer reads the itimerval given and writes no old value (null).
