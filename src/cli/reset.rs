@@ -111,7 +111,10 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
 
     // The kubepods trees: every process in them belongs to a container, with or without a
     // state directory.
-    let kubepods: Vec<String> = match rec.as_ref().filter(|r| !r.cgroup_root.is_empty()) {
+    // The record's root is the truth even when empty: an agent run in a hierarchy's root
+    // cgroup made `/kubepods` (its QoS children with it), which no search for pods would find
+    // on a node without pods.
+    let kubepods: Vec<String> = match rec.as_ref() {
         Some(r) => vec![format!("{}/kubepods", r.cgroup_root.trim_end_matches('/'))],
         None => {
             let found = find_kubepods(&cg, &container_cgroups, &uids, &container_ids);
