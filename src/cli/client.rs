@@ -6,8 +6,8 @@ use anyhow::{bail, Context, Result};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
-/// GET `path` and return the response body as a stream of chunks through `on_chunk`.
-pub async fn get(socket: &Path, path: &str, mut on_chunk: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+/// GET `path` from the agent's socket: the response, its body not read yet.
+pub async fn request(socket: &Path, path: &str) -> Result<hyper::Response<hyper::body::Incoming>> {
     let stream = tokio::net::UnixStream::connect(socket).await.with_context(|| {
         format!(
             "connecting to the agent at {} (is `ferrolet run` running with this --root-dir?)",
@@ -21,10 +21,15 @@ pub async fn get(socket: &Path, path: &str, mut on_chunk: impl FnMut(&[u8]) -> R
     let req = hyper::Request::get(path)
         .header("host", "ferrolet")
         .body(Empty::<bytes::Bytes>::new())?;
-    let mut resp = sender
+    sender
         .send_request(req)
         .await
-        .with_context(|| format!("request {path}"))?;
+        .with_context(|| format!("request {path}"))
+}
+
+/// GET `path` and return the response body as a stream of chunks through `on_chunk`.
+pub async fn get(socket: &Path, path: &str, mut on_chunk: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+    let mut resp = request(socket, path).await?;
     let status = resp.status();
     if !status.is_success() {
         let body = resp.into_body().collect().await?.to_bytes();

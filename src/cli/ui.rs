@@ -14,8 +14,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 use clap::Args;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
 use tracing::debug;
 
 use super::RootArg;
@@ -114,20 +113,7 @@ async fn pass_on(socket: PathBuf, req: Request<Body>) -> Response {
 }
 
 async fn fetch(socket: &Path, path: &str) -> Result<Response> {
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .with_context(|| format!("connecting to the agent at {}", socket.display()))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let req = hyper::Request::get(path)
-        .header("host", "ferrolet")
-        .body(Empty::<bytes::Bytes>::new())?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .with_context(|| format!("request {path}"))?;
+    let resp = super::client::request(socket, path).await?;
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.context("reading the agent's answer")?.to_bytes();
     let mut out = Response::new(Body::from(body));
