@@ -11,6 +11,8 @@
 //! the machine off and systemd-nspawn exits. Dropped: stopped (by pid), unmounted, removed.
 
 use std::path::{Path, PathBuf};
+
+use ferrolet_runtime::cgroups::{Cgroups, NestedRoot};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,9 +29,10 @@ After=dbus.service systemd-logind.service
 pub struct SystemdMachine {
     dir: PathBuf,
     name: String,
-    /// The machine's cgroup in every hierarchy, below this test's own: systemd-nspawn makes
-    /// its payload and supervisor cgroups under the one it is started in.
-    cgroups: Vec<PathBuf>,
+    /// The machine's cgroup, nested below this test's own as every test's agent is
+    /// (`NestedRoot`: never at a hierarchy root): systemd-nspawn makes its payload and
+    /// supervisor cgroups under the one it is started in.
+    cgroup: NestedRoot,
     nspawn: Option<Child>,
     /// Its PID 1, as this machine numbers it.
     leader: u32,
@@ -64,23 +67,15 @@ impl SystemdMachine {
         let mut me = SystemdMachine {
             dir: dir.to_path_buf(),
             name: name.to_string(),
-            cgroups: own_cgroups().into_iter().map(|d| d.join(name)).collect(),
+            cgroup: NestedRoot::create(&Cgroups::detect().expect("cgroups"), name)
+                .expect("the machine's nested cgroup"),
             nspawn: None,
             leader: 0,
         };
-        for d in &me.cgroups {
-            std::fs::create_dir_all(d).unwrap();
-            // A v1 cpuset takes no process before it has cpus and memory nodes.
-            for f in ["cpuset.cpus", "cpuset.mems"] {
-                if std::fs::read_to_string(d.join(f)).is_ok_and(|v| v.trim().is_empty()) {
-                    let parent = std::fs::read_to_string(d.parent().unwrap().join(f)).unwrap();
-                    std::fs::write(d.join(f), parent.trim()).unwrap();
-                }
-            }
-        }
         let log = |n: &str| std::fs::File::create(dir.join(n)).unwrap();
         let mut cmd = Command::new(NSPAWN);
-        super::move_into_cgroups_before_exec(&mut cmd, &me.cgroups);
+        let dirs = Cgroups::detect().expect("cgroups").all_dirs(me.cgroup.path());
+        super::move_into_cgroups_before_exec(&mut cmd, &dirs);
         let child = cmd
             .args(["--quiet", "--register=no", "--keep-unit", "--private-network"])
             .arg(format!("--machine={name}"))
@@ -241,8 +236,16 @@ impl Drop for SystemdMachine {
         if let Some(c) = self.nspawn.as_mut() {
             stop_child(c, Duration::from_secs(20));
         }
-        for cg in &self.cgroups {
-            remove_cgroup_tree(cg);
+        // What outlived the machine (its containers' processes die with its pid namespace,
+        // but not all at once) is killed before the tree is removed.
+        if let Ok(cgroups) = Cgroups::detect() {
+            let left = cgroups.kill_all(self.cgroup.path(), Duration::from_secs(10));
+            if !left.is_empty() {
+                eprintln!("the machine's processes {left:?} survived SIGKILL");
+            }
+        }
+        if let Err(e) = self.cgroup.cleanup() {
+            eprintln!("the machine's cgroup: {e}");
         }
         let _ = nix::mount::umount2(&self.dir.join("root"), nix::mount::MntFlags::MNT_DETACH);
         let _ = nix::mount::umount2(&self.dir.join("upper"), nix::mount::MntFlags::MNT_DETACH);
@@ -255,44 +258,4 @@ impl Drop for SystemdMachine {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// This process's cgroup in every mounted hierarchy (v1 controllers, named ones such as
-/// name=systemd, and cgroup2), as directories.
-fn own_cgroups() -> Vec<PathBuf> {
-    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mut out = Vec::new();
-    for line in own.lines() {
-        let mut f = line.splitn(3, ':');
-        let (_, controllers, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or("/"));
-        let mount = info.lines().find_map(|m| {
-            let (left, right) = m.split_once(" - ")?;
-            let mut r = right.split_whitespace();
-            let (fstype, _, opts) = (r.next()?, r.next(), r.next().unwrap_or(""));
-            let target = left.split_whitespace().nth(4)?;
-            let ours = match (fstype, controllers) {
-                ("cgroup2", "") => true,
-                ("cgroup", c) if !c.is_empty() => c.split(',').all(|c| opts.split(',').any(|o| o == c)),
-                _ => false,
-            };
-            ours.then(|| PathBuf::from(target))
-        });
-        if let Some(m) = mount {
-            out.push(m.join(path.trim_start_matches('/')));
-        }
-    }
-    out
-}
-
-/// Remove a cgroup and everything below it, deepest first.
-fn remove_cgroup_tree(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
 }
