@@ -138,6 +138,26 @@ fn status_page_in_headless_chromium() {
     ] {
         assert!(page.contains(want), "the page lacks {want:?}:\n{page}");
     }
+    // The node's capacity and allocatable, as /ferrolet/node (the Node's status) has them.
+    let (_, node_json) = a.get("/ferrolet/node").expect("/ferrolet/node");
+    let node_json: serde_json::Value = serde_json::from_slice(&node_json).unwrap();
+    for resource in ["pods", "cpu", "memory"] {
+        let cap = node_json["status"]["capacity"][resource].as_str().expect("capacity");
+        let alloc = node_json["status"]["allocatable"][resource]
+            .as_str()
+            .expect("allocatable");
+        let row = format!("<tr><td>{resource}</td><td class=\"mono\" title=\"{cap}\">");
+        assert!(
+            page.contains(&row),
+            "the page lacks {resource}'s capacity {cap}:\n{page}"
+        );
+        let row_rest = &page[page.find(&row).unwrap()..];
+        let row_rest = &row_rest[..row_rest.find("</tr>").unwrap()];
+        assert!(
+            row_rest.contains(&format!("title=\"{alloc}\"")),
+            "{resource}'s allocatable {alloc}: {row_rest}"
+        );
+    }
     assert!(!page.contains("<script>alert"), "unescaped: {page}");
     let shown = restarts_shown(&page, &crashy).expect("crashy's restarts");
     assert!(shown >= 1, "restarts shown: {shown}");

@@ -1,5 +1,6 @@
 //! Parsing the units Kubernetes writes: Go durations (`20s`, `1m30s`, `500ms`) and resource
-//! quantities (`100m`, `1.5`, `64Mi`, `1G`, `1e3`).
+//! quantities (`100m`, `1.5`, `64Mi`, `1G`, `1e3`); and writing durations as kubectl shows
+//! ages (`2m30s`, `3h1m`, `2d2h`).
 
 use std::time::Duration;
 
@@ -113,9 +114,62 @@ pub fn bytes(s: &str) -> Result<i64, String> {
     Ok(parse_quantity(s)?.ceil() as i64)
 }
 
+/// kubectl's duration.HumanDuration.
+pub fn human_duration(secs: i64) -> String {
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    let s = secs.max(0);
+    if s < 120 {
+        return format!("{s}s");
+    }
+    let m = s / 60;
+    if m < 10 {
+        return if s % 60 == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{}s", s % 60)
+        };
+    }
+    if m < 180 {
+        return format!("{m}m");
+    }
+    let h = m / 60;
+    if h < 8 {
+        return if m % 60 == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{}m", m % 60)
+        };
+    }
+    if h < 48 {
+        return format!("{h}h");
+    }
+    if h < 24 * 8 {
+        return if h % 24 == 0 {
+            format!("{}d", h / 24)
+        } else {
+            format!("{}d{}h", h / 24, h % 24)
+        };
+    }
+    if h < 24 * 365 * 2 {
+        return format!("{}d", h / 24);
+    }
+    format!("{}y", h / 24 / 365)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human_duration(5), "5s");
+        assert_eq!(human_duration(150), "2m30s");
+        assert_eq!(human_duration(600), "10m");
+        assert_eq!(human_duration(3 * 3600 + 60), "3h1m");
+        assert_eq!(human_duration(50 * 3600), "2d2h");
+    }
 
     #[test]
     fn a_duration_past_go_s_range_is_an_error_not_a_panic() {

@@ -351,7 +351,8 @@ async fn ferrolet_pods(axum::extract::State(st): axum::extract::State<Arc<State>
 }
 
 /// The node as a standalone agent has it: the Node it would register, with the eviction
-/// manager's pressure conditions (MemoryPressure, DiskPressure, PIDPressure).
+/// manager's pressure conditions (MemoryPressure, DiskPressure, PIDPressure), Ready, capacity
+/// and allocatable.
 async fn ferrolet_node(axum::extract::State(st): axum::extract::State<Arc<State>>) -> Response {
     let node = node_object(&st).await;
     (
@@ -371,12 +372,19 @@ async fn node_object(st: &State) -> k8s_openapi::api::core::v1::Node {
         st.eviction.pressure(),
         &now,
     );
-    // The Ready condition as a cluster's Node has it: the runtime's and the pod network's state.
-    let readiness = st.readiness.clone();
-    let not_ready = crate::tasks::blocking(move || Ok(readiness()))
-        .await
-        .unwrap_or_else(|e| vec![format!("{e:#}")]);
+    // The Ready condition as a cluster's Node has it (the runtime's and the pod network's
+    // state), and what the machine has and pods may have, as its status says them.
+    let (readiness, cfg) = (st.readiness.clone(), st.config.clone());
+    let (not_ready, info) =
+        match crate::tasks::blocking(move || Ok((readiness(), crate::node::NodeInfo::detect(&cfg)))).await {
+            Ok((not_ready, info)) => (not_ready, Some(info)),
+            Err(e) => (vec![format!("{e:#}")], None),
+        };
     crate::node::conditions::set_ready(status.conditions.get_or_insert_with(Vec::new), &not_ready, &now);
+    if let Some(info) = info {
+        status.capacity = Some(info.capacity.to_list());
+        status.allocatable = Some(info.allocatable.to_list());
+    }
     node
 }
 

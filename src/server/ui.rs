@@ -36,19 +36,7 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'unsafe-inli
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 async fn page(AxumState(st): AxumState<Arc<State>>) -> Response {
-    let mut node = super::node_object(&st).await;
-    // What the machine has and what pods may have, as the Node's status says it.
-    let cfg = st.config.clone();
-    if let Ok(capacity) =
-        crate::tasks::blocking(move || Ok(crate::node::machine::capacity(&cfg.root_dir, cfg.max_pods))).await
-    {
-        let c = &st.config;
-        let allocatable =
-            crate::node::allocatable::allocatable(&capacity, c.system_reserved, c.kube_reserved, &c.eviction_hard);
-        let status = node.status.get_or_insert_with(Default::default);
-        status.capacity = Some(capacity.to_list());
-        status.allocatable = Some(allocatable.to_list());
-    }
+    let node = super::node_object(&st).await;
     let view = View {
         node_name: &st.node_name,
         node: &node,
@@ -209,15 +197,9 @@ fn duration_text(secs: u32) -> String {
     }
 }
 
-/// How long ago `t` was, in kubectl's short form (`45s`, `12m`, `3h`, `2d`).
+/// How long ago `t` was, as kubectl shows ages (`45s`, `2m30s`, `3h1m`).
 fn age(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
-    let s = (now - t).num_seconds().max(0);
-    match s {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86400),
-    }
+    crate::pod::units::human_duration((now - t).num_seconds())
 }
 
 fn k8s_time(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<DateTime<Utc>> {
