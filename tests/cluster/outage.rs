@@ -503,6 +503,11 @@ fn posted_events(c: &crate::common::cluster::Cluster, node: &str) -> Vec<(String
             if !(name.starts_with("ev-") && name.ends_with(node)) {
                 return None;
             }
+            // The agent's own events only: when the outage outlasts the node monitor's grace
+            // period, the controller manager adds NodeNotReady events for the same pods.
+            if e["source"]["component"] != "kubelet" {
+                return None;
+            }
             let rv = e["metadata"]["resourceVersion"].as_str()?.parse().ok()?;
             Some((rv, name.to_string(), e["reason"].as_str()?.to_string()))
         })
