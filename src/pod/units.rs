@@ -116,6 +116,14 @@ pub fn bytes(s: &str) -> Result<i64, String> {
 
 /// kubectl's duration.HumanDuration.
 pub fn human_duration(secs: i64) -> String {
+    // `3h` or `3h1m`: a count in the bigger unit, and the rest in the smaller one unless 0.
+    fn two(big: i64, big_unit: &str, small: i64, small_unit: &str) -> String {
+        if small == 0 {
+            format!("{big}{big_unit}")
+        } else {
+            format!("{big}{big_unit}{small}{small_unit}")
+        }
+    }
     if secs < -1 {
         return "<invalid>".into();
     }
@@ -125,32 +133,20 @@ pub fn human_duration(secs: i64) -> String {
     }
     let m = s / 60;
     if m < 10 {
-        return if s % 60 == 0 {
-            format!("{m}m")
-        } else {
-            format!("{m}m{}s", s % 60)
-        };
+        return two(m, "m", s % 60, "s");
     }
     if m < 180 {
         return format!("{m}m");
     }
     let h = m / 60;
     if h < 8 {
-        return if m % 60 == 0 {
-            format!("{h}h")
-        } else {
-            format!("{h}h{}m", m % 60)
-        };
+        return two(h, "h", m % 60, "m");
     }
     if h < 48 {
         return format!("{h}h");
     }
     if h < 24 * 8 {
-        return if h % 24 == 0 {
-            format!("{}d", h / 24)
-        } else {
-            format!("{}d{}h", h / 24, h % 24)
-        };
+        return two(h / 24, "d", h % 24, "h");
     }
     if h < 24 * 365 * 2 {
         return format!("{}d", h / 24);

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Node, PodStatus};
 
 use super::State;
 use crate::events::{Kind, Recent};
+use crate::pod::units::human_duration;
 use crate::stats::history::{Point, Series, NONE, WINDOW_SECS};
 
 /// How often the page's script fetches a fresh copy.
@@ -187,19 +188,9 @@ fn nice_ceiling(v: u64) -> u64 {
     }
 }
 
-/// A chart's span: `60m`, `90s`, `2m30s`.
-fn duration_text(secs: u32) -> String {
-    match (secs / 60, secs % 60) {
-        (0, s) => format!("{s}s"),
-        (m, 0) => format!("{m}m"),
-        (m, s) if m < 10 => format!("{m}m{s}s"),
-        (m, _) => format!("{m}m"),
-    }
-}
-
 /// How long ago `t` was, as kubectl shows ages (`45s`, `2m30s`, `3h1m`).
 fn age(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
-    crate::pod::units::human_duration((now - t).num_seconds())
+    human_duration((now - t).num_seconds())
 }
 
 fn k8s_time(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<DateTime<Utc>> {
@@ -289,8 +280,8 @@ fn chart(out: &mut String, points: &[Point], metric: Metric, now: u32, (w, h): (
         );
     }
     for (frac, label) in [
-        (0.0, format!("-{}", duration_text(span))),
-        (0.5, format!("-{}", duration_text(span / 2))),
+        (0.0, format!("-{}", human_duration(i64::from(span)))),
+        (0.5, format!("-{}", human_duration(i64::from(span / 2)))),
         (1.0, "now".to_string()),
     ] {
         let x = left + pw * frac;
@@ -700,15 +691,13 @@ mod tests {
         assert_eq!(poly.split(' ').count(), 9);
         assert!(o.contains(">1.00<"), "scale ceiling 1000m: {o}");
         assert!(
-            o.contains(">-1m30s<") && o.contains(">-45s<") && o.contains(">now<"),
+            o.contains(">-90s<") && o.contains(">-45s<") && o.contains(">now<"),
             "{o}"
         );
         let mut o = String::new();
         chart(&mut o, &[], Metric::Memory, 10_090, (400, 100), "memory");
         assert!(o.contains("no samples yet") && o.contains(r#"data-points="0""#));
         assert!(o.contains(">-60m<"), "{o}");
-        assert_eq!(duration_text(3600), "60m");
-        assert_eq!(duration_text(150), "2m30s");
     }
 
     #[test]
