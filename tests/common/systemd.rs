@@ -11,10 +11,10 @@
 //! the machine off and systemd-nspawn exits. Dropped: stopped (by pid), unmounted, removed.
 
 use std::path::{Path, PathBuf};
-
-use ferrolet_runtime::cgroups::{Cgroups, NestedRoot};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use ferrolet_runtime::cgroups::{Cgroups, NestedRoot};
 
 use super::stop_child;
 
@@ -64,17 +64,17 @@ impl SystemdMachine {
         let units = root.join("etc/systemd/system");
         std::fs::create_dir_all(&units).unwrap();
         std::fs::write(units.join("ferrolet-test.target"), TARGET).unwrap();
+        let cgroups = Cgroups::detect().expect("cgroups");
         let mut me = SystemdMachine {
             dir: dir.to_path_buf(),
             name: name.to_string(),
-            cgroup: NestedRoot::create(&Cgroups::detect().expect("cgroups"), name)
-                .expect("the machine's nested cgroup"),
+            cgroup: NestedRoot::create(&cgroups, name).expect("the machine's nested cgroup"),
             nspawn: None,
             leader: 0,
         };
         let log = |n: &str| std::fs::File::create(dir.join(n)).unwrap();
         let mut cmd = Command::new(NSPAWN);
-        let dirs = Cgroups::detect().expect("cgroups").all_dirs(me.cgroup.path());
+        let dirs = cgroups.all_dirs(me.cgroup.path());
         super::move_into_cgroups_before_exec(&mut cmd, &dirs);
         let child = cmd
             .args(["--quiet", "--register=no", "--keep-unit", "--private-network"])
