@@ -38,6 +38,27 @@ pub struct SystemdMachine {
     leader: u32,
 }
 
+/// The machine's PID 1 among systemd-nspawn's children: the one that is pid 1 in a pid
+/// namespace of its own. systemd-nspawn's first child is an intermediate that clones PID 1
+/// and exits, so "the first child" can name a process that is about to vanish.
+fn machine_pid_1(nspawn_pid: u32) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{nspawn_pid}/task/{nspawn_pid}/children")).ok()?;
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|pid: &u32| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .map(|ids| {
+                    let ids: Vec<&str> = ids.split_whitespace().collect();
+                    ids.len() >= 2 && ids.last() == Some(&"1")
+                })
+                .unwrap_or(false)
+        })
+}
+
 impl SystemdMachine {
     /// Boot the machine under `dir`; returns once its logind answers on its bus.
     pub fn boot(dir: &Path, name: &str) -> SystemdMachine {
@@ -91,10 +112,7 @@ impl SystemdMachine {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if me.leader == 0 {
-                me.leader = std::fs::read_to_string(format!("/proc/{nspawn_pid}/task/{nspawn_pid}/children"))
-                    .ok()
-                    .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()))
-                    .unwrap_or(0);
+                me.leader = machine_pid_1(nspawn_pid).unwrap_or(0);
             }
             if me.leader != 0 && me.try_busctl(&["get-property", "InhibitDelayMaxUSec"]).is_ok() {
                 break;
