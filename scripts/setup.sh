@@ -43,6 +43,10 @@ if ! command -v cargo >/dev/null; then
   [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 fi
 command -v cargo >/dev/null || { echo "setup: cargo (the Rust toolchain) is required; install it with rustup" >&2; exit 1; }
+# rustfmt and clippy (scripts/test runs clippy-driver as the compiler of the workspace's crates).
+for c in rustfmt clippy-driver; do
+  command -v "$c" >/dev/null || rustup component add "${c%-driver}" >/dev/null
+done
 
 images/build-busybox.sh >/dev/null
 # The registry tests' images (a two-layer image, an amd64 + arm64 index); fetches Debian's arm64
