@@ -622,6 +622,15 @@ fn pod_resources(a: &Agent) -> (Vec<(String, String, Vec<String>)>, usize) {
     })
 }
 
+/// Resource `name`'s capacity and allocatable in the node's status (/ferrolet/node).
+fn node_resource(a: &Agent, name: &str) -> (Option<String>, Option<String>) {
+    let (code, body) = a.get("/ferrolet/node").expect("/ferrolet/node");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let n: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let quantity = |list: &str| n["status"][list][name].as_str().map(String::from);
+    (quantity("capacity"), quantity("allocatable"))
+}
+
 #[test]
 fn device_plugins_devices_admit_pods_and_reach_their_containers() {
     use deviceplugin::TestDevicePlugin;
@@ -636,6 +645,8 @@ fn device_plugins_devices_admit_pods_and_reach_their_containers() {
     let e = plugin.register_as("v1beta1", "gpu").unwrap_err();
     assert!(e.message().starts_with("resource_name:"), "{}", e.message());
     wait_said(&a, "devices=3 healthy=2", 1);
+    // The node shows them as a cluster's Node would: every device, the healthy ones allocatable.
+    assert_eq!(node_resource(&a, res), (Some("3".into()), Some("2".into())));
 
     // Two healthy devices: a pod asking for both gets both, one more is refused as kubelet does.
     a.write("two.yaml", &device_pod("two", res, 2));
@@ -699,6 +710,7 @@ fn device_plugins_devices_admit_pods_and_reach_their_containers() {
     let (reason, message) = refused(&a.wait_phase("four", "Failed", T));
     assert_eq!(reason, "OutOfexample.com/dev");
     assert!(message.contains("capacity: 0"), "{message}");
+    assert_eq!(node_resource(&a, res), (Some("3".into()), Some("0".into())));
 
     for p in ["two", "one", "none", "five", "four"] {
         a.remove(&format!("{p}.yaml"));

@@ -694,6 +694,7 @@ async fn serve(managers: &Arc<Managers>, joined: &Joined, stats: Arc<crate::stat
         readiness(rt.clone(), joined.network_status.clone(), joined.shutdown.clone()),
         joined.checkpoint.clone(),
         joined.events.clone(),
+        managers.devices.clone(),
     );
     crate::server::serve_all(cfg, state, joined.kube.clone(), managers.node.ips.clone()).await?;
     crate::server::podresources::serve(&cfg.root_dir, managers.pods.clone(), managers.devices.clone()).await?;

@@ -29,6 +29,14 @@ pub struct Extended {
     pub allocatable: BTreeMap<String, i64>,
 }
 
+impl Extended {
+    /// The Node status' entries of these resources: (capacity, allocatable), device counts.
+    pub fn to_lists(&self) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
+        let list = |m: &BTreeMap<String, i64>| m.iter().map(|(k, n)| (k.clone(), Quantity(n.to_string()))).collect();
+        (list(&self.capacity), list(&self.allocatable))
+    }
+}
+
 impl Resources {
     /// The resource list of a Node's status (`capacity` or `allocatable`).
     pub fn to_list(&self) -> BTreeMap<String, Quantity> {

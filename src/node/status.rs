@@ -119,10 +119,10 @@ pub fn set_node_status(node: &mut Node, o: &Observed, now: &Time) -> Vec<&'stati
     capacity.retain(|k, _| !k.starts_with("hugepages-") || o.capacity.hugepages.contains_key(k));
     capacity.retain(|k, _| !o.extended_gone.contains(k));
     capacity.extend(o.capacity.to_list());
-    let count = |n: &i64| Quantity(n.to_string());
-    capacity.extend(o.extended.capacity.iter().map(|(k, n)| (k.clone(), count(n))));
+    let (extended_capacity, extended_allocatable) = o.extended.to_lists();
+    capacity.extend(extended_capacity);
     let mut ours = o.allocatable.to_list();
-    ours.extend(o.extended.allocatable.iter().map(|(k, n)| (k.clone(), count(n))));
+    ours.extend(extended_allocatable);
     let allocatable: BTreeMap<String, Quantity> = capacity
         .iter()
         .map(|(k, v)| (k.clone(), ours.get(k).cloned().unwrap_or_else(|| v.clone())))

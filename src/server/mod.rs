@@ -71,6 +71,8 @@ pub struct State {
     pub checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
     /// The event recorder, whose recent events the status page lists.
     pub events: crate::events::Recorder,
+    /// The device plugins' resources, in /ferrolet/node's capacity and allocatable.
+    pub devices: crate::cm::devicemanager::DeviceManager,
 }
 
 impl State {
@@ -87,6 +89,7 @@ impl State {
         readiness: crate::node::cluster::Readiness,
         checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
         events: crate::events::Recorder,
+        devices: crate::cm::devicemanager::DeviceManager,
     ) -> Arc<State> {
         Arc::new(State {
             rt,
@@ -100,6 +103,7 @@ impl State {
             readiness,
             checkpoint,
             events,
+            devices,
         })
     }
 }
@@ -352,7 +356,7 @@ async fn ferrolet_pods(axum::extract::State(st): axum::extract::State<Arc<State>
 
 /// The node as a standalone agent has it: the Node it would register, with the eviction
 /// manager's pressure conditions (MemoryPressure, DiskPressure, PIDPressure), Ready, capacity
-/// and allocatable.
+/// and allocatable (the device plugins' resources among them, as a cluster's Node has them).
 async fn ferrolet_node(axum::extract::State(st): axum::extract::State<Arc<State>>) -> Response {
     let node = node_object(&st).await;
     (
@@ -382,8 +386,12 @@ async fn node_object(st: &State) -> k8s_openapi::api::core::v1::Node {
         };
     crate::node::conditions::set_ready(status.conditions.get_or_insert_with(Vec::new), &not_ready, &now);
     if let Some(info) = info {
-        status.capacity = Some(info.capacity.to_list());
-        status.allocatable = Some(info.allocatable.to_list());
+        let (mut capacity, mut allocatable) = (info.capacity.to_list(), info.allocatable.to_list());
+        let (devices, healthy) = st.devices.extended().to_lists();
+        capacity.extend(devices);
+        allocatable.extend(healthy);
+        status.capacity = Some(capacity);
+        status.allocatable = Some(allocatable);
     }
     node
 }
