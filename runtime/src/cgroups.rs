@@ -7,10 +7,12 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::kept_files::KeptFiles;
 
 /// Controllers ferrolet sets limits with or reads stats from.
 const V1_CONTROLLERS: &[&str] = &[
@@ -96,6 +98,8 @@ pub struct CgroupStats {
 #[derive(Debug, Clone)]
 pub struct Cgroups {
     mode: CgroupMode,
+    /// The stats' files, kept open between reads (shared by the clones).
+    stat_files: Arc<KeptFiles>,
 }
 
 impl Cgroups {
@@ -154,7 +158,10 @@ impl Cgroups {
                 reason: "no cgroup v1 controllers and no cgroup2 mount found".into(),
             });
         };
-        Ok(Cgroups { mode })
+        Ok(Cgroups {
+            mode,
+            stat_files: Arc::default(),
+        })
     }
 
     pub fn mode(&self) -> &CgroupMode {
@@ -456,11 +463,14 @@ impl Cgroups {
         }
     }
 
-    /// Usage numbers for a cgroup; whatever the node does not have is left out.
+    /// Usage numbers for a cgroup; whatever the node does not have is left out. Its files are
+    /// kept open for the next time ([`KeptFiles`]).
     pub fn stats(&self, cgroup: &str) -> CgroupStats {
+        let files = &*self.stat_files;
         match &self.mode {
-            CgroupMode::V2 { mount } => stats_v2(&mount.join(cgroup.trim_start_matches('/'))),
+            CgroupMode::V2 { mount } => stats_v2(files, &mount.join(cgroup.trim_start_matches('/'))),
             CgroupMode::V1 { .. } => stats_v1(
+                files,
                 self.dir_for("cpu", cgroup).as_deref(),
                 self.dir_for("cpuacct", cgroup).as_deref(),
                 self.dir_for("memory", cgroup).as_deref(),
@@ -473,12 +483,25 @@ impl Cgroups {
 /// v1 reports "no limit" as a huge page-aligned number; anything at or above this is none.
 const V1_NO_LIMIT: u64 = 1 << 62;
 
-fn stats_v2(d: &Path) -> CgroupStats {
+/// A kept file's number (as [`read_u64`]).
+fn kept_u64(files: &KeptFiles, p: &Path) -> Option<u64> {
+    files.read(p)?.trim().parse().ok()
+}
+
+/// A kept file's "key value" lines (as [`read_kv`]).
+fn kept_kv(files: &KeptFiles, p: &Path) -> BTreeMap<String, u64> {
+    files.read(p).map(|s| parse_kv(&s)).unwrap_or_default()
+}
+
+fn stats_v2(files: &KeptFiles, d: &Path) -> CgroupStats {
+    let read_u64 = |p: &Path| kept_u64(files, p);
+    let read_kv = |p: &Path| kept_kv(files, p);
     let cpu = read_kv(&d.join("cpu.stat"));
     let ms = read_kv(&d.join("memory.stat"));
     let usec = |k: &str| cpu.get(k).map(|u| u.saturating_mul(1000));
     let usage = read_u64(&d.join("memory.current"));
-    let (quota, period) = match read_trim(&d.join("cpu.max")).split_once(' ') {
+    let cpu_max = files.read(&d.join("cpu.max")).unwrap_or_default();
+    let (quota, period) = match cpu_max.trim().split_once(' ') {
         Some((q, p)) => (q.parse().ok(), p.parse().ok()),
         None => (None, None),
     };
@@ -508,7 +531,15 @@ fn stats_v2(d: &Path) -> CgroupStats {
     }
 }
 
-fn stats_v1(cpu: Option<&Path>, cpuacct: Option<&Path>, memory: Option<&Path>, pids: Option<&Path>) -> CgroupStats {
+fn stats_v1(
+    files: &KeptFiles,
+    cpu: Option<&Path>,
+    cpuacct: Option<&Path>,
+    memory: Option<&Path>,
+    pids: Option<&Path>,
+) -> CgroupStats {
+    let read_u64 = |p: &Path| kept_u64(files, p);
+    let read_kv = |p: &Path| kept_kv(files, p);
     let mut s = CgroupStats::default();
     if let Some(d) = cpuacct {
         s.cpu_usage_nanos = read_u64(&d.join("cpuacct.usage"));
@@ -1066,7 +1097,7 @@ mod tests {
         w("memory.max", "max\n");
         w("cpu.max", "50000 100000\n");
         w("pids.current", "4\n");
-        let s = stats_v2(d.path());
+        let s = stats_v2(&KeptFiles::default(), d.path());
         assert_eq!(s.cpu_usage_nanos, Some(2_000_000));
         assert_eq!(s.cpu_user_nanos, Some(1_500_000));
         assert_eq!(s.cpu_throttled_periods, Some(3));
@@ -1094,7 +1125,7 @@ mod tests {
         w("memory.limit_in_bytes", "9223372036854771712\n");
         w("memory.stat", "rss 1\ncache 2\ntotal_rss 300\ntotal_cache 600\ntotal_inactive_file 400\ntotal_mapped_file 5\ntotal_swap 0\ntotal_pgfault 8\n");
         let p = Some(d.path());
-        let s = stats_v1(p, p, p, p);
+        let s = stats_v1(&KeptFiles::default(), p, p, p, p);
         assert_eq!(s.cpu_usage_nanos, Some(5000));
         let tick = 1_000_000_000 / clock_ticks_per_second();
         assert_eq!(s.cpu_user_nanos, Some(2 * tick));

@@ -20,6 +20,7 @@ pub mod error;
 pub mod exe_seal;
 pub mod idmap;
 pub mod image;
+mod kept_files;
 pub mod migration_warmer;
 mod mount_api;
 pub mod mount_ns;
