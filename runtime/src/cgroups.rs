@@ -494,12 +494,10 @@ fn kept_kv(files: &KeptFiles, p: &Path) -> BTreeMap<String, u64> {
 }
 
 fn stats_v2(files: &KeptFiles, d: &Path) -> CgroupStats {
-    let read_u64 = |p: &Path| kept_u64(files, p);
-    let read_kv = |p: &Path| kept_kv(files, p);
-    let cpu = read_kv(&d.join("cpu.stat"));
-    let ms = read_kv(&d.join("memory.stat"));
+    let cpu = kept_kv(files, &d.join("cpu.stat"));
+    let ms = kept_kv(files, &d.join("memory.stat"));
     let usec = |k: &str| cpu.get(k).map(|u| u.saturating_mul(1000));
-    let usage = read_u64(&d.join("memory.current"));
+    let usage = kept_u64(files, &d.join("memory.current"));
     let cpu_max = files.read(&d.join("cpu.max")).unwrap_or_default();
     let (quota, period) = match cpu_max.trim().split_once(' ') {
         Some((q, p)) => (q.parse().ok(), p.parse().ok()),
@@ -513,19 +511,19 @@ fn stats_v2(files: &KeptFiles, d: &Path) -> CgroupStats {
         cpu_throttled_periods: cpu.get("nr_throttled").copied(),
         cpu_throttled_nanos: usec("throttled_usec"),
         memory_usage_bytes: usage,
-        memory_max_usage_bytes: read_u64(&d.join("memory.peak")),
+        memory_max_usage_bytes: kept_u64(files, &d.join("memory.peak")),
         memory_working_set_bytes: usage.map(|u| working_set(u, ms.get("inactive_file").copied())),
         memory_rss_bytes: ms.get("anon").copied(),
         memory_cache_bytes: ms.get("file").copied(),
         memory_mapped_file_bytes: ms.get("file_mapped").copied(),
-        memory_swap_bytes: read_u64(&d.join("memory.swap.current")),
+        memory_swap_bytes: kept_u64(files, &d.join("memory.swap.current")),
         memory_page_faults: ms.get("pgfault").copied(),
         memory_major_page_faults: ms.get("pgmajfault").copied(),
-        pids: read_u64(&d.join("pids.current")),
-        oom_kills: read_kv(&d.join("memory.events")).get("oom_kill").copied(),
+        pids: kept_u64(files, &d.join("pids.current")),
+        oom_kills: kept_kv(files, &d.join("memory.events")).get("oom_kill").copied(),
         // "max" does not parse: no limit.
-        memory_limit_bytes: read_u64(&d.join("memory.max")),
-        cpu_shares: read_u64(&d.join("cpu.weight")).map(weight_to_shares),
+        memory_limit_bytes: kept_u64(files, &d.join("memory.max")),
+        cpu_shares: kept_u64(files, &d.join("cpu.weight")).map(weight_to_shares),
         cpu_quota_us: quota,
         cpu_period_us: period,
     }
@@ -538,34 +536,32 @@ fn stats_v1(
     memory: Option<&Path>,
     pids: Option<&Path>,
 ) -> CgroupStats {
-    let read_u64 = |p: &Path| kept_u64(files, p);
-    let read_kv = |p: &Path| kept_kv(files, p);
     let mut s = CgroupStats::default();
     if let Some(d) = cpuacct {
-        s.cpu_usage_nanos = read_u64(&d.join("cpuacct.usage"));
+        s.cpu_usage_nanos = kept_u64(files, &d.join("cpuacct.usage"));
         // cpuacct.stat counts in USER_HZ ticks.
-        let ticks = read_kv(&d.join("cpuacct.stat"));
+        let ticks = kept_kv(files, &d.join("cpuacct.stat"));
         let ns_per_tick = 1_000_000_000 / clock_ticks_per_second();
         s.cpu_user_nanos = ticks.get("user").map(|t| t.saturating_mul(ns_per_tick));
         s.cpu_system_nanos = ticks.get("system").map(|t| t.saturating_mul(ns_per_tick));
     }
     if let Some(d) = cpu {
-        let st = read_kv(&d.join("cpu.stat"));
+        let st = kept_kv(files, &d.join("cpu.stat"));
         s.cpu_periods = st.get("nr_periods").copied();
         s.cpu_throttled_periods = st.get("nr_throttled").copied();
         s.cpu_throttled_nanos = st.get("throttled_time").copied();
-        s.cpu_shares = read_u64(&d.join("cpu.shares"));
+        s.cpu_shares = kept_u64(files, &d.join("cpu.shares"));
         // -1 (no quota) does not parse as u64.
-        s.cpu_quota_us = read_u64(&d.join("cpu.cfs_quota_us"));
-        s.cpu_period_us = read_u64(&d.join("cpu.cfs_period_us"));
+        s.cpu_quota_us = kept_u64(files, &d.join("cpu.cfs_quota_us"));
+        s.cpu_period_us = kept_u64(files, &d.join("cpu.cfs_period_us"));
     }
     if let Some(d) = memory {
-        let ms = read_kv(&d.join("memory.stat"));
+        let ms = kept_kv(files, &d.join("memory.stat"));
         // Hierarchical totals (total_*) where the kernel has them.
         let get = |k: &str| ms.get(&format!("total_{k}")).or_else(|| ms.get(k)).copied();
-        let usage = read_u64(&d.join("memory.usage_in_bytes"));
+        let usage = kept_u64(files, &d.join("memory.usage_in_bytes"));
         s.memory_usage_bytes = usage;
-        s.memory_max_usage_bytes = read_u64(&d.join("memory.max_usage_in_bytes"));
+        s.memory_max_usage_bytes = kept_u64(files, &d.join("memory.max_usage_in_bytes"));
         s.memory_working_set_bytes = usage.map(|u| working_set(u, get("inactive_file")));
         s.memory_rss_bytes = get("rss");
         s.memory_cache_bytes = get("cache");
@@ -573,11 +569,11 @@ fn stats_v1(
         s.memory_swap_bytes = get("swap");
         s.memory_page_faults = get("pgfault");
         s.memory_major_page_faults = get("pgmajfault");
-        s.oom_kills = read_kv(&d.join("memory.oom_control")).get("oom_kill").copied();
-        s.memory_limit_bytes = read_u64(&d.join("memory.limit_in_bytes")).filter(|l| *l < V1_NO_LIMIT);
+        s.oom_kills = kept_kv(files, &d.join("memory.oom_control")).get("oom_kill").copied();
+        s.memory_limit_bytes = kept_u64(files, &d.join("memory.limit_in_bytes")).filter(|l| *l < V1_NO_LIMIT);
     }
     if let Some(d) = pids {
-        s.pids = read_u64(&d.join("pids.current"));
+        s.pids = kept_u64(files, &d.join("pids.current"));
     }
     s
 }
