@@ -13,6 +13,7 @@ mod attach;
 pub mod cgroups;
 pub mod config;
 pub mod container;
+mod container_cache;
 pub mod crilog;
 pub mod devices;
 pub mod digest;

@@ -4,7 +4,7 @@
 //! ([`process_matches`]).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use tokio::io::unix::AsyncFd;
 
@@ -51,6 +51,20 @@ impl PidFd {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// True once the process has exited (the pidfd is readable; a zombie has exited too).
+    pub fn has_exited(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+        loop {
+            match poll(&mut fds, PollTimeout::ZERO) {
+                Ok(n) => return n > 0,
+                Err(nix::errno::Errno::EINTR) => continue,
+                // Cannot tell: say exited, so the caller looks at the process afresh.
+                Err(_) => return true,
+            }
+        }
     }
 
     /// Wait until the process exits (the pidfd becomes readable).
@@ -122,5 +136,21 @@ mod tests {
         assert_eq!(process_start_time(pid), Some(t), "still there as a zombie");
         let mut child = child;
         child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_pidfd_says_when_its_process_exited_zombie_or_reaped() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let fd = PidFd::open(child.id() as i32).unwrap();
+        assert!(!fd.has_exited());
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        // Killed, not reaped yet: a zombie has exited.
+        while !fd.has_exited() {
+            assert!(std::time::Instant::now() < deadline, "the pidfd never became readable");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+        assert!(fd.has_exited());
     }
 }

@@ -2,6 +2,7 @@
 //! containers, and pin pod namespaces. Everything that needs libcontainer goes through the
 //! zygote; everything else (spec generation, state files, cgroup reads) happens here.
 
+use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +13,7 @@ use crate::attach::{Attach, AttachOptions};
 use crate::cgroups::{CgroupStats, Cgroups};
 use crate::config::ContainerConfig;
 use crate::container::{self, ContainerInfo, ContainerRecord, ContainerState, ExitRecord, StartedRecord};
+use crate::container_cache::ContainerCache;
 use crate::digest::Digest;
 use crate::error::{p, Context, Error, Result};
 use crate::image::ImageStore;
@@ -40,6 +42,8 @@ pub struct Runtime {
     /// How long a request that waits on the zygote may take (kubelet's runtimeRequestTimeout):
     /// an exec whose process has not started by then fails.
     request_timeout: Duration,
+    /// Container states read before, reused while unchanged (`list`, `inspect`).
+    states: ContainerCache,
 }
 
 /// kubelet's default runtimeRequestTimeout.
@@ -148,6 +152,7 @@ impl Runtime {
             cgroups: Cgroups::detect()?,
             root,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            states: ContainerCache::default(),
         };
         Ok(rt)
     }
@@ -411,20 +416,27 @@ impl Runtime {
     pub fn list(&self) -> Result<Vec<ContainerInfo>> {
         let base = self.root.join("containers");
         let mut out = Vec::new();
+        let mut seen = HashSet::new();
         for e in std::fs::read_dir(&base).with_context(|| format!("listing {}", p(&base)))? {
             let e = e.with_context(|| format!("listing {}", p(&base)))?;
-            if e.file_name().to_string_lossy().starts_with('.') || !e.path().is_dir() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if id.starts_with('.') {
                 continue;
             }
-            match container::load(&e.path(), &self.cgroups) {
-                Ok(i) => out.push(i),
-                // deleted meanwhile
+            match self.load(&id, &e.path()) {
+                Ok(i) => {
+                    seen.insert(id);
+                    out.push(i)
+                }
+                // deleted meanwhile, or not a directory
                 Err(err) if err.is_not_found() => {}
                 Err(err) => {
+                    seen.insert(id);
                     tracing::warn!(dir = %e.path().display(), error = %chain(&err), "reading container state")
                 }
             }
         }
+        self.states.retain(&seen);
         out.sort_by(|a, b| a.record.created_at.cmp(&b.record.created_at));
         Ok(out)
     }
@@ -435,7 +447,26 @@ impl Runtime {
         if id.is_empty() || id.contains('/') || id.starts_with('.') {
             return Err(Error::ContainerNotFound(id.to_string()));
         }
-        container::load(&self.dir(id), &self.cgroups)
+        self.load(id, &self.dir(id))
+    }
+
+    /// One container's state: as read before when nothing it was read from has changed
+    /// (container_cache), else from its records and the kernel.
+    fn load(&self, id: &str, dir: &Path) -> Result<ContainerInfo> {
+        let read_at = std::time::SystemTime::now();
+        let meta = match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => m,
+            _ => {
+                self.states.forget(id);
+                return Err(Error::ContainerNotFound(id.to_string()));
+            }
+        };
+        if let Some(info) = self.states.get(id, &meta) {
+            return Ok(info);
+        }
+        let info = container::load(dir, &self.cgroups)?;
+        self.states.put(id, &meta, read_at, &info);
+        Ok(info)
     }
 
     /// Remove state directories of creations interrupted before the container record was

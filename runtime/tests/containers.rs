@@ -95,6 +95,10 @@ fn main() {
             container_whose_monitor_died_is_not_exited_while_it_runs,
         ),
         trial(
+            "a_reused_state_gives_way_to_a_replaced_record",
+            a_reused_state_gives_way_to_a_replaced_record,
+        ),
+        trial(
             "container_without_records_is_found_by_cgroup_and_mount",
             container_without_records_is_found_by_cgroup_and_mount,
         ),
@@ -1160,7 +1164,12 @@ fn garble(id: &str, files: &[(&str, &str)]) -> Result<()> {
             Some(f) => rt.root().join("libcontainer").join(id).join(f),
             None => rt.root().join("containers").join(id).join(name),
         };
-        std::fs::write(&path, content).with_context(|| format!("garbling {}", path.display()))?;
+        // Put in place by a rename, as every record is written: the runtime reuses a state it
+        // read while the directory is unchanged (container_cache), and an edit in place
+        // leaves the directory as it was.
+        let tmp = path.with_extension("garbled");
+        std::fs::write(&tmp, content).with_context(|| format!("garbling {}", path.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("garbling {}", path.display()))?;
     }
     Ok(())
 }
@@ -1419,6 +1428,48 @@ fn records_of_another_boot_after_a_power_loss() -> Result<()> {
     })
 }
 
+/// Longer than the runtime waits for a state directory to be still before it reuses the state
+/// read from it (container_cache::SETTLED).
+const STATE_SETTLES: Duration = Duration::from_millis(1300);
+
+/// A state the runtime reused (its directory unchanged for a while) gives way to a record
+/// replaced as the runtime writes records, by a rename: the next inspect and list read it.
+fn a_reused_state_gives_way_to_a_replaced_record() -> Result<()> {
+    block(async {
+        with_exited("replaced-record", async |id, _| {
+            let rt = &env().rt;
+            tokio::time::sleep(STATE_SETTLES).await;
+            for _ in 0..2 {
+                let got = rt.inspect(id)?;
+                ensure!(
+                    matches!(&got.state, ContainerState::Exited(e) if e.exit_code == 3),
+                    "{got:?}"
+                );
+            }
+            let path = rt.root().join("containers").join(id).join("exit.json");
+            let mut rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+            rec["exitCode"] = 7.into();
+            let tmp = path.with_extension("new");
+            std::fs::write(&tmp, serde_json::to_vec(&rec)?)?;
+            std::fs::rename(&tmp, &path)?;
+            let got = rt.inspect(id)?;
+            ensure!(
+                matches!(&got.state, ContainerState::Exited(e) if e.exit_code == 7),
+                "{got:?}"
+            );
+            let listed = rt.list()?.into_iter().find(|c| c.id() == id);
+            ensure!(
+                listed
+                    .as_ref()
+                    .is_some_and(|c| matches!(&c.state, ContainerState::Exited(e) if e.exit_code == 7)),
+                "{listed:?}"
+            );
+            Ok(())
+        })
+        .await
+    })
+}
+
 /// A container whose monitor was killed keeps running without anyone to record its exit: it
 /// is not "exited" while its processes live (the agent would start a second copy), and kill,
 /// wait and delete still work through its cgroup.
@@ -1430,6 +1481,12 @@ fn container_whose_monitor_died_is_not_exited_while_it_runs() -> Result<()> {
         let t = traces(&id, &info.record.cgroup_path);
         let r = async {
             rt.start(&id).await?;
+            // Listed while its directory is settled: the state is reused from here on, and
+            // only the monitor's pidfd tells of the monitor's death (it writes nothing).
+            tokio::time::sleep(STATE_SETTLES).await;
+            for _ in 0..2 {
+                ensure!(state_name(&rt.inspect(&id)?.state) == "Running");
+            }
             let m = info.monitor.clone().ok_or_else(|| anyhow!("no monitor record"))?;
             nix::sys::signal::kill(nix::unistd::Pid::from_raw(m.monitor_pid), nix::sys::signal::SIGKILL)?;
             monitor_gone(&info).await?;
