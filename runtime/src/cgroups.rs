@@ -4,8 +4,9 @@
 //! limits, removes them, tells the cgroup a process started in (so everything can nest under
 //! it), and reads stats tolerantly: a missing file is a missing number, never an error.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -405,12 +406,57 @@ impl Cgroups {
     /// How many processes are in `cgroup` and below, counted in one hierarchy (pids, else
     /// memory): cheaper than [`procs_below`](Cgroups::procs_below) for stats.
     pub fn process_count(&self, cgroup: &str) -> usize {
-        let Some(d) = self.dir_for("pids", cgroup).or_else(|| self.dir_for("memory", cgroup)) else {
+        match self.dir_for("pids", cgroup).or_else(|| self.dir_for("memory", cgroup)) {
+            Some(d) => self.count_below(&d, cgroup.trim_end_matches('/'), None, 0),
+            None => 0,
+        }
+    }
+
+    /// [`process_count`](Cgroups::process_count) of `cgroup` and of every cgroup below it, in
+    /// one walk: keyed by cgroup path (`cgroup` as given, then `/`-joined names below it).
+    pub fn process_counts(&self, cgroup: &str) -> HashMap<String, usize> {
+        let mut out = HashMap::new();
+        if let Some(d) = self.dir_for("pids", cgroup).or_else(|| self.dir_for("memory", cgroup)) {
+            self.count_below(&d, cgroup.trim_end_matches('/'), Some(&mut out), 0);
+        }
+        out
+    }
+
+    /// Processes in the cgroup directory `dir` (path `cgroup`) and below. The directory is
+    /// listed only when it has subdirectories (a cgroupfs directory's link count is 2 plus its
+    /// subdirectories), and on v2 `cgroup.procs` is read through a kept descriptor (v2 lists
+    /// the processes afresh at every read from the start): a container's cgroup costs a read
+    /// and a stat, not two opens, a listing and two closes.
+    fn count_below(
+        &self,
+        dir: &Path,
+        cgroup: &str,
+        mut out: Option<&mut HashMap<String, usize>>,
+        depth: usize,
+    ) -> usize {
+        if depth > 32 {
             return 0;
+        }
+        let procs = dir.join("cgroup.procs");
+        let listed = match self.mode {
+            CgroupMode::V2 { .. } => self.stat_files.read(&procs),
+            // v1 keeps the list an open file made for as long as it is read again within a
+            // second: a kept descriptor could read a stale one.
+            CgroupMode::V1 { .. } => fs::read_to_string(&procs).ok(),
         };
-        let mut pids = std::collections::BTreeSet::new();
-        collect_pids(&d, &mut pids, 0);
-        pids.len()
+        let mut n = listed.map_or(0, |s| s.lines().filter(|l| l.trim().parse::<i32>().is_ok()).count());
+        if fs::metadata(dir).is_ok_and(|m| m.nlink() > 2) {
+            for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    let child = format!("{cgroup}/{}", e.file_name().to_string_lossy());
+                    n += self.count_below(&e.path(), &child, out.as_deref_mut(), depth + 1);
+                }
+            }
+        }
+        if let Some(out) = out {
+            out.insert(cgroup.to_string(), n);
+        }
+        n
     }
 
     /// Send `signal` to every process in `cgroup` and below. Each pid is signalled through a
@@ -1039,6 +1085,52 @@ impl SwapBound {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_counts_of_a_cgroup_and_below_in_one_walk() {
+        let cgroups = Cgroups::detect().expect("the cgroup hierarchies");
+        let root = NestedRoot::create(&cgroups, &format!("counts-{}", std::process::id())).unwrap();
+        let pod = format!("{}/pod", root.path());
+        let (c1, c2) = (format!("{pod}/c1"), format!("{pod}/c1/nested"));
+        let mut kids = Vec::new();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for cg in [&pod, &c1, &c2] {
+                for m in cgroups.mounts() {
+                    fs::create_dir_all(m.join(cg.trim_start_matches('/'))).unwrap();
+                }
+            }
+            // One process in the pod's own cgroup, one in c1, two in c1/nested.
+            for cg in [&pod, &c1, &c2, &c2] {
+                let kid = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+                let dir = cgroups
+                    .dir_for("pids", cg)
+                    .or_else(|| cgroups.dir_for("memory", cg))
+                    .unwrap();
+                fs::write(dir.join("cgroup.procs"), kid.id().to_string()).unwrap();
+                kids.push(kid);
+            }
+            let counts = cgroups.process_counts(&pod);
+            assert_eq!(counts.get(&pod), Some(&4), "{counts:?}");
+            assert_eq!(counts.get(&c1), Some(&3), "{counts:?}");
+            assert_eq!(counts.get(&c2), Some(&2), "{counts:?}");
+            assert_eq!(cgroups.process_count(&c1), 3);
+            // Read again through the kept descriptors, after one left.
+            let mut gone = kids.pop().unwrap();
+            gone.kill().unwrap();
+            gone.wait().unwrap();
+            assert_eq!(cgroups.process_count(&format!("{pod}/")), 3);
+            assert_eq!(cgroups.process_counts(&pod).get(&c2), Some(&1));
+            assert_eq!(cgroups.process_count(&format!("{pod}/absent")), 0);
+        }));
+        for mut k in kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        root.cleanup().unwrap();
+        if let Err(p) = result {
+            std::panic::resume_unwind(p);
+        }
+    }
 
     #[test]
     fn weight_conversion_matches_runc() {

@@ -364,6 +364,12 @@ fn sample_pod(
             }
         }
     }
+    // Processes of the pod and of each container below it, in one walk of the pod's cgroup.
+    let counts = p
+        .pod_cgroup
+        .as_deref()
+        .map(|pc| cg.process_counts(pc))
+        .unwrap_or_default();
     let mut pod_sum = CgroupStats::default();
     for (name, c) in by_name {
         let s = cg.stats(&c.record.cgroup_path);
@@ -395,7 +401,10 @@ fn sample_pod(
         });
         add_eph(&rootfs);
         add_eph(&logs);
-        let processes = cg.process_count(&c.record.cgroup_path) as u64;
+        let processes = match counts.get(c.record.cgroup_path.trim_end_matches('/')) {
+            Some(n) => *n as u64,
+            None => cg.process_count(&c.record.cgroup_path) as u64,
+        };
         containers.push(ContainerStats {
             name: name.clone(),
             start_time: start,
@@ -421,7 +430,13 @@ fn sample_pod(
 
     // The pod's cgroup (or, without one, the sum of its containers).
     let (pod_stats, processes) = match &p.pod_cgroup {
-        Some(pc) => (cg.stats(pc), cg.process_count(pc) as u64),
+        Some(pc) => {
+            let n = match counts.get(pc.trim_end_matches('/')) {
+                Some(n) => *n,
+                None => cg.process_count(pc),
+            };
+            (cg.stats(pc), n as u64)
+        }
         None => (
             pod_sum,
             entries.iter().rev().take(containers.len()).map(|e| e.processes).sum(),
