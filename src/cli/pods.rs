@@ -15,7 +15,8 @@ pub async fn run(args: &PodsArgs) -> Result<i32> {
     let v = super::client::get_json(&socket, "/ferrolet/pods").await?;
     let mut rows: Vec<(Pod, bool)> = Vec::new();
     for item in v["items"].as_array().cloned().unwrap_or_default() {
-        let pod: Pod = serde_json::from_value(item["pod"].clone())?;
+        let pod: Pod = crate::pod::manifest::from_value(item["pod"].clone())
+            .map_err(|e| anyhow::anyhow!("a pod from the agent: {e}"))?;
         if args
             .namespace
             .as_deref()

@@ -76,13 +76,21 @@ fn to_pod(v: Value, where_: &str) -> Result<Pod, String> {
         Some("v1") | None => {}
         Some(other) => return Err(format!("{where_}: apiVersion {other:?} is not v1")),
     }
-    serde_path_to_error::deserialize::<_, Pod>(v).map_err(|e| {
+    from_value(v).map_err(|e| format!("{where_}: {e}"))
+}
+
+/// Decode a Kubernetes object (or part of one) from a JSON value; the error names the field
+/// (`spec.containers[0].image: invalid type...`). Objects the agent decodes from values all
+/// come through here, so each type's decoder for values is compiled once
+/// (docs/static-build.md).
+pub fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
+    serde_path_to_error::deserialize::<_, T>(v).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path == "." || path.is_empty() {
-            format!("{where_}: {inner}")
+            inner.to_string()
         } else {
-            format!("{where_}: {path}: {inner}")
+            format!("{path}: {inner}")
         }
     })
 }

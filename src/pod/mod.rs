@@ -126,7 +126,7 @@ pub fn ephemeral_containers(pod: &Pod) -> Vec<Container> {
         .filter_map(|e| {
             let mut v = serde_json::to_value(e).ok()?;
             v.as_object_mut()?.remove("targetContainerName");
-            serde_json::from_value(v).ok()
+            manifest::from_value(v).ok()
         })
         .collect()
 }
