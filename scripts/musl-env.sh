@@ -6,7 +6,8 @@
 #   musl_env TARGET MODE   builds libseccomp.a for the target once (under $musl_deps)
 #                          and exports the variables cargo, the cc crate, libseccomp-sys and
 #                          build.rs read; MODE "dist" also folds identical code and packs the
-#                          relocations at link time (smaller, slower to link)
+#                          relocations at link time (smaller, slower to link), and keeps frame
+#                          pointers on x86_64 (smaller unwind tables)
 #
 # x86_64: musl-gcc (musl-tools) compiles the C code. aarch64: Debian's cross compiler
 # (gcc-aarch64-linux-gnu) with the headers and libraries of Debian's musl-dev and the kernel
@@ -108,6 +109,10 @@ musl_env() {
       host_flags=()
       # (the path of the first static build, kept so its cargo cache stays valid)
       deps=${musl_deps:-$target_dir/musl-deps}/libseccomp-$version
+      # dist: frame pointers. With them each function's unwind rules say "the frame is at rbp"
+      # once, instead of following rsp through every push, pop and epilogue: .eh_frame is
+      # 0.7 MB smaller and .text no larger (docs/static-build.md).
+      [ "$mode" = dist ] && flags+=" -C force-frame-pointers=yes"
       export CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="$flags"
       unset BUSYBOX BUSYBOX_RUNNER
       ;;
