@@ -287,12 +287,13 @@ fn a_shutdown_systemd_refuses_is_cancelled_and_the_node_takes_pods_again() {
             machine.bus_address_in_its_pid_namespace(),
         )],
     );
-    let pod = |name: &str| {
+    // A pod that takes `stop` seconds to stop on SIGTERM.
+    let pod = |name: &str, stop: u32| {
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, 'trap \"sleep 2; exit 0\" TERM; while true; do sleep 0.2; done']\n"
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, 'trap \"sleep {stop}; exit 0\" TERM; while true; do sleep 0.2; done']\n"
         )
     };
-    a.write("first.yaml", &pod("first"));
+    a.write("first.yaml", &pod("first", 2));
     a.wait_phase("first", "Running", T);
     let locked = || {
         let l = machine.try_busctl(&["call", "ListInhibitors"]).unwrap_or_default();
@@ -340,7 +341,11 @@ fn a_shutdown_systemd_refuses_is_cancelled_and_the_node_takes_pods_again() {
     );
     // A new pod is admitted and runs; the one stopped for the shutdown stays Failed, as in
     // kubelet.
-    a.write("second.yaml", &pod("second"));
+    // Stopping takes 6 s (within the 8 s its priority gets): the second shutdown goes on, and
+    // the agent with the machine, once the pod has stopped, and the checks below need the
+    // agent up until then. With 2 s, a `systemctl poweroff` slow to return under load left
+    // too little of that time for them (CI, 2026-11-28).
+    a.write("second.yaml", &pod("second", 6));
     a.wait_phase("second", "Running", T);
     assert!(stopped_for_shutdown(&a.pod("first").unwrap()));
 
