@@ -98,6 +98,18 @@ pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Resul
     write_atomic(path, &data)
 }
 
+/// [`write_json_atomic`], skipped when the file already holds exactly that JSON: for records
+/// written again and again with the same content (a pod's record at every resync), where a
+/// rename and two fsyncs each time cost CPU and a board's flash. True when it wrote.
+pub fn write_json_atomic_if_changed<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<bool> {
+    let data = serde_json::to_vec_pretty(value).with_context(|| format!("encoding {}", path.display()))?;
+    if fs::read(path).ok().as_deref() == Some(data.as_slice()) {
+        return Ok(false);
+    }
+    write_atomic(path, &data)?;
+    Ok(true)
+}
+
 /// Read and decode a JSON file; the error names the file.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
     let data = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -192,6 +204,27 @@ pub fn safe_name(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_with_the_same_content_is_not_written_again() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("pod.json");
+        let v = serde_json::json!({"spec": {"containers": [{"name": "c"}]}});
+        assert!(write_json_atomic_if_changed(&f, &v).unwrap());
+        let ino = fs::metadata(&f).unwrap().ino();
+        // The same content: the file is left as it is (an atomic write would be a new inode).
+        assert!(!write_json_atomic_if_changed(&f, &v).unwrap());
+        assert_eq!(fs::metadata(&f).unwrap().ino(), ino);
+        // Changed, or damaged on disk: written again.
+        let changed = serde_json::json!({"spec": {"containers": [{"name": "d"}]}});
+        assert!(write_json_atomic_if_changed(&f, &changed).unwrap());
+        assert_ne!(fs::metadata(&f).unwrap().ino(), ino);
+        assert_eq!(read_json::<serde_json::Value>(&f).unwrap(), changed);
+        fs::write(&f, b"{torn").unwrap();
+        assert!(write_json_atomic_if_changed(&f, &changed).unwrap());
+        assert_eq!(read_json::<serde_json::Value>(&f).unwrap(), changed);
+    }
 
     #[test]
     fn unsynced_and_grouped_writes_replace_content_and_leave_no_temp() {

@@ -130,11 +130,7 @@ impl PodSetup {
         let qos = self.qos.clone();
         blocking(move || {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let record = dir.join("pod.json");
-            let json = serde_json::to_vec_pretty(&*p).context("encoding pod.json")?;
-            if std::fs::read(&record).ok().as_deref() != Some(json.as_slice()) {
-                ferrolet_fsutil::write_atomic(&record, &json)?;
-            }
+            ferrolet_fsutil::write_json_atomic_if_changed(&dir.join("pod.json"), &*p)?;
             // A new pod cgroup: the QoS tiers first take its requests in (kubelet's syncPod
             // updates the QoS cgroups before it creates a pod cgroup).
             if let Some(qos) = qos.as_ref().filter(|_| !cgroups.pod_exists(&p)) {
