@@ -113,26 +113,18 @@ pub fn write_json_atomic_if_changed<T: Serialize + ?Sized>(path: &Path, value: &
 /// Read and decode a JSON file; the error names the file.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
     let data = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    decode_json(&data).with_context(|| format!("decoding {}", path.display()))
+    crate::json::decode_text(&data).with_context(|| format!("decoding {}", path.display()))
 }
 
 /// Like [`read_json`] but a missing file is `Ok(None)`.
 pub fn read_json_opt<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     match fs::read(path) {
-        Ok(data) => decode_json(&data)
+        Ok(data) => crate::json::decode_text(&data)
             .map(Some)
             .with_context(|| format!("decoding {}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
-}
-
-/// JSON text decoded as `serde_json::from_str` decodes it, which is how kube-client decodes
-/// API responses: every type the agent reads both from the API and from its records (a Pod,
-/// a Node) is then compiled once, not once per kind of input (docs/static-build.md).
-fn decode_json<T: DeserializeOwned>(data: &[u8]) -> serde_json::Result<T> {
-    let text = std::str::from_utf8(data).map_err(<serde_json::Error as serde::de::Error>::custom)?;
-    serde_json::from_str(text)
 }
 
 /// Create a directory and its parents; an existing one is fine.

@@ -19,6 +19,7 @@ mod beneath;
 mod error;
 mod fs;
 mod ids;
+pub mod json;
 
 pub use beneath::{remove_all_at, RootDir};
 pub use error::{chain, Chain, Context, Error, Result};

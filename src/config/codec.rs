@@ -601,7 +601,7 @@ impl Codec for Taints {
         list(f, v, "a list of taints")?
             .iter()
             .enumerate()
-            .map(|(i, t)| serde_json::from_value(t.clone()).map_err(|e| anyhow!("{f}[{i}]: {e}")))
+            .map(|(i, t)| ferrolet_fsutil::json::decode_value(t).map_err(|e| anyhow!("{f}[{i}]: {e}")))
             .collect()
     }
     fn flag(_: &str, vals: &[String]) -> Result<Self::T> {

@@ -30,12 +30,7 @@ pub fn decode(data: &str) -> Result<Vec<Pod>, String> {
             .collect::<Result<_, _>>()
             .map_err(|e| format!("invalid JSON: {e}"))?
     } else {
-        serde_saphyr::from_multiple::<Value>(data).map_err(|e| {
-            // The parser appends a snippet of the source: keep its position and reason only.
-            let e = e.to_string();
-            let first = e.lines().next().unwrap_or_default().trim_start_matches("error: ");
-            format!("invalid YAML: {first}")
-        })?
+        yaml_documents(data)?
     };
     let mut pods = Vec::new();
     for (i, doc) in docs.into_iter().enumerate() {
@@ -71,6 +66,17 @@ pub fn decode(data: &str) -> Result<Vec<Pod>, String> {
     Ok(pods)
 }
 
+/// The documents of a YAML text as JSON values. The error says where and why, never what: the
+/// parser's snippet of the source is left out, as the text may hold a secret (a kubeconfig's
+/// key, a Secret).
+pub fn yaml_documents(data: &str) -> Result<Vec<Value>, String> {
+    serde_saphyr::from_multiple::<Value>(data).map_err(|e| {
+        let e = e.to_string();
+        let first = e.lines().next().unwrap_or_default().trim_start_matches("error: ");
+        format!("invalid YAML: {first}")
+    })
+}
+
 fn to_pod(v: Value, where_: &str) -> Result<Pod, String> {
     match v.get("apiVersion").and_then(Value::as_str) {
         Some("v1") | None => {}
@@ -81,18 +87,10 @@ fn to_pod(v: Value, where_: &str) -> Result<Pod, String> {
 
 /// Decode a Kubernetes object (or part of one) from a JSON value; the error names the field
 /// (`spec.containers[0].image: invalid type...`). Objects the agent decodes from values all
-/// come through here, so each type's decoder for values is compiled once
-/// (docs/static-build.md).
+/// come through here, and through the text decoder kube-client uses, so each type's decoder is
+/// compiled once (docs/static-build.md).
 pub fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
-    serde_path_to_error::deserialize::<_, T>(v).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." || path.is_empty() {
-            inner.to_string()
-        } else {
-            format!("{path}: {inner}")
-        }
-    })
+    ferrolet_fsutil::json::decode_value(&v).map_err(|e| e.to_string())
 }
 
 /// What a JSON value is, never what it says: errors about a manifest must not quote a file

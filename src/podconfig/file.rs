@@ -553,14 +553,18 @@ pub fn static_objects(path: &Path) -> StaticObjects {
     for f in &files {
         for d in object_documents(f) {
             match d.get("kind").and_then(|k| k.as_str()) {
-                Some("Secret") => match serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(d) {
+                Some("Secret") => match ferrolet_fsutil::json::decode_value::<k8s_openapi::api::core::v1::Secret>(&d) {
                     Ok(s) => out.secrets.push(s),
                     Err(e) => warn!(manifest = %f.display(), "a Secret in the static pod path is not valid: {e}"),
                 },
-                Some("ConfigMap") => match serde_json::from_value::<k8s_openapi::api::core::v1::ConfigMap>(d) {
-                    Ok(c) => out.config_maps.push(c),
-                    Err(e) => warn!(manifest = %f.display(), "a ConfigMap in the static pod path is not valid: {e}"),
-                },
+                Some("ConfigMap") => {
+                    match ferrolet_fsutil::json::decode_value::<k8s_openapi::api::core::v1::ConfigMap>(&d) {
+                        Ok(c) => out.config_maps.push(c),
+                        Err(e) => {
+                            warn!(manifest = %f.display(), "a ConfigMap in the static pod path is not valid: {e}")
+                        }
+                    }
+                }
                 _ => {}
             }
         }

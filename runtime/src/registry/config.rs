@@ -153,10 +153,9 @@ impl RegistryConfig {
         let raw: RawFile = if value.is_null() {
             RawFile::default()
         } else {
-            serde_path_to_error::deserialize(value).map_err(|e| {
-                let path = e.path().to_string();
-                let field = if path == "." { "(top level)".to_string() } else { path };
-                bad(origin, &field, e.inner())
+            ferrolet_fsutil::json::decode_value(&value).map_err(|e| {
+                let field = if e.path.is_empty() { "(top level)" } else { &e.path };
+                bad(origin, field, e.reason)
             })?
         };
         let mut out = RegistryConfig {
