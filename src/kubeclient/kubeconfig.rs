@@ -12,9 +12,57 @@ use kube::config::{Cluster, Kubeconfig};
 
 use super::certstore::{pem_blocks, Credential};
 
-/// Read a kubeconfig (relative file names in it made absolute).
+/// Read a kubeconfig as client-go reads one: YAML or JSON, its documents merged (the first to
+/// set a value wins), relative file names in it made absolute against its directory. Decoded
+/// by the agent's YAML reader and JSON decoders rather than kube's `Kubeconfig::read_from`,
+/// whose YAML decoder of kube's types weighs 0.3 MB in the binary (docs/static-build.md).
 pub fn read(path: &Path) -> Result<Kubeconfig> {
-    Kubeconfig::read_from(path).map_err(|e| anyhow!("{}: {e}", path.display()))
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse(&text, path.parent()).with_context(|| path.display().to_string())
+}
+
+fn parse(text: &str, dir: Option<&Path>) -> Result<Kubeconfig> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let docs = crate::pod::manifest::yaml_documents(text).map_err(|e| anyhow!(e))?;
+    let mut merged: Option<Kubeconfig> = None;
+    for (i, doc) in docs.iter().enumerate().filter(|(_, d)| !d.is_null()) {
+        let mut kc: Kubeconfig =
+            ferrolet_fsutil::json::decode_value(doc).map_err(|e| anyhow!("document {}: {e}", i + 1))?;
+        if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            make_files_absolute(&mut kc, dir);
+        }
+        merged = Some(match merged {
+            Some(m) => m.merge(kc)?,
+            None => kc,
+        });
+    }
+    Ok(merged.unwrap_or_default())
+}
+
+/// The files a kubeconfig names relative to its own directory, as client-go resolves them
+/// (ResolveLocalPaths): the CA, client certificate and key, token file, and an exec plugin's
+/// command when it has a path separator (a bare name is looked up in PATH).
+fn make_files_absolute(kc: &mut Kubeconfig, dir: &Path) {
+    let absolute = |f: &mut Option<String>| {
+        if let Some(name) = f.as_deref().filter(|n| !n.is_empty() && Path::new(n).is_relative()) {
+            if let Some(joined) = dir.join(name).to_str() {
+                *f = Some(joined.to_string());
+            }
+        }
+    };
+    for c in kc.clusters.iter_mut().filter_map(|n| n.cluster.as_mut()) {
+        absolute(&mut c.certificate_authority);
+    }
+    for a in kc.auth_infos.iter_mut().filter_map(|n| n.auth_info.as_mut()) {
+        absolute(&mut a.client_certificate);
+        absolute(&mut a.client_key);
+        absolute(&mut a.token_file);
+        if let Some(exec) = a.exec.as_mut() {
+            if exec.command.as_deref().is_some_and(|c| c.contains('/')) {
+                absolute(&mut exec.command);
+            }
+        }
+    }
 }
 
 /// The current context's cluster.
@@ -202,6 +250,52 @@ mod tests {
         let cred = client_credential(&kc).unwrap().unwrap();
         assert_eq!(cred.cert_pem, cert.into_bytes());
         assert_eq!(cred.key_pem, key.into_bytes());
+    }
+
+    #[test]
+    fn documents_merge_first_wins_and_relative_files_become_absolute() {
+        let text = "\u{feff}apiVersion: v1\nkind: Config\ncurrent-context: a\nclusters:\n- name: k\n  cluster:\n    server: https://one:6443\n    certificate-authority: pki/ca.crt\nusers:\n- name: u\n  user:\n    client-certificate: u.crt\n    client-key: /abs/u.key\n    tokenFile: ../t\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: bin/cred\n- name: v\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: cred\n---\n{\"current-context\": \"b\", \"clusters\": [{\"name\": \"k\", \"cluster\": {\"server\": \"https://two:6443\"}}, {\"name\": \"l\", \"cluster\": {\"server\": \"https://three:6443\"}}]}\n";
+        let kc = parse(text, Some(Path::new("/etc/kube"))).unwrap();
+        assert_eq!(kc.current_context.as_deref(), Some("a"));
+        let servers: Vec<_> = kc
+            .clusters
+            .iter()
+            .map(|c| c.cluster.as_ref().unwrap().server.clone().unwrap())
+            .collect();
+        assert_eq!(servers, ["https://one:6443", "https://three:6443"]);
+        let c = kc.clusters[0].cluster.as_ref().unwrap();
+        assert_eq!(c.certificate_authority.as_deref(), Some("/etc/kube/pki/ca.crt"));
+        let u = kc.auth_infos[0].auth_info.as_ref().unwrap();
+        assert_eq!(u.client_certificate.as_deref(), Some("/etc/kube/u.crt"));
+        assert_eq!(u.client_key.as_deref(), Some("/abs/u.key"));
+        assert_eq!(u.token_file.as_deref(), Some("/etc/kube/../t"));
+        assert_eq!(u.exec.as_ref().unwrap().command.as_deref(), Some("/etc/kube/bin/cred"));
+        let v = kc.auth_infos[1].auth_info.as_ref().unwrap();
+        assert_eq!(
+            v.exec.as_ref().unwrap().command.as_deref(),
+            Some("cred"),
+            "a bare command is looked up in PATH"
+        );
+        assert_eq!(parse("", None).unwrap().clusters.len(), 0);
+    }
+
+    #[test]
+    fn bad_kubeconfigs_name_the_field_and_never_quote_the_file() {
+        let e = parse("clusters:\n- name: k\n  cluster:\n    server: [1]\n", None).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "document 1: clusters[0].cluster.server: invalid type: sequence, expected a string"
+        );
+        let e = parse(
+            "users:\n- name: u\n  user:\n    client-key-data: \"c2VjcmV0\n  - x: [\n",
+            None,
+        )
+        .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.starts_with("invalid YAML"), "{e}");
+        assert!(!e.contains("c2VjcmV0"), "{e}");
+        let e = parse("kind: Config\n---\nkind: Other\n", None).unwrap_err();
+        assert!(format!("{e:#}").contains("kind"), "{e:#}");
     }
 
     #[test]

@@ -113,8 +113,7 @@ impl Kube {
     /// A client from the kubeconfig at `path` (its current context), under kubelet's default
     /// rate limit; no bootstrap, no rotation.
     pub async fn from_kubeconfig(path: &Path) -> Result<Kube> {
-        let kc = kube::config::Kubeconfig::read_from(path)
-            .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+        let kc = kubeconfig::read(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
         let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .with_context(|| format!("kubeconfig {}", path.display()))?;
