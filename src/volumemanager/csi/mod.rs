@@ -111,18 +111,13 @@ impl VolData {
             .mode(0o750)
             .create(dir)
             .with_context(|| format!("creating {}", dir.display()))?;
-        let path = dir.join(VOL_DATA_FILE);
-        let tmp = dir.join(format!(".{VOL_DATA_FILE}.tmp"));
-        std::fs::write(&tmp, serde_json::to_vec(self)?).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
-        Ok(())
+        // Synced before and after its rename: a power cut leaves the old record or the new.
+        Ok(ferrolet_fsutil::write_json_atomic(&dir.join(VOL_DATA_FILE), self)?)
     }
 
     /// Read `dir/vol_data.json`.
     pub fn load(dir: &Path) -> anyhow::Result<VolData> {
-        let path = dir.join(VOL_DATA_FILE);
-        let data = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        serde_json::from_slice(&data).with_context(|| format!("decoding {}", path.display()))
+        Ok(ferrolet_fsutil::read_json(&dir.join(VOL_DATA_FILE))?)
     }
 }
 
