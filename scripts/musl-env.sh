@@ -103,6 +103,12 @@ musl_env() {
   gccld=$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin/gcc-ld
   flags="-C link-arg=-fuse-ld=lld -C link-arg=-B$gccld"
   [ "$mode" = dist ] && flags+=" -C link-arg=-Wl,--icf=all -C link-arg=-Wl,-z,pack-relative-relocs"
+  # Panic locations name the crate's own path (tokio-1.47.1/src/...), not the build machine's
+  # cargo home: 1,100 file names 60 bytes shorter, and no /root paths in a release.
+  local reg
+  for reg in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/; do
+    [[ $reg = *' '* ]] || flags+=" --remap-path-prefix=$reg="
+  done
   case $target in
     x86_64-unknown-linux-musl)
       cc=musl-gcc
