@@ -534,9 +534,33 @@ fn kept_u64(files: &KeptFiles, p: &Path) -> Option<u64> {
     files.read(p)?.trim().parse().ok()
 }
 
-/// A kept file's "key value" lines (as [`read_kv`]).
-fn kept_kv(files: &KeptFiles, p: &Path) -> BTreeMap<String, u64> {
-    files.read(p).map(|s| parse_kv(&s)).unwrap_or_default()
+/// A kept file's "key value" lines (as [`read_kv`]), looked up where they are: a sampling
+/// round reads a few keys of each file, and a map of all of them (v1's memory.stat has 35) was
+/// an allocation per key per cgroup per round.
+fn kept_kv(files: &KeptFiles, p: &Path) -> Kv {
+    Kv(files.read(p).unwrap_or_default())
+}
+
+/// A "key value" file's content.
+struct Kv(String);
+
+impl Kv {
+    fn get(&self, key: &str) -> Option<u64> {
+        self.find(|k| k == key)
+    }
+
+    /// v1 memory.stat's hierarchical `total_<key>` where the kernel has it, else `<key>`.
+    fn total_or_own(&self, key: &str) -> Option<u64> {
+        self.find(|k| k.strip_prefix("total_") == Some(key))
+            .or_else(|| self.get(key))
+    }
+
+    fn find(&self, want: impl Fn(&str) -> bool) -> Option<u64> {
+        self.0.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            want(k).then(|| v.trim().parse().ok()).flatten()
+        })
+    }
 }
 
 fn stats_v2(files: &KeptFiles, d: &Path) -> CgroupStats {
@@ -553,20 +577,20 @@ fn stats_v2(files: &KeptFiles, d: &Path) -> CgroupStats {
         cpu_usage_nanos: usec("usage_usec"),
         cpu_user_nanos: usec("user_usec"),
         cpu_system_nanos: usec("system_usec"),
-        cpu_periods: cpu.get("nr_periods").copied(),
-        cpu_throttled_periods: cpu.get("nr_throttled").copied(),
+        cpu_periods: cpu.get("nr_periods"),
+        cpu_throttled_periods: cpu.get("nr_throttled"),
         cpu_throttled_nanos: usec("throttled_usec"),
         memory_usage_bytes: usage,
         memory_max_usage_bytes: kept_u64(files, &d.join("memory.peak")),
-        memory_working_set_bytes: usage.map(|u| working_set(u, ms.get("inactive_file").copied())),
-        memory_rss_bytes: ms.get("anon").copied(),
-        memory_cache_bytes: ms.get("file").copied(),
-        memory_mapped_file_bytes: ms.get("file_mapped").copied(),
+        memory_working_set_bytes: usage.map(|u| working_set(u, ms.get("inactive_file"))),
+        memory_rss_bytes: ms.get("anon"),
+        memory_cache_bytes: ms.get("file"),
+        memory_mapped_file_bytes: ms.get("file_mapped"),
         memory_swap_bytes: kept_u64(files, &d.join("memory.swap.current")),
-        memory_page_faults: ms.get("pgfault").copied(),
-        memory_major_page_faults: ms.get("pgmajfault").copied(),
+        memory_page_faults: ms.get("pgfault"),
+        memory_major_page_faults: ms.get("pgmajfault"),
         pids: kept_u64(files, &d.join("pids.current")),
-        oom_kills: kept_kv(files, &d.join("memory.events")).get("oom_kill").copied(),
+        oom_kills: kept_kv(files, &d.join("memory.events")).get("oom_kill"),
         // "max" does not parse: no limit.
         memory_limit_bytes: kept_u64(files, &d.join("memory.max")),
         cpu_shares: kept_u64(files, &d.join("cpu.weight")).map(weight_to_shares),
@@ -593,9 +617,9 @@ fn stats_v1(
     }
     if let Some(d) = cpu {
         let st = kept_kv(files, &d.join("cpu.stat"));
-        s.cpu_periods = st.get("nr_periods").copied();
-        s.cpu_throttled_periods = st.get("nr_throttled").copied();
-        s.cpu_throttled_nanos = st.get("throttled_time").copied();
+        s.cpu_periods = st.get("nr_periods");
+        s.cpu_throttled_periods = st.get("nr_throttled");
+        s.cpu_throttled_nanos = st.get("throttled_time");
         s.cpu_shares = kept_u64(files, &d.join("cpu.shares"));
         // -1 (no quota) does not parse as u64.
         s.cpu_quota_us = kept_u64(files, &d.join("cpu.cfs_quota_us"));
@@ -604,7 +628,7 @@ fn stats_v1(
     if let Some(d) = memory {
         let ms = kept_kv(files, &d.join("memory.stat"));
         // Hierarchical totals (total_*) where the kernel has them.
-        let get = |k: &str| ms.get(&format!("total_{k}")).or_else(|| ms.get(k)).copied();
+        let get = |k: &str| ms.total_or_own(k);
         let usage = kept_u64(files, &d.join("memory.usage_in_bytes"));
         s.memory_usage_bytes = usage;
         s.memory_max_usage_bytes = kept_u64(files, &d.join("memory.max_usage_in_bytes"));
@@ -615,7 +639,7 @@ fn stats_v1(
         s.memory_swap_bytes = get("swap");
         s.memory_page_faults = get("pgfault");
         s.memory_major_page_faults = get("pgmajfault");
-        s.oom_kills = kept_kv(files, &d.join("memory.oom_control")).get("oom_kill").copied();
+        s.oom_kills = kept_kv(files, &d.join("memory.oom_control")).get("oom_kill");
         s.memory_limit_bytes = kept_u64(files, &d.join("memory.limit_in_bytes")).filter(|l| *l < V1_NO_LIMIT);
     }
     if let Some(d) = pids {
@@ -1159,6 +1183,23 @@ mod tests {
         assert_eq!(m.len(), 2);
         assert!(read_kv(&d.path().join("missing")).is_empty());
         assert_eq!(parse_kv("a 1\nb x\n").len(), 1);
+    }
+
+    #[test]
+    fn kv_lookups_in_place() {
+        let ms = Kv("cache 7\nrss 3\nrss_huge 0\ntotal_cache 70\ntotal_rss x\nbad\noom_kill 2\n".into());
+        assert_eq!(ms.get("rss"), Some(3));
+        assert_eq!(ms.get("rss_h"), None, "whole keys only");
+        assert_eq!(ms.get("oom_kill"), Some(2));
+        assert_eq!(ms.get("bad"), None);
+        assert_eq!(ms.total_or_own("cache"), Some(70), "the hierarchical total first");
+        assert_eq!(
+            ms.total_or_own("rss"),
+            Some(3),
+            "an unreadable total gives way to the own value"
+        );
+        assert_eq!(ms.total_or_own("rss_huge"), Some(0));
+        assert_eq!(Kv(String::new()).get("rss"), None);
     }
 
     #[test]

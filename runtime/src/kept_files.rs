@@ -81,7 +81,11 @@ impl Inner {
     }
 }
 
-/// Read from offset 0 to the end, whatever the descriptor's position.
+/// Read from offset 0 to the end, whatever the descriptor's position. A read that leaves room
+/// in the buffer has reached the end: cgroupfs makes a file's whole content at once and hands
+/// out all of it that fits (kernfs' seq_file), as a regular file's read falls short only at
+/// its end. So the read that would return nothing is not made: half the system calls of a
+/// sampling round.
 fn read_whole(f: &File) -> Option<String> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
@@ -91,7 +95,12 @@ fn read_whole(f: &File) -> Option<String> {
         }
         match f.read_at(&mut buf[len..], len as u64) {
             Ok(0) => break,
-            Ok(n) => len += n,
+            Ok(n) => {
+                len += n;
+                if len < buf.len() {
+                    break;
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return None,
         }
