@@ -15,6 +15,7 @@ use crate::events::{Kind, Recorder};
 use crate::images::gc::ImageGc;
 use crate::kuberuntime::gc::ContainerGc;
 use crate::pod::{self, manager::PodManager};
+use crate::stats::summary::Summary;
 use crate::stats::{Snapshot, Stats};
 use crate::tasks::blocking;
 
@@ -106,9 +107,12 @@ impl Manager {
         });
     }
 
-    async fn sample(&self) -> Option<Arc<Snapshot>> {
+    /// The node's signals read now; the pods' stats from the sampler's latest round when it is
+    /// at most two of its intervals old (kubelet reads them from cAdvisor's cache).
+    async fn sample(&self) -> Option<Summary> {
         let stats = self.stats.clone();
-        match blocking(move || Ok(stats.sample_now())).await {
+        let pods_max_age = 2 * self.cfg.housekeeping_interval;
+        match blocking(move || Ok(stats.node_now_pods_within(pods_max_age))).await {
             Ok(s) => Some(s),
             Err(e) => {
                 warn!(error = %format!("{e:#}"), "eviction manager: sampling stats");
@@ -120,7 +124,7 @@ impl Manager {
     /// One round; true when it evicted (and waited for the pods to stop).
     async fn round(&mut self) -> bool {
         let Some(snap) = self.sample().await else { return false };
-        let obs = signals::observe(&snap.summary);
+        let obs = signals::observe(&snap);
         let now = Instant::now();
         let mut met = signals::thresholds_met(&self.thresholds, &obs, false);
         if !self.met.is_empty() {
@@ -176,12 +180,12 @@ impl Manager {
         if self.reclaim_node_level(first.signal).await {
             return false;
         }
-        if matches!(resource, Resource::EphemeralStorage | Resource::Inodes) {
-            // Disk usage comes from the periodic walks, and a pod whose volumes were not walked
-            // yet would rank as using only its logs: measure every pod afresh first.
-            if let Some(fresh) = self.measure_disk_afresh().await {
-                candidates = self.candidates(&fresh);
-            }
+        // The round's pod stats came from the sampler's last round: rank on the pods' numbers
+        // of now. Disk usage comes from the periodic walks, and a pod whose volumes were not
+        // walked yet would rank as using only its logs: for disk, walk every pod afresh first.
+        let disk = matches!(resource, Resource::EphemeralStorage | Resource::Inodes);
+        if let Some(fresh) = self.sample_all_afresh(disk).await {
+            candidates = self.candidates(&fresh.summary);
         }
         rank::rank(&mut candidates, resource);
         let max = self.cfg.eviction.max_pod_grace_period;
@@ -211,9 +215,9 @@ impl Manager {
     }
 
     /// Pods that may be evicted, with their stats in `snap`.
-    fn candidates(&mut self, snap: &Snapshot) -> Vec<Candidate> {
+    fn candidates(&mut self, snap: &Summary) -> Vec<Candidate> {
         let by_uid: BTreeMap<&str, &crate::stats::summary::PodStats> =
-            snap.summary.pods.iter().map(|p| (p.pod_ref.uid.as_str(), p)).collect();
+            snap.pods.iter().map(|p| (p.pod_ref.uid.as_str(), p)).collect();
         let entries = self.pods.entries();
         let present: HashSet<String> = entries.iter().map(|e| pod::uid(&e.pod).to_string()).collect();
         self.evicted.retain(|u| present.contains(u));
@@ -228,18 +232,21 @@ impl Manager {
             .collect()
     }
 
-    /// Walk every pod's directories now and sample: the disk usage a ranking for disk needs.
-    async fn measure_disk_afresh(&self) -> Option<Arc<Snapshot>> {
+    /// A whole round of the sampler now, after walking every pod's directories when `walk`
+    /// (the disk usage a ranking for disk needs).
+    async fn sample_all_afresh(&self, walk: bool) -> Option<Arc<Snapshot>> {
         let stats = self.stats.clone();
         match blocking(move || {
-            stats.walk_now();
+            if walk {
+                stats.walk_now();
+            }
             Ok(stats.sample_now())
         })
         .await
         {
             Ok(s) => Some(s),
             Err(e) => {
-                warn!(error = %format!("{e:#}"), "eviction manager: measuring disk usage");
+                warn!(error = %format!("{e:#}"), "eviction manager: sampling every pod");
                 None
             }
         }
@@ -281,7 +288,7 @@ impl Manager {
             Err(e) => warn!(error = %format!("{e:#}"), "eviction manager: deleting unused images"),
         }
         let Some(snap) = self.sample().await else { return false };
-        let obs: Observations = signals::observe(&snap.summary);
+        let obs: Observations = signals::observe(&snap);
         if signals::thresholds_met(&self.thresholds, &obs, true).is_empty() {
             info!(
                 signal = signal.name(),

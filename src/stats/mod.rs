@@ -161,6 +161,31 @@ impl Stats {
         snap
     }
 
+    /// What the eviction manager reads each round (blocking): the node's numbers read now, the
+    /// pods' from the latest round when it was taken within `pods_max_age`, as kubelet's
+    /// eviction manager reads the node afresh and the pods from cAdvisor's cache. Without such
+    /// a round (none yet, or the sampler is slower than the caller), a new round, kept as the
+    /// latest. Reading every pod's cgroups once per round of each reader cost an idle node
+    /// twice the sampler's work.
+    pub fn node_now_pods_within(&self, pods_max_age: Duration) -> Summary {
+        let now = chrono::Utc::now();
+        let recent = self.latest().filter(|s| {
+            now.signed_duration_since(s.taken.0)
+                .to_std()
+                .is_ok_and(|age| age <= pods_max_age)
+        });
+        match recent {
+            Some(last) => {
+                let usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+                Summary {
+                    node: sampler::sample_node(&self.sources, &usage),
+                    pods: last.summary.pods.clone(),
+                }
+            }
+            None => self.sample_now().summary.clone(),
+        }
+    }
+
     /// Walk every directory the latest snapshot named (blocking).
     pub fn walk_now(&self) {
         let Some(snap) = self.latest() else { return };

@@ -171,22 +171,29 @@ fn read_node(now: Time) -> NodeReading {
     }
 }
 
-/// One round. `hist` carries the previous round's cpu counters; `usage` the last walks.
-pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snapshot {
-    let now = Time(Utc::now());
-    let cg = src.rt.cgroups();
-    let mut live = HashSet::new();
-    let mut entries: Vec<CgroupEntry> = Vec::new();
-    let mut fs_targets: Vec<PathBuf> = Vec::new();
+/// The node's part of a round: /proc, the filesystems' statfs, the node's interfaces and the
+/// two system containers' cgroups, a dozen files whatever the number of pods.
+struct NodePart {
+    stats: NodeStats,
+    capacity_bytes: u64,
+    ifaces: Option<Vec<Iface>>,
+    nodefs: Option<FsInfo>,
+    imagefs: Option<FsInfo>,
+    imagefs_dir: PathBuf,
+}
 
-    // The node.
+fn node_part(
+    src: &Sources,
+    hist: &mut CpuHistory,
+    live: &mut HashSet<String>,
+    usage: &UsageCache,
+    now: Time,
+) -> NodePart {
+    let cg = src.rt.cgroups();
     let node_reading = read_node(now);
     let nodefs = fs_info(&src.root_dir);
     let imagefs_dir = src.rt.images().dir().to_path_buf();
     let imagefs = fs_info(&imagefs_dir);
-    let containers_fs = fs_info(&src.rt.root().join("containers")).or(imagefs);
-    let logs_fs = fs_info(&src.pod_logs_dir).or(nodefs);
-    fs_targets.push(imagefs_dir.clone());
     let mut image_fs = fs_stats(imagefs, now);
     match usage.get(&imagefs_dir) {
         Some((u, _)) => {
@@ -195,7 +202,7 @@ pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snaps
         }
         None => image_fs.used_bytes = None,
     }
-    let node_ifaces = net::read(None);
+    let ifaces = net::read(None);
     let rlimit = crate::node::machine::pids().ok().map(|(max, tasks)| RlimitStats {
         time: now,
         max_pid: Some(max),
@@ -218,11 +225,53 @@ pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snaps
         system_containers.push(ContainerStats {
             name: name.to_string(),
             start_time: src.agent_start,
-            cpu: cpu_stats(hist, &mut live, key, s.cpu_usage_nanos, now),
+            cpu: cpu_stats(hist, live, key, s.cpu_usage_nanos, now),
             memory: memory_stats(s, now),
             ..Default::default()
         });
     }
+    let stats = NodeStats {
+        node_name: src.node_name.clone(),
+        system_containers,
+        start_time: node_reading.boot.unwrap_or(src.agent_start),
+        cpu: cpu_stats(hist, live, "node", node_reading.cpu_nanos, now),
+        memory: node_reading.memory.clone(),
+        network: ifaces.as_ref().map(|i| net::network_stats(i, now)),
+        fs: Some(fs_stats(nodefs, now)),
+        runtime: Some(RuntimeStats {
+            image_fs: Some(image_fs),
+        }),
+        rlimit,
+    };
+    NodePart {
+        stats,
+        capacity_bytes: node_reading.capacity_bytes,
+        ifaces,
+        nodefs,
+        imagefs,
+        imagefs_dir,
+    }
+}
+
+/// The node's numbers alone, read now, for a reader that needs them fresher than the last round
+/// (the eviction manager's signals). Its cpu counters carry no rate: the rates are the rounds'.
+pub fn sample_node(src: &Sources, usage: &UsageCache) -> NodeStats {
+    let mut scratch = CpuHistory::default();
+    node_part(src, &mut scratch, &mut HashSet::new(), usage, Time(Utc::now())).stats
+}
+
+/// One round. `hist` carries the previous round's cpu counters; `usage` the last walks.
+pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snapshot {
+    let now = Time(Utc::now());
+    let cg = src.rt.cgroups();
+    let mut live = HashSet::new();
+    let mut entries: Vec<CgroupEntry> = Vec::new();
+
+    let node = node_part(src, hist, &mut live, usage, now);
+    let containers_fs = fs_info(&src.rt.root().join("containers")).or(node.imagefs);
+    let logs_fs = fs_info(&src.pod_logs_dir).or(node.nodefs);
+    let nodefs = node.nodefs;
+    let mut fs_targets: Vec<PathBuf> = vec![node.imagefs_dir.clone()];
 
     // The runtime's running containers, by pod.
     let mut by_pod: HashMap<String, Vec<ContainerInfo>> = HashMap::new();
@@ -284,25 +333,15 @@ pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snaps
         pods_out.push(ps);
     }
 
-    let node = NodeStats {
-        node_name: src.node_name.clone(),
-        system_containers,
-        start_time: node_reading.boot.unwrap_or(src.agent_start),
-        cpu: cpu_stats(hist, &mut live, "node", node_reading.cpu_nanos, now),
-        memory: node_reading.memory.clone(),
-        network: node_ifaces.as_ref().map(|i| net::network_stats(i, now)),
-        fs: Some(fs_stats(nodefs, now)),
-        runtime: Some(RuntimeStats {
-            image_fs: Some(image_fs),
-        }),
-        rlimit,
-    };
     hist.retain(&live);
     let mut snap = Snapshot::new(
-        Summary { node, pods: pods_out },
+        Summary {
+            node: node.stats,
+            pods: pods_out,
+        },
         entries,
-        node_reading.capacity_bytes,
-        node_ifaces.unwrap_or_default(),
+        node.capacity_bytes,
+        node.ifaces.unwrap_or_default(),
         fs_targets,
         now,
     );
