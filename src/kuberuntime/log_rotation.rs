@@ -7,9 +7,10 @@
 //! (CRI's ReopenContainerLog), so the next line goes to a new file and none is lost. A failed
 //! reopen renames the file back for the next round.
 
+use std::collections::HashSet;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -114,18 +115,23 @@ pub fn compress(log: &Path) -> io::Result<()> {
 }
 
 /// One container's log: clean up, compress, rotate when over the size. `reopen` asks the
-/// container's monitor to reopen the log path.
+/// container's monitor to reopen the log path. `tidy`: the log's rotated files were left
+/// cleaned up and compressed by an earlier call that rotated nothing, so the directory is not
+/// listed again (only this manager makes rotated files).
 pub fn rotate_log(
     log: &Path,
     policy: Policy,
     now: DateTime<Utc>,
     reopen: &dyn Fn() -> Result<(), String>,
+    tidy: bool,
 ) -> Result<bool, String> {
-    let logs = cleanup_unused(all_rotated(log));
-    let logs = remove_excess(logs, policy.max_files);
-    for l in logs.iter().filter(|l| !has_suffix(l, COMPRESS_SUFFIX)) {
-        if let Err(e) = compress(l) {
-            return Err(format!("compressing {}: {e}", l.display()));
+    if !tidy {
+        let logs = cleanup_unused(all_rotated(log));
+        let logs = remove_excess(logs, policy.max_files);
+        for l in logs.iter().filter(|l| !has_suffix(l, COMPRESS_SUFFIX)) {
+            if let Err(e) = compress(l) {
+                return Err(format!("compressing {}: {e}", l.display()));
+            }
         }
     }
     let size = match std::fs::metadata(log) {
@@ -155,6 +161,11 @@ pub struct LogManager {
     rt: Arc<Runtime>,
     policy: Policy,
     workers: usize,
+    /// Logs whose last look rotated nothing and left their rotated files tidy: their next
+    /// look is a `stat` of the log, not a listing of its directory (kubelet lists it every
+    /// round; with 100 containers that was 400 system calls a round for nothing). Emptied at
+    /// every start, so leftovers of a crash are cleaned up once.
+    tidy: Arc<Mutex<HashSet<PathBuf>>>,
 }
 
 impl LogManager {
@@ -163,6 +174,7 @@ impl LogManager {
             rt,
             policy,
             workers: workers.max(1) as usize,
+            tidy: Arc::default(),
         }
     }
 
@@ -177,20 +189,32 @@ impl LogManager {
                 return;
             }
         };
-        let jobs = list
+        let jobs: Vec<(String, PathBuf)> = list
             .into_iter()
             .filter(|c| c.is_running())
-            .map(|c| (c.id().to_string(), c.record.log_path.clone()));
+            .map(|c| (c.id().to_string(), c.record.log_path.clone()))
+            .collect();
+        {
+            let live: HashSet<&PathBuf> = jobs.iter().map(|(_, log)| log).collect();
+            lock(&self.tidy).retain(|l| live.contains(l));
+        }
         let policy = self.policy;
         futures::stream::iter(jobs)
             .map(|(id, log)| {
                 let rt = self.rt.clone();
+                let tidy = self.tidy.clone();
                 tokio::task::spawn_blocking(move || {
                     let reopen = || {
                         rt.reopen_container_log(&id, Duration::from_secs(10))
                             .map_err(|e| ferrolet_fsutil::chain(&e).to_string())
                     };
-                    match rotate_log(&log, policy, Utc::now(), &reopen) {
+                    let was_tidy = lock(&tidy).contains(&log);
+                    let result = rotate_log(&log, policy, Utc::now(), &reopen, was_tidy);
+                    match &result {
+                        Ok(false) => lock(&tidy).insert(log.clone()),
+                        _ => lock(&tidy).remove(&log),
+                    };
+                    match result {
                         Ok(true) => info!(container = %id, log = %log.display(), "container log rotated"),
                         Ok(false) => trace!(container = %id, "container log checked"),
                         Err(e) => warn!(container = %id, error = %e, "rotating the container's log"),
@@ -201,6 +225,10 @@ impl LogManager {
             .for_each(|_| async {})
             .await;
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -247,7 +275,7 @@ mod tests {
             std::fs::write(&log, format!("line {i} and more\n")).unwrap();
             // The file of 10 (10.log) is another container's and stays.
             std::fs::write(d.path().join("10.log.20231114-221320"), "x").unwrap();
-            assert!(rotate_log(&log, policy, t0 + chrono::Duration::seconds(i), &reopen).unwrap());
+            assert!(rotate_log(&log, policy, t0 + chrono::Duration::seconds(i), &reopen, false).unwrap());
         }
         assert_eq!(reopened.get(), 5);
         // max_files 4: the live file and 3 rotated ones, all but the newest compressed.
@@ -267,7 +295,7 @@ mod tests {
             .unwrap();
         assert_eq!(s, "line 3 and more\n");
         // A round with nothing to rotate compresses the newest too and trims to max_files - 2.
-        assert!(!rotate_log(&log, policy, t0 + chrono::Duration::seconds(9), &reopen).unwrap());
+        assert!(!rotate_log(&log, policy, t0 + chrono::Duration::seconds(9), &reopen, false).unwrap());
         assert_eq!(
             names(d.path()),
             [
@@ -288,7 +316,7 @@ mod tests {
             max_size: 4,
             max_files: 5,
         };
-        let err = rotate_log(&log, policy, Utc::now(), &|| Err("gone".into())).unwrap_err();
+        let err = rotate_log(&log, policy, Utc::now(), &|| Err("gone".into()), false).unwrap_err();
         assert!(err.contains("gone"), "{err}");
         assert_eq!(names(d.path()), ["0.log"]);
     }
@@ -309,7 +337,29 @@ mod tests {
             max_size: 100,
             max_files: 5,
         };
-        assert!(!rotate_log(&log, policy, Utc::now(), &|| Ok(())).unwrap());
+        assert!(!rotate_log(&log, policy, Utc::now(), &|| Ok(()), false).unwrap());
         assert_eq!(names(d.path()), ["0.log", "0.log.20231114-221320.gz"]);
+    }
+
+    #[test]
+    fn a_tidy_log_is_only_measured_until_it_is_over_its_size() {
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("0.log");
+        std::fs::write(&log, "x").unwrap();
+        std::fs::write(d.path().join("0.log.20231114-221321.gz.tmp"), "x").unwrap();
+        let policy = Policy {
+            max_size: 10,
+            max_files: 5,
+        };
+        let t0 = Utc.with_ymd_and_hms(2023, 11, 14, 22, 13, 30).unwrap();
+        // Said tidy: the directory is not listed, so not even a leftover is seen.
+        assert!(!rotate_log(&log, policy, t0, &|| Ok(()), true).unwrap());
+        assert_eq!(names(d.path()), ["0.log", "0.log.20231114-221321.gz.tmp"]);
+        assert!(!rotate_log(&log, policy, t0, &|| Ok(()), false).unwrap());
+        assert_eq!(names(d.path()), ["0.log"]);
+        // Over its size, a tidy log is rotated all the same.
+        std::fs::write(&log, "x".repeat(20)).unwrap();
+        assert!(rotate_log(&log, policy, t0, &|| Ok(()), true).unwrap());
+        assert_eq!(names(d.path()), ["0.log.20231114-221330"]);
     }
 }
