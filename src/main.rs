@@ -48,7 +48,12 @@ impl std::io::Write for LossyStderr {
 
 fn tokio_rt(multi: bool) -> Result<tokio::runtime::Runtime> {
     let mut b = if multi {
-        tokio::runtime::Builder::new_multi_thread()
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        // The agent's periodic blocking work (stats, log rotation, GC) comes every 10 s, just
+        // as tokio's default 10 s keep-alive ends the threads that did the last round: an idle
+        // agent made and ended a thread every second.
+        b.thread_keep_alive(std::time::Duration::from_secs(60));
+        b
     } else {
         tokio::runtime::Builder::new_current_thread()
     };
