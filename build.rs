@@ -1,7 +1,8 @@
 //! Embeds the demo image (an OCI archive of Debian's busybox-static, built by
 //! images/build-busybox.sh) so a fresh node runs busybox pods with nothing imported. The image
 //! is built into OUT_DIR, never into the source tree; FERROLET_DEMO_IMAGE names a ready archive
-//! instead. Without busybox-static on the build machine the binary carries no demo image.
+//! instead, or `none` for a binary without one (the release's: its tarball carries the image).
+//! Without busybox-static on the build machine the binary carries no demo image.
 //! BUSYBOX names the busybox binary to build it from (the image takes that binary's
 //! architecture; BUSYBOX_RUNNER runs a foreign one, e.g. qemu-aarch64-static): a build for
 //! another architecture than the build machine's without BUSYBOX carries no demo image rather
@@ -45,6 +46,11 @@ fn main() {
     println!("cargo:rerun-if-changed={}", PathBuf::from(&busybox).display());
 
     let src = match std::env::var_os("FERROLET_DEMO_IMAGE") {
+        // Chosen (scripts/release: the demo image ships beside the binary, not inside it).
+        Some(p) if p == "none" => {
+            std::fs::write(&embedded, b"").expect("writing into OUT_DIR");
+            return;
+        }
         Some(p) => PathBuf::from(p),
         None if foreign => {
             println!("cargo:warning=building for {target_arch} without BUSYBOX (a {target_arch} busybox-static): no demo image");

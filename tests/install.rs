@@ -127,6 +127,57 @@ fn install_places_everything_and_uninstall_removes_only_that() {
     assert!(String::from_utf8_lossy(&none.stderr).contains("not installed by `ferrolet install`"));
 }
 
+/// The release tarball's layout: the binary, and `images/*.tar` beside it (the demo image, which
+/// a release binary does not carry inside). Install puts each archive in the agent's import
+/// directory; `--image-archive` names others instead; uninstall takes them away again.
+#[test]
+fn install_puts_the_shipped_image_archives_in_the_import_directory() {
+    let t = tempfile::tempdir().unwrap();
+    let unpacked = t.path().join("ferrolet-0.1.0-x86_64-unknown-linux-musl");
+    std::fs::create_dir_all(unpacked.join("images")).unwrap();
+    let exe = unpacked.join("ferrolet");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_ferrolet"), &exe).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_ferrolet"), &exe).unwrap();
+    }
+    std::fs::write(unpacked.join("images/busybox.oci.tar"), "an archive").unwrap();
+    std::fs::write(unpacked.join("images/README"), "not an archive").unwrap();
+    let import = "var/lib/ferrolet/images/import";
+
+    let dest = t.path().join("root");
+    std::fs::create_dir(&dest).unwrap();
+    let d = dest.to_str().unwrap();
+    let out = Command::new(&exe).args(["install", "--destdir", d]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let placed: Vec<String> = files(&dest).into_iter().filter(|f| f.starts_with("var/")).collect();
+    assert_eq!(placed, [format!("{import}/busybox.oci.tar")]);
+    assert_eq!(
+        std::fs::read_to_string(dest.join(import).join("busybox.oci.tar")).unwrap(),
+        "an archive"
+    );
+    ok(&["uninstall", "--destdir", d]);
+    assert!(!dest.join("var").exists(), "{:?}", files(&dest));
+
+    // Named ones instead of the shipped ones; a missing one fails the install, which leaves
+    // nothing behind.
+    let other = t.path().join("mine.docker.tar");
+    std::fs::write(&other, "another").unwrap();
+    let out = Command::new(&exe)
+        .args(["install", "--destdir", d, "--image-archive", other.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let placed: Vec<String> = files(&dest).into_iter().filter(|f| f.starts_with("var/")).collect();
+    assert_eq!(placed, [format!("{import}/mine.docker.tar")]);
+    ok(&["uninstall", "--destdir", d]);
+    let out = Command::new(&exe)
+        .args(["install", "--destdir", d, "--image-archive", "/nonexistent/x.tar"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.tar"));
+    assert!(files(&dest).is_empty(), "{:?}", files(&dest));
+}
+
 /// `args` run inside the machine: (success, stdout + stderr).
 fn inside(m: &SystemdMachine, args: &[&str]) -> (bool, String) {
     let out = m.run(args);

@@ -1,8 +1,9 @@
 //! `ferrolet install` and `ferrolet uninstall`: a fresh board made a node in one step, and
 //! undone. Install puts the binary, a configuration, the static pod directory, the systemd unit
 //! (examples/ferrolet.service, [docs/systemd.md]), shell completions and man pages made from
-//! this command line (clap_complete, clap_mangen) in their places, then enables and starts the
-//! unit. What it adds, and only what it adds, is written to a record
+//! this command line (clap_complete, clap_mangen) and the image archives shipped with it (the
+//! release's demo image, into the agent's import directory) in their places, then enables and
+//! starts the unit. What it adds, and only what it adds, is written to a record
 //! (`/etc/ferrolet/install-record.json`), written before the unit is touched, so that an
 //! install whose service fails to start is undone like any other (a file that cannot be
 //! written takes back the ones before it); a file that was there already (an edited config, a
@@ -52,6 +53,12 @@ pub struct InstallArgs {
     /// --print-join-command` prints it: the CA the server presents must match.
     #[arg(long, value_name = "sha256:HEX", requires = "bootstrap_token")]
     pub ca_cert_hash: Option<String>,
+    /// An image archive (OCI layout or `docker save` tar) for the agent to import when it
+    /// starts: copied into its import directory (`/var/lib/ferrolet/images/import`). May be
+    /// repeated. Without it, the archives in `images/` beside this program are taken: the
+    /// release tarball's demo image (busybox:1.35), which release binaries do not carry inside.
+    #[arg(long = "image-archive", value_name = "FILE")]
+    pub image_archives: Vec<PathBuf>,
 }
 
 /// The configuration of a node that joins a cluster: the cluster CA verifies the API server's
@@ -250,6 +257,19 @@ fn place(a: &InstallArgs, dest: &Path, r: &mut Record) -> Result<()> {
     let bin = a.prefix.join("bin/ferrolet");
     let exe = std::fs::read("/proc/self/exe").context("reading this program's binary")?;
     r.add(&under(dest, &bin), &exe, 0o755)?;
+    let archives = match a.image_archives.is_empty() {
+        true => shipped_archives()?,
+        false => a.image_archives.clone(),
+    };
+    let import = under(dest, &r.root_dir.join("images/import"));
+    for archive in &archives {
+        let name = archive
+            .file_name()
+            .with_context(|| format!("--image-archive {}: not a file name", archive.display()))?;
+        let data =
+            std::fs::read(archive).with_context(|| format!("reading the image archive {}", archive.display()))?;
+        r.add(&import.join(name), &data, 0o644)?;
+    }
     let mut unit = UNIT.replace("/usr/local/bin/ferrolet", &bin.display().to_string());
     match &joined {
         Some((kubeconfig, ca)) => {
@@ -273,6 +293,25 @@ fn place(a: &InstallArgs, dest: &Path, r: &mut Record) -> Result<()> {
         r.add(&under(dest, &path), &data, 0o644)?;
     }
     Ok(())
+}
+
+/// The image archives shipped beside this program (`images/*.tar` in the release tarball),
+/// in name order; none when there is no such directory.
+fn shipped_archives() -> Result<Vec<PathBuf>> {
+    let exe = std::env::current_exe().context("finding this program's binary")?;
+    let Some(dir) = exe.parent().map(|d| d.join("images")) else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "tar"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    out.sort();
+    Ok(out)
 }
 
 fn systemctl(args: &[&str]) -> Result<()> {

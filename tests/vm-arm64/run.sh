@@ -167,6 +167,13 @@ printf '%s\n' "${order[@]}" >"$root/modules/order"
 # only): the bridge mode runs nftables' nft, a dynamically linked program the guest does not
 # have; the network lanes on x86_64 test the bridge.
 cp "$bin" "$share/ferrolet"
+rm -f "$share/busybox.oci.tar"
+if [ -n "${ARM64_FERROLET:-}" ]; then
+  # A release binary carries no demo image: the guest imports the arm64 one, as an installed
+  # node imports the release tarball's (musl_env names the arm64 busybox).
+  images/build-busybox.sh "$work/demo" >/dev/null
+  cp "$work/demo/busybox.oci.tar" "$share/busybox.oci.tar"
+fi
 sed 's/^  network: bridge$/  network: none/' "$repo/examples/kubelet-config.yaml" >"$share/config.yaml"
 grep -q '^  network: none$' "$share/config.yaml" || { echo "arm64: examples/kubelet-config.yaml has no 'network: bridge' to replace" >&2; exit 1; }
 cat >"$share/pod.yaml" <<'POD'
@@ -220,7 +227,7 @@ if [ -s "$results/cgroups-left" ]; then
   sed 's/^/  /' "$results/cgroups-left"
   fail=1
 fi
-rm -f "$share/ferrolet" "$work/initrd.gz"
+rm -f "$share/ferrolet" "$share/busybox.oci.tar" "$work/initrd.gz"
 rm -rf "$root"
 echo "arm64: lane took $((SECONDS - lane_start))s; logs in $results"
 exit $fail
