@@ -140,6 +140,13 @@ fn install_puts_the_shipped_image_archives_in_the_import_directory() {
         std::fs::copy(env!("CARGO_BIN_EXE_ferrolet"), &exe).unwrap();
     }
     std::fs::write(unpacked.join("images/busybox.oci.tar"), "an archive").unwrap();
+    let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(unpacked.join("images/busybox.oci.tar"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
     std::fs::write(unpacked.join("images/README"), "not an archive").unwrap();
     let import = "var/lib/ferrolet/images/import";
 
@@ -150,10 +157,11 @@ fn install_puts_the_shipped_image_archives_in_the_import_directory() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let placed: Vec<String> = files(&dest).into_iter().filter(|f| f.starts_with("var/")).collect();
     assert_eq!(placed, [format!("{import}/busybox.oci.tar")]);
-    assert_eq!(
-        std::fs::read_to_string(dest.join(import).join("busybox.oci.tar")).unwrap(),
-        "an archive"
-    );
+    let archive = dest.join(import).join("busybox.oci.tar");
+    assert_eq!(std::fs::read_to_string(&archive).unwrap(), "an archive");
+    // With the archive's time (the tarball's are old), so the agent imports it at its start.
+    let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+    assert_eq!(mtime(&archive), mtime(&unpacked.join("images/busybox.oci.tar")));
     ok(&["uninstall", "--destdir", d]);
     assert!(!dest.join("var").exists(), "{:?}", files(&dest));
 

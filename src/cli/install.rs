@@ -268,7 +268,18 @@ fn place(a: &InstallArgs, dest: &Path, r: &mut Record) -> Result<()> {
             .with_context(|| format!("--image-archive {}: not a file name", archive.display()))?;
         let data =
             std::fs::read(archive).with_context(|| format!("reading the image archive {}", archive.display()))?;
-        r.add(&import.join(name), &data, 0o644)?;
+        let placed = import.join(name);
+        r.add(&placed, &data, 0o644)?;
+        // With the archive's own time, as `cp -p` copies: the agent leaves a file modified in the
+        // last second for its next scan (it may still be being copied in), and the unit starts
+        // right after this, so a fresh time would leave the first pods without the image.
+        let mtime = std::fs::metadata(archive).and_then(|m| m.modified());
+        if let Ok(t) = mtime {
+            let _ = std::fs::File::options()
+                .write(true)
+                .open(&placed)
+                .and_then(|f| f.set_modified(t));
+        }
     }
     let mut unit = UNIT.replace("/usr/local/bin/ferrolet", &bin.display().to_string());
     match &joined {
