@@ -473,7 +473,8 @@ impl Runtime {
     /// written: no `container.json`, and nothing that shows the creation went further (no
     /// monitor record, libcontainer state, mount, or monitor holding it). A directory that lost
     /// its record later is kept: [`list`](Self::list) shows it and [`delete`](Self::delete)
-    /// removes it. Returns how many were removed.
+    /// removes it. Returns how many were removed. Only while no creation is under way (the
+    /// agent's start, reset): a creation in flight has no record yet either.
     pub fn remove_orphans(&self) -> Result<usize> {
         let base = self.root.join("containers");
         let mut n = 0;
@@ -482,17 +483,7 @@ impl Runtime {
             .flatten()
         {
             let (dir, name) = (e.path(), e.file_name().to_string_lossy().into_owned());
-            if name.starts_with('.') || !dir.is_dir() || dir.join("container.json").exists() {
-                continue;
-            }
-            let went_further = ["monitor.json", "started.json", "exit.json"]
-                .iter()
-                .any(|f| dir.join(f).exists())
-                || self.lc_root.join(&name).exists()
-                || !crate::rootfs::mounts_under(&dir).is_empty()
-                || crate::probe::monitor_holding(&dir).is_some();
-            if went_further {
-                tracing::warn!(dir = %dir.display(), "container directory without container.json kept: creation went further");
+            if name.starts_with('.') || !dir.is_dir() || !self.is_orphan(&name) {
                 continue;
             }
             let _ = crate::rootfs::unmount(&dir.join("rootfs"));
@@ -500,6 +491,26 @@ impl Runtime {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Whether container `id`'s state directory is what [`remove_orphans`](Self::remove_orphans)
+    /// removes: no `container.json`, and nothing showing the creation went further (a
+    /// directory that went further is kept, and said).
+    pub fn is_orphan(&self, id: &str) -> bool {
+        let dir = self.root.join("containers").join(id);
+        if dir.join("container.json").exists() {
+            return false;
+        }
+        let went_further = ["monitor.json", "started.json", "exit.json"]
+            .iter()
+            .any(|f| dir.join(f).exists())
+            || self.lc_root.join(id).exists()
+            || !crate::rootfs::mounts_under(&dir).is_empty()
+            || crate::probe::monitor_holding(&dir).is_some();
+        if went_further {
+            tracing::warn!(dir = %dir.display(), "container directory without container.json kept: creation went further");
+        }
+        !went_further
     }
 
     /// Usage numbers of a container's cgroup.

@@ -1535,10 +1535,9 @@ fn container_without_records_is_found_by_cgroup_and_mount() -> Result<()> {
                 std::fs::remove_file(dir.join(f))?;
             }
             std::fs::remove_dir_all(rt.root().join("libcontainer").join(&id))?;
-            ensure!(
-                rt.remove_orphans()? == 0,
-                "a directory with a live container is no orphan"
-            );
+            // Asked of this directory alone: remove_orphans would also take other tests'
+            // creations in flight in this shared root (it runs only when none is, in the agent).
+            ensure!(!rt.is_orphan(&id), "a directory with a live container is no orphan");
             let got = rt
                 .list()?
                 .into_iter()
