@@ -18,6 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// A read of fewer bytes than this is a whole cgroupfs file: half of seq_file's page, far more
+/// than any one record of cgroupfs.
+const SURELY_ALL: usize = 2048;
+
 /// Descriptors not read for this long are closed.
 pub const IDLE: Duration = Duration::from_secs(60);
 /// At most this many descriptors are kept (a dozen per cgroup: room for 300 pods' cgroups
@@ -81,11 +85,12 @@ impl Inner {
     }
 }
 
-/// Read from offset 0 to the end, whatever the descriptor's position. A read that leaves room
-/// in the buffer has reached the end: cgroupfs makes a file's whole content at once and hands
-/// out all of it that fits (kernfs' seq_file), as a regular file's read falls short only at
-/// its end. So the read that would return nothing is not made: half the system calls of a
-/// sampling round.
+/// Read from offset 0 to the end, whatever the descriptor's position. A small file is read
+/// with one `pread`: cgroupfs (kernfs' seq_file) fills a page with as many records as fit, so
+/// a read that returned less than [`SURELY_ALL`] bytes had nothing more to give (a stats
+/// file is one record; `cgroup.procs` records are a few bytes), and the read that would
+/// return nothing is not made: half the system calls of a sampling round. A longer short read
+/// may have stopped at a page's end (`cgroup.procs` of many processes) and is read on.
 fn read_whole(f: &File) -> Option<String> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
@@ -97,7 +102,7 @@ fn read_whole(f: &File) -> Option<String> {
             Ok(0) => break,
             Ok(n) => {
                 len += n;
-                if len < buf.len() {
+                if len < SURELY_ALL {
                     break;
                 }
             }
@@ -127,6 +132,10 @@ mod tests {
         std::fs::write(&p, &long).unwrap();
         assert_eq!(kept.read(&p).as_deref(), Some(long.as_str()));
         assert_eq!(kept.kept(), 1);
+        // Past SURELY_ALL but short of the buffer, as seq_file stops at a page's end.
+        let medium = "1234567\n".repeat(400);
+        std::fs::write(&p, &medium).unwrap();
+        assert_eq!(kept.read(&p).as_deref(), Some(medium.as_str()));
         assert_eq!(kept.read(&d.path().join("missing")), None);
         assert_eq!(kept.kept(), 1);
     }
