@@ -269,16 +269,23 @@ fn place(a: &InstallArgs, dest: &Path, r: &mut Record) -> Result<()> {
         let data =
             std::fs::read(archive).with_context(|| format!("reading the image archive {}", archive.display()))?;
         let placed = import.join(name);
+        if placed.exists() {
+            // Kept as it is (said by add): not install's to touch.
+            r.add(&placed, &data, 0o644)?;
+            continue;
+        }
         r.add(&placed, &data, 0o644)?;
         // With the archive's own time, as `cp -p` copies: the agent leaves a file modified in the
         // last second for its next scan (it may still be being copied in), and the unit starts
         // right after this, so a fresh time would leave the first pods without the image.
-        let mtime = std::fs::metadata(archive).and_then(|m| m.modified());
-        if let Ok(t) = mtime {
-            let _ = std::fs::File::options()
-                .write(true)
-                .open(&placed)
-                .and_then(|f| f.set_modified(t));
+        let kept_time = std::fs::metadata(archive)
+            .and_then(|m| m.modified())
+            .and_then(|t| std::fs::File::options().write(true).open(&placed)?.set_modified(t));
+        if let Err(e) = kept_time {
+            println!(
+                "note      {} has a fresh time ({e}): the agent imports it at its next scan, not at once",
+                placed.display()
+            );
         }
     }
     let mut unit = UNIT.replace("/usr/local/bin/ferrolet", &bin.display().to_string());
