@@ -271,7 +271,7 @@ impl Writer {
     /// Patch the existing event (a repeat) or create it (new, or its old self is gone).
     async fn record(&mut self, c: &Correlated) -> Result<Event, Failure> {
         let ns = c.event.metadata.namespace.as_deref().unwrap_or("default");
-        let api: Api<Event> = Api::namespaced(self.kube.client(), ns);
+        let api: Api<Event> = Api::namespaced(self.kube.events_client(), ns);
         if let Some(patch) = &c.patch {
             let name = c.event.metadata.name.as_deref().unwrap_or("");
             self.throttle().await;

@@ -6,6 +6,10 @@
 //! [`Kube::connect`] does what kubelet does at start in cluster mode: the TLS bootstrap when the
 //! kubeconfig is missing or expired ([`bootstrap`]), the certificate rotation in the background
 //! ([`rotation`]), and the kubeAPIQPS/kubeAPIBurst rate limit on every client ([`ratelimit`]).
+//!
+//! As in kubelet, events go through a client of their own ([`Kube::events_client`]) that the
+//! kubeAPIQPS limit does not hold: the event writer keeps eventRecordQPS/eventBurst itself, and
+//! a burst of pods' events never delays their statuses, tokens or objects.
 
 pub mod bootstrap;
 pub mod certstore;
@@ -30,17 +34,25 @@ use crate::tasks::blocking;
 use certstore::CertStore;
 use ratelimit::RateLimitLayer;
 
-/// A handle on the node's API client; cheap to clone.
+/// The node's clients on one credential: the one every part uses, under kubeAPIQPS, and the
+/// events' one (kubelet's eventClient), whose rate the event writer keeps.
+#[derive(Clone)]
+pub struct Clients {
+    pub api: kube::Client,
+    pub events: kube::Client,
+}
+
+/// A handle on the node's API clients; cheap to clone.
 #[derive(Clone)]
 pub struct Kube {
-    client: watch::Receiver<kube::Client>,
+    client: watch::Receiver<Clients>,
     /// Keeps the channel open while only receivers are held; the rotation holds it weakly.
-    tx: Arc<watch::Sender<kube::Client>>,
+    tx: Arc<watch::Sender<Clients>>,
 }
 
 impl Kube {
-    fn new(client: kube::Client) -> Kube {
-        let (tx, rx) = watch::channel(client);
+    fn new(clients: Clients) -> Kube {
+        let (tx, rx) = watch::channel(clients);
         Kube {
             client: rx,
             tx: Arc::new(tx),
@@ -91,7 +103,7 @@ impl Kube {
         let config = kubeconfig::client_config(kc.clone(), cred.as_ref())
             .await
             .with_context(|| format!("--kubeconfig {}", path.display()))?;
-        let kube = Kube::new(build_client(config, &limit)?);
+        let kube = Kube::new(build_clients(config, &limit)?);
         match (rotate, cred) {
             (true, Some(current)) => rotation::CertificateManager::spawn(
                 rotation::Rotation {
@@ -119,22 +131,38 @@ impl Kube {
             .with_context(|| format!("kubeconfig {}", path.display()))?;
         let defaults = crate::config::ClusterConfig::default();
         let limit = RateLimitLayer::new(f64::from(defaults.kube_api_qps), defaults.kube_api_burst);
-        Ok(Kube::new(build_client(config, &limit)?))
+        Ok(Kube::new(build_clients(config, &limit)?))
     }
 
     /// A handle on `client` as it is (tests with a mock API server).
     #[cfg(test)]
     pub(crate) fn from_client(client: kube::Client) -> Kube {
-        Kube::new(client)
+        Kube::new(Clients {
+            api: client.clone(),
+            events: client,
+        })
     }
 
     /// The current client.
     pub fn client(&self) -> kube::Client {
-        self.client.borrow().clone()
+        self.client.borrow().api.clone()
+    }
+
+    /// The current client for events: not held by kubeAPIQPS (the caller keeps its own rate).
+    pub fn events_client(&self) -> kube::Client {
+        self.client.borrow().events.clone()
     }
 }
 
 /// A client for `config` with the rate limit in its stack.
 fn build_client(config: kube::Config, limit: &RateLimitLayer) -> Result<kube::Client> {
-    tls::client(config, limit).context("building the API client")
+    tls::client(config, Some(limit)).context("building the API client")
+}
+
+/// The node's clients for `config`: the API client under `limit`, the events' client without.
+fn build_clients(config: kube::Config, limit: &RateLimitLayer) -> Result<Clients> {
+    Ok(Clients {
+        api: build_client(config.clone(), limit)?,
+        events: tls::client(config, None).context("building the events' API client")?,
+    })
 }

@@ -159,7 +159,7 @@ impl<R: Renewal> CertificateManager<R> {
 /// The client certificate's renewal (kubelet's rotateCertificates).
 pub(super) struct Rotation {
     /// The channel every `Kube` reads its client from; gone when they all are.
-    pub tx: Weak<watch::Sender<kube::Client>>,
+    pub tx: Weak<watch::Sender<super::Clients>>,
     /// The node's kubeconfig: server and CA for the clients built on new certificates.
     pub kubeconfig: kube::config::Kubeconfig,
     pub store: CertStore,
@@ -187,7 +187,7 @@ impl Renewal for Rotation {
                 let config = kubeconfig::client_config(kc, None).await?;
                 super::build_client(config, &self.limit).context("the bootstrap credential")?
             }
-            _ => tx.borrow().clone(),
+            _ => tx.borrow().api.clone(),
         };
         let key = csr::new_key()?;
         let request = csr::node_request(&self.node, &key)?;
@@ -196,8 +196,7 @@ impl Renewal for Rotation {
         let (store, c) = (self.store.clone(), cred.clone());
         blocking(move || store.update(&c)).await?;
         let config = kubeconfig::client_config(self.kubeconfig.clone(), Some(&cred)).await?;
-        let client = super::build_client(config, &self.limit)?;
-        tx.send_replace(client);
+        tx.send_replace(super::build_clients(config, &self.limit)?);
         Ok(cred)
     }
 }

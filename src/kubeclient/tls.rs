@@ -22,8 +22,8 @@ use tower::ServiceBuilder;
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A kube-rs client for `config`, presenting its client certificate (if any) without checks
-/// beyond the server's, every request under `limit`.
-pub fn client(config: kube::Config, limit: &super::ratelimit::RateLimitLayer) -> Result<kube::Client> {
+/// beyond the server's, every request under `limit` when there is one.
+pub fn client(config: kube::Config, limit: Option<&super::ratelimit::RateLimitLayer>) -> Result<kube::Client> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -52,7 +52,7 @@ pub fn client(config: kube::Config, limit: &super::ratelimit::RateLimitLayer) ->
         .wrap_connector(http);
     let http_client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
     let service = ServiceBuilder::new()
-        .layer(limit.clone())
+        .option_layer(limit.cloned())
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().context("the kubeconfig's credentials")?)
         .layer(config.extra_headers_layer().context("the kubeconfig's headers")?)
