@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Duration, Utc};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::store::{api_message, unreachable, FetchError};
 use crate::kubeclient::Kube;
@@ -20,6 +20,14 @@ use crate::kubeclient::Kube;
 const MAX_TTL: Duration = Duration::hours(24);
 /// kubelet's maxJitter.
 const MAX_JITTER_SECS: f64 = 10.0;
+/// The waits before a TokenRequest answered 404 is asked again (1.55 s in all).
+pub(super) const NOT_FOUND_RETRIES: [std::time::Duration; 5] = [
+    std::time::Duration::from_millis(50),
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_millis(200),
+    std::time::Duration::from_millis(400),
+    std::time::Duration::from_millis(800),
+];
 
 /// What a token is asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -136,13 +144,39 @@ async fn request(kube: &Kube, key: &TokenKey) -> Result<Issued, FetchError> {
         }),
         ..Default::default()
     };
-    let got = api
-        .create_token_request(&key.service_account, &Default::default(), &tr)
-        .await
-        .map_err(|e| FetchError {
-            message: api_message(&e),
-            unreachable: unreachable(&e),
-        })?;
+    // The API server checks the bound pod against its own caches (the NodeRestriction
+    // admission's pod lister), which may lag behind the watch that brought the pod here: a
+    // burst of new pods gets `pod "..." not found` for some. kubelet retries the whole sync
+    // after its back-off (seconds); the request is asked again here a few times first.
+    let mut waits = NOT_FOUND_RETRIES.iter();
+    let got = loop {
+        match api
+            .create_token_request(&key.service_account, &Default::default(), &tr)
+            .await
+        {
+            Ok(got) => break got,
+            Err(kube::Error::Api(s)) if s.code == 404 => match waits.next() {
+                Some(wait) => {
+                    debug!(namespace = %key.namespace, pod = %key.pod_name, error = %s.message,
+                        "the TokenRequest's pod or service account is not found yet; asking again");
+                    tokio::time::sleep(*wait).await;
+                }
+                None => {
+                    let e = kube::Error::Api(s);
+                    return Err(FetchError {
+                        message: api_message(&e),
+                        unreachable: unreachable(&e),
+                    });
+                }
+            },
+            Err(e) => {
+                return Err(FetchError {
+                    message: api_message(&e),
+                    unreachable: unreachable(&e),
+                })
+            }
+        }
+    };
     let status = got
         .status
         .ok_or_else(|| answered("the TokenRequest came back without a status"))?;
