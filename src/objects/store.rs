@@ -9,6 +9,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::future::{BoxFuture, Shared};
+use futures::FutureExt;
 use k8s_openapi::NamespaceResourceScope;
 use serde::de::DeserializeOwned;
 
@@ -36,9 +38,17 @@ struct Entry<K> {
     fetched: Instant,
 }
 
+/// A fetch of one object from the API server, shared by every caller that asks meanwhile.
+type Fetch<K> = Shared<BoxFuture<'static, Result<Option<Arc<K>>, FetchError>>>;
+
 /// The cache of one kind of object.
 pub struct Store<K> {
     entries: Mutex<HashMap<ObjectKey, Entry<K>>>,
+    /// Fetches in flight: a caller that finds one waits for its answer instead of asking again
+    /// (a burst of pods all reading `kube-root-ca.crt` costs one request at a time, not one each).
+    /// The answer is at most a round trip older than the call, fresher than the watch cache
+    /// kubelet's default strategy reads from.
+    fetching: Mutex<HashMap<ObjectKey, Fetch<K>>>,
     /// Pod UID -> (the pod's resourceVersion when registered, the objects it references).
     pods: Mutex<HashMap<String, (String, BTreeSet<ObjectKey>)>>,
 }
@@ -47,6 +57,7 @@ impl<K> Default for Store<K> {
     fn default() -> Self {
         Store {
             entries: Mutex::new(HashMap::new()),
+            fetching: Mutex::new(HashMap::new()),
             pods: Mutex::new(HashMap::new()),
         }
     }
@@ -54,7 +65,13 @@ impl<K> Default for Store<K> {
 
 impl<K> Store<K>
 where
-    K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
 {
     /// Record which objects the pod (at `version`) references. A new version of the pod makes
     /// them stale (kubelet's RegisterPod invalidates on every pod update); references no pod
@@ -109,11 +126,37 @@ where
                 return Ok(Some(e.object.clone()));
             }
         }
-        let api: kube::Api<K> = kube::Api::namespaced(kube.client(), ns);
-        tracing::debug!(kind = K::kind(&()).as_ref(), namespace = ns, name, "fetching");
-        match api.get_opt(name).await {
+        let fetch = {
+            let mut fetching = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+            fetching
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    let api: kube::Api<K> = kube::Api::namespaced(kube.client(), ns);
+                    tracing::debug!(kind = K::kind(&()).as_ref(), namespace = ns, name, "fetching");
+                    let name = name.to_string();
+                    async move {
+                        api.get_opt(&name)
+                            .await
+                            .map(|o| o.map(Arc::new))
+                            .map_err(|e| FetchError {
+                                message: api_message(&e),
+                                unreachable: unreachable(&e),
+                            })
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
+        };
+        let got = fetch.clone().await;
+        {
+            let mut fetching = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+            if fetching.get(&key).is_some_and(|f| f.ptr_eq(&fetch)) {
+                fetching.remove(&key);
+            }
+        }
+        match got {
             Ok(Some(o)) => {
-                let o = Arc::new(o);
                 let referenced = {
                     let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
                     pods.values().any(|(_, refs)| refs.contains(&key))
@@ -134,10 +177,7 @@ where
                 self.entries.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
                 Ok(None)
             }
-            Err(e) => Err(FetchError {
-                message: api_message(&e),
-                unreachable: unreachable(&e),
-            }),
+            Err(e) => Err(e),
         }
     }
 }
@@ -175,6 +215,41 @@ mod tests {
                 fetched: Instant::now(),
             },
         );
+    }
+
+    /// A store's fetches against an API server that answers each GET of ConfigMap `ns/a`
+    /// after 50 ms; the number of requests it had.
+    fn slow_server() -> (Kube, Arc<std::sync::atomic::AtomicUsize>) {
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = asked.clone();
+        let service = tower::service_fn(move |_req: axum::http::Request<kube::client::Body>| {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "a", "namespace": "ns"}, "data": {"k": "v"}});
+                Ok::<_, std::convert::Infallible>(axum::http::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from(cm.to_string()),
+                )))
+            }
+        });
+        (Kube::from_client(kube::Client::new(service, "default")), asked)
+    }
+
+    #[tokio::test]
+    async fn callers_at_once_share_one_fetch_and_a_later_one_fetches_anew() {
+        let (kube, asked) = slow_server();
+        let s: Store<ConfigMap> = Store::default();
+        s.register("u1", "1", [key("a")].into());
+        let gets = (0..5).map(|_| s.get(&kube, "ns", "a", Duration::ZERO));
+        for got in futures::future::join_all(gets).await {
+            assert_eq!(got.unwrap().unwrap().data.as_ref().unwrap()["k"], "v");
+        }
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The fetch is over: with a TTL of 0 the next call asks again.
+        s.get(&kube, "ns", "a", Duration::ZERO).await.unwrap().unwrap();
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(s.fetching.lock().unwrap().is_empty());
     }
 
     #[test]
