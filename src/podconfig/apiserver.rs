@@ -91,6 +91,8 @@ impl ApiSource {
         // A re-list in progress: the pods it has listed so far.
         let mut relist: Option<BTreeMap<String, Arc<Pod>>> = None;
         let mut listed_once = false;
+        // New pods' names since the last snapshot, for their start phases (docs/start-path.md).
+        let mut arrived: Vec<String> = Vec::new();
         let mut failing = false;
         // The checkpoint is offered once, before the first list, when it holds pods.
         let mut may_restore = !self.checkpoint.is_empty();
@@ -149,6 +151,10 @@ impl ApiSource {
                 }
                 Ok(Event::Apply(p)) => {
                     let uid = pod::uid(&p).to_string();
+                    if !pods.contains_key(&uid) && crate::metrics::start_phases_enabled() {
+                        crate::metrics::start_phase(pod::name(&p), "watched");
+                        arrived.push(pod::name(&p).to_string());
+                    }
                     match accept(p) {
                         Some(p) => pods.insert(uid, p),
                         None => pods.remove(&uid),
@@ -178,6 +184,9 @@ impl ApiSource {
             }
             if changed && listed_once && relist.is_none() {
                 self.checkpoint(&pods).await;
+                for name in arrived.drain(..) {
+                    crate::metrics::start_phase(&name, "checkpointed");
+                }
                 let snap = Snapshot {
                     source: pod::SOURCE_API,
                     pods: pods.values().cloned().collect(),
