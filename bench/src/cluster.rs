@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
@@ -16,7 +16,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
 
-use crate::agent::Agent;
+use crate::agent::{ms_between, Agent};
 use crate::procstat::percentile;
 
 /// The control-plane script of this checkout, if it has ../shared.
@@ -31,7 +31,35 @@ pub struct Results {
     pub burst_last_ms: f64,
     pub burst_p50_ms: f64,
     pub idle_pss_mib: f64,
+    /// The node's API requests from the burst's creation to its last pod Running.
+    pub burst_requests: f64,
+    /// CPU seconds over the burst (creation to last Running): the agent and its zygote (with
+    /// the children they reaped), and the API server with etcd.
+    pub burst_cpu_agent_s: f64,
+    pub burst_cpu_server_s: f64,
+    /// Markdown: where the starts' time went, phase by phase.
+    pub phase_table: String,
 }
+
+/// The phases of an API pod's start, in order, after the create request: the agent's
+/// `ferrolet::start_phase` events (docs/start-path.md) and, last, the bench's own watch.
+const PHASES: [(&str, &str); 15] = [
+    ("watched", "create request sent -> pod seen in the node's watch"),
+    ("checkpointed", "pod written to the node's checkpoint, snapshot sent"),
+    ("admitted", "snapshot merged (pod config), ADD dispatched, admitted"),
+    ("worker", "pod worker task running its first sync"),
+    ("cgroup", "pod dir, pod.json, QoS tiers, pod cgroup"),
+    ("sandbox", "sandbox: namespaces pinned, /dev/shm, record"),
+    ("network", "pod network attached (bridge)"),
+    ("volumes", "volumes set up (the ServiceAccount token requested)"),
+    ("managed_files", "hosts, resolv.conf, hostname written"),
+    ("status", "first status computed and saved"),
+    ("image", "image ensured present"),
+    ("created", "container built: rootfs, spec, libcontainer create"),
+    ("started", "container started (libcontainer start, log links)"),
+    ("running_written", "Running status written to the API server"),
+    ("seen", "Running seen in a watch of the pods (the bench's)"),
+];
 
 /// Run the cluster figures: `pods` one after another, then `burst` at once.
 pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, pods: usize, burst: usize) -> Result<Results> {
@@ -87,11 +115,23 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, pods: usize
             .worker_threads(1)
             .enable_all()
             .build()?;
-        let r = tokio.block_on(measure(Path::new(&admin), &agent, pods, burst));
+        let r = tokio.block_on(measure(
+            Path::new(&admin),
+            &agent,
+            &dir.join("cluster-agent.log"),
+            pods,
+            burst,
+        ));
         agent.finish();
         r
     })();
     let _ = Command::new("bash").arg(script).arg("stop").arg(&cp).output();
+    // The benchmark's directory goes when it ends: the agent's log is kept.
+    let kept = std::env::temp_dir().join("ferrolet-bench-cluster-agent.log");
+    match std::fs::copy(dir.join("cluster-agent.log"), &kept) {
+        Ok(_) => eprintln!("   (the cluster agent's log is kept in {})", kept.display()),
+        Err(e) => eprintln!("   (the cluster agent's log could not be kept: {e})"),
+    }
     result
 }
 
@@ -106,7 +146,7 @@ fn pod(name: &str) -> Result<Pod> {
     }))?)
 }
 
-async fn measure(admin: &Path, agent: &Agent, pods: usize, burst: usize) -> Result<Results> {
+async fn measure(admin: &Path, agent: &Agent, log: &Path, pods: usize, burst: usize) -> Result<Results> {
     let kube = ferrolet::kubeclient::Kube::from_kubeconfig(admin).await?;
     let api: Api<Pod> = Api::namespaced(kube.client(), "default");
     // One watch for all: each pod's first Running, as the API server tells it.
@@ -136,16 +176,32 @@ async fn measure(admin: &Path, agent: &Agent, pods: usize, burst: usize) -> Resu
         / 1024.0;
 
     let mut one = Vec::new();
+    let mut one_starts = Vec::new();
     for i in 0..pods {
         let name = format!("one-{i}");
-        let t0 = Instant::now();
+        let (t0, wall0) = (Instant::now(), SystemTime::now());
         api.create(&PostParams::default(), &pod(&name)?).await?;
         let at = wait_running(&mut running, &name).await?;
         one.push(at.duration_since(t0).as_secs_f64() * 1000.0);
+        one_starts.push((name, wall0, wall0 + at.duration_since(t0)));
     }
     one.sort_by(f64::total_cmp);
 
-    let t0 = Instant::now();
+    let requests_before = node_requests(agent);
+    let agent_procs: Vec<i32> = agent.processes().into_iter().take(2).collect();
+    let server_procs: Vec<i32> = ["kube-apiserver", "etcd"]
+        .iter()
+        .flat_map(|c| crate::procstat::pids_named(c))
+        .collect();
+    let ticks = |pids: &[i32]| {
+        pids.iter()
+            .map(|p| crate::procstat::cpu_ticks_with_children(*p))
+            .sum::<u64>() as f64
+            / crate::procstat::ticks_per_second() as f64
+    };
+    let cpu_before = (ticks(&agent_procs), ticks(&server_procs));
+    let machine_before = crate::procstat::cpu_busy_total();
+    let (t0, wall0) = (Instant::now(), SystemTime::now());
     let creates = (0..burst).map(|i| {
         let api = api.clone();
         async move {
@@ -169,18 +225,105 @@ async fn measure(admin: &Path, agent: &Agent, pods: usize, burst: usize) -> Resu
             _ => bail!("only {} of {burst} pods were Running after 300 s", at.len()),
         }
     }
+    let cpu_after = (ticks(&agent_procs), ticks(&server_procs));
+    if let (Some((b0, t0)), Some((b1, t1))) = (machine_before, crate::procstat::cpu_busy_total()) {
+        eprintln!(
+            "   the machine's CPUs were {:.0}% busy over the burst",
+            100.0 * (b1 - b0) as f64 / (t1 - t0).max(1) as f64
+        );
+    }
+    let (requests_after, by_method) = node_requests(agent);
+    let burst_requests = requests_after - requests_before.0;
+    eprintln!(
+        "   the node's API requests after the burst:\n     {}",
+        by_method.join("\n     ")
+    );
     let mut burst_ms: Vec<f64> = at
         .values()
         .map(|t| t.duration_since(t0).as_secs_f64() * 1000.0)
         .collect();
     burst_ms.sort_by(f64::total_cmp);
+    let burst_starts: Vec<(String, SystemTime, SystemTime)> = at
+        .iter()
+        .map(|(n, t)| (n.clone(), wall0, wall0 + t.duration_since(t0)))
+        .collect();
+    let events = crate::phases::read_log(log);
+    let one_shares = shares(&events, &one_starts);
+    let burst_shares = shares(&events, &burst_starts);
     Ok(Results {
         one_p50_ms: percentile(&one, 50.0),
         one_p90_ms: percentile(&one, 90.0),
         burst_last_ms: burst_ms.last().copied().unwrap_or(0.0),
         burst_p50_ms: percentile(&burst_ms, 50.0),
         idle_pss_mib,
+        burst_requests,
+        burst_cpu_agent_s: cpu_after.0 - cpu_before.0,
+        burst_cpu_server_s: cpu_after.1 - cpu_before.1,
+        phase_table: render(&one_shares, &burst_shares, burst),
     })
+}
+
+/// The node's API requests so far: the sum of its `rest_client_requests_total`, and the
+/// `rest_client_requests_total` lines (by code, host and method).
+fn node_requests(agent: &Agent) -> (f64, Vec<String>) {
+    let text = agent
+        .get("/metrics")
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let lines: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with("rest_client_requests_total"))
+        .map(str::to_string)
+        .collect();
+    let sum = lines
+        .iter()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    (sum, lines)
+}
+
+/// Each phase's share (ms) in each start `(pod, create sent, Running seen)` that has it.
+fn shares(
+    events: &HashMap<String, HashMap<String, SystemTime>>,
+    starts: &[(String, SystemTime, SystemTime)],
+) -> Vec<Vec<f64>> {
+    let mut cols = vec![Vec::new(); PHASES.len()];
+    for (name, t0, seen) in starts {
+        let Some(ev) = events.get(name) else { continue };
+        let mut prev = *t0;
+        for (i, (p, _)) in PHASES.iter().enumerate() {
+            let at = if *p == "seen" { Some(*seen) } else { ev.get(*p).copied() };
+            if let Some(t) = at {
+                cols[i].push(ms_between(prev, t));
+                prev = t;
+            }
+        }
+    }
+    cols
+}
+
+fn render(one: &[Vec<f64>], burst: &[Vec<f64>], n: usize) -> String {
+    let stat = |v: &[f64], p: f64| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            format!("{:.1}", percentile(&v, p))
+        }
+    };
+    let mut out = format!(
+        "| phase (ms) | one at a time, p50 | {n} at once, p50 | {n} at once, max | what it covers |\n|---|---|---|---|---|\n"
+    );
+    for (i, (p, what)) in PHASES.iter().enumerate() {
+        out.push_str(&format!(
+            "| {p} | {} | {} | {} | {what} |\n",
+            stat(&one[i], 50.0),
+            stat(&burst[i], 50.0),
+            stat(&burst[i], 100.0)
+        ));
+    }
+    out
 }
 
 async fn wait_running(running: &mut mpsc::UnboundedReceiver<(String, Instant)>, name: &str) -> Result<Instant> {

@@ -205,21 +205,15 @@ fn main() -> Result<()> {
     let _ = cg.cleanup();
     let _ = ferrolet_runtime::mount_ns::release_root(&dir.join("rt"));
     let _ = std::fs::remove_dir_all(&dir);
-    let (rows, phase_table) = result?;
+    let (rows, sections) = result?;
     let table = render(&rows);
     println!("\n{table}");
-    let phase_md = match &phase_table {
-        Some(t) => {
-            println!("\nWhere a pod's start goes (the agent's own timestamps, p50 per phase):\n{t}");
-            format!(
-                "\nWhere a pod's start goes: p50 of each phase's share, from the agent's own `ferrolet::start_phase` \
-                 timestamps (docs/start-path.md), {} pods started one after another with N pods already running (pod networks: {}):\n\n{t}",
-                opts.start_pods,
-                opts.start_network.join(", ")
-            )
-        }
-        None => String::new(),
-    };
+    let mut phase_md = String::new();
+    for s in &sections {
+        println!("\n{s}");
+        phase_md.push('\n');
+        phase_md.push_str(s);
+    }
     let md = format!("{}\n{table}{phase_md}\n{}", header(), notes(&opts));
     std::fs::write(&opts.out, md).with_context(|| format!("writing {}", opts.out.display()))?;
     println!("written to {}", opts.out.display());
@@ -232,32 +226,33 @@ fn run(
     dir: &Path,
     cgroups: &Cgroups,
     cg: &NestedRoot,
-) -> Result<(Vec<Row>, Option<String>)> {
+) -> Result<(Vec<Row>, Vec<String>)> {
     if opts.only_start {
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
         let (rows, table) = start_rows(opts, &bin, dir, cg)?;
-        return Ok((rows, Some(table)));
+        return Ok((rows, vec![start_section(opts, &table)]));
     }
     if opts.only_cluster {
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
-        return Ok((cluster_rows(opts, &bin, dir, cg)?, None));
+        let (rows, section) = cluster_rows(opts, &bin, dir, cg)?;
+        return Ok((rows, section.into_iter().collect()));
     }
     if opts.only_stats {
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
-        return Ok((stats_rows(opts, &bin, dir, cg)?, None));
+        return Ok((stats_rows(opts, &bin, dir, cg)?, Vec::new()));
     }
     if opts.only_memory {
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
-        return Ok((memory_rows(opts, &bin, dir, cg)?, None));
+        return Ok((memory_rows(opts, &bin, dir, cg)?, Vec::new()));
     }
     if opts.only_pull {
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
-        return Ok((pull_rows(opts, &bin, dir, cg)?, None));
+        return Ok((pull_rows(opts, &bin, dir, cg)?, Vec::new()));
     }
     let mut rows = Vec::new();
     let oci_tar = opts.images.join("busybox.oci.tar");
@@ -352,7 +347,7 @@ fn run(
     }
     rows.push(floor);
     if opts.only_floor {
-        return Ok((rows, None));
+        return Ok((rows, Vec::new()));
     }
 
     // 2.-6. ferrolet without a pod network: latency, memory, burst, CPU.
@@ -544,9 +539,22 @@ fn run(
     let (start, phase_table) = start_rows(opts, &bin, dir, cg)?;
     rows.extend(start);
     rows.extend(stats_rows(opts, &bin, dir, cg)?);
-    rows.extend(cluster_rows(opts, &bin, dir, cg)?);
+    let (cluster, cluster_section) = cluster_rows(opts, &bin, dir, cg)?;
+    rows.extend(cluster);
     rows.push(size_row(&bin));
-    Ok((rows, Some(phase_table)))
+    let mut sections = vec![start_section(opts, &phase_table)];
+    sections.extend(cluster_section);
+    Ok((rows, sections))
+}
+
+/// The per-phase table of static pod starts, with what it shows.
+fn start_section(opts: &Opts, table: &str) -> String {
+    format!(
+        "Where a pod's start goes: p50 of each phase's share, from the agent's own `ferrolet::start_phase` \
+         timestamps (docs/start-path.md), {} pods started one after another with N pods already running (pod networks: {}):\n\n{table}",
+        opts.start_pods,
+        opts.start_network.join(", ")
+    )
 }
 
 /// The size on disk of the ferrolet binary the benchmark ran (Cargo.toml's release profile),
@@ -959,8 +967,10 @@ fn header() -> String {
 }
 
 /// Cluster mode: no peer runs here (kubelet needs a CRI runtime), so these are numbers only.
-fn cluster_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<Vec<Row>> {
+/// Also returns the per-phase table of the burst's starts.
+fn cluster_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<(Vec<Row>, Option<String>)> {
     let mut rows = Vec::new();
+    let mut section = None;
     match cluster::script().filter(|_| !opts.skip_cluster) {
         None => eprintln!("== cluster mode: skipped (--skip-cluster, or no ../shared/k8s/control-plane)"),
         Some(script) => {
@@ -1002,9 +1012,39 @@ fn cluster_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<
                 r.burst_last_ms,
             );
             row("cluster: memory (PSS), idle agent".into(), "MiB", r.idle_pss_mib);
+            row(
+                format!(
+                    "cluster: API requests by the node for {} pods at once",
+                    opts.cluster_burst
+                ),
+                "requests",
+                r.burst_requests,
+            );
+            row(
+                format!(
+                    "cluster: CPU over the {} pods at once, agent and zygote",
+                    opts.cluster_burst
+                ),
+                "s",
+                r.burst_cpu_agent_s,
+            );
+            row(
+                format!(
+                    "cluster: CPU over the {} pods at once, API server and etcd",
+                    opts.cluster_burst
+                ),
+                "s",
+                r.burst_cpu_server_s,
+            );
+            section = Some(format!(
+                "Where an API pod's start goes in cluster mode: each phase's share (ms) from the agent's own \
+                 `ferrolet::start_phase` timestamps, p50 over the {} pods one after another and p50 and maximum \
+                 over the {} created at once, the first phase timed from the create request:\n\n{}",
+                opts.cluster_pods, opts.cluster_burst, r.phase_table
+            ));
         }
     }
-    Ok(rows)
+    Ok((rows, section))
 }
 
 fn notes(opts: &Opts) -> String {

@@ -28,6 +28,19 @@ pub fn cpu_ticks(pid: i32) -> u64 {
         + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
 }
 
+/// utime + stime + cutime + cstime of `pid` in clock ticks: its own time and that of the
+/// children it has waited for (0 if it is gone).
+pub fn cpu_ticks_with_children(pid: i32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    (11..15).filter_map(|i| f.get(i)?.parse::<u64>().ok()).sum()
+}
+
 pub fn ticks_per_second() -> u64 {
     // SAFETY: sysconf with a constant name.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
@@ -90,7 +103,7 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// The machine's busy and total CPU time so far, in clock ticks, from /proc/stat's `cpu` line
 /// (busy: everything but idle and iowait).
-fn cpu_busy_total() -> Option<(u64, u64)> {
+pub fn cpu_busy_total() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
