@@ -31,6 +31,8 @@ pub struct Results {
     pub burst_last_ms: f64,
     pub burst_p50_ms: f64,
     pub idle_pss_mib: f64,
+    /// The node's API requests per minute while idle with no pods.
+    pub idle_requests_per_min: f64,
     /// The node's API requests from the burst's creation to its last pod Running.
     pub burst_requests: f64,
     /// CPU seconds over the burst (creation to last Running): the agent and its zygote (with
@@ -40,6 +42,9 @@ pub struct Results {
     /// Markdown: where the starts' time went, phase by phase.
     pub phase_table: String,
 }
+
+/// How long the idle node's API requests are counted.
+const IDLE: Duration = Duration::from_secs(60);
 
 /// The phases of an API pod's start, in order, after the create request: the agent's
 /// `ferrolet::start_phase` events (docs/start-path.md) and, last, the bench's own watch.
@@ -174,6 +179,28 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, pods: usize, burst: us
         .map(|p| crate::procstat::pss_kib(*p))
         .sum::<u64>() as f64
         / 1024.0;
+    // What an idle node asks of the API server in a minute (Lease renewals, Node status,
+    // watches re-opened), beside kubelet's defaults (docs/agent.md).
+    let (idle0, lines0) = node_requests(agent);
+    tokio::time::sleep(IDLE).await;
+    let (idle1, lines1) = node_requests(agent);
+    let idle_requests_per_min = (idle1 - idle0) * 60.0 / IDLE.as_secs_f64();
+    eprintln!("   the idle node's API requests over {} s:", IDLE.as_secs());
+    for l in &lines1 {
+        let before = lines0
+            .iter()
+            .find(|b| b.rsplit_once(' ').map(|x| x.0) == l.rsplit_once(' ').map(|x| x.0))
+            .and_then(|b| b.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        let now = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        if now > before {
+            eprintln!(
+                "     {} +{}",
+                l.rsplit_once(' ').map(|x| x.0).unwrap_or(l),
+                now - before
+            );
+        }
+    }
 
     let mut one = Vec::new();
     let mut one_starts = Vec::new();
@@ -256,6 +283,7 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, pods: usize, burst: us
         burst_last_ms: burst_ms.last().copied().unwrap_or(0.0),
         burst_p50_ms: percentile(&burst_ms, 50.0),
         idle_pss_mib,
+        idle_requests_per_min,
         burst_requests,
         burst_cpu_agent_s: cpu_after.0 - cpu_before.0,
         burst_cpu_server_s: cpu_after.1 - cpu_before.1,
