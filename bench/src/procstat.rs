@@ -15,30 +15,27 @@ pub fn pss_kib(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (from `state` on), if it is there.
+fn stat_fields(pid: i32) -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    Some(rest.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0)).collect())
+}
+
+/// Sum of the stat fields `range` (indices from `state`), 0 if the process is gone.
+fn stat_sum(pid: i32, range: std::ops::Range<usize>) -> u64 {
+    stat_fields(pid).map_or(0, |f| f.get(range).map_or(0, |v| v.iter().sum()))
+}
+
 /// utime + stime of `pid` in clock ticks (0 if it is gone).
 pub fn cpu_ticks(pid: i32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-        return 0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+    stat_sum(pid, 11..13)
 }
 
 /// utime + stime + cutime + cstime of `pid` in clock ticks: its own time and that of the
 /// children it has waited for (0 if it is gone).
 pub fn cpu_ticks_with_children(pid: i32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-        return 0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    (11..15).filter_map(|i| f.get(i)?.parse::<u64>().ok()).sum()
+    stat_sum(pid, 11..15)
 }
 
 pub fn ticks_per_second() -> u64 {
