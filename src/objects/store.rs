@@ -30,6 +30,16 @@ pub struct FetchError {
     pub unreachable: bool,
 }
 
+impl FetchError {
+    /// The API server's answer, or that it gave none.
+    pub fn of(e: &kube::Error) -> FetchError {
+        FetchError {
+            message: api_message(e),
+            unreachable: unreachable(e),
+        }
+    }
+}
+
 /// `(namespace, name)`.
 pub type ObjectKey = (String, String);
 
@@ -138,10 +148,7 @@ where
                         api.get_opt(&name)
                             .await
                             .map(|o| o.map(Arc::new))
-                            .map_err(|e| FetchError {
-                                message: api_message(&e),
-                                unreachable: unreachable(&e),
-                            })
+                            .map_err(|e| FetchError::of(&e))
                     }
                     .boxed()
                     .shared()

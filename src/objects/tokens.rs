@@ -13,7 +13,7 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::ServiceAccount;
 use tracing::{debug, info, warn};
 
-use super::store::{api_message, unreachable, FetchError};
+use super::store::{api_message, FetchError};
 use crate::kubeclient::Kube;
 
 /// kubelet's maxTTL: a token is refreshed after a day whatever its expiration.
@@ -150,32 +150,23 @@ async fn request(kube: &Kube, key: &TokenKey) -> Result<Issued, FetchError> {
     // after its back-off (seconds); the request is asked again here a few times first.
     let mut waits = NOT_FOUND_RETRIES.iter();
     let got = loop {
-        match api
+        let e = match api
             .create_token_request(&key.service_account, &Default::default(), &tr)
             .await
         {
             Ok(got) => break got,
-            Err(kube::Error::Api(s)) if s.code == 404 => match waits.next() {
-                Some(wait) => {
-                    debug!(namespace = %key.namespace, pod = %key.pod_name, error = %s.message,
-                        "the TokenRequest's pod or service account is not found yet; asking again");
-                    tokio::time::sleep(*wait).await;
-                }
-                None => {
-                    let e = kube::Error::Api(s);
-                    return Err(FetchError {
-                        message: api_message(&e),
-                        unreachable: unreachable(&e),
-                    });
-                }
-            },
-            Err(e) => {
-                return Err(FetchError {
-                    message: api_message(&e),
-                    unreachable: unreachable(&e),
-                })
-            }
-        }
+            Err(e) => e,
+        };
+        let wait = match &e {
+            kube::Error::Api(s) if s.code == 404 => waits.next(),
+            _ => None,
+        };
+        let Some(wait) = wait else {
+            return Err(FetchError::of(&e));
+        };
+        debug!(namespace = %key.namespace, pod = %key.pod_name, error = %api_message(&e),
+            "the TokenRequest's pod or service account is not found yet; asking again");
+        tokio::time::sleep(*wait).await;
     };
     let status = got
         .status
