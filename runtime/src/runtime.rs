@@ -483,7 +483,7 @@ impl Runtime {
             .flatten()
         {
             let (dir, name) = (e.path(), e.file_name().to_string_lossy().into_owned());
-            if name.starts_with('.') || !dir.is_dir() || !self.is_orphan(&name) {
+            if name.starts_with('.') || !self.is_orphan(&name) {
                 continue;
             }
             let _ = crate::rootfs::unmount(&dir.join("rootfs"));
@@ -495,10 +495,10 @@ impl Runtime {
 
     /// Whether container `id`'s state directory is what [`remove_orphans`](Self::remove_orphans)
     /// removes: no `container.json`, and nothing showing the creation went further (a
-    /// directory that went further is kept, and said).
+    /// directory that went further is kept, and said). No directory is no orphan.
     pub fn is_orphan(&self, id: &str) -> bool {
         let dir = self.root.join("containers").join(id);
-        if dir.join("container.json").exists() {
+        if !dir.is_dir() || dir.join("container.json").exists() {
             return false;
         }
         let went_further = ["monitor.json", "started.json", "exit.json"]

@@ -269,12 +269,12 @@ fn place(a: &InstallArgs, dest: &Path, r: &mut Record) -> Result<()> {
         let data =
             std::fs::read(archive).with_context(|| format!("reading the image archive {}", archive.display()))?;
         let placed = import.join(name);
-        if placed.exists() {
+        let there_before = placed.exists();
+        r.add(&placed, &data, 0o644)?;
+        if there_before {
             // Kept as it is (said by add): not install's to touch.
-            r.add(&placed, &data, 0o644)?;
             continue;
         }
-        r.add(&placed, &data, 0o644)?;
         // With the archive's own time, as `cp -p` copies: the agent leaves a file modified in the
         // last second for its next scan (it may still be being copied in), and the unit starts
         // right after this, so a fresh time would leave the first pods without the image.
