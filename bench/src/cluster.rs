@@ -4,7 +4,7 @@
 //! agent's memory while idle in cluster mode. Times come from one watch of the pods, so they are
 //! what any API client would see.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
@@ -181,26 +181,15 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, pods: usize, burst: us
         / 1024.0;
     // What an idle node asks of the API server in a minute (Lease renewals, Node status,
     // watches re-opened), beside kubelet's defaults (docs/agent.md).
-    let (idle0, lines0) = node_requests(agent);
+    let idle0 = node_requests(agent);
     tokio::time::sleep(IDLE).await;
-    let (idle1, lines1) = node_requests(agent);
-    let idle_requests_per_min = (idle1 - idle0) * 60.0 / IDLE.as_secs_f64();
-    eprintln!("   the idle node's API requests over {} s:", IDLE.as_secs());
-    for l in &lines1 {
-        let before = lines0
-            .iter()
-            .find(|b| b.rsplit_once(' ').map(|x| x.0) == l.rsplit_once(' ').map(|x| x.0))
-            .and_then(|b| b.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        let now = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        if now > before {
-            eprintln!(
-                "     {} +{}",
-                l.rsplit_once(' ').map(|x| x.0).unwrap_or(l),
-                now - before
-            );
-        }
-    }
+    let (idle, idle_lines) = requests_since(&idle0, &node_requests(agent));
+    let idle_requests_per_min = idle * 60.0 / IDLE.as_secs_f64();
+    eprintln!(
+        "   the idle node's API requests over {} s:\n     {}",
+        IDLE.as_secs(),
+        idle_lines.join("\n     ")
+    );
 
     let mut one = Vec::new();
     let mut one_starts = Vec::new();
@@ -259,11 +248,10 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, pods: usize, burst: us
             100.0 * (b1 - b0) as f64 / (t1 - t0).max(1) as f64
         );
     }
-    let (requests_after, by_method) = node_requests(agent);
-    let burst_requests = requests_after - requests_before.0;
+    let (burst_requests, burst_lines) = requests_since(&requests_before, &node_requests(agent));
     eprintln!(
-        "   the node's API requests after the burst:\n     {}",
-        by_method.join("\n     ")
+        "   the node's API requests over the burst:\n     {}",
+        burst_lines.join("\n     ")
     );
     let mut burst_ms: Vec<f64> = at
         .values()
@@ -291,23 +279,31 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, pods: usize, burst: us
     })
 }
 
-/// The node's API requests so far: the sum of its `rest_client_requests_total`, and the
-/// `rest_client_requests_total` lines (by code, host and method).
-fn node_requests(agent: &Agent) -> (f64, Vec<String>) {
+/// The node's API requests so far: its `rest_client_requests_total` by labels (code, host,
+/// method).
+fn node_requests(agent: &Agent) -> BTreeMap<String, f64> {
     let text = agent
         .get("/metrics")
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
-    let lines: Vec<String> = text
-        .lines()
+    text.lines()
         .filter(|l| l.starts_with("rest_client_requests_total"))
-        .map(str::to_string)
-        .collect();
-    let sum = lines
+        .filter_map(|l| {
+            let (labels, v) = l.rsplit_once(' ')?;
+            Some((labels.to_string(), v.parse::<f64>().ok()?))
+        })
+        .collect()
+}
+
+/// The requests made between two counts: in all, and one line per labels that grew.
+fn requests_since(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> (f64, Vec<String>) {
+    let grown: Vec<(&String, f64)> = after
         .iter()
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    (sum, lines)
+        .map(|(l, v)| (l, v - before.get(l).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    let total = grown.iter().map(|(_, d)| d).sum();
+    (total, grown.iter().map(|(l, d)| format!("{l} +{d}")).collect())
 }
 
 /// Each phase's share (ms) in each start `(pod, create sent, Running seen)` that has it.
