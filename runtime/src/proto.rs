@@ -171,6 +171,9 @@ pub(crate) enum Request {
     Exec(Box<ExecArgs>),
     /// Create pod namespaces and bind-mount them under a directory (fds: reply).
     Pin(PinArgs),
+    /// Set the hostname of a pinned UTS namespace (a pre-built sandbox given to a pod; fds:
+    /// reply).
+    Hostname { uts: PathBuf, hostname: String },
     /// Move the zygote into a mount namespace of its own without the (private) mount of the
     /// runtime's root (fds: reply). Served by the zygote itself, not a fork.
     Isolate { root: PathBuf },

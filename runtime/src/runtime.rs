@@ -769,6 +769,22 @@ impl Runtime {
         }
     }
 
+    /// Name the UTS namespace pinned at `uts` (a sandbox built before its pod was known).
+    pub async fn set_hostname(&self, uts: &Path, hostname: &str) -> Result<()> {
+        self.zygote
+            .call_ok(&Request::Hostname {
+                uts: uts.to_path_buf(),
+                hostname: hostname.to_string(),
+            })
+            .await
+            .map_err(|e| {
+                Error::container(
+                    uts.display().to_string(),
+                    format!("setting the hostname: {}", chain(&e)),
+                )
+            })
+    }
+
     /// Build containers from now on in mount namespaces without the other pods' mounts
     /// (crate::mount_ns): make the root a private mount (a bind mount of itself if need be),
     /// then move the zygote into a namespace of its own. Call once, before the first pod.

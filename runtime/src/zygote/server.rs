@@ -173,6 +173,16 @@ fn worker(req: Request, reply: OwnedFd, fds: Vec<OwnedFd>) -> i32 {
             1
         }
         Request::Exec(args) => exec(*args, reply, fds),
+        Request::Hostname { uts, hostname } => match set_hostname(&uts, &hostname) {
+            Ok(()) => {
+                write_reply(&reply, &Reply::Ok);
+                0
+            }
+            Err(e) => {
+                write_reply(&reply, &Reply::Failed { error: e });
+                1
+            }
+        },
         Request::Pin(args) => match pin(&args) {
             Ok(pinned) => {
                 write_reply(&reply, &Reply::Pinned(pinned));
@@ -528,6 +538,18 @@ fn pin(args: &PinArgs) -> Result<crate::namespaces::Pinned, String> {
         crate::mount_ns::enter_host(&iso).map_err(|e| e.to_string())?;
     }
     crate::namespaces::pin(&args.dir, &args.pins)
+}
+
+/// In the agent's mount namespace (where the pins are), join the pinned UTS namespace and name
+/// it. This worker is disposable: the namespaces it joins go with it.
+fn set_hostname(uts: &std::path::Path, hostname: &str) -> Result<(), String> {
+    if let Some(iso) = super::isolation::isolated() {
+        crate::mount_ns::enter_host(&iso).map_err(|e| e.to_string())?;
+    }
+    let f = std::fs::File::open(uts).map_err(|e| format!("opening {}: {e}", uts.display()))?;
+    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWUTS)
+        .map_err(|e| format!("joining the UTS namespace {}: {e}", uts.display()))?;
+    nix::unistd::sethostname(hostname).map_err(|e| format!("sethostname {hostname:?}: {e}"))
 }
 
 fn reap_children() {
