@@ -494,3 +494,189 @@ fn reset_survives_garbled_network_records() {
         .unwrap_or_default();
     assert!(left.iter().all(|n| n == "last_reserved_ip"), "{left:?}");
 }
+
+/// The pool entries on disk, by id, with the IPs their records hold.
+fn pool_entries(a: &Agent) -> Vec<(String, Vec<String>)> {
+    let mut v: Vec<(String, Vec<String>)> = std::fs::read_dir(a.root.join("sandbox-pool"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let rec: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(e.path().join("sandbox.json")).ok()?).ok()?;
+            let ips = rec["podIps"]
+                .as_array()?
+                .iter()
+                .filter_map(|i| i.as_str().map(String::from))
+                .collect();
+            Some((e.file_name().to_string_lossy().into_owned(), ips))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn wait_pool_full(a: &Agent, n: usize) -> Vec<(String, Vec<String>)> {
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let e = pool_entries(a);
+        if e.len() == n && e.iter().all(|(_, ips)| ips.len() == 1) {
+            return e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool did not fill to {n}: {e:?}\n{}",
+            tail(&a.agent_log(), 30)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The sandbox id a pod's record names.
+fn sandbox_id(a: &Agent, p: &Pod) -> String {
+    let uid = p.metadata.uid.clone().unwrap();
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.root.join("pods").join(uid).join("sandbox.json")).unwrap()).unwrap();
+    rec["id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn pooled_sandboxes_are_handed_to_pods_that_fit_and_never_outlive_the_agent() {
+    let net = TestNet::create("pool");
+    let mut a = Agent::start_in_netns(
+        "netpool",
+        &net.path,
+        "bridge",
+        &[],
+        "ferrolet:\n  podSubnet: 10.66.3.0/24\n  sandboxPool: 2\n",
+    );
+    let ipam = a.root.join("network/ipam/10.66.3.0_24");
+    let first = wait_pool_full(&a, 2);
+    assert_eq!(allocations(&ipam).len(), 2, "each pooled sandbox holds an IP");
+    assert_eq!(net.bridge_ports("ferrolet0").len(), 2, "and a veth on the bridge");
+
+    // Two pods take the two entries: each gets its own, named with its own hostname.
+    a.write("a.yaml", &web("a", 8080, "", ""));
+    let pa = running_with_ip(&a, "a");
+    a.write("b.yaml", &web("b", 8080, "", ""));
+    let pb = running_with_ip(&a, "b");
+    let pooled: Vec<String> = first.iter().map(|(id, _)| id.clone()).collect();
+    let (sa, sb) = (sandbox_id(&a, &pa), sandbox_id(&a, &pb));
+    assert!(
+        pooled.contains(&sa) && pooled.contains(&sb) && sa != sb,
+        "{sa} {sb} from {pooled:?}"
+    );
+    let pooled_ips: Vec<String> = first.iter().flat_map(|(_, ips)| ips.clone()).collect();
+    assert!(pooled_ips.contains(&pod_ip(&pa)) && pooled_ips.contains(&pod_ip(&pb)));
+    for (name, p) in [("a", &pa), ("b", &pb)] {
+        let full = format!("{name}-node-netpool");
+        assert_eq!(exec(&a, name, &["hostname"]).trim(), full);
+        assert_eq!(exec(&a, name, &["cat", "/etc/hostname"]).trim(), full);
+        let addrs = exec(&a, name, &["ip", "-o", "addr", "show", "eth0"]);
+        assert!(addrs.contains(&format!("{}/24", pod_ip(p))), "{addrs}");
+        let body = net.http_get_eventually(&format!("{}:8080", pod_ip(p)), "/", T).unwrap();
+        assert_eq!(body.trim(), format!("hello from {name}"));
+    }
+    // pod -> pod, System V IPC apart: each pod's IPC namespace is its own
+    let got = exec(
+        &a,
+        "b",
+        &["wget", "-q", "-O-", &format!("http://{}:8080/", pod_ip(&pa))],
+    );
+    assert_eq!(got.trim(), "hello from a");
+    exec(&a, "a", &["sh", "-c", "echo a > /dev/shm/mark"]);
+    let shm_b = exec(&a, "b", &["ls", "/dev/shm"]);
+    assert!(!shm_b.contains("mark"), "pod b sees pod a's /dev/shm: {shm_b}");
+
+    // The pool fills again with new entries once the node is quiet.
+    let refilled = wait_pool_full(&a, 2);
+    assert!(refilled.iter().all(|(id, _)| !pooled.contains(id)), "{refilled:?}");
+    assert_eq!(allocations(&ipam).len(), 4);
+
+    // A pod with a hostPort does not fit (its port mapping is the pod's own): it builds its own.
+    a.write(
+        "c.yaml",
+        &web("c", 8080, "    ports: [{containerPort: 8080, hostPort: 18081}]\n", ""),
+    );
+    let pc = running_with_ip(&a, "c");
+    assert!(!sandbox_id(&a, &pc).starts_with("pool-"));
+    let body = net.http_get_eventually(&format!("{NODE_IP}:18081"), "/", T).unwrap();
+    assert_eq!(body.trim(), "hello from c");
+    assert_eq!(pool_entries(&a).len(), 2);
+
+    // killed: the next start drops every entry (one may carry a pod's hostname) and builds
+    // new ones; the pods keep their sandboxes and IPs.
+    let before = wait_pool_full(&a, 2);
+    a.kill9();
+    a.restart_with_env(Vec::new());
+    let after = wait_pool_full(&a, 2);
+    assert!(
+        after.iter().all(|(id, _)| !before.iter().any(|(b, _)| b == id)),
+        "{before:?} {after:?}"
+    );
+    for (name, p) in [("a", &pa), ("b", &pb), ("c", &pc)] {
+        assert_eq!(pod_ip(&running_with_ip(&a, name)), pod_ip(p), "{name} kept its IP");
+    }
+    let mut want: Vec<String> = [&pa, &pb, &pc].iter().map(|p| pod_ip(p)).collect();
+    want.extend(after.iter().flat_map(|(_, ips)| ips.clone()));
+    want.sort();
+    assert_eq!(allocations(&ipam), want, "the old entries' IPs went with them");
+    assert_eq!(net.bridge_ports("ferrolet0").len(), 5, "three pods, two entries");
+
+    // Killed in the middle of a hand-over, at each step: the entry reaches no other pod, the
+    // pod runs with its own hostname, and nothing leaks.
+    for (point, name) in [("pool-after-hostname", "d"), ("pool-after-claim", "e")] {
+        a.restart_with_env(vec![("FERROLET_POOL_FAILPOINT".into(), point.into())]);
+        wait_pool_full(&a, 2);
+        a.write(&format!("{name}.yaml"), &web(name, 8080, "", ""));
+        a.wait_log(&format!("failpoint=\"{point}\""), T);
+        a.restart_with_env(Vec::new());
+        let p = running_with_ip(&a, name);
+        assert_eq!(
+            exec(&a, name, &["hostname"]).trim(),
+            format!("{name}-node-netpool"),
+            "{point}"
+        );
+        let body = net
+            .http_get_eventually(&format!("{}:8080", pod_ip(&p)), "/", T)
+            .unwrap();
+        assert_eq!(body.trim(), format!("hello from {name}"), "{point}");
+    }
+    let entries = wait_pool_full(&a, 2);
+    let mut want: Vec<String> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|n| pod_ip(&running_with_ip(&a, n)))
+        .collect();
+    want.extend(entries.iter().flat_map(|(_, ips)| ips.clone()));
+    want.sort();
+    let deadline = std::time::Instant::now() + T;
+    while allocations(&ipam) != want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(allocations(&ipam), want, "one IP per pod and per entry");
+    assert_eq!(net.bridge_ports("ferrolet0").len(), 7, "five pods, two entries");
+
+    // The pods go; the pool stays. Then reset removes the pool with everything else.
+    for n in ["a", "b", "c", "d", "e"] {
+        a.remove(&format!("{n}.yaml"));
+    }
+    for n in ["a", "b", "c", "d", "e"] {
+        a.wait_gone(n, T);
+    }
+    let deadline = std::time::Instant::now() + T;
+    while allocations(&ipam).len() != 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(allocations(&ipam).len(), 2, "{:?}", allocations(&ipam));
+    a.stop();
+    let out = a.reset().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let links = net.ip(&["-o", "link"]);
+    assert!(!links.contains("veth"), "veths left: {links}");
+    assert!(!a.root.join("sandbox-pool").exists(), "the pool's directory is gone");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&a.root.join("sandbox-pool").display().to_string()),
+        "a pooled sandbox is still mounted"
+    );
+}

@@ -360,7 +360,9 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         })
         .await?;
     }
-    // Before any pod worker: collects the network of sandboxes that are gone.
+    // Before any pod worker: the pool an earlier run left goes, then the network collects
+    // what sandboxes that are gone held.
+    setup.drain_pool().await;
     setup.network().init().await;
     // In a cluster, pods' ConfigMaps, Secrets, tokens and Services come from the API server.
     let setup = match (&joined.kube, &joined.checkpoint) {
@@ -401,6 +403,14 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         sysctls: crate::pod::sysctl::Allowlist::new(&cfg.allowed_unsafe_sysctls)
             .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
     });
+    // Sandboxes built ahead of time, refilled while the node is quiet.
+    {
+        let m = managers.clone();
+        supervise("sandbox pool", NETWORK_STATUS_EVERY, move || {
+            let m = m.clone();
+            async move { m.setup.refill_pool().await }
+        });
+    }
     // Device plugins may register once the pods can be admitted against their devices.
     crate::cm::devicemanager::serve(joined.devices.clone()).await?;
     start_plugin_watcher(cfg, joined)?;

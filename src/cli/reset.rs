@@ -148,7 +148,8 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
     // Mounts left under the root dir (a container whose delete failed, pod mounts no record
     // knows): unmounted before any directory is removed, so no removal descends into them.
     let mut unmounted = 0;
-    for dir in [root.join("containers"), pods_dir.clone()] {
+    let pool_dir = crate::podsetup::pool_dir(root);
+    for dir in [root.join("containers"), pods_dir.clone(), pool_dir.clone()] {
         let top = std::fs::canonicalize(&dir).unwrap_or(dir.clone());
         for m in ferrolet_runtime::rootfs::mounts_under(&dir) {
             if m == top {
@@ -187,6 +188,18 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
             failed.add(format!("removing {}: {err}", dir.display()));
         }
         pods += 1;
+    }
+
+    // The sandbox pool: its networks went with the others above.
+    for e in std::fs::read_dir(&pool_dir).into_iter().flatten().flatten() {
+        if let Err(err) = crate::podsetup::pool::forget(&e.path()) {
+            failed.add(format!("pooled sandbox {}: {err:#}", e.path().display()));
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(&pool_dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            failed.add(format!("removing {}: {e}", pool_dir.display()));
+        }
     }
 
     // The checkpoint of the API server's pods (docs/offline.md): a node reset must not bring

@@ -540,6 +540,11 @@ declare! {
         /// Most pods the node runs; more are refused at admission (kubelet's maxPods).
         #[setting("maxPods" | "max-pods" => Int<u32>)]
         pub max_pods: u32 = 110,
+        /// Pod sandboxes built ahead of time and handed to new pods that fit (docs/sandbox.md,
+        /// "The sandbox pool"); 0 turns the pool off.
+        #[help = "Pod sandboxes built ahead of time for new pods (0: none, the default)."]
+        #[setting("ferrolet.sandboxPool" | "sandbox-pool" => Int<u32>)]
+        pub sandbox_pool: u32 = 0,
         /// Most processes in one pod (kubelet's podPidsLimit; -1: no per-pod limit).
         #[setting("podPidsLimit" | "pod-max-pids" => Int<i64>)]
         pub pod_pids_limit: i64 = -1,

@@ -6,6 +6,7 @@
 
 pub mod dns;
 pub mod network;
+pub mod pool;
 pub mod sandbox;
 pub mod selinux;
 pub mod userns;
@@ -46,6 +47,8 @@ pub struct PodSetup {
     warmer: MigrationWarmer,
     /// The host id ranges of pods with `hostUsers: false`.
     userns: Arc<userns::UserNamespaces>,
+    /// Sandboxes built ahead of time (ferrolet.sandboxPool > 0).
+    pool: Option<pool::SandboxPool>,
 }
 
 impl PodSetup {
@@ -58,9 +61,20 @@ impl PodSetup {
         cgroups: PodCgroups,
         network_status: network::NetworkStatus,
     ) -> Result<PodSetup> {
-        // The network learns which sandboxes are live from their records under the pods dir.
-        let pods_dir = cfg.pods_dir();
-        let network = PodNetwork::new(&cfg, Arc::new(move || sandbox::recorded_ids(&pods_dir)), network_status);
+        // The network learns which sandboxes are live from their records under the pods dir
+        // and the pool's.
+        let (pods_dir, pooled) = (cfg.pods_dir(), pool_dir(&cfg.root_dir));
+        let network = PodNetwork::new(
+            &cfg,
+            Arc::new(move || {
+                let mut ids = sandbox::recorded_ids(&pods_dir);
+                ids.extend(sandbox::recorded_ids(&pooled));
+                ids
+            }),
+            network_status,
+        );
+        let pool =
+            (cfg.sandbox_pool > 0).then(|| pool::SandboxPool::new(pool_dir(&cfg.root_dir), cfg.sandbox_pool as usize));
         let local = cfg.static_pod_path.clone().map(LocalObjects::new);
         let volumes = Arc::new(VolumeManager::new(&cfg.pods_dir()));
         let warmer = MigrationWarmer::new(cgroups.runtime().clone());
@@ -76,6 +90,7 @@ impl PodSetup {
             qos: None,
             warmer,
             userns,
+            pool,
         })
     }
 
@@ -152,6 +167,17 @@ impl PodSetup {
     /// A new sandbox for `p`: namespaces pinned under the pod's directory, /dev/shm, the record,
     /// then the pod network. A network that fails leaves nothing behind; the next sync retries.
     pub async fn create_sandbox(&self, p: &Arc<Pod>, pod_dir: &Path) -> Result<Sandbox> {
+        if let Some(sb) = self.take_pooled(p, pod_dir).await {
+            return Ok(sb);
+        }
+        let sb = self.build_sandbox(p, pod_dir).await;
+        if let Some(pool) = &self.pool {
+            pool.used();
+        }
+        sb
+    }
+
+    async fn build_sandbox(&self, p: &Arc<Pod>, pod_dir: &Path) -> Result<Sandbox> {
         let own = sandbox::own_namespaces(p);
         let dir = {
             let pod_dir = pod_dir.to_path_buf();
@@ -384,6 +410,11 @@ impl PodSetup {
         }
         clean
     }
+}
+
+/// Where the sandbox pool keeps its entries.
+pub fn pool_dir(root: &Path) -> std::path::PathBuf {
+    root.join("sandbox-pool")
 }
 
 fn remove_dir(dir: &Path) -> Result<()> {

@@ -229,16 +229,29 @@ impl PodNetwork {
             bandwidth: bandwidth(p)?,
             requested_ips: Vec::new(),
         };
+        self.set_up(&req, &pod::full_name(p)).await
+    }
+
+    /// Attach a sandbox built before its pod is known ([`super::pool`]): no hostPorts, no
+    /// bandwidth limits, no pod names. Only the built-in bridge takes such a sandbox: CNI
+    /// plugins are told the pod at ADD and may act on it.
+    pub async fn attach_pooled(&self, sandbox_id: &str, netns: &Path) -> Result<Vec<String>> {
+        self.set_up(&SandboxNetwork::new(sandbox_id, netns), "(the sandbox pool)")
+            .await
+    }
+
+    async fn set_up(&self, req: &SandboxNetwork, pod: &str) -> Result<Vec<String>> {
         let plug = self.plug().await?;
         let t = std::time::Instant::now();
+        let sandbox_id = &req.sandbox_id;
         let st = plug
-            .setup(&req)
+            .setup(req)
             .await
             .with_context(|| format!("failed to set up the network of sandbox {sandbox_id}"))?;
         let ips: Vec<String> = st.ips.iter().map(IpAddr::to_string).collect();
         info!(
-            pod = %pod::full_name(p),
-            sandbox = sandbox_id,
+            pod,
+            sandbox = %sandbox_id,
             ips = ?ips,
             mode = plug.mode_name(),
             ms = t.elapsed().as_millis() as u64,

@@ -143,30 +143,49 @@ pub fn finish(
     init: Option<ProcessRef>,
     userns: Option<IdRange>,
 ) -> Result<Sandbox> {
-    let dir = sandbox_dir(pod_dir);
     let selinux = super::selinux::sandbox_labels(p, || selinux_levels(pod_dir.parent().unwrap_or(pod_dir)))
         .map_err(|e| anyhow::anyhow!(e))?;
-    let shm = if own.ipc {
-        let shm = dir.join("shm");
-        std::fs::create_dir_all(&shm)?;
-        let context = selinux
-            .as_ref()
-            .map(|l| format!(",context=\"{}\"", l.mount))
-            .unwrap_or_default();
-        nix::mount::mount(
-            Some("shm"),
-            &shm,
-            Some("tmpfs"),
-            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC,
-            Some(format!("mode=1777,size=65536k{context}").as_str()),
-        )
-        .context("mounting the pod's /dev/shm")?;
-        shm
-    } else {
-        PathBuf::from("/dev/shm")
-    };
-    let sb = Sandbox {
-        id: format!("{}-{}", pod::uid(p), &ferrolet_fsutil::random_hex(4)),
+    let id = format!("{}-{}", pod::uid(p), &ferrolet_fsutil::random_hex(4));
+    let shm = mount_shm(pod_dir, own.ipc, selinux.as_ref())?;
+    let mut sb = record(id, pod_dir, own, shm, init, userns);
+    sb.selinux = selinux;
+    // Saved before any network exists, so a crash after this leaves an id to tear down.
+    save(pod_dir, &sb)?;
+    Ok(sb)
+}
+
+/// The sandbox's /dev/shm: a tmpfs of its own under `<dir>/sandbox` with an IPC namespace of
+/// its own (`ipc`), else the node's.
+pub fn mount_shm(dir: &Path, ipc: bool, selinux: Option<&super::selinux::SandboxLabels>) -> Result<PathBuf> {
+    if !ipc {
+        return Ok(PathBuf::from("/dev/shm"));
+    }
+    let shm = sandbox_dir(dir).join("shm");
+    std::fs::create_dir_all(&shm)?;
+    let context = selinux.map(|l| format!(",context=\"{}\"", l.mount)).unwrap_or_default();
+    nix::mount::mount(
+        Some("shm"),
+        &shm,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC,
+        Some(format!("mode=1777,size=65536k{context}").as_str()),
+    )
+    .context("mounting the pod's /dev/shm")?;
+    Ok(shm)
+}
+
+/// The record of a sandbox pinned under `<dir>/sandbox`, without a network yet.
+pub fn record(
+    id: String,
+    dir: &Path,
+    own: &OwnNamespaces,
+    shm: PathBuf,
+    init: Option<ProcessRef>,
+    userns: Option<IdRange>,
+) -> Sandbox {
+    let dir = sandbox_dir(dir);
+    Sandbox {
+        id,
         created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         net: own.net.then(|| dir.join("net")),
         ipc: own.ipc.then(|| dir.join("ipc")),
@@ -179,11 +198,8 @@ pub fn finish(
         pod_ips: Vec::new(),
         boot_id: ferrolet_fsutil::boot_id(),
         network: None,
-        selinux,
-    };
-    // Saved before any network exists, so a crash after this leaves an id to tear down.
-    save(pod_dir, &sb)?;
-    Ok(sb)
+        selinux: None,
+    }
 }
 
 /// Ids of the sandboxes recorded under `pods_dir` (every pod directory's `sandbox.json`).
@@ -210,6 +226,14 @@ pub fn selinux_levels(pods_dir: &Path) -> std::collections::HashSet<String> {
 
 pub fn save(pod_dir: &Path, sb: &Sandbox) -> Result<()> {
     Ok(write_json_atomic(&record_path(pod_dir), sb)?)
+}
+
+/// [`save`] without waiting for the disk, for a record holding nothing that outlives the boot
+/// (no user namespace ids): after a power cut its pins are gone whatever it says, and a lost
+/// record only leaves a network no record names, which the network's collection releases.
+pub fn save_unsynced(pod_dir: &Path, sb: &Sandbox) -> Result<()> {
+    debug_assert!(sb.userns.is_none());
+    Ok(ferrolet_fsutil::write_json_atomic_unsynced(&record_path(pod_dir), sb)?)
 }
 
 /// Stop the pod's init (which ends whatever is left in its pid namespace), unpin namespaces,
