@@ -21,6 +21,27 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Wait until the agent's sandbox pool (`--sandbox-pool`) holds `n` entries, each with
+    /// its record written, and the last one's network a moment to finish.
+    pub fn wait_pool_full(&self, n: usize, timeout: Duration) -> Result<()> {
+        let dir = self.root.join("sandbox-pool");
+        let full = || {
+            std::fs::read_dir(&dir)
+                .map(|d| d.flatten().filter(|e| e.path().join("sandbox.json").exists()).count())
+                .unwrap_or(0)
+                >= n
+        };
+        let deadline = Instant::now() + timeout;
+        while !full() {
+            if Instant::now() > deadline {
+                bail!("the sandbox pool in {} did not fill to {n}", dir.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        Ok(())
+    }
+
     pub fn start(bin: &Path, dir: &Path, cgroup_root: &str, network: &str, log: &Path) -> Result<Agent> {
         Agent::start_with(bin, dir, cgroup_root, network, log, &[])
     }

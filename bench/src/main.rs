@@ -64,9 +64,10 @@ struct Opts {
     /// is measured alone, as a person would write one manifest; 0 starts the next at once.
     #[arg(long, default_value_t = 50)]
     start_gap_ms: u64,
-    /// Pod networks for the start-path figures (comma-separated: none, bridge); each gets its
-    /// own agent and its own columns.
-    #[arg(long, value_delimiter = ',', default_value = "none,bridge")]
+    /// Pod networks for the start-path figures (comma-separated: none, bridge, and each with
+    /// `+pool`: a sandbox pool of `--start-pods` entries, filled before the measured starts);
+    /// each gets its own agent and its own columns.
+    #[arg(long, value_delimiter = ',', default_value = "none,bridge,none+pool,bridge+pool")]
     start_network: Vec<String>,
     /// Pods started one after another at each count of running pods (start-path figures).
     #[arg(long, default_value_t = 20)]
@@ -586,18 +587,23 @@ fn start_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<(V
     let mut rows = Vec::new();
     let mut sets = Vec::new();
     for network in &opts.start_network {
-        let (what, suffix) = match network.as_str() {
-            "none" => ("no pod network", ""),
-            "bridge" => ("built-in bridge", ", bridge"),
-            other => anyhow::bail!("--start-network {other}: none or bridge"),
+        let (what, suffix, pool) = match network.as_str() {
+            "none" => ("no pod network", "", 0),
+            "bridge" => ("built-in bridge", ", bridge", 0),
+            "none+pool" => ("no pod network, sandbox pool", ", pool", opts.start_pods),
+            "bridge+pool" => ("built-in bridge, sandbox pool", ", bridge, pool", opts.start_pods),
+            other => anyhow::bail!("--start-network {other}: none, bridge, none+pool or bridge+pool"),
         };
-        let log = dir.join(format!("agent-start-{network}.log"));
-        let a = Agent::start(
+        let mode = network.trim_end_matches("+pool");
+        let name = network.replace('+', "-");
+        let log = dir.join(format!("agent-start-{name}.log"));
+        let a = Agent::start_with(
             bin,
-            &dir.join(format!("ferrolet-start-{network}")),
-            &format!("{}/start-{network}", cg.path()),
-            network,
+            &dir.join(format!("ferrolet-start-{name}")),
+            &format!("{}/start-{name}", cg.path()),
+            mode,
             &log,
+            &["--sandbox-pool".to_string(), pool.to_string()],
         )?;
         std::thread::sleep(Duration::from_secs(1));
         for &n in &running {
@@ -612,6 +618,7 @@ fn start_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<(V
                 n,
                 opts.start_pods,
                 Duration::from_millis(opts.start_gap_ms),
+                pool,
             )?;
             wait_until(Duration::from_secs(120), || a.pod_count() == n)?;
             let v: Vec<f64> = starts.iter().map(|s| ms_between(s.t0, s.first)).collect();

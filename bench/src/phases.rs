@@ -160,6 +160,7 @@ pub fn starts_with_running(
     running: usize,
     measured: usize,
     gap: Duration,
+    pool: usize,
 ) -> Result<Vec<Start>> {
     let have = std::fs::read_dir(&a.manifests)?
         .flatten()
@@ -177,6 +178,9 @@ pub fn starts_with_running(
     std::thread::sleep(Duration::from_secs(2));
     let waited = crate::procstat::settle(Duration::from_secs(60));
     eprintln!("   (waited {:.1} s for a quiet machine)", waited.as_secs_f64());
+    if pool > 0 {
+        a.wait_pool_full(pool, Duration::from_secs(60))?;
+    }
     let mut out = Vec::new();
     for i in 0..measured {
         let name = format!("{tag}{i}");
