@@ -83,6 +83,7 @@ const HEADINGS: &[(&str, &[&str])] = &[
         &[
             "sync-frequency",
             "max-pods",
+            "sandbox-pool",
             "pod-max-pids",
             "runtime-request-timeout",
             "allowed-unsafe-sysctls",
