@@ -656,6 +656,59 @@ fn pooled_sandboxes_are_handed_to_pods_that_fit_and_never_outlive_the_agent() {
     assert_eq!(allocations(&ipam), want, "one IP per pod and per entry");
     assert_eq!(net.bridge_ports("ferrolet0").len(), 7, "five pods, two entries");
 
+    // A power cut: every pin is gone; the pods get sandboxes again (new or pooled), each its
+    // own, and the old entries' veths and IPs go.
+    a.simulate_power_cut();
+    a.boot();
+    for name in ["a", "b", "c", "d", "e"] {
+        a.wait_for(name, "running again after the power cut", T, |p| {
+            running(p, "web") && restarts(p, "web") >= 1 && !pod_ip(p).is_empty()
+        });
+        assert_eq!(exec(&a, name, &["hostname"]).trim(), format!("{name}-node-netpool"));
+    }
+    let entries = wait_pool_full(&a, 2);
+    let mut want: Vec<String> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|n| pod_ip(&running_with_ip(&a, n)))
+        .collect();
+    want.extend(entries.iter().flat_map(|(_, ips)| ips.clone()));
+    want.sort();
+    let deadline = std::time::Instant::now() + T;
+    while allocations(&ipam) != want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        allocations(&ipam),
+        want,
+        "after the power cut: one IP per pod and per entry"
+    );
+    assert_eq!(
+        net.bridge_ports("ferrolet0").len(),
+        7,
+        "after the power cut: five pods, two entries"
+    );
+
+    // Turned off, the pool an earlier run left goes at the next start; turned on, it is back.
+    let cfg = a.dir.join("kubelet.yaml");
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, yaml.replace("sandboxPool: 2", "sandboxPool: 0")).unwrap();
+    a.restart();
+    let pods_only: Vec<String> = want
+        .iter()
+        .filter(|ip| !entries.iter().any(|(_, e)| e.contains(ip)))
+        .cloned()
+        .collect();
+    let deadline = std::time::Instant::now() + T;
+    while (allocations(&ipam) != pods_only || !pool_entries(&a).is_empty()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(allocations(&ipam), pods_only, "the entries' IPs went");
+    assert!(pool_entries(&a).is_empty());
+    assert_eq!(net.bridge_ports("ferrolet0").len(), 5, "the entries' veths went");
+    std::fs::write(&cfg, yaml).unwrap();
+    a.restart();
+    wait_pool_full(&a, 2);
+
     // The pods go; the pool stays. Then reset removes the pool with everything else.
     for n in ["a", "b", "c", "d", "e"] {
         a.remove(&format!("{n}.yaml"));

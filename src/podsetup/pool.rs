@@ -250,14 +250,14 @@ impl PodSetup {
     /// collection that follows releases the networks no record names any more. An entry a
     /// pod's record names (the agent stopped while handing it over) keeps its network for
     /// the pod, which replaces a sandbox that is not live. Entries are never kept across a
-    /// restart: one may carry a hostname a pod gave it.
+    /// restart: one may carry a hostname a pod gave it. This runs with the pool off too: a
+    /// run with it on may have left entries.
     pub async fn drain_pool(&self) {
-        let Some(pool) = &self.pool else {
-            return;
-        };
-        let dir = pool.dir().to_path_buf();
+        let dir = super::pool_dir(&self.cfg.root_dir);
         let drained = blocking(move || {
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            if !dir.exists() {
+                return Ok(0);
+            }
             let mut n = 0;
             for entry in SandboxPool::new(dir, 0).on_disk() {
                 forget(&entry)?;
