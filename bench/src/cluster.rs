@@ -66,8 +66,16 @@ const PHASES: [(&str, &str); 15] = [
     ("seen", "Running seen in a watch of the pods (the bench's)"),
 ];
 
-/// Run the cluster figures: `pods` one after another, then `burst` at once.
-pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, pods: usize, burst: usize) -> Result<Results> {
+/// The pods of the cluster figures: `pods` one after another, then `burst` at once; with a
+/// sandbox pool of `pool` entries (`--sandbox-pool`), filled before the burst.
+pub struct Load {
+    pub pods: usize,
+    pub burst: usize,
+    pub pool: usize,
+}
+
+/// Run the cluster figures.
+pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, load: &Load) -> Result<Results> {
     // The API server wants an address with a default route; the namespace is the benchmark's own.
     for args in [
         "link add node0 type veth peer name node0-peer",
@@ -114,19 +122,15 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, pods: usize
                 node_kc,
                 "--node-ip".into(),
                 "198.51.100.10".into(),
+                "--sandbox-pool".into(),
+                load.pool.to_string(),
             ],
         )?;
         let tokio = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()?;
-        let r = tokio.block_on(measure(
-            Path::new(&admin),
-            &agent,
-            &dir.join("cluster-agent.log"),
-            pods,
-            burst,
-        ));
+        let r = tokio.block_on(measure(Path::new(&admin), &agent, &dir.join("cluster-agent.log"), load));
         agent.finish();
         r
     })();
@@ -151,7 +155,8 @@ fn pod(name: &str) -> Result<Pod> {
     }))?)
 }
 
-async fn measure(admin: &Path, agent: &Agent, log: &Path, pods: usize, burst: usize) -> Result<Results> {
+async fn measure(admin: &Path, agent: &Agent, log: &Path, load: &Load) -> Result<Results> {
+    let (pods, burst) = (load.pods, load.burst);
     let kube = ferrolet::kubeclient::Kube::from_kubeconfig(admin).await?;
     let api: Api<Pod> = Api::namespaced(kube.client(), "default");
     // One watch for all: each pod's first Running, as the API server tells it.
@@ -202,6 +207,10 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, pods: usize, burst: us
         one_starts.push((name, wall0, wall0 + at.duration_since(t0)));
     }
     one.sort_by(f64::total_cmp);
+    if load.pool > 0 {
+        let wait = Duration::from_secs(120);
+        tokio::task::block_in_place(|| agent.wait_pool_full(load.pool, wait))?;
+    }
 
     let requests_before = node_requests(agent);
     let agent_procs: Vec<i32> = agent.processes().into_iter().take(2).collect();

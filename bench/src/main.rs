@@ -97,6 +97,10 @@ struct Opts {
     /// Pods created through the API server at once (cluster mode).
     #[arg(long, default_value_t = 50)]
     cluster_burst: usize,
+    /// A sandbox pool of this many entries for the cluster agent (0: none), filled before the
+    /// burst.
+    #[arg(long, default_value_t = 0)]
+    cluster_pool: usize,
     /// The ferrolet binary (release build).
     #[arg(long, default_value = "target/release/ferrolet")]
     ferrolet: PathBuf,
@@ -990,8 +994,11 @@ fn cluster_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<
                 bin,
                 dir,
                 &format!("{}/cluster", cg.path()),
-                opts.cluster_pods,
-                opts.cluster_burst,
+                &cluster::Load {
+                    pods: opts.cluster_pods,
+                    burst: opts.cluster_burst,
+                    pool: opts.cluster_pool,
+                },
             )?;
             let mut row = |metric: String, unit: &'static str, v: f64| {
                 let mut x = Row::new(metric, unit, "none");
@@ -1008,13 +1015,17 @@ fn cluster_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<
                 "ms",
                 r.one_p90_ms,
             );
+            let pool = match opts.cluster_pool {
+                0 => String::new(),
+                n => format!(" (sandbox pool of {n})"),
+            };
             row(
-                format!("cluster: {} API pods at once, p50", opts.cluster_burst),
+                format!("cluster: {} API pods at once{pool}, p50", opts.cluster_burst),
                 "ms",
                 r.burst_p50_ms,
             );
             row(
-                format!("cluster: {} API pods at once, last Running", opts.cluster_burst),
+                format!("cluster: {} API pods at once{pool}, last Running", opts.cluster_burst),
                 "ms",
                 r.burst_last_ms,
             );
