@@ -61,6 +61,8 @@ pub struct PodCgroups {
     root: String,
     per_qos: bool,
     opts: PodLimitOptions,
+    /// The limits this agent wrote to each pod cgroup: a resync writes only what changed.
+    applied: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, CgroupLimits>>>,
 }
 
 impl PodCgroups {
@@ -77,6 +79,7 @@ impl PodCgroups {
             root: root.trim_end_matches('/').to_string(),
             per_qos: cfg.cgroups_per_qos,
             opts: PodLimitOptions::from_config(cfg, cgroups),
+            applied: Default::default(),
         })
     }
 
@@ -227,6 +230,11 @@ impl PodCgroups {
         let limits = Self::limits_for(p, &self.opts);
         let t = std::time::Instant::now();
         if self.cgroups.exists(&path) {
+            // Every resync comes here (kubelet's EnsureExists leaves an existing one alone):
+            // limits are written once per agent run, and again only when they change.
+            if self.applied().get(&path) == Some(&limits) {
+                return Ok(path);
+            }
             let r = self.cgroups.update(&path, &limits);
             crate::metrics::global().cgroup_operation("update", t.elapsed());
             r.with_context(|| format!("updating pod cgroup {path}"))?;
@@ -235,7 +243,12 @@ impl PodCgroups {
             crate::metrics::global().cgroup_operation("create", t.elapsed());
             r.with_context(|| format!("creating pod cgroup {path}"))?;
         }
+        self.applied().insert(path.clone(), limits);
         Ok(path)
+    }
+
+    fn applied(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CgroupLimits>> {
+        self.applied.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether the pod's cgroup exists already.
@@ -248,6 +261,7 @@ impl PodCgroups {
             return Ok(());
         }
         let path = self.pod_path(p);
+        self.applied().remove(&path);
         let t = std::time::Instant::now();
         let r = self.cgroups.remove(&path);
         crate::metrics::global().cgroup_operation("destroy", t.elapsed());
