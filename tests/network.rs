@@ -516,6 +516,20 @@ fn pool_entries(a: &Agent) -> Vec<(String, Vec<String>)> {
     v
 }
 
+/// The IPs the pods and a full pool of two hold (sorted), once the IPAM holds exactly those,
+/// and the entries.
+fn pods_and_entries_ips(a: &Agent, ipam: &std::path::Path, pods: &[&str]) -> (Vec<String>, Vec<(String, Vec<String>)>) {
+    let entries = wait_pool_full(a, 2);
+    let mut want: Vec<String> = pods.iter().map(|n| pod_ip(&running_with_ip(a, n))).collect();
+    want.extend(entries.iter().flat_map(|(_, ips)| ips.clone()));
+    want.sort();
+    let deadline = std::time::Instant::now() + T;
+    while allocations(ipam) != want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (want, entries)
+}
+
 fn wait_pool_full(a: &Agent, n: usize) -> Vec<(String, Vec<String>)> {
     let deadline = std::time::Instant::now() + T;
     loop {
@@ -642,17 +656,7 @@ fn pooled_sandboxes_are_handed_to_pods_that_fit_and_never_outlive_the_agent() {
             .unwrap();
         assert_eq!(body.trim(), format!("hello from {name}"), "{point}");
     }
-    let entries = wait_pool_full(&a, 2);
-    let mut want: Vec<String> = ["a", "b", "c", "d", "e"]
-        .iter()
-        .map(|n| pod_ip(&running_with_ip(&a, n)))
-        .collect();
-    want.extend(entries.iter().flat_map(|(_, ips)| ips.clone()));
-    want.sort();
-    let deadline = std::time::Instant::now() + T;
-    while allocations(&ipam) != want && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (want, _) = pods_and_entries_ips(&a, &ipam, &["a", "b", "c", "d", "e"]);
     assert_eq!(allocations(&ipam), want, "one IP per pod and per entry");
     assert_eq!(net.bridge_ports("ferrolet0").len(), 7, "five pods, two entries");
 
@@ -666,17 +670,7 @@ fn pooled_sandboxes_are_handed_to_pods_that_fit_and_never_outlive_the_agent() {
         });
         assert_eq!(exec(&a, name, &["hostname"]).trim(), format!("{name}-node-netpool"));
     }
-    let entries = wait_pool_full(&a, 2);
-    let mut want: Vec<String> = ["a", "b", "c", "d", "e"]
-        .iter()
-        .map(|n| pod_ip(&running_with_ip(&a, n)))
-        .collect();
-    want.extend(entries.iter().flat_map(|(_, ips)| ips.clone()));
-    want.sort();
-    let deadline = std::time::Instant::now() + T;
-    while allocations(&ipam) != want && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (want, entries) = pods_and_entries_ips(&a, &ipam, &["a", "b", "c", "d", "e"]);
     assert_eq!(
         allocations(&ipam),
         want,

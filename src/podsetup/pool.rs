@@ -28,6 +28,15 @@ use crate::tasks::blocking;
 /// of pods written one after another.
 pub const QUIET: Duration = Duration::from_millis(500);
 
+/// What an entry pins: the namespaces of a pod that fits ([`PodSetup::fits_pool`]).
+const POOLED: sandbox::OwnNamespaces = sandbox::OwnNamespaces {
+    net: true,
+    ipc: true,
+    uts: true,
+    pid: false,
+    user: false,
+};
+
 /// A ready entry: its directory and its record.
 #[derive(Debug, Clone)]
 pub struct Entry {
@@ -177,13 +186,6 @@ impl PodSetup {
     /// the network (the built-in bridge's veth and IP). A failure leaves nothing behind.
     async fn build_pool_entry(&self, pool: &SandboxPool) -> Result<Entry> {
         let (id, dir) = pool.new_entry_dir();
-        let own = sandbox::OwnNamespaces {
-            net: true,
-            ipc: true,
-            uts: true,
-            pid: false,
-            user: false,
-        };
         let built = async {
             let sdir = {
                 let dir = dir.clone();
@@ -205,7 +207,7 @@ impl PodSetup {
                 let (dir, id) = (dir.clone(), id.clone());
                 blocking(move || {
                     let shm = sandbox::mount_shm(&dir, true, None)?;
-                    let sb = sandbox::record(id, &dir, &own, shm, None, None);
+                    let sb = sandbox::record(id, &dir, &POOLED, shm, None, None);
                     sandbox::save_unsynced(&dir, &sb)?;
                     Ok(sb)
                 })
@@ -399,14 +401,7 @@ mod tests {
         for f in ["net", "ipc", "uts"] {
             std::fs::write(sdir.join(f), f).unwrap();
         }
-        let own = sandbox::OwnNamespaces {
-            net: true,
-            ipc: true,
-            uts: true,
-            pid: false,
-            user: false,
-        };
-        let mut sb = sandbox::record(id, &dir, &own, sdir.join("shm"), None, None);
+        let mut sb = sandbox::record(id, &dir, &POOLED, sdir.join("shm"), None, None);
         sb.pod_ips = vec!["10.66.0.7".into()];
         sb.network = Some("bridge".into());
         sandbox::save(&dir, &sb).unwrap();
