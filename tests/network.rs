@@ -586,6 +586,9 @@ fn pooled_sandboxes_are_handed_to_pods_that_fit_and_never_outlive_the_agent() {
         let full = format!("{name}-node-netpool");
         assert_eq!(exec(&a, name, &["hostname"]).trim(), full);
         assert_eq!(exec(&a, name, &["cat", "/etc/hostname"]).trim(), full);
+        // the files written on take name the pod and the IP the entry brought
+        let hosts = exec(&a, name, &["cat", "/etc/hosts"]);
+        assert!(hosts.contains(&format!("{}\t{full}", pod_ip(p))), "{hosts}");
         let addrs = exec(&a, name, &["ip", "-o", "addr", "show", "eth0"]);
         assert!(addrs.contains(&format!("{}/24", pod_ip(p))), "{addrs}");
         let body = net.http_get_eventually(&format!("{}:8080", pod_ip(p)), "/", T).unwrap();

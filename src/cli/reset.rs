@@ -191,10 +191,8 @@ pub async fn run(root: &Path, zygote: ZygoteHandle) -> Result<i32> {
     }
 
     // The sandbox pool: its networks went with the others above.
-    for e in std::fs::read_dir(&pool_dir).into_iter().flatten().flatten() {
-        if let Err(err) = crate::podsetup::pool::forget(&e.path()) {
-            failed.add(format!("pooled sandbox {}: {err:#}", e.path().display()));
-        }
+    for f in crate::podsetup::pool::forget_all(&pool_dir).1 {
+        failed.add(f);
     }
     if let Err(e) = std::fs::remove_dir(&pool_dir) {
         if e.kind() != std::io::ErrorKind::NotFound {

@@ -106,17 +106,31 @@ impl SandboxPool {
         let dir = self.dir.join(&id);
         (id, dir)
     }
+}
 
-    /// The entries on disk (what an earlier run left, at start).
-    pub fn on_disk(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(&self.dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("pool-")))
-            .collect()
+/// The entries in the pool's directory `dir`, ready, being built or left by an earlier run.
+pub fn entries_on_disk(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("pool-")))
+        .collect()
+}
+
+/// [`forget`] every entry in the pool's directory `dir`, each tried whatever the others do;
+/// returns how many went and what failed, by entry. The entries' networks are the caller's
+/// (at start the network's collection, at reset the removal of every network).
+pub fn forget_all(dir: &Path) -> (usize, Vec<String>) {
+    let (mut gone, mut failed) = (0, Vec::new());
+    for entry in entries_on_disk(dir) {
+        match forget(&entry) {
+            Ok(()) => gone += 1,
+            Err(e) => failed.push(format!("pooled sandbox {}: {e:#}", entry.display())),
+        }
     }
+    (gone, failed)
 }
 
 /// The pool as pod setup uses it: taking an entry for a pod, building, refilling, draining.
@@ -256,22 +270,15 @@ impl PodSetup {
     /// run with it on may have left entries.
     pub async fn drain_pool(&self) {
         let dir = super::pool_dir(&self.cfg.root_dir);
-        let drained = blocking(move || {
-            if !dir.exists() {
-                return Ok(0);
-            }
-            let mut n = 0;
-            for entry in SandboxPool::new(dir, 0).on_disk() {
-                forget(&entry)?;
-                n += 1;
-            }
-            Ok(n)
-        })
-        .await;
-        match drained {
-            Ok(0) => {}
-            Ok(n) => info!(entries = n, "removed the sandbox pool an earlier run left"),
-            Err(e) => warn!(error = %format!("{e:#}"), "removing the sandbox pool an earlier run left"),
+        let (gone, failed) = match blocking(move || Ok(forget_all(&dir))).await {
+            Ok(r) => r,
+            Err(e) => (0, vec![format!("{e:#}")]),
+        };
+        if gone > 0 {
+            info!(entries = gone, "removed the sandbox pool an earlier run left");
+        }
+        for e in failed {
+            warn!(error = %e, "removing the sandbox pool an earlier run left");
         }
     }
 
@@ -319,19 +326,8 @@ impl PodSetup {
 /// (its mounts move with it), then the entry is forgotten. `pod_dir/sandbox` must be an empty
 /// directory ([`sandbox::prepare_dir`]). Returns the pod's record.
 pub fn move_into(entry: &Entry, pod_dir: &Path) -> Result<Sandbox> {
-    let own = sandbox::OwnNamespaces {
-        net: entry.sandbox.net.is_some(),
-        ipc: entry.sandbox.ipc.is_some(),
-        uts: entry.sandbox.uts.is_some(),
-        pid: false,
-        user: false,
-    };
-    let shm = if own.ipc {
-        sandbox::sandbox_dir(pod_dir).join("shm")
-    } else {
-        entry.sandbox.shm.clone()
-    };
-    let mut sb = sandbox::record(entry.sandbox.id.clone(), pod_dir, &own, shm, None, None);
+    let shm = sandbox::sandbox_dir(pod_dir).join("shm");
+    let mut sb = sandbox::record(entry.sandbox.id.clone(), pod_dir, &POOLED, shm, None, None);
     sb.pod_ips = entry.sandbox.pod_ips.clone();
     sb.network = entry.sandbox.network.clone();
     sandbox::save_unsynced(pod_dir, &sb)?;
@@ -339,7 +335,7 @@ pub fn move_into(entry: &Entry, pod_dir: &Path) -> Result<Sandbox> {
     let (from, to) = (sandbox::sandbox_dir(&entry.dir), sandbox::sandbox_dir(pod_dir));
     if let Err(e) = std::fs::rename(&from, &to) {
         // Not the pod's after all: the entry is released by the caller.
-        let _ = std::fs::remove_file(pod_dir.join("sandbox.json"));
+        let _ = std::fs::remove_file(sandbox::record_path(pod_dir));
         return Err(e).with_context(|| format!("moving {} to {}", from.display(), to.display()));
     }
     // The sandbox is the pod's now: what is left of the entry goes at the next start if not now.
@@ -413,7 +409,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let pool = SandboxPool::new(tmp.path().join("pool"), 2);
         let e = entry(&pool);
-        assert_eq!(pool.on_disk(), vec![e.dir.clone()]);
+        assert_eq!(entries_on_disk(pool.dir()), vec![e.dir.clone()]);
         let pod_dir = tmp.path().join("pods/uid-1");
         std::fs::create_dir_all(sandbox::sandbox_dir(&pod_dir)).unwrap();
 
@@ -433,7 +429,10 @@ mod tests {
             "the pins moved"
         );
         assert_eq!(sandbox::load(&pod_dir).unwrap(), Some(sb));
-        assert!(pool.on_disk().is_empty(), "the entry is gone from the pool");
+        assert!(
+            entries_on_disk(pool.dir()).is_empty(),
+            "the entry is gone from the pool"
+        );
     }
 
     #[test]

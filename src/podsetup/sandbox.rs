@@ -54,7 +54,7 @@ pub fn sandbox_dir(pod_dir: &Path) -> PathBuf {
     pod_dir.join("sandbox")
 }
 
-fn record_path(pod_dir: &Path) -> PathBuf {
+pub fn record_path(pod_dir: &Path) -> PathBuf {
     pod_dir.join("sandbox.json")
 }
 
