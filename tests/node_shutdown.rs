@@ -93,6 +93,22 @@ fn stopped_for_shutdown(p: &Pod) -> bool {
         })
 }
 
+/// The pod as its directory's `status.json` last recorded it: the agent writes a status there
+/// before anyone sees it, and a shutdown goes on only once its pods' final statuses are
+/// written. Read after the machine has powered off, it is the last pods' end without a race
+/// against the agent, which the shutdown ends about a tenth of a second after its pods stop.
+fn persisted(a: &Agent, seen: &Pod) -> Pod {
+    let uid = seen.metadata.uid.as_deref().expect("the pod's uid");
+    let path = a.root.join("pods").join(uid).join("status.json");
+    let text = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let rec: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let status = serde_json::from_value(rec["status"].clone()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    Pod {
+        status: Some(status),
+        ..seen.clone()
+    }
+}
+
 fn finished_at(p: &Pod) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     container_status(p, "main")
         .state
@@ -136,8 +152,8 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: critical}}\nspec:\n  priority: 2000001000\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 0.2; done']\n"
         ),
     );
-    a.wait_phase("ordinary", "Running", T);
-    a.wait_phase("critical", "Running", T);
+    let ordinary = a.wait_phase("ordinary", "Running", T);
+    let critical = a.wait_phase("critical", "Running", T);
 
     // The lock, and the delay raised to the whole period through the drop-in.
     wait("the agent's inhibitor lock", &a, &machine, || {
@@ -181,8 +197,24 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
         "the machine did not wait"
     );
 
-    let ordinary = a.wait_for("ordinary", "stopped for the shutdown", T, stopped_for_shutdown);
-    let critical = a.wait_for("critical", "stopped for the shutdown", T, stopped_for_shutdown);
+    // The lock let go once both groups stopped, the shutdown goes on: the machine powers off
+    // (its agent with it).
+    let st = machine.wait_powered_off(T, || a.continue_launcher());
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "the machine did not power off: {st:?}\n{}",
+        machine.log()
+    );
+    // Each pod's end was recorded before the shutdown went on.
+    let (ordinary, critical) = (persisted(&a, &ordinary), persisted(&a, &critical));
+    for p in [&ordinary, &critical] {
+        assert!(
+            stopped_for_shutdown(p),
+            "{}\n--- agent log ---\n{}",
+            serde_json::to_string_pretty(&p.status).unwrap(),
+            tail(&a.agent_log(), 40)
+        );
+    }
     let (o, c) = (finished_at(&ordinary), finished_at(&critical));
     assert!(
         o.0 <= c.0,
@@ -211,14 +243,6 @@ fn systemd_poweroff_waits_while_ordinary_pods_then_critical_ones_stop() {
         "each pod gets its group's period: {order:#?}"
     );
     assert!(log.contains("Shutdown manager detected shutdown event"));
-
-    // The lock let go, the shutdown goes on: the machine powers off (its agent with it).
-    let st = machine.wait_powered_off(T, || a.continue_launcher());
-    assert!(
-        st.is_some_and(|s| s.success()),
-        "the machine did not power off: {st:?}\n{}",
-        machine.log()
-    );
     // The end was written before the lock went, once both groups had stopped.
     let (start2, end) = shutdown_state(&a).expect("the state file");
     let critical_end = c.0.as_second() as f64;
@@ -346,7 +370,7 @@ fn a_shutdown_systemd_refuses_is_cancelled_and_the_node_takes_pods_again() {
     // agent up until then. With 2 s, a `systemctl poweroff` slow to return under load left
     // too little of that time for them (CI, 2026-11-28).
     a.write("second.yaml", &pod("second", 6));
-    a.wait_phase("second", "Running", T);
+    let second = a.wait_phase("second", "Running", T);
     assert!(stopped_for_shutdown(&a.pod("first").unwrap()));
 
     // The lock taken again holds the next shutdown for the new pod.
@@ -362,12 +386,20 @@ fn a_shutdown_systemd_refuses_is_cancelled_and_the_node_takes_pods_again() {
         machine.wait_powered_off(Duration::from_secs(1), || {}).is_none(),
         "the second shutdown did not wait for the agent"
     );
-    a.wait_for("second", "stopped for the shutdown", T, stopped_for_shutdown);
     let st = machine.wait_powered_off(T, || a.continue_launcher());
     assert!(
         st.is_some_and(|s| s.success()),
         "the machine did not power off: {st:?}\n{}",
         machine.log()
+    );
+    // The pod's end was recorded before the shutdown went on (the agent is gone with the
+    // machine: its record outlives it).
+    let second = persisted(&a, &second);
+    assert!(
+        stopped_for_shutdown(&second),
+        "{}\n--- agent log ---\n{}",
+        serde_json::to_string_pretty(&second.status).unwrap(),
+        tail(&a.agent_log(), 40)
     );
     drop(a);
     drop(machine);
