@@ -13,7 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use kube::client::ConfigExt;
 use rustls::client::ResolvesClientCert;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::sign::CertifiedKey;
 use rustls::SignatureScheme;
 use tower::ServiceBuilder;
@@ -47,9 +47,17 @@ pub fn client(config: kube::Config, limit: Option<&super::ratelimit::RateLimitLa
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
+        .https_or_http();
+    // tls-server-name: the name the server's certificate is checked for, instead of the
+    // server URL's host (client-go's TLSClientConfig.ServerName).
+    let https = match &config.tls_server_name {
+        Some(name) => {
+            let name = ServerName::try_from(name.clone()).with_context(|| format!("tls-server-name {name:?}"))?;
+            https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+        None => https,
+    };
+    let https = https.enable_http1().wrap_connector(http);
     let http_client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
     let service = ServiceBuilder::new()
         .option_layer(limit.cloned())
@@ -120,5 +128,156 @@ impl ResolvesClientCert for Identity {
 
     fn has_certs(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    fn openssl(dir: &Path, args: &[&str]) {
+        let out = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `openssl s_server -www` on a free loopback port, with a certificate (signed by a CA of
+    /// its own) that names only `apiserver.test`: the CA's PEM, the port, the server.
+    fn server(dir: &Path) -> (String, u16, Child) {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-new",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-subj",
+                "/CN=test-ca",
+                "-days",
+                "1",
+                "-out",
+                "ca.crt",
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-new",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "srv.key",
+                "-subj",
+                "/CN=apiserver",
+                "-out",
+                "srv.csr",
+            ],
+        );
+        std::fs::write(dir.join("ext"), "subjectAltName=DNS:apiserver.test\n").unwrap();
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "srv.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                "ext",
+                "-out",
+                "srv.crt",
+            ],
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("openssl")
+            .current_dir(dir)
+            .args([
+                "s_server", "-quiet", "-www", "-cert", "srv.crt", "-key", "srv.key", "-accept",
+            ])
+            .arg(format!("127.0.0.1:{port}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl s_server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "s_server did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (std::fs::read_to_string(dir.join("ca.crt")).unwrap(), port, child)
+    }
+
+    /// A GET of / through the node's client for a kubeconfig naming the server by address.
+    async fn get(ca: &str, port: u16, server_name: Option<&str>) -> Result<String, String> {
+        use base64::Engine;
+        let mut cluster = serde_json::json!({
+            "server": format!("https://127.0.0.1:{port}"),
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca),
+        });
+        if let Some(n) = server_name {
+            cluster["tls-server-name"] = n.into();
+        }
+        let kc = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": cluster}],
+            "users": [{"name": "u", "user": {}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        });
+        let kc: kube::config::Kubeconfig = serde_json::from_value(kc).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+        let client = super::client(config, None).map_err(|e| format!("{e:#}"))?;
+        let req = axum::http::Request::get("/").body(Vec::new()).unwrap();
+        client
+            .request_text(req)
+            .await
+            .map_err(|e| format!("{:#}", anyhow::Error::from(e)))
+    }
+
+    /// kubeconfig's tls-server-name: the server's certificate is checked for that name, not
+    /// for the server URL's host (the API server behind an address its certificate lacks).
+    #[tokio::test]
+    async fn the_certificate_is_checked_for_tls_server_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, port, mut s) = server(dir.path());
+        let by_address = get(&ca, port, None).await;
+        let by_name = get(&ca, port, Some("apiserver.test")).await;
+        let other = get(&ca, port, Some("other.test")).await;
+        let _ = s.kill();
+        let _ = s.wait();
+        let err = by_address.expect_err("127.0.0.1 is not in the certificate");
+        assert!(err.contains("not valid for name"), "{err}");
+        let page = by_name.expect("the certificate names apiserver.test");
+        assert!(page.contains("s_server"), "{page}");
+        let err = other.expect_err("other.test is not in the certificate");
+        assert!(err.contains("not valid for name \"other.test\""), "{err}");
     }
 }
