@@ -3,14 +3,35 @@
 //! a file first thing, so "running" is measured from inside the container.
 
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use nix::sched::CloneFlags;
 
 use crate::procstat;
+
+/// How to start an agent: [`Agent::launch`].
+#[derive(Clone, Copy)]
+pub struct Launch<'a> {
+    pub bin: &'a Path,
+    /// Its root, manifests, marks and config go here.
+    pub dir: &'a Path,
+    pub cgroup_root: &'a str,
+    /// `--network`: none or bridge.
+    pub network: &'a str,
+    pub log: &'a Path,
+    /// More `ferrolet run` flags.
+    pub extra: &'a [String],
+    /// Its node name (`--hostname-override`).
+    pub node: &'a str,
+    /// A network namespace to run in instead of the benchmark's.
+    pub netns: Option<BorrowedFd<'a>>,
+}
 
 pub struct Agent {
     pub bin: PathBuf,
@@ -55,6 +76,30 @@ impl Agent {
         log: &Path,
         extra: &[String],
     ) -> Result<Agent> {
+        Agent::launch(&Launch {
+            bin,
+            dir,
+            cgroup_root,
+            network,
+            log,
+            extra,
+            node: "bench",
+            netns: None,
+        })
+    }
+
+    /// Start an agent as `how` says; returns once it answers /healthz.
+    pub fn launch(how: &Launch) -> Result<Agent> {
+        let Launch {
+            bin,
+            dir,
+            cgroup_root,
+            network,
+            log,
+            extra,
+            node,
+            netns,
+        } = *how;
         let root = dir.join("root");
         let manifests = dir.join("manifests");
         let marks = dir.join("marks");
@@ -74,7 +119,18 @@ impl Agent {
             ),
         )?;
         let logf = std::fs::File::create(log)?;
-        let child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        if let Some(fd) = netns {
+            let fd = fd.as_raw_fd();
+            // SAFETY: setns only, between fork and exec; the namespace's fd outlives the spawn.
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sched::setns(BorrowedFd::borrow_raw(fd), CloneFlags::CLONE_NEWNET)
+                        .map_err(std::io::Error::from)
+                });
+            }
+        }
+        let child = cmd
             .args(["run", "--config"])
             .arg(&config)
             .arg("--pod-manifest-path")
@@ -86,7 +142,7 @@ impl Agent {
             .arg("--network")
             .arg(network)
             .arg("--hostname-override")
-            .arg("bench")
+            .arg(node)
             .args(extra)
             // The start phases (docs/start-path.md) go to the log for the per-phase table.
             .env(
@@ -108,7 +164,13 @@ impl Agent {
         let deadline = Instant::now() + Duration::from_secs(30);
         while a.get("/healthz").is_err() {
             if Instant::now() > deadline {
-                bail!("the agent did not come up; see {}", log.display());
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(20).collect();
+                bail!(
+                    "the agent did not come up; its log ({}) ends:\n{}",
+                    log.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }

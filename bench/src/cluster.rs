@@ -145,10 +145,15 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, load: &Load
 }
 
 fn pod(name: &str) -> Result<Pod> {
+    pod_on(name, "bench")
+}
+
+/// The benchmark's API pod `name`, bound to `node`: busybox `sleep`, no grace period.
+pub fn pod_on(name: &str, node: &str) -> Result<Pod> {
     Ok(serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
-            "nodeName": "bench",
+            "nodeName": node,
             "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "app", "image": "busybox:1.35", "command": ["sleep", "3600"]}]
         }
@@ -159,23 +164,7 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, load: &Load) -> Result
     let (pods, burst) = (load.pods, load.burst);
     let kube = ferrolet::kubeclient::Kube::from_kubeconfig(admin).await?;
     let api: Api<Pod> = Api::namespaced(kube.client(), "default");
-    // One watch for all: each pod's first Running, as the API server tells it.
-    let (tx, mut running) = mpsc::unbounded_channel::<(String, Instant)>();
-    let watch_api = api.clone();
-    tokio::spawn(async move {
-        let mut seen = std::collections::HashSet::new();
-        let mut w = watcher::watcher(watch_api, watcher::Config::default()).boxed();
-        while let Some(ev) = w.next().await {
-            let (Ok(Event::Apply(p)) | Ok(Event::InitApply(p))) = ev else {
-                continue;
-            };
-            let name = p.metadata.name.clone().unwrap_or_default();
-            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            if phase == Some("Running") && seen.insert(name.clone()) && tx.send((name, Instant::now())).is_err() {
-                return;
-            }
-        }
-    });
+    let mut running = watch_running(api.clone());
     // Let the node settle (registration, lease, first status) before measuring.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let idle_pss_mib = agent
@@ -288,9 +277,30 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, load: &Load) -> Result
     })
 }
 
+/// One watch for all the pods of `api`: each pod's name when it is first Running, as the API
+/// server tells it, and when that was seen.
+pub fn watch_running(api: Api<Pod>) -> mpsc::UnboundedReceiver<(String, Instant)> {
+    let (tx, running) = mpsc::unbounded_channel::<(String, Instant)>();
+    tokio::spawn(async move {
+        let mut seen = std::collections::HashSet::new();
+        let mut w = watcher::watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = w.next().await {
+            let (Ok(Event::Apply(p)) | Ok(Event::InitApply(p))) = ev else {
+                continue;
+            };
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            if phase == Some("Running") && seen.insert(name.clone()) && tx.send((name, Instant::now())).is_err() {
+                return;
+            }
+        }
+    });
+    running
+}
+
 /// The node's API requests so far: its `rest_client_requests_total` by labels (code, host,
 /// method).
-fn node_requests(agent: &Agent) -> BTreeMap<String, f64> {
+pub fn node_requests(agent: &Agent) -> BTreeMap<String, f64> {
     let text = agent
         .get("/metrics")
         .map(|b| String::from_utf8_lossy(&b).into_owned())
@@ -305,7 +315,7 @@ fn node_requests(agent: &Agent) -> BTreeMap<String, f64> {
 }
 
 /// The requests made between two counts: in all, and one line per labels that grew.
-fn requests_since(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> (f64, Vec<String>) {
+pub fn requests_since(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> (f64, Vec<String>) {
     let grown: Vec<(&String, f64)> = after
         .iter()
         .map(|(l, v)| (l, v - before.get(l).copied().unwrap_or(0.0)))

@@ -7,6 +7,7 @@
 
 mod agent;
 mod cluster;
+mod fleet;
 mod peers;
 mod phases;
 mod procstat;
@@ -101,6 +102,18 @@ struct Opts {
     /// burst.
     #[arg(long, default_value_t = 0)]
     cluster_pool: usize,
+    /// Only the fleet figures: `--fleet-nodes` nodes against one control plane.
+    #[arg(long)]
+    only_fleet: bool,
+    /// Skip the fleet figures.
+    #[arg(long)]
+    skip_fleet: bool,
+    /// Nodes of the fleet, each in a network namespace of its own.
+    #[arg(long, default_value_t = 20)]
+    fleet_nodes: usize,
+    /// Pods created at once on each fleet node, for the requests per pod start.
+    #[arg(long, default_value_t = 2)]
+    fleet_pods_per_node: usize,
     /// The ferrolet binary (release build).
     #[arg(long, default_value = "target/release/ferrolet")]
     ferrolet: PathBuf,
@@ -242,6 +255,12 @@ fn run(
         let bin = std::fs::canonicalize(&opts.ferrolet)
             .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
         let (rows, section) = cluster_rows(opts, &bin, dir, cg)?;
+        return Ok((rows, section.into_iter().collect()));
+    }
+    if opts.only_fleet {
+        let bin = std::fs::canonicalize(&opts.ferrolet)
+            .with_context(|| format!("{} (build with cargo build --release)", opts.ferrolet.display()))?;
+        let (rows, section) = fleet_rows(opts, &bin, dir, cg)?;
         return Ok((rows, section.into_iter().collect()));
     }
     if opts.only_stats {
@@ -546,9 +565,12 @@ fn run(
     rows.extend(stats_rows(opts, &bin, dir, cg)?);
     let (cluster, cluster_section) = cluster_rows(opts, &bin, dir, cg)?;
     rows.extend(cluster);
+    let (fleet, fleet_section) = fleet_rows(opts, &bin, dir, cg)?;
+    rows.extend(fleet);
     rows.push(size_row(&bin));
     let mut sections = vec![start_section(opts, &phase_table)];
     sections.extend(cluster_section);
+    sections.extend(fleet_section);
     Ok((rows, sections))
 }
 
@@ -1070,6 +1092,90 @@ fn cluster_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<
     Ok((rows, section))
 }
 
+/// The fleet: what each of `--fleet-nodes` nodes costs one control plane. No peer runs here
+/// (kubelet needs a CRI runtime); its defaults' cost is in the section.
+fn fleet_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<(Vec<Row>, Option<String>)> {
+    let Some(script) = cluster::script().filter(|_| !opts.skip_fleet) else {
+        eprintln!("== fleet: skipped (--skip-fleet, or no ../shared/k8s/control-plane)");
+        return Ok((Vec::new(), None));
+    };
+    eprintln!(
+        "== fleet: {} nodes against one control plane, {} pods at once",
+        opts.fleet_nodes,
+        opts.fleet_nodes * opts.fleet_pods_per_node
+    );
+    let r = fleet::run(
+        &script,
+        bin,
+        dir,
+        &format!("{}/fleet", cg.path()),
+        &fleet::Load {
+            nodes: opts.fleet_nodes,
+            pods_per_node: opts.fleet_pods_per_node,
+            idle: Duration::from_secs(opts.cpu_seconds),
+        },
+    )?;
+    let n = opts.fleet_nodes;
+    let pods = n * opts.fleet_pods_per_node;
+    let mut rows = Vec::new();
+    let mut row = |metric: String, unit: &'static str, v: f64| {
+        let mut x = Row::new(metric, unit, "none");
+        x.ferrolet = Some(v);
+        rows.push(x);
+    };
+    row(
+        format!("fleet of {n}: API requests per idle node per minute, the node's count"),
+        "requests",
+        r.idle_node_requests,
+    );
+    row(
+        format!("fleet of {n}: API requests per idle node per minute, the API server's count"),
+        "requests",
+        r.idle_server_requests,
+    );
+    row(
+        format!("fleet of {n}: watches each node holds open"),
+        "watches",
+        r.idle_watches,
+    );
+    row(
+        format!("fleet of {n}: API server and etcd CPU per idle node per minute"),
+        "s",
+        r.idle_cpu,
+    );
+    row(
+        format!("fleet of {n}: API requests per pod start ({pods} at once), the nodes' count"),
+        "requests",
+        r.start_node_requests,
+    );
+    row(
+        format!("fleet of {n}: API requests per pod start, the API server's count"),
+        "requests",
+        r.start_server_requests,
+    );
+    row(
+        format!("fleet of {n}: API server and etcd CPU per pod start (its create included)"),
+        "s",
+        r.start_cpu,
+    );
+    row(
+        format!("fleet of {n}: {pods} pods at once, last Running in the API"),
+        "ms",
+        r.all_running_ms,
+    );
+    row(
+        "fleet: the control plane alone, API requests per minute".into(),
+        "requests",
+        r.alone_requests_per_min,
+    );
+    row(
+        "fleet: the control plane alone, API server and etcd CPU per minute".into(),
+        "s",
+        r.alone_cpu_per_min,
+    );
+    Ok((rows, Some(r.section)))
+}
+
 fn notes(opts: &Opts) -> String {
     format!(
         "Notes:\n\
@@ -1081,6 +1187,7 @@ fn notes(opts: &Opts) -> String {
 - Runtime floor: create+start+wait+delete of `/bin/true` in a busybox container: ferrolet's runtime crate in-process versus `crun run` / `runc run` on the OCI spec ferrolet generated for the same container (same namespaces, mounts, capabilities, masked paths and RuntimeDefault seccomp profile; rootfs unpacked read-only instead of an overlay; no device rules, which these runtimes would need a devices cgroup for here), {3} runs, p50. On a hybrid node crun runs in a private mount namespace with the cgroup2 mount hidden (it refuses hybrid layouts), so it uses the same v1 controllers as the others.\n\
 - podman 4.3 runs with runc (crun refuses this machine's hybrid cgroups), the cgroupfs manager, inside a private mount and cgroup namespace rooted below the benchmark's cgroup (its /run, /var/lib and CNI config in the benchmark's directory), with explicit nofile/nproc ulimits (its defaults need CAP_SYS_RESOURCE). Its no-network runs use `--network none`.\n\
 - Cluster mode: a v1.26 control plane (etcd, kube-apiserver, controller-manager, scheduler from ../shared/k8s) in the benchmark's namespace and one ferrolet node with a node credential and the built-in bridge; pods (busybox `sleep`, nodeName set, a ServiceAccount token volume as the API server adds it) created with the admin credential, timed from just before the create request to the moment a watch of the pods shows phase Running: {4} one after another, then {5} at once. Memory: the agent, zygote and monitors 10 s after joining, no pods. API requests: the node's own count (`rest_client_requests_total` on its /metrics) over the minute after that while idle, and from the burst's creates to its last pod Running (events included: they have their own client and rate, as kubelet's). CPU over the burst: utime+stime (and reaped children's) of the agent and its zygote, and of kube-apiserver and etcd. The per-phase table after the results reads the agent's start phases (docs/start-path.md).\n\
+- Fleet: {9} ferrolet nodes, each in a network namespace of its own with a veth on one bridge, its own node credential and the built-in bridge for its pods, against one v1.26 control plane in the benchmark's namespace (reached through a DNAT rule there to the API server's loopback port). First the control plane alone for {2} s, then the same with the nodes idle and Ready, then {10} pods created at once on each node until the last is Running in the API and 5 s more. Requests counted by each node (`rest_client_requests_total`) and by the API server (`apiserver_request_total`, resource requests only; the control plane's own rate, the idle rate over the window and the benchmark's creates subtracted); CPU: utime+stime of kube-apiserver and etcd, less theirs alone. kubelet's side is what its defaults imply (the section after the results): it cannot run here without a CRI runtime.\n\
 - Stats: {6} pods (bridge network) on one agent sampling at its default 10 s housekeeping interval; one scrape is a GET over the CLI socket from request to last byte, p50/p99 over {7} scrapes of each endpoint; agent CPU is the agent process's user+system time (/proc/PID/stat) over {2}s with no scrapes, then over {2}s with /stats/summary and /metrics/resource scraped every 10 s, scaled to one minute.\n\
 - Pulls: Debian's docker-registry 2.8 on the benchmark namespace's loopback (plain HTTP, filesystem storage) serving the two-layer image of images/build-registry.sh. `ferrolet images pull` into an empty root dir (resolve, fetch both layers and the config with digests verified, unpack into the store) beside `skopeo copy docker://... dir:` into an empty directory (fetch and verify only, no unpacking), alternated, after one warm-up pair; whole processes timed, p50 of {8} each.\n\
 - Pod start with a pull: a static pod whose image is not on the node (every unused image pruned first, the demo image included, so both layers come from the registry), from the manifest landing to its first command, beside the same pod right after with the image present (IfNotPresent); the store is pruned empty between rounds. No peer: podman would need its own registries.conf for an insecure local registry.\n\
@@ -1094,6 +1201,8 @@ fn notes(opts: &Opts) -> String {
         opts.cluster_burst,
         opts.stats_pods,
         opts.stats_scrapes,
-        opts.pull_runs
+        opts.pull_runs,
+        opts.fleet_nodes,
+        opts.fleet_pods_per_node
     )
 }
