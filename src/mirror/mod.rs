@@ -3,7 +3,8 @@
 //! carries the static pod's config hash in `kubernetes.io/config.mirror` and is owned by the
 //! Node; one whose hash is out of date, or that is being deleted, is deleted (UID precondition,
 //! grace 0) and made again; one deleted by a user comes back at the next [`MirrorPods::ensure`];
-//! one whose static pod is gone is deleted by [`MirrorPods::delete_orphans`].
+//! one whose static pod is gone is deleted by [`MirrorPods::delete_orphans`], which finds them
+//! among the mirror pods the watch of the node's pods shows (no list per housekeeping).
 //!
 //! NodeRestriction lets a node create only mirror pods bound to itself, owned by its own Node,
 //! that reference no Secrets, ConfigMaps, ServiceAccount or PersistentVolumeClaims: a static pod
@@ -20,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use tracing::{debug, error, info, warn};
 
 use crate::kubeclient::Kube;
@@ -63,16 +64,6 @@ impl MirrorPods {
             .get_opt(pod::name(static_pod))
             .await
             .with_context(|| format!("getting the mirror pod of {}", pod::full_name(static_pod)))
-    }
-
-    /// Every mirror pod bound to this node.
-    pub async fn list(&self) -> Result<Vec<Pod>> {
-        let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
-        let list = Api::<Pod>::all(self.kube.client())
-            .list(&lp)
-            .await
-            .context("listing the node's pods")?;
-        Ok(list.items.into_iter().filter(is_mirror).collect())
     }
 
     /// Make sure `static_pod` has an up-to-date mirror pod (kubelet's syncPod). Returns the
@@ -153,20 +144,21 @@ impl MirrorPods {
     }
 
     /// Delete the mirror pods of this node whose static pod is gone (kubelet's
-    /// HandlePodCleanups): `static_full_names` holds the [`full_name`] of every static pod the
-    /// node has, terminating ones included. Returns how many went; one that cannot be deleted is
-    /// logged and tried again next time.
-    pub async fn delete_orphans(&self, static_full_names: &HashSet<String>) -> Result<usize> {
+    /// HandlePodCleanups): `known` are the node's mirror pods as the watch of its pods shows
+    /// them; `static_full_names` holds the [`full_name`] of every static pod the node has,
+    /// terminating ones included. Returns how many went; one that cannot be deleted is logged
+    /// and tried again next time. No request is made when none is orphaned.
+    pub async fn delete_orphans(&self, static_full_names: &HashSet<String>, known: &[Arc<Pod>]) -> Result<usize> {
         let mut deleted = 0;
-        for m in self.list().await? {
-            if static_full_names.contains(&full_name(&m)) {
+        for m in known.iter().filter(|m| is_mirror(m)) {
+            if static_full_names.contains(&full_name(m)) {
                 continue;
             }
-            info!(pod = %pod::full_name(&m), "deleting an orphaned mirror pod: its static pod is gone");
-            match self.delete(pod::namespace(&m), pod::name(&m), Some(pod::uid(&m))).await {
+            info!(pod = %pod::full_name(m), "deleting an orphaned mirror pod: its static pod is gone");
+            match self.delete(pod::namespace(m), pod::name(m), Some(pod::uid(m))).await {
                 Ok(true) => deleted += 1,
                 Ok(false) => {}
-                Err(e) => warn!(pod = %pod::full_name(&m), "{e:#}"),
+                Err(e) => warn!(pod = %pod::full_name(m), "{e:#}"),
             }
         }
         Ok(deleted)

@@ -26,20 +26,28 @@ enum Request {
     Cleanup(HashSet<String>),
 }
 
+/// Mirror pods by UID.
+type SeenMirrors = BTreeMap<String, Arc<Pod>>;
+
 /// The queue towards the mirror task; cheap to clone.
 #[derive(Clone)]
 pub struct MirrorQueue {
     tx: mpsc::UnboundedSender<Request>,
     /// Static pod full name -> its mirror's UID.
     uids: Arc<Mutex<HashMap<String, String>>>,
+    /// The node's mirror pods by UID, as the watch of its pods shows them (kubelet's pod
+    /// manager keeps them so); none until its first list. The orphan cleanup reads them here
+    /// instead of listing the node's pods at every housekeeping.
+    seen: Arc<Mutex<Option<SeenMirrors>>>,
 }
 
 impl MirrorQueue {
     pub fn start(mirrors: MirrorPods) -> MirrorQueue {
         let (tx, rx) = mpsc::unbounded_channel();
         let uids = Arc::new(Mutex::new(HashMap::new()));
-        tokio::spawn(run(mirrors, rx, uids.clone()));
-        MirrorQueue { tx, uids }
+        let seen = Arc::new(Mutex::new(None));
+        tokio::spawn(run(mirrors, rx, uids.clone(), seen.clone()));
+        MirrorQueue { tx, uids, seen }
     }
 
     pub fn ensure(&self, static_pod: Arc<Pod>) {
@@ -50,8 +58,26 @@ impl MirrorQueue {
         let _ = self.tx.send(Request::Forget(static_pod));
     }
 
-    /// A mirror pod was seen changing (or going) on the API server.
-    pub fn recheck(&self, mirror: &Pod) {
+    /// The node's mirror pods, as a (re)list of its pods found them.
+    pub fn listed(&self, mirrors: Vec<Pod>) {
+        let by_uid = mirrors
+            .into_iter()
+            .map(|m| (pod::uid(&m).to_string(), Arc::new(m)))
+            .collect();
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(by_uid);
+    }
+
+    /// A mirror pod was seen changing (or going, `deleted`) on the API server: kept as it is
+    /// now, and its static pod's mirror checked again (one deleted by a user comes back).
+    pub fn changed(&self, mirror: &Pod, deleted: bool) {
+        if let Some(seen) = self.seen.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            let uid = pod::uid(mirror).to_string();
+            if deleted {
+                seen.remove(&uid);
+            } else {
+                seen.insert(uid, Arc::new(mirror.clone()));
+            }
+        }
         let _ = self.tx.send(Request::Recheck(full_name(mirror)));
     }
 
@@ -71,7 +97,12 @@ impl MirrorQueue {
 
 const MAX_RETRY: Duration = Duration::from_secs(10);
 
-async fn run(mirrors: MirrorPods, mut rx: mpsc::UnboundedReceiver<Request>, uids: Arc<Mutex<HashMap<String, String>>>) {
+async fn run(
+    mirrors: MirrorPods,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    uids: Arc<Mutex<HashMap<String, String>>>,
+    seen: Arc<Mutex<Option<SeenMirrors>>>,
+) {
     // Static pods by full name, and which of them still need work.
     let mut statics: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
     let mut todo: HashSet<String> = HashSet::new();
@@ -166,8 +197,15 @@ async fn run(mirrors: MirrorPods, mut rx: mpsc::UnboundedReceiver<Request>, uids
             }
         }
         if ok {
-            if let Some(names) = cleanup.take() {
-                match mirrors.delete_orphans(&names).await {
+            // Before the first list of the node's pods nothing is known to be orphaned: the
+            // next housekeeping asks again.
+            let known: Option<Vec<Arc<Pod>>> = seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|s| s.values().cloned().collect());
+            if let (Some(names), Some(known)) = (cleanup.take(), known) {
+                match mirrors.delete_orphans(&names, &known).await {
                     Ok(n) if n > 0 => info!(count = n, "deleted orphaned mirror pods"),
                     Ok(_) => {}
                     Err(e) => {

@@ -90,6 +90,8 @@ impl ApiSource {
         let mut pods: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
         // A re-list in progress: the pods it has listed so far.
         let mut relist: Option<BTreeMap<String, Arc<Pod>>> = None;
+        // The mirror pods the re-list found so far (for the mirror pods' orphan cleanup).
+        let mut relisted_mirrors: Vec<Pod> = Vec::new();
         let mut listed_once = false;
         // New pods' names since the last snapshot, for their start phases (docs/start-path.md).
         let mut arrived: Vec<String> = Vec::new();
@@ -117,6 +119,11 @@ impl ApiSource {
             let changed = match ev {
                 Ok(Event::Init) => {
                     relist = Some(BTreeMap::new());
+                    relisted_mirrors.clear();
+                    false
+                }
+                Ok(Event::InitApply(p)) if pod::is_mirror(&p) => {
+                    relisted_mirrors.push(p);
                     false
                 }
                 Ok(Event::InitApply(p)) => {
@@ -129,6 +136,10 @@ impl ApiSource {
                 }
                 Ok(Event::InitDone) => {
                     pods = relist.take().unwrap_or_default();
+                    let mirrors = std::mem::take(&mut relisted_mirrors);
+                    if let Some(m) = &self.mirrors {
+                        m.listed(mirrors);
+                    }
                     if !listed_once {
                         info!(pods = pods.len(), "pods bound to this node listed from the API server");
                     }
@@ -143,9 +154,15 @@ impl ApiSource {
                     may_restore = false;
                     true
                 }
-                Ok(Event::Apply(p)) | Ok(Event::Delete(p)) if pod::is_mirror(&p) => {
+                Ok(Event::Apply(p)) if pod::is_mirror(&p) => {
                     if let Some(m) = &self.mirrors {
-                        m.recheck(&p);
+                        m.changed(&p, false);
+                    }
+                    false
+                }
+                Ok(Event::Delete(p)) if pod::is_mirror(&p) => {
+                    if let Some(m) = &self.mirrors {
+                        m.changed(&p, true);
                     }
                     false
                 }

@@ -19,6 +19,10 @@ pub fn tests() -> Vec<Trial> {
             static_pod_has_a_mirror_that_comes_back,
         ),
         test(
+            "a_mirror_pod_without_its_static_pod_is_deleted",
+            a_mirror_pod_without_its_static_pod_is_deleted,
+        ),
+        test(
             "a_pod_that_does_not_fit_is_failed_in_the_api",
             a_pod_that_does_not_fit_is_failed_in_the_api,
         ),
@@ -236,6 +240,68 @@ spec:
     // The static pod removed: its mirror goes.
     node.remove("web.yaml");
     c.wait("the mirror pod to go", Duration::from_secs(60), || mirror(c).is_none());
+}
+
+/// kubelet's HandlePodCleanups: a mirror pod bound to the node whose static pod the node does
+/// not have is deleted at a housekeeping, found among the mirror pods the watch of the node's
+/// pods shows (one seen while the agent runs, one found by its first list after a restart);
+/// the mirror of the node's own static pod is kept. (A static pod removed while the agent was
+/// down is cleaned up with its pod directory, which deletes its mirror on the way.)
+fn a_mirror_pod_without_its_static_pod_is_deleted() {
+    let c = cluster();
+    let kc = c.node_kubeconfig("node-orphan");
+    let mut node = c.node_with("orphan", &["--kubeconfig", kc.to_str().unwrap()], "syncFrequency: 3s\n");
+    node.write(
+        "stays.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: stays, namespace: default}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: app, image: {IMAGE}, command: [sleep, \"3600\"]}}\n"
+        ),
+    );
+    let stays = format!("stays-{}", node.node);
+    c.wait("the static pod's mirror Running", Duration::from_secs(60), || {
+        c.get_json(&["pod", &stays])
+            .is_some_and(|p| p["status"]["phase"] == "Running")
+    });
+    let kept_uid = c.get_json(&["pod", &stays]).unwrap()["metadata"]["uid"].clone();
+    // A mirror pod of no static pod of this node, bound to it (as a mirror left by a manifest
+    // of an earlier install would be).
+    let node_name = node.node.clone();
+    let stray = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  annotations: {{kubernetes.io/config.mirror: \"0123\", kubernetes.io/config.source: file}}\nspec:\n  nodeName: {}\n  containers:\n  - {{name: app, image: {IMAGE}, command: [sleep, \"3600\"]}}\n",
+            node_name
+        )
+    };
+    let orphaned = |node: &crate::common::Agent| {
+        node.agent_log()
+            .matches("deleting an orphaned mirror pod: its static pod is gone")
+            .count()
+    };
+
+    c.apply(&stray("stray-seen"));
+    c.wait(
+        "the mirror pod seen by the watch to go",
+        Duration::from_secs(60),
+        || c.get_json(&["pod", "stray-seen"]).is_none(),
+    );
+    assert_eq!(orphaned(&node), 1, "{}", crate::common::tail(&node.agent_log(), 40));
+
+    node.stop();
+    c.apply(&stray("stray-listed"));
+    node.restart();
+    c.wait(
+        "the mirror pod found by the list to go",
+        Duration::from_secs(60),
+        || c.get_json(&["pod", "stray-listed"]).is_none(),
+    );
+    // (The log goes on across the restart.)
+    assert_eq!(orphaned(&node), 2, "{}", crate::common::tail(&node.agent_log(), 40));
+    // Housekeeping goes on (every 3 s) and leaves the node's own mirror alone.
+    std::thread::sleep(Duration::from_secs(7));
+    let kept = c
+        .get_json(&["pod", &stays])
+        .expect("the mirror of the node's static pod");
+    assert_eq!(kept["metadata"]["uid"], kept_uid, "it was not made again");
 }
 
 fn deployment_replicas_are_scheduled_and_run() {
