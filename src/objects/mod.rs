@@ -44,8 +44,6 @@ pub const NODE_TTL_ANNOTATION: &str = "node.alpha.kubernetes.io/ttl";
 /// How often the Node's TTL annotation is read again (kubelet reads it from its Node
 /// informer; a new node gets it from the TTL controller within seconds).
 const NODE_TTL_REFRESH: Duration = Duration::from_secs(10);
-/// How long a list of Services serves environment variables.
-pub const SERVICES_TTL: Duration = Duration::from_secs(5);
 /// The API's default `expirationSeconds` of a projected token.
 pub const DEFAULT_TOKEN_EXPIRATION: i64 = 3600;
 /// After the API server gave no answer, how long what the checkpoint keeps is served without
@@ -116,7 +114,7 @@ impl ObjectManager {
             config_maps: Store::default(),
             secrets: Store::default(),
             tokens: TokenManager::default(),
-            services: services::ServiceCache::new(SERVICES_TTL),
+            services: services::ServiceCache::new(),
             unreachable_at: std::sync::Mutex::new(None),
             claims: std::sync::Mutex::new(BTreeMap::new()),
         })

@@ -1,51 +1,128 @@
 //! Service environment variables (kubelet's getServiceEnvVarMap and envvars.FromServices): the
 //! Docker-link style variables of every Service with a cluster IP in the pod's namespace (when
 //! `enableServiceLinks`), and always those of the `kubernetes` Service in `default`. The node
-//! lists Services (it may) and keeps the list for a few seconds.
+//! watches the Services (kubelet's service lister: one list, then a watch), so a pod's start
+//! asks the API server nothing; until the first list has come in, there are no variables to
+//! give and the container waits, as under kubelet.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use tokio::sync::watch;
 
-use super::store::{api_message, unreachable, FetchError};
+use super::store::{unreachable, FetchError};
 use crate::kubeclient::Kube;
 
 const MASTER_NAMESPACE: &str = "default";
 const MASTER_SERVICE: &str = "kubernetes";
 
+/// kubelet's words when the Services have not been listed yet.
+const NOT_SYNCED: &str = "services have not yet been read at least once, cannot construct envvars";
+
+/// How long a start waits for the first list while nothing has gone wrong yet (the agent
+/// has just started).
+const FIRST_LIST_WAIT: Duration = Duration::from_secs(5);
+
+/// Where the watch of the Services stands.
+#[derive(Clone, Debug, PartialEq)]
+enum Listing {
+    Starting,
+    /// The first list is in: the store answers from now on, the API server away or not.
+    Listed,
+    /// No list yet, and the last try failed; `unreachable`: no answer (not a refusal).
+    Failing {
+        unreachable: bool,
+    },
+}
+
+struct Watched {
+    store: Store<Service>,
+    sync: watch::Receiver<Listing>,
+}
+
+#[derive(Default)]
 pub struct ServiceCache {
-    ttl: Duration,
-    list: Mutex<Option<(Instant, Arc<Vec<Service>>)>>,
+    watched: OnceLock<Watched>,
 }
 
 impl ServiceCache {
-    pub fn new(ttl: Duration) -> ServiceCache {
-        ServiceCache {
-            ttl,
-            list: Mutex::new(None),
-        }
+    pub fn new() -> ServiceCache {
+        ServiceCache::default()
     }
 
-    /// Every Service in the cluster (cached for the TTL).
-    pub async fn list(&self, kube: &Kube) -> Result<Arc<Vec<Service>>, FetchError> {
-        if let Some((at, l)) = &*self.list.lock().unwrap_or_else(|e| e.into_inner()) {
-            if at.elapsed() < self.ttl {
-                return Ok(l.clone());
+    /// Every Service in the cluster, from the watch (started by the first call).
+    pub async fn list(&self, kube: &Kube) -> Result<Vec<Arc<Service>>, FetchError> {
+        let w = self.watched.get_or_init(|| start(kube));
+        let mut sync = w.sync.clone();
+        let waited = tokio::time::timeout(FIRST_LIST_WAIT, sync.wait_for(|s| *s != Listing::Starting)).await;
+        match waited.ok().and_then(|r| r.ok()).map(|s| s.clone()) {
+            Some(Listing::Listed) => Ok(w.store.state()),
+            Some(Listing::Failing { unreachable }) => Err(FetchError {
+                message: NOT_SYNCED.to_string(),
+                unreachable,
+            }),
+            Some(Listing::Starting) | None => Err(FetchError {
+                message: NOT_SYNCED.to_string(),
+                unreachable: true,
+            }),
+        }
+    }
+}
+
+/// The watch of every Service into a store, on a task of its own for the agent's life.
+fn start(kube: &Kube) -> Watched {
+    let (store, writer) = reflector::store();
+    let (tx, sync) = watch::channel(Listing::Starting);
+    let api: kube::Api<Service> = kube::Api::all(kube.client());
+    let events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer);
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        let mut failing = false;
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(Event::InitDone) => {
+                    if failing {
+                        tracing::info!("watching services again");
+                        failing = false;
+                    }
+                    tx.send_if_modified(|s| {
+                        let first = *s != Listing::Listed;
+                        *s = Listing::Listed;
+                        first
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %e, "watching services; retrying");
+                        failing = true;
+                    }
+                    let unreachable = match &e {
+                        watcher::Error::InitialListFailed(k)
+                        | watcher::Error::WatchStartFailed(k)
+                        | watcher::Error::WatchFailed(k) => unreachable(k),
+                        watcher::Error::WatchError(s) => s.code >= 500,
+                        _ => true,
+                    };
+                    tx.send_if_modified(|s| {
+                        if *s == Listing::Listed {
+                            return false;
+                        }
+                        *s = Listing::Failing { unreachable };
+                        true
+                    });
+                }
             }
         }
-        let api: kube::Api<Service> = kube::Api::all(kube.client());
-        let got = api.list(&Default::default()).await.map_err(|e| {
-            tracing::warn!(error = %api_message(&e), "listing services");
-            FetchError {
-                message: "failed to list services when setting up env vars".to_string(),
-                unreachable: unreachable(&e),
-            }
-        })?;
-        let l = Arc::new(got.items);
-        *self.list.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), l.clone()));
-        Ok(l)
-    }
+    });
+    Watched { store, sync }
 }
 
 fn cluster_ip(s: &Service) -> Option<&str> {
@@ -57,7 +134,7 @@ fn cluster_ip(s: &Service) -> Option<&str> {
 
 /// The variables a pod in `ns` gets from `services`, sorted by service name (kubelet's order
 /// within a service; its map makes the order across services arbitrary).
-pub fn env_vars(services: &[Service], ns: &str, enable_service_links: bool) -> Vec<(String, String)> {
+pub fn env_vars(services: &[Arc<Service>], ns: &str, enable_service_links: bool) -> Vec<(String, String)> {
     let mut picked: std::collections::BTreeMap<&str, &Service> = Default::default();
     for s in services {
         if cluster_ip(s).is_none() {
@@ -115,12 +192,14 @@ fn var_name(s: &str) -> String {
 mod tests {
     use super::*;
 
-    fn svc(ns: &str, name: &str, ip: &str, ports: serde_json::Value) -> Service {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"clusterIP": ip, "ports": ports}
-        }))
-        .unwrap()
+    fn svc(ns: &str, name: &str, ip: &str, ports: serde_json::Value) -> Arc<Service> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"clusterIP": ip, "ports": ports}
+            }))
+            .unwrap(),
+        )
     }
 
     #[test]

@@ -79,6 +79,11 @@ metadata: {{name: env-sec, namespace: default}}
 stringData: {{PASSWORD: hunter2}}
 ---
 apiVersion: v1
+kind: Service
+metadata: {{name: env-db, namespace: default}}
+spec: {{ports: [{{port: 5432}}]}}
+---
+apiVersion: v1
 kind: Pod
 metadata: {{name: env-objects, namespace: default}}
 spec:
@@ -130,6 +135,14 @@ spec:
         lines.contains(&format!("KUBERNETES_PORT_443_TCP=tcp://{ip}:443").as_str()),
         "{env}"
     );
+    // A Service of the pod's namespace (from the node's watch of the Services).
+    let db = c.get_json(&["service", "env-db"]).unwrap();
+    let db_ip = db["spec"]["clusterIP"].as_str().unwrap();
+    assert!(
+        lines.contains(&format!("ENV_DB_SERVICE_HOST={db_ip}").as_str()),
+        "{env}"
+    );
+    assert!(lines.contains(&"ENV_DB_SERVICE_PORT=5432"), "{env}");
 
     // A missing ConfigMap keeps the container from starting, in kubelet's words.
     c.wait(
