@@ -460,7 +460,7 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, load: &Load
         let start_cpu = ((s3.cpu_s - s2.cpu_s) - (alone_cpu + idle_cpu * n) * window_min) / pods as f64;
         let all_running_ms = last.duration_since(t0).as_secs_f64() * 1000.0;
 
-        let section = render(load, &alone, &idle_by_kind, &start);
+        let section = render(load, &alone, &idle_by_kind, &start, idle_watches);
         Ok(Results {
             alone_requests_per_min: total(&alone),
             alone_cpu_per_min: alone_cpu,
@@ -493,6 +493,7 @@ fn render(
     alone: &BTreeMap<String, f64>,
     idle: &BTreeMap<String, f64>,
     start: &BTreeMap<String, f64>,
+    watches: f64,
 ) -> String {
     let list = |m: &BTreeMap<String, f64>| {
         let mut v: Vec<(&String, &f64)> = m.iter().collect();
@@ -507,6 +508,7 @@ fn render(
          counted by the API server (`apiserver_request_total`) by verb and resource:\n\n\
          | | ferrolet, measured | kubelet 1.26's defaults imply |\n|---|---|---|\n\
          | requests per idle node per minute | {} | about 12.2: Lease `PUT` every 10 s (renewInterval, a quarter of leaseDurationSeconds 40): 6; Node `GET` every nodeStatusUpdateFrequency (10 s): 6; Node status `PATCH` on change or every nodeStatusReportFrequency (5 min): 0.2; its watches re-opened every 5-10 min |\n\
+         | watches each node holds open | {watches:.1} | about 6 (informers): its pods, its Node, Services, CSIDrivers, RuntimeClasses, and one for each ConfigMap or Secret its pods use (configMapAndSecretChangeDetectionStrategy Watch; `kube-root-ca.crt` of each namespace with pods) |\n\
          | requests per pod start ({} pods at once) | {} | about 8: 1 TokenRequest `POST`; 3 event `POST`s (Pulled, Created, Started); 2 status writes, each a `GET` of the pod and a `PATCH` (status_manager.go syncPod); ConfigMaps from a watch |\n\
          | the control plane alone, per minute (subtracted above) | {} | |\n",
         load.nodes,

@@ -374,6 +374,9 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
         _ => setup,
     };
     let objects = setup.objects().cloned();
+    if let (Some(o), Some(n)) = (&objects, &joined.node_handle) {
+        o.joined(n.watched());
+    }
     // Pulls from registries, and the registries.yaml re-read when it changes.
     let puller = {
         let (cfg, rt) = (cfg.clone(), rt.clone());

@@ -77,6 +77,11 @@ impl NodeHandle {
         self.registered.borrow().clone()
     }
 
+    /// The Node's versions as registered, then as its watch delivers them.
+    pub fn watched(&self) -> watch::Receiver<Option<Node>> {
+        self.registered.clone()
+    }
+
     /// The Node as the API server has it, or else as this node last saw it (its checkpoint,
     /// while the server has been away since the agent started).
     pub fn node_or_last_seen(&self) -> Option<Node> {

@@ -92,6 +92,9 @@ pub struct ObjectManager {
     node_name: String,
     /// The TTL from the Node and when it was read.
     ttl: std::sync::Mutex<Option<(std::time::Instant, Duration)>>,
+    /// The node's own Node as its watch delivers it, once the agent has one: the TTL is read
+    /// there (kubelet's node lister) instead of with a GET.
+    watched_node: std::sync::OnceLock<tokio::sync::watch::Receiver<Option<k8s_openapi::api::core::v1::Node>>>,
     config_maps: Store<ConfigMap>,
     secrets: Store<Secret>,
     tokens: TokenManager,
@@ -111,6 +114,7 @@ impl ObjectManager {
             kube,
             node_name: node_name.to_string(),
             ttl: std::sync::Mutex::new(None),
+            watched_node: std::sync::OnceLock::new(),
             config_maps: Store::default(),
             secrets: Store::default(),
             tokens: TokenManager::default(),
@@ -130,6 +134,13 @@ impl ObjectManager {
             .unwrap_or_else(|e| e.into_inner())
             .is_some_and(|t| t.elapsed() < UNREACHABLE_HOLD);
         recent || self.checkpoint.view().stale().is_some_and(|s| s.restored.is_some())
+    }
+
+    /// The agent has joined: the Services are watched from now on, and the Node's TTL is read
+    /// from `node`, the watch of the node's own Node.
+    pub fn joined(&self, node: tokio::sync::watch::Receiver<Option<k8s_openapi::api::core::v1::Node>>) {
+        self.services.start(&self.kube);
+        let _ = self.watched_node.set(node);
     }
 
     fn note_unreachable(&self) {
@@ -252,9 +263,13 @@ impl ObjectManager {
         }
     }
 
-    /// kubelet's getTTL: the Node's `node.alpha.kubernetes.io/ttl` seconds (read at most every
-    /// 10 s), else a minute (also while the Node cannot be read).
+    /// kubelet's getTTL: the Node's `node.alpha.kubernetes.io/ttl` seconds, else a minute (also
+    /// while the Node cannot be read). From the watched Node once there is one; else read at
+    /// most every 10 s.
     async fn object_ttl(&self) -> Duration {
+        if let Some(node) = self.watched_node.get() {
+            return node.borrow().as_ref().map_or(OBJECT_TTL, node_ttl);
+        }
         if let Some((at, ttl)) = *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) {
             if at.elapsed() < NODE_TTL_REFRESH {
                 return ttl;

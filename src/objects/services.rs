@@ -55,7 +55,13 @@ impl ServiceCache {
         ServiceCache::default()
     }
 
-    /// Every Service in the cluster, from the watch (started by the first call).
+    /// Start the watch now (the agent joining its cluster, as kubelet starts its informer),
+    /// not at the first pod's start.
+    pub fn start(&self, kube: &Kube) {
+        self.watched.get_or_init(|| start(kube));
+    }
+
+    /// Every Service in the cluster, from the watch (started here if it was not yet).
     pub async fn list(&self, kube: &Kube) -> Result<Vec<Arc<Service>>, FetchError> {
         let w = self.watched.get_or_init(|| start(kube));
         let mut sync = w.sync.clone();

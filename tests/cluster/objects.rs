@@ -227,7 +227,7 @@ spec:
     assert!(first.starts_with("..20"), "{first:?}");
     c.apply(&cm("two"));
     // Within the objects' TTL (the Node's node.alpha.kubernetes.io/ttl, 0 in a cluster this
-    // small, read every 10 s) plus one resync.
+    // small, read from the watched Node) plus one resync.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while state().0 != "two" {
         if std::time::Instant::now() > deadline {
