@@ -484,6 +484,22 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, load: &Load
     drop(namespaces);
     let _ = Command::new("bash").arg(script).arg("stop").arg(&cp).output();
     unwire_gateway();
+    // The benchmark's directory goes when it ends: the nodes' logs are kept.
+    let kept = std::env::temp_dir().join("ferrolet-bench-fleet-logs");
+    let _ = std::fs::remove_dir_all(&kept);
+    let copied = std::fs::create_dir_all(&kept).and_then(|_| {
+        for i in 0..load.nodes {
+            let name = format!("{}.log", node_name(i));
+            if dir.join(&name).exists() {
+                std::fs::copy(dir.join(&name), kept.join(&name))?;
+            }
+        }
+        Ok(())
+    });
+    match copied {
+        Ok(()) => eprintln!("   (the nodes' logs are kept in {})", kept.display()),
+        Err(e) => eprintln!("   (the nodes' logs could not be kept: {e})"),
+    }
     result
 }
 
