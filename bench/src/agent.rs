@@ -90,16 +90,7 @@ impl Agent {
 
     /// Start an agent as `how` says; returns once it answers /healthz.
     pub fn launch(how: &Launch) -> Result<Agent> {
-        let Launch {
-            bin,
-            dir,
-            cgroup_root,
-            network,
-            log,
-            extra,
-            node,
-            netns,
-        } = *how;
+        let (bin, dir, log) = (how.bin, how.dir, how.log);
         let root = dir.join("root");
         let manifests = dir.join("manifests");
         let marks = dir.join("marks");
@@ -120,7 +111,7 @@ impl Agent {
         )?;
         let logf = std::fs::File::create(log)?;
         let mut cmd = Command::new(bin);
-        if let Some(fd) = netns {
+        if let Some(fd) = how.netns {
             let fd = fd.as_raw_fd();
             // SAFETY: setns only, between fork and exec; the namespace's fd outlives the spawn.
             unsafe {
@@ -138,12 +129,12 @@ impl Agent {
             .arg("--root-dir")
             .arg(&root)
             .arg("--cgroup-root")
-            .arg(cgroup_root)
+            .arg(how.cgroup_root)
             .arg("--network")
-            .arg(network)
+            .arg(how.network)
             .arg("--hostname-override")
-            .arg(node)
-            .args(extra)
+            .arg(how.node)
+            .args(how.extra)
             // The start phases (docs/start-path.md) go to the log for the per-phase table.
             .env(
                 "RUST_LOG",

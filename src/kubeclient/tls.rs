@@ -137,78 +137,22 @@ mod tests {
     use std::process::{Child, Command, Stdio};
     use std::time::{Duration, Instant};
 
-    fn openssl(dir: &Path, args: &[&str]) {
-        let out = Command::new("openssl")
-            .current_dir(dir)
-            .args(args)
-            .output()
-            .expect("openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
     /// `openssl s_server -www` on a free loopback port, with a certificate (signed by a CA of
     /// its own) that names only `apiserver.test`: the CA's PEM, the port, the server.
     fn server(dir: &Path) -> (String, u16, Child) {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-x509",
-                "-new",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-subj",
-                "/CN=test-ca",
-                "-days",
-                "1",
-                "-out",
-                "ca.crt",
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "req",
-                "-new",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "srv.key",
-                "-subj",
-                "/CN=apiserver",
-                "-out",
-                "srv.csr",
-            ],
-        );
-        std::fs::write(dir.join("ext"), "subjectAltName=DNS:apiserver.test\n").unwrap();
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "srv.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "1",
-                "-extfile",
-                "ext",
-                "-out",
-                "srv.crt",
-            ],
-        );
+        let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.distinguished_name.push(rcgen::DnType::CommonName, "test-ca");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["apiserver.test".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        std::fs::write(dir.join("srv.crt"), leaf.pem()).unwrap();
+        std::fs::write(dir.join("srv.key"), key.serialize_pem()).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -230,7 +174,7 @@ mod tests {
             assert!(Instant::now() < deadline, "s_server did not listen");
             std::thread::sleep(Duration::from_millis(20));
         }
-        (std::fs::read_to_string(dir.join("ca.crt")).unwrap(), port, child)
+        (ca_pem, port, child)
     }
 
     /// A GET of / through the node's client for a kubeconfig naming the server by address.
