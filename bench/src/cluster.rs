@@ -96,12 +96,7 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, load: &Load
     }
     let result = (|| {
         let env = String::from_utf8_lossy(&out.stdout).into_owned();
-        let admin = env
-            .lines()
-            .find_map(|l| l.strip_prefix("KUBECONFIG="))
-            .context("control-plane printed no KUBECONFIG")?
-            .trim_matches('"')
-            .to_string();
+        let admin = control_plane_var(&env, "KUBECONFIG")?;
         let node_kc = Command::new("bash")
             .arg(script)
             .args(["node-kubeconfig"])
@@ -142,6 +137,15 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, load: &Load
         Err(e) => eprintln!("   (the cluster agent's log could not be kept: {e})"),
     }
     result
+}
+
+/// A variable `control-plane start` printed (`NAME=value`, the value maybe quoted).
+pub fn control_plane_var(printed: &str, name: &str) -> Result<String> {
+    printed
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+        .map(|v| v.trim_matches('"').to_string())
+        .with_context(|| format!("control-plane printed no {name}"))
 }
 
 fn pod(name: &str) -> Result<Pod> {

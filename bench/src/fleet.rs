@@ -25,7 +25,7 @@ use kube::api::{Api, ListParams, PostParams};
 use nix::sched::CloneFlags;
 
 use crate::agent::{Agent, Launch};
-use crate::cluster::{node_requests, pod_on, requests_since, watch_running};
+use crate::cluster::{control_plane_var, node_requests, pod_on, requests_since, watch_running};
 use crate::procstat;
 
 /// The fleet's size and load.
@@ -310,14 +310,8 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, load: &Load
     let mut namespaces = Vec::new();
     let mut agents = Vec::new();
     let result = (|| {
-        let var = |name: &str| {
-            env.lines()
-                .find_map(|l| l.strip_prefix(&format!("{name}=")))
-                .map(|v| v.trim_matches('"').to_string())
-                .with_context(|| format!("control-plane printed no {name}"))
-        };
-        let admin = var("KUBECONFIG")?;
-        let api_port: u16 = var("K8S_APISERVER")?
+        let admin = control_plane_var(&env, "KUBECONFIG")?;
+        let api_port: u16 = control_plane_var(&env, "K8S_APISERVER")?
             .rsplit_once(':')
             .and_then(|(_, p)| p.parse().ok())
             .context("K8S_APISERVER's port")?;
@@ -399,8 +393,9 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, load: &Load
         let (c1, s1) = (nodes_requests(&agents), tokio.block_on(server_count(&client, &pids))?);
         let idle_min = s1.at.duration_since(s0.at).as_secs_f64() / 60.0;
         let idle_node_requests = requests_since(&c0, &c1).0 / idle_min / n;
-        let idle_by_kind = minus(&rate(&s0, &s1), &alone, 1.0 / n);
-        let idle_server_requests = (total(&rate(&s0, &s1)) - total(&alone)) / n;
+        let idle_rate = rate(&s0, &s1);
+        let idle_by_kind = minus(&idle_rate, &alone, 1.0 / n);
+        let idle_server_requests = (total(&idle_rate) - total(&alone)) / n;
         let idle_cpu = ((s1.cpu_s - s0.cpu_s) / idle_min - alone_cpu) / n;
         let idle_watches = (s1.watches - a1.watches) / n;
 
@@ -448,8 +443,7 @@ pub fn run(script: &Path, bin: &Path, dir: &Path, cgroup_root: &str, load: &Load
         std::thread::sleep(Duration::from_secs(5));
         let (c3, s3) = (nodes_requests(&agents), tokio.block_on(server_count(&client, &pids))?);
         let window_min = s3.at.duration_since(s2.at).as_secs_f64() / 60.0;
-        let idle_rate_all: BTreeMap<String, f64> = rate(&s0, &s1);
-        let mut start = minus(&rate(&s2, &s3), &idle_rate_all, window_min / pods as f64);
+        let mut start = minus(&rate(&s2, &s3), &idle_rate, window_min / pods as f64);
         // The benchmark's own creates.
         if let Some(v) = start.get_mut("POST pods") {
             *v -= 1.0;

@@ -365,18 +365,15 @@ async fn build_managers(opened: &Opened, joined: &mut Joined) -> Result<Arc<Mana
     setup.drain_pool().await;
     setup.network().init().await;
     // In a cluster, pods' ConfigMaps, Secrets, tokens and Services come from the API server.
-    let setup = match (&joined.kube, &joined.checkpoint) {
-        (Some(k), Some(cp)) => setup.with_objects(crate::objects::ObjectManager::new(
-            k.clone(),
-            &cfg.node_name,
-            cp.clone(),
-        )),
+    let setup = match (&joined.kube, &joined.checkpoint, &joined.node_handle) {
+        (Some(k), Some(cp), Some(node)) => {
+            let objects = crate::objects::ObjectManager::new(k.clone(), node.watched(), cp.clone());
+            objects.watch_services();
+            setup.with_objects(objects)
+        }
         _ => setup,
     };
     let objects = setup.objects().cloned();
-    if let (Some(o), Some(n)) = (&objects, &joined.node_handle) {
-        o.joined(n.watched());
-    }
     // Pulls from registries, and the registries.yaml re-read when it changes.
     let puller = {
         let (cfg, rt) = (cfg.clone(), rt.clone());

@@ -41,9 +41,6 @@ use tokens::{TokenKey, TokenManager};
 pub const OBJECT_TTL: Duration = Duration::from_secs(60);
 /// The annotation the TTL controller sets on Nodes.
 pub const NODE_TTL_ANNOTATION: &str = "node.alpha.kubernetes.io/ttl";
-/// How often the Node's TTL annotation is read again (kubelet reads it from its Node
-/// informer; a new node gets it from the TTL controller within seconds).
-const NODE_TTL_REFRESH: Duration = Duration::from_secs(10);
 /// The API's default `expirationSeconds` of a projected token.
 pub const DEFAULT_TOKEN_EXPIRATION: i64 = 3600;
 /// After the API server gave no answer, how long what the checkpoint keeps is served without
@@ -89,12 +86,9 @@ pub struct VolumeObjects {
 
 pub struct ObjectManager {
     kube: Kube,
-    node_name: String,
-    /// The TTL from the Node and when it was read.
-    ttl: std::sync::Mutex<Option<(std::time::Instant, Duration)>>,
-    /// The node's own Node as its watch delivers it, once the agent has one: the TTL is read
-    /// there (kubelet's node lister) instead of with a GET.
-    watched_node: std::sync::OnceLock<tokio::sync::watch::Receiver<Option<k8s_openapi::api::core::v1::Node>>>,
+    /// The node's own Node as its watch delivers it: the objects' TTL is read there (kubelet's
+    /// node lister), never with a request of its own.
+    node: tokio::sync::watch::Receiver<Option<k8s_openapi::api::core::v1::Node>>,
     config_maps: Store<ConfigMap>,
     secrets: Store<Secret>,
     tokens: TokenManager,
@@ -108,13 +102,15 @@ pub struct ObjectManager {
 }
 
 impl ObjectManager {
-    pub fn new(kube: Kube, node_name: &str, checkpoint: Arc<Checkpoint>) -> Arc<ObjectManager> {
+    pub fn new(
+        kube: Kube,
+        node: tokio::sync::watch::Receiver<Option<k8s_openapi::api::core::v1::Node>>,
+        checkpoint: Arc<Checkpoint>,
+    ) -> Arc<ObjectManager> {
         Arc::new(ObjectManager {
             checkpoint,
             kube,
-            node_name: node_name.to_string(),
-            ttl: std::sync::Mutex::new(None),
-            watched_node: std::sync::OnceLock::new(),
+            node,
             config_maps: Store::default(),
             secrets: Store::default(),
             tokens: TokenManager::default(),
@@ -136,11 +132,10 @@ impl ObjectManager {
         recent || self.checkpoint.view().stale().is_some_and(|s| s.restored.is_some())
     }
 
-    /// The agent has joined: the Services are watched from now on, and the Node's TTL is read
-    /// from `node`, the watch of the node's own Node.
-    pub fn joined(&self, node: tokio::sync::watch::Receiver<Option<k8s_openapi::api::core::v1::Node>>) {
+    /// The agent has joined: the Services are watched from now on (kubelet starts its
+    /// informers then), not from the first pod's start.
+    pub fn watch_services(&self) {
         self.services.start(&self.kube);
-        let _ = self.watched_node.set(node);
     }
 
     fn note_unreachable(&self) {
@@ -181,7 +176,7 @@ impl ObjectManager {
                 return Ok(Some(Arc::new(o)));
             }
         }
-        let ttl = self.object_ttl().await;
+        let ttl = self.object_ttl();
         let got = self.config_maps.get(&self.kube, ns, name, ttl).await;
         let uids = self.config_maps.pods_referencing(&(ns.to_string(), name.to_string()));
         self.kept(
@@ -202,7 +197,7 @@ impl ObjectManager {
                 return Ok(Some(Arc::new(o)));
             }
         }
-        let ttl = self.object_ttl().await;
+        let ttl = self.object_ttl();
         let got = self.secrets.get(&self.kube, ns, name, ttl).await;
         let uids = self.secrets.pods_referencing(&(ns.to_string(), name.to_string()));
         self.kept(
@@ -263,34 +258,10 @@ impl ObjectManager {
         }
     }
 
-    /// kubelet's getTTL: the Node's `node.alpha.kubernetes.io/ttl` seconds, else a minute (also
-    /// while the Node cannot be read). From the watched Node once there is one; else read at
-    /// most every 10 s.
-    async fn object_ttl(&self) -> Duration {
-        if let Some(node) = self.watched_node.get() {
-            return node.borrow().as_ref().map_or(OBJECT_TTL, node_ttl);
-        }
-        if let Some((at, ttl)) = *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) {
-            if at.elapsed() < NODE_TTL_REFRESH {
-                return ttl;
-            }
-        }
-        let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.kube.client());
-        match api.get_opt(&self.node_name).await {
-            Ok(Some(n)) => {
-                let ttl = node_ttl(&n);
-                *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) = Some((std::time::Instant::now(), ttl));
-                ttl
-            }
-            // Not registered yet: the default, and asked again next time.
-            Ok(None) => OBJECT_TTL,
-            // Unreadable: the default until the next refresh, not a request per fetch.
-            Err(e) => {
-                tracing::debug!(error = %store::api_message(&e), "reading the node's object TTL");
-                *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) = Some((std::time::Instant::now(), OBJECT_TTL));
-                OBJECT_TTL
-            }
-        }
+    /// kubelet's getTTL: the watched Node's `node.alpha.kubernetes.io/ttl` seconds, else a
+    /// minute (also before the Node is known).
+    fn object_ttl(&self) -> Duration {
+        self.node.borrow().as_ref().map_or(OBJECT_TTL, node_ttl)
     }
 
     /// A token for the pod's service account as the projection asks for it.
@@ -660,7 +631,7 @@ mod tests {
         });
         let kube = Kube::from_client(kube::Client::new(service, "default"));
         Fixture {
-            om: ObjectManager::new(kube, "n", cp.clone()),
+            om: ObjectManager::new(kube, tokio::sync::watch::channel(None).1, cp.clone()),
             cp,
             asked,
             _dir: dir,
