@@ -856,8 +856,7 @@ impl Inner {
                 };
                 let Ok(data) = frame.into_data() else { continue };
                 if done + data.len() as u64 > size {
-                    drop(file);
-                    let _ = tokio::fs::remove_file(&partial).await;
+                    discard(file, &partial).await;
                     return Err(Failure::Fatal(format!(
                         "blob {d} from {host} is larger than the {size} bytes the manifest gives; it was tampered with or corrupted"
                     )));
@@ -876,8 +875,7 @@ impl Inner {
                         .still_fits()
                         .map_err(|e| io_fail("measuring the filesystem of", e))?
                     {
-                        drop(file);
-                        let _ = tokio::fs::remove_file(&partial).await;
+                        discard(file, &partial).await;
                         return Err(Failure::Fatal(format!(
                             "stopped downloading blob {d} ({}) after {done} bytes: {short}; the partial download was deleted",
                             human(size)
@@ -1190,6 +1188,15 @@ fn is_index(doc: &ManifestDoc) -> bool {
 fn content_range_start(v: &str) -> Option<u64> {
     let r = v.trim().strip_prefix("bytes")?.trim_start();
     r.split('-').next()?.trim().parse().ok()
+}
+
+/// Delete a partial download being written. Its space comes back only when the file is
+/// closed, and a dropped tokio file closes later, on the blocking pool, once a write in
+/// flight ends: wait for that first, so the room the reserve was promised is free again
+/// when the pull's error is seen. What is still buffered is thrown away unwritten.
+async fn discard(file: tokio::io::BufWriter<tokio::fs::File>, partial: &std::path::Path) {
+    drop(file.into_inner().into_std().await);
+    let _ = tokio::fs::remove_file(partial).await;
 }
 
 /// Hash what `path` holds: (hasher over it, its length); nothing there is (fresh, 0).
