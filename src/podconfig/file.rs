@@ -10,8 +10,9 @@
 //! so a pod's start does not cost a parse of every other manifest on the node (nor of the ones
 //! written in the last second, which only a re-list distrusts, see [`FileSource::reported`]). A regular file
 //! just created is not taken until its writer closes it (IN_CLOSE_WRITE); a file renamed in
-//! (IN_MOVED_TO) is taken at once. The periodic re-list reads every file again, as the safety
-//! net for whatever inotify cannot see (docs/start-path.md).
+//! (IN_MOVED_TO) is taken at once. The periodic re-list is the safety net for whatever inotify
+//! cannot see: it reads again every file whose identity changed or was stamped within
+//! [`RACY`] of its last read, and, every [`FULL_RELIST_EVERY`], every file (docs/start-path.md).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -44,6 +45,8 @@ pub struct FileSource {
     /// when the file was written within [`RACY`] of its read. False for the first scan and
     /// after a re-list.
     reported: bool,
+    /// When every file was last read regardless of its identity (the first scan reads them all).
+    last_full_read: Option<SystemTime>,
     missing_reported: bool,
     /// Tests make listing fail with this (root cannot be refused a directory listing here).
     #[cfg(test)]
@@ -63,6 +66,7 @@ impl FileSource {
             writing: HashSet::new(),
             event_at: None,
             reported: false,
+            last_full_read: Some(SystemTime::now()),
             missing_reported: false,
             #[cfg(test)]
             fail_listing: None,
@@ -299,11 +303,22 @@ impl FileSource {
         }
     }
 
-    /// The periodic re-list (or a watch that lost events): every file is read again.
+    /// The periodic re-list (or a watch that lost events). Without inotify's word, a file is
+    /// read again when its identity changed or is too recent to tell ([`Parsed::still_valid`]);
+    /// with 100 manifests, parsing them all at every fileCheckFrequency was a tenth of an idle
+    /// agent's CPU. Every [`FULL_RELIST_EVERY`] every file is read, as kubelet reads them at
+    /// every re-list: the net under a file system whose timestamps do not follow its content.
     fn forget(&mut self) {
         self.reported = false;
-        self.parsed.clear();
         self.writing.clear();
+        let now = SystemTime::now();
+        let due = self
+            .last_full_read
+            .is_none_or(|t| now.duration_since(t).unwrap_or(Duration::MAX) >= FULL_RELIST_EVERY);
+        if due {
+            self.parsed.clear();
+            self.last_full_read = Some(now);
+        }
     }
 }
 
@@ -326,6 +341,9 @@ impl Parsed {
 
 /// How close to a read a file's timestamps make its cached parse untrustworthy.
 const RACY: Duration = Duration::from_secs(1);
+
+/// How often a re-list reads every manifest whatever its identity says.
+const FULL_RELIST_EVERY: Duration = Duration::from_secs(10 * 60);
 
 /// A file's identity for "has it changed": any write changes its ctime and mtime, a rename
 /// over it its inode.
@@ -706,10 +724,25 @@ mod tests {
         std::fs::write(&a, POD.replace("NAME", "c")).unwrap();
         assert_eq!(names(&src.scan()), ["c-n", "b-n"]);
         assert_eq!(src.reads, 4);
-        // The periodic re-list reads everything.
+        // The periodic re-list reads what it cannot trust: a.yaml, written just now.
+        src.forget();
+        src.scan();
+        assert_eq!(src.reads, 5);
+        std::thread::sleep(RACY + Duration::from_millis(100));
         src.forget();
         src.scan();
         assert_eq!(src.reads, 6);
+        src.forget();
+        assert_eq!(names(&src.scan()), ["c-n", "b-n"]);
+        assert_eq!(src.reads, 6, "a re-list parsed unchanged files again");
+        // Once every FULL_RELIST_EVERY, a re-list reads every file.
+        src.last_full_read = Some(SystemTime::now() - FULL_RELIST_EVERY);
+        src.forget();
+        assert_eq!(names(&src.scan()), ["c-n", "b-n"]);
+        assert_eq!(src.reads, 8);
+        src.forget();
+        src.scan();
+        assert_eq!(src.reads, 8);
         // Removed files remove their pods.
         std::fs::remove_file(&a).unwrap();
         src.changed(vec![(a, FileEvent::Gone)]);
@@ -738,7 +771,7 @@ mod tests {
         std::fs::write(&a, POD.replace("NAME", "longer")).unwrap();
         assert_eq!(names(&src.scan()), ["longer-n", "b-n"]);
         assert_eq!(src.reads, 6);
-        // The re-list trusts nothing it did not read just now.
+        // The re-list trusts no identity stamped within RACY of its read.
         src.forget();
         src.scan();
         assert_eq!(src.reads, 8);
