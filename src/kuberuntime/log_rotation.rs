@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ferrolet_runtime::Runtime;
-use futures::StreamExt;
 use tracing::{info, trace, warn};
 
 const COMPRESS_SUFFIX: &str = ".gz";
@@ -178,7 +177,11 @@ impl LogManager {
         }
     }
 
-    /// One round over the running containers.
+    /// One round over the running containers: the list and the looks, on the blocking pool.
+    /// As kubelet's workers take containers from one queue, `workers` threads take them from
+    /// one list: a big log being compressed holds up one worker, not the round. One blocking
+    /// task per worker, not per container: with 100 containers, waking a pool thread for each
+    /// look was most of an idle round's cost.
     pub async fn round(&self) {
         let rt = self.rt.clone();
         let listed = crate::tasks::blocking(move || Ok(rt.list()?)).await;
@@ -198,32 +201,38 @@ impl LogManager {
             let live: HashSet<&PathBuf> = jobs.iter().map(|(_, log)| log).collect();
             lock(&self.tidy).retain(|l| live.contains(l));
         }
-        let policy = self.policy;
-        futures::stream::iter(jobs)
-            .map(|(id, log)| {
-                let rt = self.rt.clone();
-                let tidy = self.tidy.clone();
+        let workers = self.workers.min(jobs.len());
+        let queue = Arc::new(Mutex::new(jobs));
+        let running: Vec<_> = (0..workers)
+            .map(|_| {
+                let (rt, tidy, queue, policy) = (self.rt.clone(), self.tidy.clone(), queue.clone(), self.policy);
                 tokio::task::spawn_blocking(move || {
-                    let reopen = || {
-                        rt.reopen_container_log(&id, Duration::from_secs(10))
-                            .map_err(|e| ferrolet_fsutil::chain(&e).to_string())
-                    };
-                    let was_tidy = lock(&tidy).contains(&log);
-                    let result = rotate_log(&log, policy, Utc::now(), &reopen, was_tidy);
-                    match &result {
-                        Ok(false) => lock(&tidy).insert(log.clone()),
-                        _ => lock(&tidy).remove(&log),
-                    };
-                    match result {
-                        Ok(true) => info!(container = %id, log = %log.display(), "container log rotated"),
-                        Ok(false) => trace!(container = %id, "container log checked"),
-                        Err(e) => warn!(container = %id, error = %e, "rotating the container's log"),
+                    while let Some((id, log)) = lock(&queue).pop() {
+                        look(&rt, &tidy, policy, &id, &log);
                     }
                 })
             })
-            .buffer_unordered(self.workers)
-            .for_each(|_| async {})
-            .await;
+            .collect();
+        futures::future::join_all(running).await;
+    }
+}
+
+/// One container's log looked at, and rotated when it is due.
+fn look(rt: &Runtime, tidy: &Mutex<HashSet<PathBuf>>, policy: Policy, id: &str, log: &Path) {
+    let reopen = || {
+        rt.reopen_container_log(id, Duration::from_secs(10))
+            .map_err(|e| ferrolet_fsutil::chain(&e).to_string())
+    };
+    let was_tidy = lock(tidy).contains(log);
+    let result = rotate_log(log, policy, Utc::now(), &reopen, was_tidy);
+    match &result {
+        Ok(false) => lock(tidy).insert(log.to_path_buf()),
+        _ => lock(tidy).remove(log),
+    };
+    match result {
+        Ok(true) => info!(container = %id, log = %log.display(), "container log rotated"),
+        Ok(false) => trace!(container = %id, "container log checked"),
+        Err(e) => warn!(container = %id, error = %e, "rotating the container's log"),
     }
 }
 
