@@ -12,9 +12,10 @@
 //! closed as before.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,9 @@ pub struct KeptFiles {
 
 #[derive(Debug, Default)]
 struct Inner {
-    files: HashMap<PathBuf, Kept>,
+    /// By the path's bytes: a `Path` hashes component by component, byte by byte, which was a
+    /// tenth of a sampling round's time with 100 pods (a round looks up 1200 paths).
+    files: HashMap<OsString, Kept>,
     last_sweep: Option<Instant>,
 }
 
@@ -51,18 +54,20 @@ impl KeptFiles {
         let now = Instant::now();
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.sweep(now);
-        if let Some(k) = inner.files.get_mut(path) {
+        if let Some(k) = inner.files.get_mut(path.as_os_str()) {
             if let Some(s) = read_whole(&k.file) {
                 k.used = now;
                 return Some(s);
             }
             // Its cgroup is gone (or the file went bad): open the path afresh.
-            inner.files.remove(path);
+            inner.files.remove(path.as_os_str());
         }
         let file = File::open(path).ok()?;
         let s = read_whole(&file)?;
         if inner.files.len() < MAX {
-            inner.files.insert(path.to_path_buf(), Kept { file, used: now });
+            inner
+                .files
+                .insert(path.as_os_str().to_owned(), Kept { file, used: now });
         }
         Some(s)
     }
