@@ -77,7 +77,8 @@ struct Opts {
     #[arg(long)]
     only_floor: bool,
     /// Only ferrolet's memory: idle, a burst of `--burst` pods 2 s after it and after
-    /// `--cpu-seconds` idle, split by process (agent code and data, zygote, monitors).
+    /// `--cpu-seconds` idle, split by process (agent code and data, zygote, monitors), and the
+    /// CPU of each part over the second half of the idle time.
     #[arg(long)]
     only_memory: bool,
     /// Skip the image pull figures.
@@ -921,7 +922,33 @@ fn memory_rows(opts: &Opts, bin: &Path, dir: &Path, cg: &NestedRoot) -> Result<V
     let full = procstat::Split::of(a.pid(), &a.processes(), &a.root);
     rows.extend(full.rows(&format!("{} pods, 2 s after the burst", opts.burst), Some((&idle, n))));
     eprintln!("== ferrolet: {}s idle with {} pods", opts.cpu_seconds, opts.burst);
-    std::thread::sleep(Duration::from_secs(opts.cpu_seconds));
+    // The CPU of each part over the second half of the idle time: the burst's after-effects
+    // (first resyncs, code paged in) are over by then.
+    std::thread::sleep(Duration::from_secs(opts.cpu_seconds / 2));
+    let procs = a.processes();
+    let before = procstat::cpu_split(a.pid(), &procs, &a.root);
+    let window = opts.cpu_seconds - opts.cpu_seconds / 2;
+    std::thread::sleep(Duration::from_secs(window));
+    let after = procstat::cpu_split(a.pid(), &procs, &a.root);
+    let per_minute = |i: usize| {
+        after[i].saturating_sub(before[i]) as f64 / procstat::ticks_per_second() as f64 * 60.0 / window as f64
+    };
+    let mut total = Row::new(
+        format!("CPU per minute, {} idle pods, all parts", opts.burst),
+        "s",
+        "podman",
+    );
+    total.ferrolet = Some((0..3).map(per_minute).sum());
+    rows.push(total);
+    for (i, part) in ["agent", "zygote", "monitors"].iter().enumerate() {
+        let mut r = Row::new(
+            format!("  CPU per minute, {} idle pods: {part}", opts.burst),
+            "s",
+            "podman",
+        );
+        r.ferrolet = Some(per_minute(i));
+        rows.push(r);
+    }
     let later = procstat::Split::of(a.pid(), &a.processes(), &a.root);
     rows.extend(later.rows(
         &format!("{} pods, after {} s idle", opts.burst, opts.cpu_seconds),

@@ -88,6 +88,18 @@ pub fn monitors(root: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// CPU clock ticks so far of an agent `pid` whose processes are `procs` (itself first), split
+/// as [`Split`] splits memory: the agent, its zygote, the container monitors under `root`.
+pub fn cpu_split(pid: i32, procs: &[i32], root: &Path) -> [u64; 3] {
+    let mons = monitors(root);
+    let zygote = procs[1..]
+        .iter()
+        .filter(|p| !mons.contains(p))
+        .map(|p| cpu_ticks(*p))
+        .sum();
+    [cpu_ticks(pid), zygote, mons.iter().map(|p| cpu_ticks(*p)).sum()]
+}
+
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
