@@ -96,6 +96,21 @@ pub struct CgroupStats {
     pub cpu_period_us: Option<u64>,
 }
 
+/// A cgroup's cpu counter and memory usage ([`Cgroups::pulse`]): while both stay as they were,
+/// nothing in the cgroup ran, forked, faulted or was charged memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pulse {
+    pub cpu_nanos: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+impl Pulse {
+    /// Whether it says anything: a cgroup without either controller has no pulse to compare.
+    pub fn known(&self) -> bool {
+        self.cpu_nanos.is_some() && self.memory_bytes.is_some()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Cgroups {
     mode: CgroupMode,
@@ -511,6 +526,33 @@ impl Cgroups {
 
     /// Usage numbers for a cgroup; whatever the node does not have is left out. Its files are
     /// kept open for the next time ([`KeptFiles`]).
+    /// The two numbers that move whenever anything in `cgroup` or below it runs or its memory
+    /// changes: its cpu counter and its memory usage (v1 `cpuacct.usage` and
+    /// `memory.usage_in_bytes`, v2 `cpu.stat`'s `usage_usec` and `memory.current`), two small
+    /// reads where [`stats`](Cgroups::stats) makes a dozen.
+    pub fn pulse(&self, cgroup: &str) -> Pulse {
+        let files = &*self.stat_files;
+        match &self.mode {
+            CgroupMode::V2 { mount } => {
+                let d = mount.join(cgroup.trim_start_matches('/'));
+                Pulse {
+                    cpu_nanos: kept_kv(files, &d.join("cpu.stat"))
+                        .get("usage_usec")
+                        .map(|u| u.saturating_mul(1000)),
+                    memory_bytes: kept_u64(files, &d.join("memory.current")),
+                }
+            }
+            CgroupMode::V1 { .. } => Pulse {
+                cpu_nanos: self
+                    .dir_for("cpuacct", cgroup)
+                    .and_then(|d| kept_u64(files, &d.join("cpuacct.usage"))),
+                memory_bytes: self
+                    .dir_for("memory", cgroup)
+                    .and_then(|d| kept_u64(files, &d.join("memory.usage_in_bytes"))),
+            },
+        }
+    }
+
     pub fn stats(&self, cgroup: &str) -> CgroupStats {
         let files = &*self.stat_files;
         match &self.mode {

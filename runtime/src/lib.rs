@@ -37,6 +37,7 @@ pub mod seccomp;
 mod seccomp_filter;
 pub mod selinux;
 pub mod spec;
+pub mod stats_rounds;
 mod tty;
 pub mod user;
 mod zygote;

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrolet_runtime::cgroups::CgroupStats;
+use ferrolet_runtime::stats_rounds::StatsRounds;
 use tracing::{trace, warn};
 
 use sampler::Sources;
@@ -114,11 +115,17 @@ impl Snapshot {
     }
 }
 
+/// How old a pod's or container's cgroup stats may be when nothing ran in the cgroup since
+/// they were read ([`StatsRounds`]): what moves without its processes running (the working
+/// set as the kernel ages pages, a limit written from outside) shows within this.
+const FULL_READ_EVERY: Duration = Duration::from_secs(60);
+
 /// The stats cache and the sources it samples.
 pub struct Stats {
     sources: Sources,
     current: RwLock<Option<Arc<Snapshot>>>,
     history: Mutex<rate::CpuHistory>,
+    rounds: Mutex<StatsRounds>,
     usage: Mutex<fs::UsageCache>,
     /// The last hour of cpu and memory, for the status page.
     last_hour: Mutex<history::History>,
@@ -130,6 +137,7 @@ impl Stats {
             sources,
             current: RwLock::new(None),
             history: Mutex::default(),
+            rounds: Mutex::new(StatsRounds::new(FULL_READ_EVERY)),
             usage: Mutex::default(),
             last_hour: Mutex::default(),
         })
@@ -150,7 +158,8 @@ impl Stats {
         let snap = {
             let usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
             let mut hist = self.history.lock().unwrap_or_else(|e| e.into_inner());
-            Arc::new(sampler::sample(&self.sources, &mut hist, &usage))
+            let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::new(sampler::sample(&self.sources, &mut hist, &mut rounds, &usage))
         };
         let at = u32::try_from(snap.taken.0.timestamp()).unwrap_or(0);
         self.last_hour

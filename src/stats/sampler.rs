@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use ferrolet_runtime::cgroups::{working_set, CgroupStats};
+use ferrolet_runtime::stats_rounds::StatsRounds;
 use ferrolet_runtime::{ContainerInfo, Runtime};
 use k8s_openapi::api::core::v1::Pod;
 use procfs::{Current, CurrentSI};
@@ -260,9 +261,11 @@ pub fn sample_node(src: &Sources, usage: &UsageCache) -> NodeStats {
     node_part(src, &mut scratch, &mut HashSet::new(), usage, Time(Utc::now())).stats
 }
 
-/// One round. `hist` carries the previous round's cpu counters; `usage` the last walks.
-pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snapshot {
+/// One round. `hist` carries the previous round's cpu counters; `rounds` the pods' and
+/// containers' cgroups as last read in full; `usage` the last walks.
+pub fn sample(src: &Sources, hist: &mut CpuHistory, rounds: &mut StatsRounds, usage: &UsageCache) -> Snapshot {
     let now = Time(Utc::now());
+    rounds.begin_round();
     let cg = src.rt.cgroups();
     let mut live = HashSet::new();
     let mut entries: Vec<CgroupEntry> = Vec::new();
@@ -314,6 +317,7 @@ pub fn sample(src: &Sources, hist: &mut CpuHistory, usage: &UsageCache) -> Snaps
         let ps = sample_pod(
             src,
             hist,
+            rounds,
             &mut live,
             usage,
             &mut entries,
@@ -364,6 +368,7 @@ struct PodInput<'a> {
 fn sample_pod(
     src: &Sources,
     hist: &mut CpuHistory,
+    rounds: &mut StatsRounds,
     live: &mut HashSet<String>,
     usage: &UsageCache,
     entries: &mut Vec<CgroupEntry>,
@@ -407,11 +412,11 @@ fn sample_pod(
     let counts = p
         .pod_cgroup
         .as_deref()
-        .map(|pc| cg.process_counts(pc))
+        .map(|pc| rounds.process_counts(cg, pc))
         .unwrap_or_default();
     let mut pod_sum = CgroupStats::default();
     for (name, c) in by_name {
-        let s = cg.stats(&c.record.cgroup_path);
+        let s = rounds.stats(cg, &c.record.cgroup_path);
         for (acc, v) in [
             (&mut pod_sum.cpu_usage_nanos, s.cpu_usage_nanos),
             (&mut pod_sum.memory_usage_bytes, s.memory_usage_bytes),
@@ -474,7 +479,7 @@ fn sample_pod(
                 Some(n) => *n,
                 None => cg.process_count(pc),
             };
-            (cg.stats(pc), n as u64)
+            (rounds.stats(cg, pc), n as u64)
         }
         None => (
             pod_sum,
