@@ -524,8 +524,6 @@ impl Cgroups {
         }
     }
 
-    /// Usage numbers for a cgroup; whatever the node does not have is left out. Its files are
-    /// kept open for the next time ([`KeptFiles`]).
     /// The two numbers that move whenever anything in `cgroup` or below it runs or its memory
     /// changes: its cpu counter and its memory usage (v1 `cpuacct.usage` and
     /// `memory.usage_in_bytes`, v2 `cpu.stat`'s `usage_usec` and `memory.current`), two small
@@ -553,6 +551,8 @@ impl Cgroups {
         }
     }
 
+    /// Usage numbers for a cgroup; whatever the node does not have is left out. Its files are
+    /// kept open for the next time ([`KeptFiles`]).
     pub fn stats(&self, cgroup: &str) -> CgroupStats {
         let files = &*self.stat_files;
         match &self.mode {

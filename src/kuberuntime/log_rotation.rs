@@ -207,7 +207,10 @@ impl LogManager {
             .map(|_| {
                 let (rt, tidy, queue, policy) = (self.rt.clone(), self.tidy.clone(), queue.clone(), self.policy);
                 tokio::task::spawn_blocking(move || {
-                    while let Some((id, log)) = lock(&queue).pop() {
+                    loop {
+                        // Taken, and the list let go, before the look: workers look at once.
+                        let next = lock(&queue).pop();
+                        let Some((id, log)) = next else { break };
                         look(&rt, &tidy, policy, &id, &log);
                     }
                 })
