@@ -69,33 +69,33 @@ impl StatsRounds {
 
     /// `cgroup`'s stats, read in full unless its pulse says the last full read still holds.
     pub fn stats(&mut self, cg: &Cgroups, cgroup: &str) -> CgroupStats {
-        let (now, max_age) = (Instant::now(), self.max_age);
-        let e = self.looked_at(cg, cgroup);
-        let pulse = e.pulse;
-        if let Some(s) = e.stats.as_ref().and_then(|f| f.still(pulse, now, max_age)) {
-            return s;
-        }
-        let value = cg.stats(cgroup);
-        e.stats = Some(Full {
-            pulse,
-            at: now,
-            value: value.clone(),
-        });
-        self.counted();
-        value
+        self.held(cg, cgroup, |e| &mut e.stats, || cg.stats(cgroup))
     }
 
     /// [`Cgroups::process_counts`] of `cgroup` and below, walked again unless the pulse of
     /// `cgroup` (which counts everything below it) says the last walk still holds.
     pub fn process_counts(&mut self, cg: &Cgroups, cgroup: &str) -> HashMap<String, usize> {
+        self.held(cg, cgroup, |e| &mut e.counts, || cg.process_counts(cgroup))
+    }
+
+    /// What `slot` of the cgroup's entry holds while the pulse says it still holds, else
+    /// `read` afresh and kept with the pulse.
+    fn held<T: Clone>(
+        &mut self,
+        cg: &Cgroups,
+        cgroup: &str,
+        slot: impl FnOnce(&mut Entry) -> &mut Option<Full<T>>,
+        read: impl FnOnce() -> T,
+    ) -> T {
         let (now, max_age) = (Instant::now(), self.max_age);
         let e = self.looked_at(cg, cgroup);
         let pulse = e.pulse;
-        if let Some(c) = e.counts.as_ref().and_then(|f| f.still(pulse, now, max_age)) {
-            return c;
+        let kept = slot(e);
+        if let Some(v) = kept.as_ref().and_then(|f| f.still(pulse, now, max_age)) {
+            return v;
         }
-        let value = cg.process_counts(cgroup);
-        e.counts = Some(Full {
+        let value = read();
+        *kept = Some(Full {
             pulse,
             at: now,
             value: value.clone(),
