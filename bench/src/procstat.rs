@@ -91,13 +91,17 @@ pub fn monitors(root: &Path) -> Vec<i32> {
 /// CPU clock ticks so far of an agent `pid` whose processes are `procs` (itself first), split
 /// as [`Split`] splits memory: the agent, its zygote, the container monitors under `root`.
 pub fn cpu_split(pid: i32, procs: &[i32], root: &Path) -> [u64; 3] {
+    let (zygote, mons) = helpers(procs, root);
+    let sum = |ps: &[i32]| ps.iter().map(|p| cpu_ticks(*p)).sum();
+    [cpu_ticks(pid), sum(&zygote), sum(&mons)]
+}
+
+/// The agent's helper processes (`procs` without the agent, which comes first): its zygote's,
+/// and the container monitors under `root`.
+fn helpers(procs: &[i32], root: &Path) -> (Vec<i32>, Vec<i32>) {
     let mons = monitors(root);
-    let zygote = procs[1..]
-        .iter()
-        .filter(|p| !mons.contains(p))
-        .map(|p| cpu_ticks(*p))
-        .sum();
-    [cpu_ticks(pid), zygote, mons.iter().map(|p| cpu_ticks(*p)).sum()]
+    let zygote = procs[1..].iter().copied().filter(|p| !mons.contains(p)).collect();
+    (zygote, mons)
 }
 
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -169,12 +173,8 @@ impl Split {
     pub fn of(pid: i32, procs: &[i32], root: &Path) -> Split {
         let agent = rollup(pid);
         let get = |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-        let mons = monitors(root);
-        let zygote: u64 = procs[1..]
-            .iter()
-            .filter(|p| !mons.contains(p))
-            .map(|p| pss_kib(*p))
-            .sum();
+        let (zygote, mons) = helpers(procs, root);
+        let zygote: u64 = zygote.iter().map(|p| pss_kib(*p)).sum();
         Split {
             agent_file: get(&agent, "Pss_File"),
             agent_anon: get(&agent, "Pss_Anon") + get(&agent, "Pss_Shmem"),

@@ -46,7 +46,7 @@ pub struct FileSource {
     /// after a re-list.
     reported: bool,
     /// When every file was last read regardless of its identity (the first scan reads them all).
-    last_full_read: Option<SystemTime>,
+    last_full_read: SystemTime,
     missing_reported: bool,
     /// Tests make listing fail with this (root cannot be refused a directory listing here).
     #[cfg(test)]
@@ -66,7 +66,7 @@ impl FileSource {
             writing: HashSet::new(),
             event_at: None,
             reported: false,
-            last_full_read: Some(SystemTime::now()),
+            last_full_read: SystemTime::now(),
             missing_reported: false,
             #[cfg(test)]
             fail_listing: None,
@@ -312,12 +312,10 @@ impl FileSource {
         self.reported = false;
         self.writing.clear();
         let now = SystemTime::now();
-        let due = self
-            .last_full_read
-            .is_none_or(|t| now.duration_since(t).unwrap_or(Duration::MAX) >= FULL_RELIST_EVERY);
-        if due {
+        // A clock set back makes it due too.
+        if now.duration_since(self.last_full_read).unwrap_or(Duration::MAX) >= FULL_RELIST_EVERY {
             self.parsed.clear();
-            self.last_full_read = Some(now);
+            self.last_full_read = now;
         }
     }
 }
@@ -736,7 +734,7 @@ mod tests {
         assert_eq!(names(&src.scan()), ["c-n", "b-n"]);
         assert_eq!(src.reads, 6, "a re-list parsed unchanged files again");
         // Once every FULL_RELIST_EVERY, a re-list reads every file.
-        src.last_full_read = Some(SystemTime::now() - FULL_RELIST_EVERY);
+        src.last_full_read = SystemTime::now() - FULL_RELIST_EVERY;
         src.forget();
         assert_eq!(names(&src.scan()), ["c-n", "b-n"]);
         assert_eq!(src.reads, 8);
