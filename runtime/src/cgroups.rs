@@ -973,9 +973,16 @@ fn available_controllers(dir: &Path) -> Vec<String> {
 /// A new v1 cpuset cgroup starts with no cpus and mems; copy them down from the nearest
 /// ancestor that has them.
 fn fill_cpuset(dir: &Path) -> Result<()> {
+    // Both files count: another creator of a shared ancestor may have written its cpus and not
+    // yet its mems, and a cgroup with no mems refuses every task (ENOSPC).
+    let unfilled = |d: &Path| {
+        ["cpuset.cpus", "cpuset.mems"]
+            .iter()
+            .any(|f| read_trim(&d.join(f)).is_empty())
+    };
     let mut chain = Vec::new();
     let mut cur = dir.to_path_buf();
-    while !cur.join("cpuset.cpus").exists() || read_trim(&cur.join("cpuset.cpus")).is_empty() {
+    while unfilled(&cur) {
         chain.push(cur.clone());
         match cur.parent() {
             Some(p) if p.join("cpuset.cpus").exists() => cur = p.to_path_buf(),
@@ -1151,6 +1158,46 @@ impl SwapBound {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two creators share an ancestor: one has written its cpus and not yet its mems when the
+    /// other fills its own child. The child must still get mems, or no task can join it.
+    #[test]
+    fn a_cpuset_child_is_filled_when_its_parent_has_cpus_and_no_mems_yet() {
+        let cgroups = Cgroups::detect().expect("the cgroup hierarchies");
+        let root = NestedRoot::create(&cgroups, &format!("cpuset-{}", std::process::id())).unwrap();
+        let Some(top) = cgroups.dir_for("cpuset", root.path()) else {
+            eprintln!("no v1 cpuset hierarchy here: nothing to fill");
+            return root.cleanup().unwrap();
+        };
+        let (half, child) = (top.join("half"), top.join("half/child"));
+        let mut kid = None;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fs::create_dir(&half).unwrap();
+            write_cg(&half, "cpuset.cpus", &read_trim(&top.join("cpuset.cpus"))).unwrap();
+            fs::create_dir(&child).unwrap();
+            fill_cpuset(&child).unwrap();
+            for d in [&half, &child] {
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    assert_eq!(
+                        read_trim(&d.join(f)),
+                        read_trim(&top.join(f)),
+                        "{}",
+                        d.join(f).display()
+                    );
+                }
+            }
+            let k = kid.insert(std::process::Command::new("sleep").arg("30").spawn().unwrap());
+            fs::write(child.join("cgroup.procs"), k.id().to_string()).expect("a task joins the filled child");
+        }));
+        if let Some(mut k) = kid {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        root.cleanup().unwrap();
+        if let Err(p) = result {
+            std::panic::resume_unwind(p);
+        }
+    }
 
     #[test]
     fn process_counts_of_a_cgroup_and_below_in_one_walk() {
