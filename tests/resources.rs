@@ -542,7 +542,7 @@ fn a_missing_kube_reserved_cgroup_stops_the_agent() {
 /// gives it.
 fn device_pod(name: &str, resource: &str, n: u32) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, \"ls /dev/test-*; echo TEST_DEVICES=$TEST_DEVICES; sleep 3600\"]\n    resources:\n      limits: {{{resource}: {n}}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, \"ls /dev/test-*; echo TEST_DEVICES=$TEST_DEVICES; sleep 3600\"]\n    resources:\n      limits: {{{resource}: {n}}}\n"
     )
 }
 
@@ -684,11 +684,35 @@ fn device_plugins_devices_admit_pods_and_reach_their_containers() {
     assert_eq!(reason, "OutOfother.example.com/x");
     assert!(message.contains("capacity: 0"), "{message}");
 
-    // An agent restart keeps the allocations (the checkpoint): once the plugin registers again
-    // and "three" is gone, a new pod gets d3, never a device "two" still holds.
+    // An agent restart keeps the allocations (the checkpoint). The agent admits its pods again
+    // before the plugin has registered again: the pods holding devices stay, as with kubelet
+    // (pre-allocated devices pass its Allocate, and sanitizeNodeAllocatable its count). Once the plugin is back and "three" is gone, a new pod
+    // gets d3, never a device "two" still holds.
+    let started = |a: &Agent, name: &str| {
+        let p = a.wait_phase(name, "Running", T);
+        let st = p.status.unwrap().container_statuses.unwrap();
+        st[0]
+            .state
+            .as_ref()
+            .unwrap()
+            .running
+            .as_ref()
+            .unwrap()
+            .started_at
+            .clone()
+    };
+    let (two_started, three_started) = (started(&a, "two"), started(&a, "three"));
     a.restart();
     plugin.register();
     wait_said(&a, "devices=3 healthy=3", 2);
+    assert!(
+        !a.agent_log()
+            .contains("pod rejected: Node didn't have enough resource: example.com/dev, requested: 2"),
+        "the restarted agent refused a pod holding devices:\n{}",
+        tail(&a.agent_log(), 40)
+    );
+    assert_eq!(started(&a, "two"), two_started, "\"two\" was not left running");
+    assert_eq!(started(&a, "three"), three_started, "\"three\" was not left running");
     a.remove("three.yaml");
     a.wait_gone("three", T);
     a.write("five.yaml", &device_pod("five", res, 1));

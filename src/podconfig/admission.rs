@@ -5,6 +5,7 @@
 //! selector and affinity, host ports, NoExecute taints for static pods). A refused pod is Failed
 //! with kubelet's reason and message.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -48,6 +49,17 @@ fn os(p: &Pod) -> Result<(), Rejection> {
 /// The node label naming its OS.
 const OS_LABEL: &str = "kubernetes.io/os";
 
+/// What admission knows of the device plugins' resources.
+#[derive(Debug, Default)]
+pub struct Devices {
+    /// Each resource's devices (capacity) and healthy devices (allocatable).
+    pub extended: Extended,
+    /// The resources the pod being admitted already holds devices of: it is not counted
+    /// against them again (kubelet's pre-allocated devices), so a restarted agent keeps its
+    /// pods before their plugins have registered again.
+    pub held: BTreeSet<String>,
+}
+
 /// Can the node (`node`, its Node object `node_object`) take `p` beside the `active` pods
 /// (admitted, not terminating, not finished)?
 pub fn admit(
@@ -55,8 +67,9 @@ pub fn admit(
     active: &[Arc<Pod>],
     node: &NodeInfo,
     node_object: &Node,
-    extended: &Extended,
+    devices: &Devices,
 ) -> Result<(), Rejection> {
+    let extended = &devices.extended;
     if let Some(why) = validation::unsupported(p) {
         return Err(Rejection {
             reason: reasons::UNSUPPORTED_POD_SPEC.into(),
@@ -90,7 +103,7 @@ pub fn admit(
             });
         }
     }
-    for res in extended_requests(p) {
+    for res in extended_requests(p).into_iter().filter(|r| !devices.held.contains(r)) {
         let want = qos::pod_requests(p, &res);
         // A device plugin's count, else what the Node advertises (an administrator's patch).
         let cap = extended.allocatable.get(&res).copied().unwrap_or_else(|| {
@@ -127,7 +140,7 @@ pub fn admit(
 }
 
 /// The extended resources (device plugins' and administrators') any container of `p` asks for.
-fn extended_requests(p: &Pod) -> std::collections::BTreeSet<String> {
+fn extended_requests(p: &Pod) -> BTreeSet<String> {
     crate::pod::all_containers(p)
         .filter_map(|c| c.resources.as_ref())
         .flat_map(|r| r.requests.iter().chain(r.limits.iter()).flat_map(|m| m.keys()))
@@ -165,13 +178,13 @@ mod tests {
 
     #[test]
     fn pods_and_cpu_must_fit() {
-        assert!(admit(&pod("500m"), &[], &node(2), &Node::default(), &Extended::default()).is_ok());
+        assert!(admit(&pod("500m"), &[], &node(2), &Node::default(), &Devices::default()).is_ok());
         let full = admit(
             &pod("500m"),
             &[pod("100m"), pod("100m")],
             &node(2),
             &Node::default(),
-            &Extended::default(),
+            &Devices::default(),
         )
         .unwrap_err();
         assert_eq!(full.reason, "OutOfpods");
@@ -180,7 +193,7 @@ mod tests {
             &[pod("500m")],
             &node(5),
             &Node::default(),
-            &Extended::default(),
+            &Devices::default(),
         )
         .unwrap_err();
         assert_eq!(cpu.reason, "OutOfcpu");
@@ -188,6 +201,37 @@ mod tests {
             cpu.message.contains("requested: 600, used: 500, capacity: 1000"),
             "{}",
             cpu.message
+        );
+    }
+
+    #[test]
+    fn a_pod_holding_devices_is_not_counted_against_them_again() {
+        let dev = |name: &str| -> Arc<Pod> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({"metadata":{"name":name},"spec":{"containers":[
+                    {"name":"c","image":"x","resources":{"requests":{"example.com/dev":"1"},"limits":{"example.com/dev":"1"}}}]}}))
+                .unwrap(),
+            )
+        };
+        // The plugin has not registered (again): no devices.
+        let mut devices = Devices::default();
+        let refused = admit(&dev("new"), &[], &node(5), &Node::default(), &devices).unwrap_err();
+        assert_eq!(refused.reason, "OutOfexample.com/dev");
+        assert!(
+            refused.message.contains("requested: 1, used: 0, capacity: 0"),
+            "{}",
+            refused.message
+        );
+        // A pod the checkpoint says holds one is admitted again; another one is not.
+        devices.held.insert("example.com/dev".into());
+        assert!(admit(&dev("holder"), &[dev("other")], &node(5), &Node::default(), &devices).is_ok());
+        devices.held.clear();
+        devices.extended.allocatable.insert("example.com/dev".into(), 1);
+        let full = admit(&dev("new"), &[dev("holder")], &node(5), &Node::default(), &devices).unwrap_err();
+        assert!(
+            full.message.contains("requested: 1, used: 1, capacity: 1"),
+            "{}",
+            full.message
         );
     }
 }

@@ -118,7 +118,13 @@ impl WorkerHost for Managers {
         self.eviction
             .admit(p)
             .and_then(|()| admission::sysctls(p, &self.sysctls))
-            .and_then(|()| admission::admit(p, active, &self.node, &self.node_object(), &self.devices.extended()))
+            .and_then(|()| {
+                let devices = admission::Devices {
+                    extended: self.devices.extended(),
+                    held: self.devices.held_by(p),
+                };
+                admission::admit(p, active, &self.node, &self.node_object(), &devices)
+            })
             .and_then(|()| self.shutdown.admit())
     }
 

@@ -291,6 +291,21 @@ impl DeviceManager {
         out
     }
 
+    /// The extended resources pod `p` holds devices of (the checkpoint keeps them across agent
+    /// restarts). Admission lets such a pod keep them whatever the plugin now lists, as kubelet
+    /// does (its Allocate finds them pre-allocated, and sanitizeNodeAllocatable counts held
+    /// devices as allocatable): a restarted agent admits its pods again before their plugins
+    /// have registered again.
+    pub fn held_by(&self, p: &Pod) -> std::collections::BTreeSet<String> {
+        let uid = pod::uid(p);
+        self.state()
+            .allocations
+            .iter()
+            .filter(|e| e.pod_uid == uid && !e.pending)
+            .map(|e| e.resource.clone())
+            .collect()
+    }
+
     /// The devices container `c` of `p` is to have at this start: the ones it holds already (a
     /// restart keeps them), else healthy free ones of each extended resource it asks for,
     /// chosen with the plugin's GetPreferredAllocation where it offers it and handed to its
