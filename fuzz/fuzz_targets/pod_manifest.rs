@@ -27,7 +27,10 @@ fuzz_target!(|data: &[u8]| {
         node_ephemeral_storage: 1 << 34,
     };
     for p in pods {
-        assert!(ferrolet::pod::validation::validate(&p).is_empty(), "a returned pod is valid");
+        assert!(
+            ferrolet::pod::validation::validate(&p).is_empty(),
+            "a returned pod is valid"
+        );
         assert!(!ferrolet::pod::uid(&p).is_empty());
         assert!(ferrolet::pod::name(&p).ends_with("-node1"));
         let _ = ferrolet::pod::qos::qos_class(&p);

@@ -35,5 +35,9 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    assert_eq!(got, select_manifest(body, content_type, &platform, limit), "the same answer twice");
+    assert_eq!(
+        got,
+        select_manifest(body, content_type, &platform, limit),
+        "the same answer twice"
+    );
 });

@@ -16,7 +16,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const MAX_STREAMS: usize = 5;
 
 fuzz_target!(|data: &[u8]| {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let input = data.to_vec();
     let streams = rt.block_on(async move {
         let (server_io, client_io) = tokio::io::duplex(64 * 1024);
@@ -48,5 +51,8 @@ fuzz_target!(|data: &[u8]| {
         drain.abort();
         n
     });
-    assert!(streams <= MAX_STREAMS, "{streams} streams handed out, the limit is {MAX_STREAMS}");
+    assert!(
+        streams <= MAX_STREAMS,
+        "{streams} streams handed out, the limit is {MAX_STREAMS}"
+    );
 });
