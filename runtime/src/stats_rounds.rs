@@ -198,10 +198,16 @@ mod tests {
             }
             use std::io::Write;
             child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-            let comm = format!("/proc/{}/comm", child.id());
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while std::fs::read_to_string(&comm).unwrap_or_default().trim() != "sleep" {
-                assert!(Instant::now() < deadline, "the child did not exec");
+            // Until it sleeps in `sleep`: the comm changes early in the exec, and a task's cpu
+            // time is charged to its cgroup when it is scheduled out (under qemu-user this test
+            // once read the counter while the exec still ran, uncharged).
+            let stat = format!("/proc/{}/stat", child.id());
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !std::fs::read_to_string(&stat)
+                .unwrap_or_default()
+                .contains("(sleep) S ")
+            {
+                assert!(Instant::now() < deadline, "the child did not exec and sleep");
                 std::thread::sleep(Duration::from_millis(10));
             }
             let (busy, procs) = round(&mut rounds);
