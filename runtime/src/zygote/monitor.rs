@@ -390,8 +390,13 @@ fn pump(
             }
             // Without a pidfd nothing wakes us when init exits: look often.
             None if pidfd.is_none() => PollTimeout::from(100u16),
-            // Wake up now and then to reap orphans even if nothing else happens.
-            None => PollTimeout::from(5000u16),
+            // A container in a pid namespace it does not own (kill_all): its orphans come to
+            // this subreaper. Wake up now and then to reap them even if nothing else happens.
+            None if kill_all.is_some() => PollTimeout::from(5000u16),
+            // In a pid namespace of its own, every orphan goes to the container's init, never
+            // here, and the pidfd says when init exits: nothing to wake up for. (100 idle pods'
+            // monitors woke 1200 times a minute for nothing.)
+            None => PollTimeout::NONE,
         };
         let mut idx = Vec::new();
         let mut pfds = Vec::new();
