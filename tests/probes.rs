@@ -176,16 +176,7 @@ fn readiness_initial_delay_and_never_ready() {
         ),
     );
     let p = a.wait_for("delay", "running", T, |p| running(p, "c"));
-    let started = container_status(&p, "c")
-        .state
-        .as_ref()
-        .unwrap()
-        .running
-        .as_ref()
-        .unwrap()
-        .started_at
-        .clone()
-        .unwrap();
+    let started = running_since(&p, "c").unwrap();
     let p = a.wait_for("delay", "ready", T, ready);
     let became_ready = chrono::Utc::now().timestamp();
     assert!(

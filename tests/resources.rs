@@ -688,19 +688,7 @@ fn device_plugins_devices_admit_pods_and_reach_their_containers() {
     // before the plugin has registered again: the pods holding devices stay, as with kubelet
     // (pre-allocated devices pass its Allocate, and sanitizeNodeAllocatable its count). Once the plugin is back and "three" is gone, a new pod
     // gets d3, never a device "two" still holds.
-    let started = |a: &Agent, name: &str| {
-        let p = a.wait_phase(name, "Running", T);
-        let st = p.status.unwrap().container_statuses.unwrap();
-        st[0]
-            .state
-            .as_ref()
-            .unwrap()
-            .running
-            .as_ref()
-            .unwrap()
-            .started_at
-            .clone()
-    };
+    let started = |a: &Agent, name: &str| running_since(&a.wait_phase(name, "Running", T), "main");
     let (two_started, three_started) = (started(&a, "two"), started(&a, "three"));
     a.restart();
     plugin.register();

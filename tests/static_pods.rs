@@ -529,15 +529,7 @@ fn agent_kill9_and_restart_keeps_containers() {
     let before = a.wait_phase("keep", "Running", T);
     let crashy = a.wait_for("crashy", "one restart", T, |p| restarts(p, "main") >= 1);
     let id = container_status(&before, "main").container_id.clone().unwrap();
-    let started = container_status(&before, "main")
-        .state
-        .as_ref()
-        .unwrap()
-        .running
-        .as_ref()
-        .unwrap()
-        .started_at
-        .clone();
+    let started = running_since(&before, "main");
     a.restart();
     let after = a.wait_phase("keep", "Running", T);
     let c = container_status(&after, "main");

@@ -778,6 +778,15 @@ pub fn container_status<'a>(p: &'a Pod, name: &str) -> &'a k8s_openapi::api::cor
     try_container_status(p, name).unwrap_or_else(|| panic!("no status for container {name}"))
 }
 
+/// When container `name` of `p` started running, if it runs.
+pub fn running_since(p: &Pod, name: &str) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
+    container_status(p, name)
+        .state
+        .as_ref()
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.clone())
+}
+
 /// Container `name` of `p` ended OOMKilled with exit code 137, as kubelet reports a container
 /// its memory limit killed.
 pub fn assert_oom_killed(p: &Pod, name: &str) {
