@@ -75,6 +75,10 @@ fn main() {
             monitor_and_zygote_show_their_names_in_ps,
         ),
         trial(
+            "an_idle_containers_monitor_does_not_wake_up",
+            an_idle_containers_monitor_does_not_wake_up,
+        ),
+        trial(
             "containers_survive_owner_sigkill_and_are_readopted",
             containers_survive_owner_sigkill_and_are_readopted,
         ),
@@ -890,6 +894,48 @@ fn cmdline_and_comm(pid: i32) -> Result<(Vec<u8>, String)> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).with_context(|| format!("cmdline of {pid}"))?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).with_context(|| format!("comm of {pid}"))?;
     Ok((cmdline, comm.trim_end().to_string()))
+}
+
+/// The context switches process `pid` made of its own will (each one a sleep).
+fn voluntary_switches(pid: i32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("status of {pid}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow!("no voluntary_ctxt_switches for {pid}"))
+}
+
+/// A container in a pid namespace of its own that prints nothing: its orphans all go to its
+/// init, so its monitor sleeps in poll until something happens (it once woke every 5 s to reap
+/// orphans that never come).
+fn an_idle_containers_monitor_does_not_wake_up() -> Result<()> {
+    let rt = &env().rt;
+    block(async {
+        let c = config("quiet-monitor", &["sleep", "60"]);
+        ensure!(
+            matches!(c.namespaces.pid, ferrolet_runtime::config::NamespaceMode::Private),
+            "the test's container should have a pid namespace of its own"
+        );
+        let info = rt.create(&c).await?;
+        let id = info.id().to_string();
+        let r = async {
+            let m = info.monitor.clone().ok_or_else(|| anyhow!("no monitor record"))?;
+            rt.start(&id).await?;
+            // Past the start's own work (the monitor answers, settles into its loop).
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let before = voluntary_switches(m.monitor_pid)?;
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            let after = voluntary_switches(m.monitor_pid)?;
+            ensure!(after == before, "the idle monitor woke {} times in 6 s", after - before);
+            ensure!(rt.inspect(&id)?.is_running());
+            rt.kill(&id, libc::SIGKILL)?;
+            Ok(())
+        }
+        .await;
+        rt.delete(&id).await?;
+        r
+    })
 }
 
 fn monitor_and_zygote_show_their_names_in_ps() -> Result<()> {
