@@ -1165,9 +1165,12 @@ mod tests {
     fn a_cpuset_child_is_filled_when_its_parent_has_cpus_and_no_mems_yet() {
         let cgroups = Cgroups::detect().expect("the cgroup hierarchies");
         let root = NestedRoot::create(&cgroups, &format!("cpuset-{}", std::process::id())).unwrap();
-        let Some(top) = cgroups.dir_for("cpuset", root.path()) else {
-            eprintln!("no v1 cpuset hierarchy here: nothing to fill");
-            return root.cleanup().unwrap();
+        let top = match (&cgroups.mode, cgroups.dir_for("cpuset", root.path())) {
+            (CgroupMode::V1 { .. }, Some(top)) => top,
+            _ => {
+                eprintln!("no v1 cpuset hierarchy here: nothing to fill");
+                return root.cleanup().unwrap();
+            }
         };
         let (half, child) = (top.join("half"), top.join("half/child"));
         let mut kid = None;
