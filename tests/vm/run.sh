@@ -184,6 +184,8 @@ boot() {
     if [ "$rc" != 0 ]; then
       fail=1
       grep -E '^(test .* FAILED|---- )' "$results/$name.log" 2>/dev/null | head -20 || true
+      # The panic and the start of its message: a CI log is all a failure leaves behind.
+      grep -E -A15 "^thread '.*' panicked at" "$results/$name.log" 2>/dev/null | head -60 || true
     fi
   done <"$results/$plan"
   if [ -s "$results/cgroups-left-$plan" ]; then
