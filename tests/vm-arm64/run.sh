@@ -118,6 +118,8 @@ if [ -z "${ARM64_SKIP_UNIT:-}" ]; then
     fail=1
     echo "arm64: unit tests FAILED:"
     grep -E '^(test .* FAILED|failures:|---- )|^test result' "$results/unit.log" | head -40 || true
+    # The panics and the start of their messages: a CI log is all a failure leaves behind.
+    grep -E -A15 "^thread '.*' panicked at" "$results/unit.log" | head -60 || true
   fi
 fi
 
