@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrolet_runtime::cgroups::CgroupStats;
-use ferrolet_runtime::stats_rounds::StatsRounds;
 use tracing::{trace, warn};
 
 use sampler::Sources;
@@ -116,7 +115,7 @@ impl Snapshot {
 }
 
 /// How old a pod's or container's cgroup stats may be when nothing ran in the cgroup since
-/// they were read ([`StatsRounds`]): what moves without its processes running (the working
+/// they were read ([`sampler::Rounds`]): what moves without its processes running (the working
 /// set as the kernel ages pages, a limit written from outside) shows within this.
 const FULL_READ_EVERY: Duration = Duration::from_secs(60);
 
@@ -125,7 +124,7 @@ pub struct Stats {
     sources: Sources,
     current: RwLock<Option<Arc<Snapshot>>>,
     history: Mutex<rate::CpuHistory>,
-    rounds: Mutex<StatsRounds>,
+    rounds: Mutex<sampler::Rounds>,
     usage: Mutex<fs::UsageCache>,
     /// The last hour of cpu and memory, for the status page.
     last_hour: Mutex<history::History>,
@@ -137,7 +136,7 @@ impl Stats {
             sources,
             current: RwLock::new(None),
             history: Mutex::default(),
-            rounds: Mutex::new(StatsRounds::new(FULL_READ_EVERY)),
+            rounds: Mutex::new(sampler::Rounds::new(FULL_READ_EVERY)),
             usage: Mutex::default(),
             last_hour: Mutex::default(),
         })

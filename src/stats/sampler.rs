@@ -254,6 +254,10 @@ fn node_part(
     }
 }
 
+/// The rounds' memory of the pods' and containers' cgroups, and of each pod's network
+/// interfaces (the reading kept beside the pod's cgroup).
+pub type Rounds = StatsRounds<Option<Vec<Iface>>>;
+
 /// The node's numbers alone, read now, for a reader that needs them fresher than the last round
 /// (the eviction manager's signals). Its cpu counters carry no rate: the rates are the rounds'.
 pub fn sample_node(src: &Sources, usage: &UsageCache) -> NodeStats {
@@ -263,7 +267,7 @@ pub fn sample_node(src: &Sources, usage: &UsageCache) -> NodeStats {
 
 /// One round. `hist` carries the previous round's cpu counters; `rounds` the pods' and
 /// containers' cgroups as last read in full; `usage` the last walks.
-pub fn sample(src: &Sources, hist: &mut CpuHistory, rounds: &mut StatsRounds, usage: &UsageCache) -> Snapshot {
+pub fn sample(src: &Sources, hist: &mut CpuHistory, rounds: &mut Rounds, usage: &UsageCache) -> Snapshot {
     let now = Time(Utc::now());
     rounds.begin_round();
     let cg = src.rt.cgroups();
@@ -368,7 +372,7 @@ struct PodInput<'a> {
 fn sample_pod(
     src: &Sources,
     hist: &mut CpuHistory,
-    rounds: &mut StatsRounds,
+    rounds: &mut Rounds,
     live: &mut HashSet<String>,
     usage: &UsageCache,
     entries: &mut Vec<CgroupEntry>,
@@ -379,13 +383,25 @@ fn sample_pod(
     let cg = src.rt.cgroups();
     // Network: from a process inside the pod's namespace (none with hostNetwork).
     let host_net = crate::pod::host_network(p.pod);
-    let ifaces: Option<Vec<Iface>> = if host_net {
-        None
-    } else {
+    let read_net = || {
         p.running
             .iter()
             .filter_map(|c| c.monitor.as_ref().map(|m| m.init_pid))
             .find_map(|pid| net::read(Some(pid)))
+    };
+    let ifaces: Option<Vec<Iface>> = match (host_net, p.pod_cgroup.as_deref()) {
+        (true, _) => None,
+        // A namespace with nothing to report (only loopback: no pod network) is read again
+        // only when a process of the pod ran (one could have made an interface), as the
+        // cgroups are, and at least once a minute. Counters that move with traffic from
+        // outside, on an interface that is reported, are read every round.
+        (false, Some(pc)) => rounds.reading(
+            cg,
+            pc,
+            |last: &Option<Vec<Iface>>| last.as_ref().is_some_and(Vec::is_empty),
+            read_net,
+        ),
+        (false, None) => read_net(),
     };
 
     let mut containers = Vec::new();
@@ -416,7 +432,10 @@ fn sample_pod(
         .unwrap_or_default();
     let mut pod_sum = CgroupStats::default();
     for (name, c) in by_name {
-        let s = rounds.stats(cg, &c.record.cgroup_path);
+        let s = match p.pod_cgroup.as_deref() {
+            Some(pc) => rounds.stats_below(cg, pc, &c.record.cgroup_path),
+            None => rounds.stats(cg, &c.record.cgroup_path),
+        };
         for (acc, v) in [
             (&mut pod_sum.cpu_usage_nanos, s.cpu_usage_nanos),
             (&mut pod_sum.memory_usage_bytes, s.memory_usage_bytes),
