@@ -213,6 +213,46 @@ mod tests {
         }
     }
 
+    /// A `sleep` moved into `path` (its accounting hierarchies: a new v1 cpuset cgroup has no
+    /// cpus to run on) and woken there, returned once it sleeps, so that its run is charged to
+    /// the cgroup. Kept in `kid` from its start, for the test's cleanup to stop it.
+    fn sleeper_in<'a>(
+        cgroups: &Cgroups,
+        path: &str,
+        kid: &'a mut Option<std::process::Child>,
+    ) -> &'a mut std::process::Child {
+        let child = kid.insert(
+            std::process::Command::new("sh")
+                .args(["-c", "read _; exec sleep 30"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut dirs: Vec<_> = ["cpuacct", "memory", "pids"]
+            .iter()
+            .filter_map(|c| cgroups.dir_for(c, path))
+            .collect();
+        dirs.dedup();
+        for d in dirs {
+            std::fs::write(d.join("cgroup.procs"), child.id().to_string()).unwrap();
+        }
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        // Until it sleeps in `sleep`: the comm changes early in the exec, and a task's cpu time
+        // is charged to its cgroup when it is scheduled out (under qemu-user a test once read
+        // the counter while the exec still ran, uncharged).
+        let stat = format!("/proc/{}/stat", child.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&stat)
+            .unwrap_or_default()
+            .contains("(sleep) S ")
+        {
+            assert!(Instant::now() < deadline, "the child did not exec and sleep");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child
+    }
+
     #[test]
     fn an_idle_cgroup_is_read_in_full_only_when_it_moved_or_its_read_is_old() {
         let cgroups = Cgroups::detect().expect("the cgroup hierarchies");
@@ -258,36 +298,7 @@ mod tests {
             assert_eq!(rounds.full_reads, 4);
             // A process moved in and woken there runs (and execs) in it: its pulse moves, and
             // the cgroup is read in full and counted again.
-            let child = kid.insert(
-                std::process::Command::new("sh")
-                    .args(["-c", "read _; exec sleep 30"])
-                    .stdin(std::process::Stdio::piped())
-                    .spawn()
-                    .unwrap(),
-            );
-            // The accounting hierarchies (a new v1 cpuset cgroup has no cpus to run on).
-            let mut dirs: Vec<_> = ["cpuacct", "memory", "pids"]
-                .iter()
-                .filter_map(|c| cgroups.dir_for(c, &path))
-                .collect();
-            dirs.dedup();
-            for d in dirs {
-                std::fs::write(d.join("cgroup.procs"), child.id().to_string()).unwrap();
-            }
-            use std::io::Write;
-            child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-            // Until it sleeps in `sleep`: the comm changes early in the exec, and a task's cpu
-            // time is charged to its cgroup when it is scheduled out (under qemu-user this test
-            // once read the counter while the exec still ran, uncharged).
-            let stat = format!("/proc/{}/stat", child.id());
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !std::fs::read_to_string(&stat)
-                .unwrap_or_default()
-                .contains("(sleep) S ")
-            {
-                assert!(Instant::now() < deadline, "the child did not exec and sleep");
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            let child = sleeper_in(&cgroups, &path, &mut kid);
             let (busy, procs) = round(&mut rounds);
             assert_eq!(rounds.full_reads, 6);
             assert_eq!(procs, Some(1));
@@ -360,32 +371,7 @@ mod tests {
             assert_eq!(round(&mut rounds, false), (5, 3, 2));
             // A process moved into the child and run there: the parent's pulse moves, the
             // child's is read and has moved, so it is read in full; the reading is read again.
-            let child = kid.insert(
-                std::process::Command::new("sh")
-                    .args(["-c", "read _; exec sleep 30"])
-                    .stdin(std::process::Stdio::piped())
-                    .spawn()
-                    .unwrap(),
-            );
-            let mut dirs: Vec<_> = ["cpuacct", "memory", "pids"]
-                .iter()
-                .filter_map(|c| cgroups.dir_for(c, &child_cg))
-                .collect();
-            dirs.dedup();
-            for d in dirs {
-                std::fs::write(d.join("cgroup.procs"), child.id().to_string()).unwrap();
-            }
-            use std::io::Write;
-            child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-            let stat = format!("/proc/{}/stat", child.id());
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !std::fs::read_to_string(&stat)
-                .unwrap_or_default()
-                .contains("(sleep) S ")
-            {
-                assert!(Instant::now() < deadline, "the child did not exec and sleep");
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            sleeper_in(&cgroups, &child_cg, &mut kid);
             assert_eq!(round(&mut rounds, true), (7, 5, 3));
             // Still again: the parent alone.
             assert_eq!(round(&mut rounds, true), (8, 5, 3));
