@@ -631,16 +631,17 @@ mod tests {
         flood.await.unwrap();
     }
 
-    /// 100,000 SYN_STREAMs on a connection whose handler keeps the streams it got: five are
+    /// 20,000 SYN_STREAMs on a connection whose handler keeps the streams it got: five are
     /// served, the rest refused with REFUSED_STREAM; once the handler drops its streams and
-    /// the client has finished them, new ones are accepted again.
+    /// the client has finished them, new ones are accepted again. (100,000 took over the 10 s
+    /// limit of a debug build beside CI's other stages.)
     #[tokio::test]
     async fn streams_past_the_limit_are_refused() {
         let (_conn, mut streams, (mut rd, mut wr)) = serve(1 << 20, 5);
         let writer = tokio::spawn(async move {
             let mut enc = HeaderEncoder::new();
             let mut batch = Vec::new();
-            for i in 0..100_000u32 {
+            for i in 0..20_000u32 {
                 batch.extend(syn(2 * i + 1, "stdout", &mut enc));
                 if batch.len() > 64 * 1024 {
                     wr.write_all(&batch).await.unwrap();
@@ -662,14 +663,14 @@ mod tests {
                 } => refused += 1,
                 other => panic!("unexpected {other:?}"),
             }
-            replies + refused == 100_000
+            replies + refused == 20_000
         })
         .await;
         let (mut wr, mut enc) = writer.await.unwrap();
         while let Ok(s) = streams.try_recv() {
             held.push(s);
         }
-        assert_eq!((replies, refused, held.len()), (5, 99_995, 5));
+        assert_eq!((replies, refused, held.len()), (5, 19_995, 5));
 
         // The handler lets go and the client finishes its streams: room for new ones.
         let ids: Vec<u32> = held.iter().map(|s| s.id).collect();
