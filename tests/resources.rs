@@ -477,11 +477,14 @@ fn kubepods_capped_by_enforce_node_allocatable() {
     a.write(
         "hog.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: hog}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sh, -c, \"x=$(head -c 268435456 /dev/zero | tr '\\\\0' a); echo survived\"]\n"
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: hog}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [dd, if=/dev/zero, of=/dev/null, bs=268435456, count=1]\n"
         ),
     );
-    // Filling 128Mi through a pipe takes long in the cgroup v2 lane's emulated guest when the
-    // host is busy: a longer wait than the others'.
+    // dd, the container's init, reads 256Mi into one buffer: past kubepods' 128Mi within that
+    // one read, so the kernel's OOM kill comes long before the eviction manager (whose
+    // allocatable threshold is 1Mi) could see the pods near their limit. A shell building the
+    // same in a variable through a pipe took long enough in the emulated guest for the
+    // eviction manager to evict it first. Still a longer wait than the others'.
     let p = a.wait_phase("hog", "Failed", 3 * T);
     assert_eq!(p.status.as_ref().unwrap().qos_class.as_deref(), Some("BestEffort"));
     assert_oom_killed(&p, "main");
