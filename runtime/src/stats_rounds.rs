@@ -105,17 +105,22 @@ impl<R: Clone> StatsRounds<R> {
 
     /// [`stats`](Self::stats) of `cgroup`, a cgroup below `parent` (a container's below its
     /// pod's): while the parent's pulse (which counts everything below it) is what it was when
-    /// the last full read of `cgroup` was known to hold, not even `cgroup`'s pulse is read.
+    /// the last full read of `cgroup` was known to hold, not even `cgroup`'s pulse is read. A
+    /// `cgroup` that is not below `parent` gets [`stats`](Self::stats).
     pub fn stats_below(&mut self, cg: &Cgroups, parent: &str, cgroup: &str) -> CgroupStats {
+        if !is_below(parent, cgroup) {
+            return self.stats(cg, cgroup);
+        }
         let now = Instant::now();
         let parent_pulse = self.looked_at(cg, parent).pulse;
-        let max_age = self.max_age;
-        let round = self.round;
-        let e = self.cgroups.entry(cgroup.to_string()).or_default();
-        e.round = round;
-        if let Some(f) = e.stats.as_ref() {
-            if parent_pulse.known() && f.parent == Some(parent_pulse) && now.duration_since(f.at) < max_age {
-                return f.value.clone();
+        let (round, max_age) = (self.round, self.max_age);
+        if let Some(e) = self.cgroups.get_mut(cgroup) {
+            let still = e.stats.as_ref().filter(|f| {
+                parent_pulse.known() && f.parent == Some(parent_pulse) && now.duration_since(f.at) < max_age
+            });
+            if let Some(value) = still.map(|f| f.value.clone()) {
+                e.round = round;
+                return value;
             }
         }
         let value = self.stats(cg, cgroup);
@@ -199,6 +204,14 @@ impl<R: Clone> StatsRounds<R> {
             self.full_reads += 1;
         }
     }
+}
+
+/// Whether cgroup path `child` lies strictly below `parent`.
+fn is_below(parent: &str, child: &str) -> bool {
+    let parent = parent.trim_end_matches('/');
+    child
+        .strip_prefix(parent)
+        .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/'))
 }
 
 #[cfg(test)]
@@ -327,6 +340,16 @@ mod tests {
         if let Err(p) = result {
             std::panic::resume_unwind(p);
         }
+    }
+
+    #[test]
+    fn below_means_a_path_under_the_parent() {
+        assert!(is_below("/k/pod1", "/k/pod1/c"));
+        assert!(is_below("/k/pod1/", "/k/pod1/c"));
+        assert!(!is_below("/k/pod1", "/k/pod10/c"), "a sibling with a longer name");
+        assert!(!is_below("/k/pod1", "/k/pod1"));
+        assert!(!is_below("/k/pod1", "/k/pod1/"));
+        assert!(!is_below("/k/pod1", "/elsewhere/c"));
     }
 
     /// A cgroup below a parent (a container below its pod): while the parent's pulse stays, not
