@@ -11,7 +11,9 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 #[derive(Debug, Clone)]
 pub struct PodEntry {
     pub pod: Arc<Pod>,
-    pub status: PodStatus,
+    /// Shared: the readers that copy every entry each round (the stats sampler, eviction,
+    /// container GC) copy a pointer, not the containers' statuses.
+    pub status: Arc<PodStatus>,
     pub terminating: bool,
 }
 
@@ -36,7 +38,7 @@ impl PodManager {
             Some(e) => {
                 e.pod = pod;
                 if let Some(s) = status {
-                    e.status = s;
+                    e.status = Arc::new(s);
                 }
             }
             None => {
@@ -44,7 +46,7 @@ impl PodManager {
                     uid.to_string(),
                     PodEntry {
                         pod,
-                        status: status.unwrap_or_default(),
+                        status: Arc::new(status.unwrap_or_default()),
                         terminating: false,
                     },
                 );
@@ -54,7 +56,7 @@ impl PodManager {
 
     pub fn set_status(&self, uid: &str, status: PodStatus) {
         if let Some(e) = self.pods.write().unwrap_or_else(|e| e.into_inner()).get_mut(uid) {
-            e.status = status;
+            e.status = Arc::new(status);
         }
     }
 
@@ -100,7 +102,7 @@ impl PodManager {
             .into_iter()
             .map(|e| {
                 let mut p = (*e.pod).clone();
-                p.status = Some(e.status);
+                p.status = Some(Arc::unwrap_or_clone(e.status));
                 p
             })
             .collect()

@@ -157,10 +157,10 @@ mod tests {
         p.spec = Some(Default::default());
         PodEntry {
             pod: Arc::new(p),
-            status: PodStatus {
+            status: Arc::new(PodStatus {
                 container_statuses: Some(statuses),
                 ..Default::default()
-            },
+            }),
             terminating: false,
         }
     }

@@ -346,7 +346,7 @@ async fn ferrolet_pods(axum::extract::State(st): axum::extract::State<Arc<State>
         "node": st.node_name,
         "items": st.pods.entries().into_iter().map(|e| {
             let mut p = (*e.pod).clone();
-            p.status = Some(e.status);
+            p.status = Some(Arc::unwrap_or_clone(e.status));
             serde_json::json!({"pod": p, "terminating": e.terminating})
         }).collect::<Vec<_>>(),
         "manifestErrors": st.pods.source_errors(),

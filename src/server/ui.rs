@@ -646,7 +646,7 @@ mod tests {
             node: &node,
             pods: vec![crate::pod::manager::PodEntry {
                 pod: Arc::new(pod),
-                status,
+                status: Arc::new(status),
                 terminating: false,
             }],
             events: vec![Recent {

@@ -683,7 +683,7 @@ mod tests {
         w.handle(PodOp::Add(done));
         assert!(started_uids(&fake).is_empty());
         assert_eq!(
-            fake.pods.get("u1").and_then(|e| e.status.phase),
+            fake.pods.get("u1").and_then(|e| e.status.phase.clone()),
             Some("Succeeded".to_string())
         );
         // one being deleted already is terminated, adopting what an earlier run left of it
