@@ -1,6 +1,6 @@
 //! The eviction manager's loop (kubelet's managerImpl.synchronize).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -151,7 +151,7 @@ impl Manager {
             self.rerun_evicted_static_pods();
         }
 
-        let mut candidates = self.candidates(&snap);
+        let mut candidates = self.candidates(snap.pods);
 
         // Local storage limits, whatever the pressure (every offender goes).
         let mut waits = Vec::new();
@@ -185,7 +185,7 @@ impl Manager {
         // walked yet would rank as using only its logs: for disk, walk every pod afresh first.
         let disk = matches!(resource, Resource::EphemeralStorage | Resource::Inodes);
         if let Some(fresh) = self.sample_all_afresh(disk).await {
-            candidates = self.candidates(&fresh.summary);
+            candidates = self.candidates(fresh.summary.pods.clone());
         }
         rank::rank(&mut candidates, resource);
         let max = self.cfg.eviction.max_pod_grace_period;
@@ -214,10 +214,10 @@ impl Manager {
         false
     }
 
-    /// Pods that may be evicted, with their stats in `snap`.
-    fn candidates(&mut self, snap: &Summary) -> Vec<Candidate> {
-        let by_uid: BTreeMap<&str, &crate::stats::summary::PodStats> =
-            snap.pods.iter().map(|p| (p.pod_ref.uid.as_str(), p)).collect();
+    /// Pods that may be evicted, with their stats (taken out of a round's `pods`).
+    fn candidates(&mut self, pods: Vec<crate::stats::summary::PodStats>) -> Vec<Candidate> {
+        let mut by_uid: HashMap<String, crate::stats::summary::PodStats> =
+            pods.into_iter().map(|p| (p.pod_ref.uid.clone(), p)).collect();
         let entries = self.pods.entries();
         let present: HashSet<String> = entries.iter().map(|e| pod::uid(&e.pod).to_string()).collect();
         self.evicted.retain(|u| present.contains(u));
@@ -226,7 +226,7 @@ impl Manager {
             .filter(|e| e.is_active())
             .filter(|e| !self.evicted.contains(pod::uid(&e.pod)))
             .map(|e| Candidate {
-                stats: by_uid.get(pod::uid(&e.pod)).map(|s| (*s).clone()),
+                stats: by_uid.remove(pod::uid(&e.pod)),
                 pod: e.pod,
             })
             .collect()
