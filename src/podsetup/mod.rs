@@ -139,13 +139,18 @@ impl PodSetup {
     /// The pod's directory with its `pod.json` (what a later start knows the pod by), and its
     /// cgroup, created or updated to the pod's limits. `pod.json` is written only when it
     /// changed: every resync comes here, and an atomic write is a rename and two fsyncs (6% of
-    /// an idle agent's CPU with 100 pods, and wear on a board's flash).
-    pub async fn prepare(&self, p: &Arc<Pod>, pod_dir: &Path) -> Result<()> {
+    /// an idle agent's CPU with 100 pods, and wear on a board's flash). `pod_json_written`:
+    /// the caller wrote it for this very object before, so it is not encoded and compared
+    /// again while it is there.
+    pub async fn prepare(&self, p: &Arc<Pod>, pod_dir: &Path, pod_json_written: bool) -> Result<()> {
         let (p, dir, cgroups) = (p.clone(), pod_dir.to_path_buf(), self.cgroups.clone());
         let qos = self.qos.clone();
         blocking(move || {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            ferrolet_fsutil::write_json_atomic_if_changed(&dir.join("pod.json"), &*p)?;
+            let pod_json = dir.join("pod.json");
+            if !(pod_json_written && pod_json.is_file()) {
+                ferrolet_fsutil::write_json_atomic_if_changed(&pod_json, &*p)?;
+            }
             // A new pod cgroup: the QoS tiers first take its requests in (kubelet's syncPod
             // updates the QoS cgroups before it creates a pod cgroup).
             if let Some(qos) = qos.as_ref().filter(|_| !cgroups.pod_exists(&p)) {
@@ -289,19 +294,27 @@ impl PodSetup {
                 range: sb.userns?,
             })
         });
-        let objects = match (&self.local, &self.objects) {
-            (Some(local), _) if pod::is_static(p) => {
-                let (local, p) = (local.clone(), p.clone());
-                blocking(move || Ok(local.volume_objects(&p))).await?
-            }
+        // A static pod's objects are files of the node: read on the same blocking thread as
+        // the mounts (one hand-off a resync, not two).
+        let local = self.local.clone().filter(|_| pod::is_static(p));
+        let objects = match (&local, &self.objects) {
+            (Some(_), _) => None,
             (_, Some(o)) => {
                 o.register_pod(p);
-                o.volume_objects(p).await
+                Some(o.volume_objects(p).await)
             }
-            _ => VolumeObjects::default(),
+            _ => Some(VolumeObjects::default()),
         };
         let (p, dir, facts, vm) = (p.clone(), pod_dir.to_path_buf(), facts.clone(), self.volumes.clone());
-        blocking(move || vm.mount_pod(&p, &dir, &facts, &objects, userns.as_ref(), node.as_ref())).await
+        blocking(move || {
+            let objects = match (objects, local) {
+                (Some(o), _) => o,
+                (None, Some(local)) => local.volume_objects(&p),
+                (None, None) => VolumeObjects::default(),
+            };
+            vm.mount_pod(&p, &dir, &facts, &objects, userns.as_ref(), node.as_ref())
+        })
+        .await
     }
 
     /// The ConfigMaps and Secrets `c`'s env and envFrom name (and the Service variables): from

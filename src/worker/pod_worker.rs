@@ -50,6 +50,30 @@ pub(super) struct Resources {
     /// The pod has a sandbox record that cannot be read: its namespaces and network are unknown.
     pub sandbox_unreadable: bool,
     pub volumes: BTreeMap<String, VolumeHost>,
+    /// What the last successful setup steps were done for, so an idle resync skips what has
+    /// nothing to do (docs/start-path.md, "A quiet agent").
+    pub done: SetupDone,
+}
+
+/// The pod object (the very one: `Arc::ptr_eq`) each setup step last finished for.
+#[derive(Default)]
+pub(super) struct SetupDone {
+    /// `pod.json` was written (or found equal) for this object.
+    pub pod_json: Option<Arc<Pod>>,
+    /// /etc/hosts, resolv.conf and hostname were written for this object and these pod IPs.
+    pub managed_files: Option<(Arc<Pod>, Vec<String>)>,
+}
+
+impl SetupDone {
+    pub fn pod_json_for(&self, pod: &Arc<Pod>) -> bool {
+        self.pod_json.as_ref().is_some_and(|p| Arc::ptr_eq(p, pod))
+    }
+
+    pub fn managed_files_for(&self, pod: &Arc<Pod>, ips: &[String]) -> bool {
+        self.managed_files
+            .as_ref()
+            .is_some_and(|(p, i)| Arc::ptr_eq(p, pod) && i == ips)
+    }
 }
 
 /// What the pod's status is made from besides the runtime's containers.
@@ -118,6 +142,7 @@ impl PodWorker {
                 sandbox,
                 sandbox_unreadable,
                 volumes: BTreeMap::new(),
+                done: SetupDone::default(),
             },
             report: Report {
                 start_time: previous.as_ref().and_then(|p| p.start_time),

@@ -105,7 +105,9 @@ impl PodWorker {
         let m = self.m.clone();
         // The phases of a pod's first start (docs/start-path.md), not of every resync.
         let first = self.report.last.is_none();
-        m.setup.prepare(&self.pod, &self.pod_dir).await?;
+        let pod_json_written = self.resources.done.pod_json_for(&self.pod);
+        m.setup.prepare(&self.pod, &self.pod_dir, pod_json_written).await?;
+        self.resources.done.pod_json = Some(self.pod.clone());
         if first {
             crate::metrics::start_phase(pod::name(&self.pod), "cgroup");
             // A new pod: its containers come after the sandbox and the rest of this round.
@@ -172,9 +174,14 @@ impl PodWorker {
         if first {
             crate::metrics::start_phase(pod::name(&self.pod), "volumes");
         }
-        m.setup
-            .write_managed_files(&self.pod, &self.pod_dir, &facts.pod_ips)
-            .await?;
+        // kubelet writes these files once, when the sandbox is made; here they follow the pod
+        // and its IPs, and an idle resync has nothing to write.
+        if !self.resources.done.managed_files_for(&self.pod, &facts.pod_ips) {
+            m.setup
+                .write_managed_files(&self.pod, &self.pod_dir, &facts.pod_ips)
+                .await?;
+            self.resources.done.managed_files = Some((self.pod.clone(), facts.pod_ips.clone()));
+        }
         if first {
             crate::metrics::start_phase(pod::name(&self.pod), "managed_files");
         }
