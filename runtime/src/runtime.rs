@@ -450,6 +450,18 @@ impl Runtime {
         self.load(id, &self.dir(id))
     }
 
+    /// The container's state when what was read of it before still holds (its directory's
+    /// stat unchanged, its monitor's pidfd not readable): one `statx` and one `poll`, cheap
+    /// enough for an async task to call without a hand-off to the blocking pool. `None` when
+    /// it has to be read ([`inspect`](Self::inspect)).
+    pub fn inspect_cached(&self, id: &str) -> Option<ContainerInfo> {
+        if id.is_empty() || id.contains('/') || id.starts_with('.') {
+            return None;
+        }
+        let meta = std::fs::metadata(self.dir(id)).ok().filter(|m| m.is_dir())?;
+        self.states.get(id, &meta)
+    }
+
     /// One container's state: as read before when nothing it was read from has changed
     /// (container_cache), else from its records and the kernel.
     fn load(&self, id: &str, dir: &Path) -> Result<ContainerInfo> {

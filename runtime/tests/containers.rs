@@ -1492,12 +1492,22 @@ fn a_reused_state_gives_way_to_a_replaced_record() -> Result<()> {
                     "{got:?}"
                 );
             }
+            // Reused, it is answered without reading (what an async caller asks first).
+            let cached = rt.inspect_cached(id);
+            ensure!(
+                cached
+                    .as_ref()
+                    .is_some_and(|c| matches!(&c.state, ContainerState::Exited(e) if e.exit_code == 3)),
+                "{cached:?}"
+            );
+            ensure!(rt.inspect_cached("../etc").is_none() && rt.inspect_cached("no-such").is_none());
             let path = rt.root().join("containers").join(id).join("exit.json");
             let mut rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
             rec["exitCode"] = 7.into();
             let tmp = path.with_extension("new");
             std::fs::write(&tmp, serde_json::to_vec(&rec)?)?;
             std::fs::rename(&tmp, &path)?;
+            ensure!(rt.inspect_cached(id).is_none(), "a changed directory must be read");
             let got = rt.inspect(id)?;
             ensure!(
                 matches!(&got.state, ContainerState::Exited(e) if e.exit_code == 7),
@@ -1533,6 +1543,9 @@ fn container_whose_monitor_died_is_not_exited_while_it_runs() -> Result<()> {
             for _ in 0..2 {
                 ensure!(state_name(&rt.inspect(&id)?.state) == "Running");
             }
+            ensure!(rt
+                .inspect_cached(&id)
+                .is_some_and(|c| state_name(&c.state) == "Running"));
             let m = info.monitor.clone().ok_or_else(|| anyhow!("no monitor record"))?;
             nix::sys::signal::kill(nix::unistd::Pid::from_raw(m.monitor_pid), nix::sys::signal::SIGKILL)?;
             monitor_gone(&info).await?;
@@ -1540,6 +1553,7 @@ fn container_whose_monitor_died_is_not_exited_while_it_runs() -> Result<()> {
                 ferrolet_runtime::pidfd::process_matches(m.init_pid, m.init_start),
                 "the container outlives its monitor"
             );
+            ensure!(rt.inspect_cached(&id).is_none(), "a dead monitor must be read");
             let got = rt.inspect(&id)?;
             ensure!(state_name(&got.state) == "Unknown", "state {:?}", got.state);
             ensure!(rt

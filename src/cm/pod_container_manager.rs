@@ -247,6 +247,16 @@ impl PodCgroups {
         Ok(path)
     }
 
+    /// Whether [`ensure_pod`](Self::ensure_pod) has nothing to do: the pod's cgroup is there
+    /// with the limits this agent wrote for it (a stat, no write).
+    pub fn pod_settled(&self, p: &Pod) -> bool {
+        if !self.per_qos {
+            return true;
+        }
+        let path = self.pod_path(p);
+        self.applied().get(&path) == Some(&Self::limits_for(p, &self.opts)) && self.cgroups.exists(&path)
+    }
+
     fn applied(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CgroupLimits>> {
         self.applied.lock().unwrap_or_else(|e| e.into_inner())
     }

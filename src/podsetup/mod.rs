@@ -143,6 +143,10 @@ impl PodSetup {
     /// the caller wrote it for this very object before, so it is not encoded and compared
     /// again while it is there.
     pub async fn prepare(&self, p: &Arc<Pod>, pod_dir: &Path, pod_json_written: bool) -> Result<()> {
+        // An idle resync: two stats answer it in place, with no hand-off to the blocking pool.
+        if pod_json_written && pod_dir.join("pod.json").is_file() && self.cgroups.pod_settled(p) {
+            return Ok(());
+        }
         let (p, dir, cgroups) = (p.clone(), pod_dir.to_path_buf(), self.cgroups.clone());
         let qos = self.qos.clone();
         blocking(move || {

@@ -284,23 +284,34 @@ impl PodWorker {
         }
     }
 
-    /// The runtime's containers of this pod, their records read on the blocking pool; ids the
-    /// runtime no longer has are forgotten. A sync round reads them once, and again only after
+    /// The runtime's containers of this pod, their records read on the blocking pool unless
+    /// every state is known and unchanged; ids the runtime no longer has are forgotten. A sync round reads them once, and again only after
     /// it started, stopped or removed one.
     pub async fn views(&mut self) -> PodContainers {
         let (rt, ids) = (
             self.m.rt.clone(),
             self.containers.known.iter().cloned().collect::<Vec<_>>(),
         );
-        let read = tokio::task::spawn_blocking(move || {
-            ids.into_iter()
-                .map(|id| {
-                    let r = rt.inspect(&id);
-                    (id, r)
+        // Containers whose state is known and unchanged (an idle resync's) are answered in
+        // place; any other is read on the blocking pool, with the rest.
+        let cached: Option<Vec<_>> = ids
+            .iter()
+            .map(|id| rt.inspect_cached(id).map(|i| (id.clone(), Ok(i))))
+            .collect();
+        let read = match cached {
+            Some(read) => Ok(read),
+            None => {
+                tokio::task::spawn_blocking(move || {
+                    ids.into_iter()
+                        .map(|id| {
+                            let r = rt.inspect(&id);
+                            (id, r)
+                        })
+                        .collect::<Vec<_>>()
                 })
-                .collect::<Vec<_>>()
-        })
-        .await;
+                .await
+            }
+        };
         // An empty list would read as "no containers" and start them again: a panic in the
         // read goes on to the round, which is retried.
         let read = match read {
