@@ -810,7 +810,7 @@ fn pod_cgroup_tree_limits_and_oom_killed() {
     a.write(
         "oom.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: oom}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sh, -c, \"x=$(head -c 67108864 /dev/zero | tr '\\\\0' a)\"]\n    resources:\n      limits: {{memory: 16Mi, cpu: 500m}}\n"
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: oom}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [dd, if=/dev/zero, of=/dev/null, bs=67108864, count=1]\n    resources:\n      limits: {{memory: 16Mi, cpu: 500m}}\n"
         ),
     );
     let p = a.wait_phase("tree", "Running", T);
