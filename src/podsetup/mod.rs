@@ -301,20 +301,18 @@ impl PodSetup {
         // A static pod's objects are files of the node: read on the same blocking thread as
         // the mounts (one hand-off a resync, not two).
         let local = self.local.clone().filter(|_| pod::is_static(p));
-        let objects = match (&local, &self.objects) {
-            (Some(_), _) => None,
-            (_, Some(o)) => {
+        let fetched = match (&local, &self.objects) {
+            (None, Some(o)) => {
                 o.register_pod(p);
-                Some(o.volume_objects(p).await)
+                o.volume_objects(p).await
             }
-            _ => Some(VolumeObjects::default()),
+            _ => VolumeObjects::default(),
         };
         let (p, dir, facts, vm) = (p.clone(), pod_dir.to_path_buf(), facts.clone(), self.volumes.clone());
         blocking(move || {
-            let objects = match (objects, local) {
-                (Some(o), _) => o,
-                (None, Some(local)) => local.volume_objects(&p),
-                (None, None) => VolumeObjects::default(),
+            let objects = match local {
+                Some(local) => local.volume_objects(&p),
+                None => fetched,
             };
             vm.mount_pod(&p, &dir, &facts, &objects, userns.as_ref(), node.as_ref())
         })

@@ -570,3 +570,25 @@ impl PodSyncer for PodWorker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memo holds for the very pod object it was made for and, for the managed files, the
+    /// same IPs: an equal but new object (an update from the source) or new IPs redo the step.
+    #[test]
+    fn setup_done_holds_for_the_same_object_and_ips_only() {
+        let pod = Arc::new(Pod::default());
+        let mut done = SetupDone::default();
+        assert!(!done.pod_json_for(&pod) && !done.managed_files_for(&pod, &[]));
+        done.pod_json = Some(pod.clone());
+        done.managed_files = Some((pod.clone(), vec!["10.0.0.2".into()]));
+        assert!(done.pod_json_for(&pod));
+        assert!(done.managed_files_for(&pod, &["10.0.0.2".into()]));
+        assert!(!done.managed_files_for(&pod, &["10.0.0.3".into()]), "new IPs");
+        let equal = Arc::new((*pod).clone());
+        assert!(!done.pod_json_for(&equal), "a new object, even an equal one");
+        assert!(!done.managed_files_for(&equal, &["10.0.0.2".into()]));
+    }
+}
