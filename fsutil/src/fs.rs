@@ -8,7 +8,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -35,11 +35,52 @@ pub fn write_atomic_mode(path: &Path, data: &[u8], mode: u32) -> Result<()> {
 /// directory for all of them (a new directory's files: one wait instead of one per file). When
 /// this returns, all of them survive a crash; an error may leave the earlier ones written.
 pub fn write_atomic_in(dir: &Path, files: &[(&str, &[u8])]) -> Result<()> {
-    for (name, data) in files {
-        replace(&dir.join(name), data, 0o644, true)?;
+    write_atomic_in_mode(dir, files, 0o644)
+}
+
+/// [`write_atomic_in`] with the new files' permission bits. All the files' data is sent to the
+/// disk before the first fsync waits, so on a journalling file system (ext4) the first fsync's
+/// commit carries every file and the others find nothing left to commit: 50 files take about a
+/// third of the time of 50 [`write_atomic`]s. No file is renamed in before all are durable.
+pub fn write_atomic_in_mode(dir: &Path, files: &[(&str, &[u8])], mode: u32) -> Result<()> {
+    let mut temps: Vec<(PathBuf, File)> = Vec::with_capacity(files.len());
+    let res = (|| {
+        for (name, data) in files {
+            let tmp = temp_path(dir, name);
+            let f = create_temp(&tmp, mode)?;
+            temps.push((tmp, f));
+            let (tmp, f) = temps.last_mut().expect("just pushed");
+            f.write_all(data)
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            start_writeback(f);
+        }
+        for (tmp, f) in &temps {
+            f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+        }
+        for ((tmp, _), (name, _)) in temps.iter().zip(files) {
+            let path = dir.join(name);
+            fs::rename(tmp, &path).with_context(|| format!("renaming into {}", path.display()))?;
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        for (tmp, _) in &temps {
+            let _ = fs::remove_file(tmp);
+        }
     }
     sync_dir(dir);
-    Ok(())
+    res
+}
+
+/// Ask the kernel to start writing `f`'s dirty pages now, without waiting (best effort: a file
+/// system that does not support it is synced by the fsync that follows all the same). nix has
+/// no `sync_file_range`.
+fn start_writeback(f: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open descriptor; the call reads no memory of ours.
+    unsafe {
+        libc::sync_file_range(f.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
 }
 
 /// Write `data` to `path` so that a reader sees either the old or the new content, never a mix,
@@ -64,14 +105,9 @@ fn replace(path: &Path, data: &[u8], mode: u32, sync: bool) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}.{}", std::process::id(), unique()));
+    let tmp = temp_path(dir, &name);
     let res = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
+        let mut f = create_temp(&tmp, mode)?;
         f.write_all(data)
             .with_context(|| format!("writing {}", tmp.display()))?;
         if sync {
@@ -83,6 +119,20 @@ fn replace(path: &Path, data: &[u8], mode: u32, sync: bool) -> Result<()> {
         let _ = fs::remove_file(&tmp);
     }
     res
+}
+
+/// A hidden temp name beside `name` in `dir`, unique to this process and call.
+fn temp_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!(".{name}.tmp.{}.{}", std::process::id(), unique()))
+}
+
+fn create_temp(tmp: &Path, mode: u32) -> Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(tmp)
+        .with_context(|| format!("creating {}", tmp.display()))
 }
 
 /// fsync a directory so a create, rename or unlink in it is durable. Best effort.
@@ -231,6 +281,37 @@ mod tests {
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 3);
         let e = write_atomic_unsynced(&dir.path().join("missing/x.json"), b"x").unwrap_err();
         assert!(e.to_string().contains("missing/.x.json.tmp"), "{e}");
+    }
+
+    #[test]
+    fn a_batch_is_written_whole_with_its_mode_or_not_at_all() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let names: Vec<String> = (0..20).map(|i| format!("pod-{i}.json")).collect();
+        let data: Vec<Vec<u8>> = (0..20).map(|i| format!("{{\"n\": {i}}}").into_bytes()).collect();
+        let files: Vec<(&str, &[u8])> = names
+            .iter()
+            .map(String::as_str)
+            .zip(data.iter().map(Vec::as_slice))
+            .collect();
+        write_atomic_in_mode(dir.path(), &files, 0o600).unwrap();
+        assert_eq!(list_names(dir.path()).unwrap().len(), 20);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 20, "no temp file is left");
+        for (name, data) in &files {
+            let f = dir.path().join(name);
+            assert_eq!(fs::read(&f).unwrap(), *data);
+            assert_eq!(fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+        }
+        // A file that cannot be made fails the batch before anything is renamed in: the files
+        // already there keep their content, and the batch's temp files are gone.
+        let bad: Vec<(&str, &[u8])> = vec![("pod-0.json", b"new"), ("missing/pod.json", b"x")];
+        let e = write_atomic_in_mode(dir.path(), &bad, 0o600).unwrap_err();
+        assert!(
+            e.to_string().starts_with("creating ") && e.to_string().contains("missing"),
+            "{e}"
+        );
+        assert_eq!(fs::read(dir.path().join("pod-0.json")).unwrap(), b"{\"n\": 0}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 20);
     }
 
     #[test]

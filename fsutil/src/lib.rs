@@ -25,8 +25,8 @@ pub use beneath::{remove_all_at, RootDir};
 pub use error::{chain, Chain, Context, Error, Result};
 pub use fs::{
     ensure_dir, ensure_private_dir, list_names, read_json, read_json_opt, remove_file_opt, remove_tree, safe_name,
-    sync_dir, write_atomic, write_atomic_in, write_atomic_mode, write_atomic_unsynced, write_json_atomic,
-    write_json_atomic_if_changed, write_json_atomic_unsynced,
+    sync_dir, write_atomic, write_atomic_in, write_atomic_in_mode, write_atomic_mode, write_atomic_unsynced,
+    write_json_atomic, write_json_atomic_if_changed, write_json_atomic_unsynced,
 };
 pub use ids::{boot_id, random_hex, unique};
 

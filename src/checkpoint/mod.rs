@@ -168,12 +168,15 @@ impl Checkpoint {
 
     /// The API server's pods bound to this node, complete: each new or changed one (by its
     /// resourceVersion) is written, each one no longer there removed with what it used.
-    /// Blocks on the disk. Returns how many files it wrote and removed.
+    /// The new and changed ones are written as one batch (a burst of new pods waits for the
+    /// disk once, not once a pod). Blocks on the disk. Returns how many files it wrote and
+    /// removed.
     pub fn set_pods(&self, pods: &[Arc<Pod>]) -> Result<(usize, usize)> {
         let mut held = self.lock_pods();
         let mut first_error = None;
         let (mut written, mut removed) = (0, 0);
         let mut seen = std::collections::HashSet::new();
+        let mut batch: Vec<(String, Vec<u8>)> = Vec::new();
         for p in pods {
             let Some(uid) = p.metadata.uid.as_deref().filter(|u| is_file_name(u)) else {
                 continue;
@@ -190,12 +193,22 @@ impl Checkpoint {
             }
             let mut r = held.remove(uid).unwrap_or_else(|| PodRecord::new(Pod::default()));
             r.pod = (**p).clone();
-            if let Err(e) = self.write(uid, &r) {
-                first_error.get_or_insert(e);
-            } else {
-                written += 1;
+            match serde_json::to_vec(&r).context("encoding a pod checkpoint") {
+                Ok(data) => batch.push((format!("{uid}.json"), data)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
             held.insert(uid.to_string(), r);
+        }
+        if !batch.is_empty() {
+            let files: Vec<(&str, &[u8])> = batch.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+            match ferrolet_fsutil::write_atomic_in_mode(&self.dir.join("pods"), &files, FILE_MODE) {
+                Ok(()) => written = files.len(),
+                Err(e) => {
+                    first_error.get_or_insert(anyhow::Error::new(e).context("writing the pods' checkpoints"));
+                }
+            }
         }
         let gone: Vec<String> = held.keys().filter(|u| !seen.contains(*u)).cloned().collect();
         for uid in gone {

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -87,25 +87,19 @@ impl ApiSource {
         let api: Api<Pod> = Api::all(self.kube.client());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
         let mut events = watcher::watcher(api, config).default_backoff().boxed();
-        let mut pods: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
-        // A re-list in progress: the pods it has listed so far.
-        let mut relist: Option<BTreeMap<String, Arc<Pod>>> = None;
-        // The mirror pods the re-list found so far (for the mirror pods' orphan cleanup).
-        let mut relisted_mirrors: Vec<Pod> = Vec::new();
-        let mut listed_once = false;
-        // New pods' names since the last snapshot, for their start phases (docs/start-path.md).
-        let mut arrived: Vec<String> = Vec::new();
-        let mut failing = false;
-        // The checkpoint is offered once, before the first list, when it holds pods.
-        let mut may_restore = !self.checkpoint.is_empty();
+        let mut w = Watched {
+            // The checkpoint is offered once, before the first list, when it holds pods.
+            may_restore: !self.checkpoint.is_empty(),
+            ..Watched::default()
+        };
         let restore_deadline = tokio::time::sleep(RESTORE_AFTER);
         tokio::pin!(restore_deadline);
         loop {
-            let ev = if may_restore {
+            let ev = if w.may_restore {
                 tokio::select! {
                     ev = events.next() => ev,
                     _ = &mut restore_deadline => {
-                        may_restore = false;
+                        w.may_restore = false;
                         if !self.restore("no answer to the first list", &tx) {
                             return;
                         }
@@ -116,105 +110,165 @@ impl ApiSource {
                 events.next().await
             };
             let Some(ev) = ev else { break };
-            let changed = match ev {
-                Ok(Event::Init) => {
-                    relist = Some(BTreeMap::new());
-                    relisted_mirrors.clear();
-                    false
-                }
-                Ok(Event::InitApply(p)) if pod::is_mirror(&p) => {
-                    relisted_mirrors.push(p);
-                    false
-                }
-                Ok(Event::InitApply(p)) => {
-                    if let Some(l) = relist.as_mut() {
-                        if let Some(p) = accept(p) {
-                            l.insert(pod::uid(&p).to_string(), p);
-                        }
-                    }
-                    false
-                }
-                Ok(Event::InitDone) => {
-                    pods = relist.take().unwrap_or_default();
-                    let mirrors = std::mem::take(&mut relisted_mirrors);
-                    if let Some(m) = &self.mirrors {
-                        m.listed(mirrors);
-                    }
-                    if !listed_once {
-                        info!(pods = pods.len(), "pods bound to this node listed from the API server");
-                    }
-                    if let Some(stale) = self.checkpoint.view().fresh() {
-                        info!(
-                            stale_for = ?stale.since.elapsed().unwrap_or_default(),
-                            pods = pods.len(),
-                            "the API server is back: this node's pods are reconciled with its list"
-                        );
-                    }
-                    listed_once = true;
-                    may_restore = false;
-                    true
-                }
-                Ok(Event::Apply(p)) if pod::is_mirror(&p) => {
-                    if let Some(m) = &self.mirrors {
-                        m.changed(&p, false);
-                    }
-                    false
-                }
-                Ok(Event::Delete(p)) if pod::is_mirror(&p) => {
-                    if let Some(m) = &self.mirrors {
-                        m.changed(&p, true);
-                    }
-                    false
-                }
-                Ok(Event::Apply(p)) => {
-                    let uid = pod::uid(&p).to_string();
-                    if !pods.contains_key(&uid) && crate::metrics::start_phases_enabled() {
-                        crate::metrics::start_phase(pod::name(&p), "watched");
-                        arrived.push(pod::name(&p).to_string());
-                    }
-                    match accept(p) {
-                        Some(p) => pods.insert(uid, p),
-                        None => pods.remove(&uid),
-                    };
-                    true
-                }
-                Ok(Event::Delete(p)) => pods.remove(pod::uid(&p)).is_some(),
-                Err(e) => {
-                    if !failing {
-                        warn!(error = %e, "watching this node's pods; retrying");
-                    }
-                    failing = true;
-                    let why = e.to_string();
-                    self.checkpoint.view().unreachable(&why);
-                    if may_restore {
-                        may_restore = false;
-                        if !self.restore(&why, &tx) {
-                            return;
-                        }
-                    }
-                    continue;
-                }
+            let restore = |why: &str| self.restore(why, &tx);
+            let Some(mut changed) = w.apply(ev, self.mirrors.as_ref(), &self.checkpoint, restore) else {
+                return;
             };
-            if failing {
-                info!("watching this node's pods again");
-                failing = false;
+            // The events the watch already holds join this one: a burst of pods (and the
+            // status writes that come back for them) is checkpointed and handed on once, not
+            // once an event, each waiting for the disk while the next pods wait behind it.
+            let mut ended = false;
+            for _ in 0..MAX_BATCH {
+                match events.next().now_or_never() {
+                    Some(Some(ev)) => match w.apply(ev, self.mirrors.as_ref(), &self.checkpoint, restore) {
+                        Some(c) => changed |= c,
+                        None => return,
+                    },
+                    Some(None) => {
+                        ended = true;
+                        break;
+                    }
+                    None => break,
+                }
             }
-            if changed && listed_once && relist.is_none() {
-                self.checkpoint(&pods).await;
-                for name in arrived.drain(..) {
+            if changed && w.listed_once && w.relist.is_none() {
+                self.checkpoint(&w.pods).await;
+                for name in w.arrived.drain(..) {
                     crate::metrics::start_phase(&name, "checkpointed");
                 }
                 let snap = Snapshot {
                     source: pod::SOURCE_API,
-                    pods: pods.values().cloned().collect(),
+                    pods: w.pods.values().cloned().collect(),
                     errors: Default::default(),
                 };
                 if tx.send(snap).is_err() {
                     return;
                 }
             }
+            if ended {
+                break;
+            }
         }
         warn!("the watch of this node's pods ended");
+    }
+}
+
+/// At most this many events already delivered are taken into one snapshot.
+const MAX_BATCH: usize = 256;
+
+/// What the watch has told so far.
+#[derive(Default)]
+struct Watched {
+    pods: BTreeMap<String, Arc<Pod>>,
+    /// A re-list in progress: the pods it has listed so far.
+    relist: Option<BTreeMap<String, Arc<Pod>>>,
+    /// The mirror pods the re-list found so far (for the mirror pods' orphan cleanup).
+    relisted_mirrors: Vec<Pod>,
+    listed_once: bool,
+    /// New pods' names since the last snapshot, for their start phases (docs/start-path.md).
+    arrived: Vec<String>,
+    failing: bool,
+    /// The checkpoint may still be run instead of the API server's list.
+    may_restore: bool,
+}
+
+impl Watched {
+    /// Take one event in: whether the node's pods changed, or None when the pod config is gone
+    /// (`restore` sends the checkpoint's pods, false when nobody receives them).
+    fn apply(
+        &mut self,
+        ev: Result<Event<Pod>, watcher::Error>,
+        mirrors: Option<&MirrorQueue>,
+        checkpoint: &Checkpoint,
+        restore: impl FnOnce(&str) -> bool,
+    ) -> Option<bool> {
+        let changed = match ev {
+            Ok(Event::Init) => {
+                self.relist = Some(BTreeMap::new());
+                self.relisted_mirrors.clear();
+                false
+            }
+            Ok(Event::InitApply(p)) if pod::is_mirror(&p) => {
+                self.relisted_mirrors.push(p);
+                false
+            }
+            Ok(Event::InitApply(p)) => {
+                if let Some(l) = self.relist.as_mut() {
+                    if let Some(p) = accept(p) {
+                        l.insert(pod::uid(&p).to_string(), p);
+                    }
+                }
+                false
+            }
+            Ok(Event::InitDone) => {
+                self.pods = self.relist.take().unwrap_or_default();
+                let relisted = std::mem::take(&mut self.relisted_mirrors);
+                if let Some(m) = mirrors {
+                    m.listed(relisted);
+                }
+                if !self.listed_once {
+                    info!(
+                        pods = self.pods.len(),
+                        "pods bound to this node listed from the API server"
+                    );
+                }
+                if let Some(stale) = checkpoint.view().fresh() {
+                    info!(
+                        stale_for = ?stale.since.elapsed().unwrap_or_default(),
+                        pods = self.pods.len(),
+                        "the API server is back: this node's pods are reconciled with its list"
+                    );
+                }
+                self.listed_once = true;
+                self.may_restore = false;
+                true
+            }
+            Ok(Event::Apply(p)) if pod::is_mirror(&p) => {
+                if let Some(m) = mirrors {
+                    m.changed(&p, false);
+                }
+                false
+            }
+            Ok(Event::Delete(p)) if pod::is_mirror(&p) => {
+                if let Some(m) = mirrors {
+                    m.changed(&p, true);
+                }
+                false
+            }
+            Ok(Event::Apply(p)) => {
+                let uid = pod::uid(&p).to_string();
+                if !self.pods.contains_key(&uid) && crate::metrics::start_phases_enabled() {
+                    crate::metrics::start_phase(pod::name(&p), "watched");
+                    self.arrived.push(pod::name(&p).to_string());
+                }
+                match accept(p) {
+                    Some(p) => self.pods.insert(uid, p),
+                    None => self.pods.remove(&uid),
+                };
+                true
+            }
+            Ok(Event::Delete(p)) => self.pods.remove(pod::uid(&p)).is_some(),
+            Err(e) => {
+                if !self.failing {
+                    warn!(error = %e, "watching this node's pods; retrying");
+                }
+                self.failing = true;
+                let why = e.to_string();
+                checkpoint.view().unreachable(&why);
+                if self.may_restore {
+                    self.may_restore = false;
+                    if !restore(&why) {
+                        return None;
+                    }
+                }
+                return Some(false);
+            }
+        };
+        if self.failing {
+            info!("watching this node's pods again");
+            self.failing = false;
+        }
+        Some(changed)
     }
 }
 
@@ -228,4 +282,86 @@ fn accept(mut p: Pod) -> Option<Arc<Pod>> {
     ann.insert(pod::CONFIG_SOURCE.into(), pod::SOURCE_API.into());
     ann.insert(pod::CONFIG_SEEN.into(), chrono::Utc::now().to_rfc3339());
     Some(Arc::new(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, uid: &str, mirror: bool) -> Pod {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default", "uid": uid},
+            "spec": {"containers": [{"name": "c", "image": "busybox:1.35"}]}
+        }))
+        .unwrap();
+        if mirror {
+            p.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(pod::CONFIG_MIRROR.into(), "x".into());
+        }
+        p
+    }
+
+    fn uids(w: &Watched) -> Vec<&str> {
+        w.pods.keys().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn the_watch_keeps_the_nodes_pods_and_leaves_mirror_pods_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let mut w = Watched::default();
+        let never = |_: &str| -> bool { panic!("the checkpoint was offered") };
+        let apply = |w: &mut Watched, ev| w.apply(Ok(ev), None, &cp, never);
+        // A list tells nothing until it is done; a mirror pod is not one to run.
+        assert_eq!(apply(&mut w, Event::Init), Some(false));
+        assert_eq!(apply(&mut w, Event::InitApply(pod("a", "1", false))), Some(false));
+        assert_eq!(apply(&mut w, Event::InitApply(pod("m", "2", true))), Some(false));
+        assert!(w.pods.is_empty());
+        assert_eq!(apply(&mut w, Event::InitDone), Some(true));
+        assert!(w.listed_once && w.relist.is_none());
+        assert_eq!(uids(&w), ["1"]);
+        assert_eq!(pod::annotation(&w.pods["1"], pod::CONFIG_SOURCE), Some(pod::SOURCE_API));
+        // A new pod, a mirror pod's change, a deletion, and a deletion of a pod not there.
+        assert_eq!(apply(&mut w, Event::Apply(pod("b", "3", false))), Some(true));
+        assert_eq!(apply(&mut w, Event::Apply(pod("m", "2", true))), Some(false));
+        assert_eq!(apply(&mut w, Event::Delete(pod("a", "1", false))), Some(true));
+        assert_eq!(apply(&mut w, Event::Delete(pod("a", "1", false))), Some(false));
+        assert_eq!(uids(&w), ["3"]);
+    }
+
+    #[test]
+    fn a_failing_watch_changes_nothing_and_offers_the_checkpoint_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let mut w = Watched {
+            may_restore: true,
+            ..Watched::default()
+        };
+        let mut offered = Vec::new();
+        let ev = Err(watcher::Error::NoResourceVersion);
+        let r = w.apply(ev, None, &cp, |why: &str| {
+            offered.push(why.to_string());
+            true
+        });
+        assert_eq!(r, Some(false));
+        assert_eq!(offered.len(), 1, "{offered:?}");
+        assert!(w.failing && !w.may_restore);
+        // Not offered again; the next event ends the failure.
+        let never = |_: &str| -> bool { panic!("offered twice") };
+        assert_eq!(
+            w.apply(Err(watcher::Error::NoResourceVersion), None, &cp, never),
+            Some(false)
+        );
+        assert_eq!(
+            w.apply(Ok(Event::Apply(pod("b", "3", false))), None, &cp, never),
+            Some(true)
+        );
+        assert!(!w.failing);
+        // Nobody left to take the checkpoint's pods: the source ends.
+        w.may_restore = true;
+        let gone = w.apply(Err(watcher::Error::NoResourceVersion), None, &cp, |_: &str| false);
+        assert_eq!(gone, None);
+    }
 }
