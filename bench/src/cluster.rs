@@ -35,6 +35,8 @@ pub struct Results {
     pub idle_requests_per_min: f64,
     /// The node's API requests from the burst's creation to its last pod Running.
     pub burst_requests: f64,
+    /// Seconds those requests waited in all for the node's kubeAPIQPS rate limit.
+    pub burst_rate_limited_s: f64,
     /// CPU seconds over the burst (creation to last Running): the agent and its zygote (with
     /// the children they reaped), and the API server with etcd.
     pub burst_cpu_agent_s: f64,
@@ -206,6 +208,7 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, load: &Load) -> Result
     }
 
     let requests_before = node_requests(agent);
+    let limited_before = rate_limited_seconds(agent);
     let agent_procs: Vec<i32> = agent.processes().into_iter().take(2).collect();
     let server_procs: Vec<i32> = ["kube-apiserver", "etcd"]
         .iter()
@@ -251,6 +254,7 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, load: &Load) -> Result
         );
     }
     let (burst_requests, burst_lines) = requests_since(&requests_before, &node_requests(agent));
+    let burst_rate_limited_s = rate_limited_seconds(agent) - limited_before;
     eprintln!(
         "   the node's API requests over the burst:\n     {}",
         burst_lines.join("\n     ")
@@ -275,6 +279,7 @@ async fn measure(admin: &Path, agent: &Agent, log: &Path, load: &Load) -> Result
         idle_pss_mib,
         idle_requests_per_min,
         burst_requests,
+        burst_rate_limited_s,
         burst_cpu_agent_s: cpu_after.0 - cpu_before.0,
         burst_cpu_server_s: cpu_after.1 - cpu_before.1,
         phase_table: render(&one_shares, &burst_shares, burst),
@@ -316,6 +321,19 @@ pub fn node_requests(agent: &Agent) -> BTreeMap<String, f64> {
             Some((labels.to_string(), v.parse::<f64>().ok()?))
         })
         .collect()
+}
+
+/// The seconds the node's requests have waited so far for its client-side rate limit (the sum
+/// of `rest_client_rate_limiter_duration_seconds`, all verbs).
+pub fn rate_limited_seconds(agent: &Agent) -> f64 {
+    let text = agent
+        .get("/metrics")
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("rest_client_rate_limiter_duration_seconds_sum"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
 }
 
 /// The requests made between two counts: in all, and one line per labels that grew.

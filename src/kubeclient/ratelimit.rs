@@ -75,6 +75,7 @@ impl<S> Layer<S> for RateLimitLayer {
             limit: self.clone(),
             wait: None,
             admitted: false,
+            waited: Duration::ZERO,
         }
     }
 }
@@ -87,11 +88,13 @@ pub struct RateLimit<S> {
     wait: Option<Pin<Box<Sleep>>>,
     /// A token is held for the next call.
     admitted: bool,
+    /// How long the held token was waited for (rest_client_rate_limiter_duration_seconds).
+    waited: Duration,
 }
 
-impl<S, Req> Service<Req> for RateLimit<S>
+impl<S, B> Service<axum::http::Request<B>> for RateLimit<S>
 where
-    S: Service<Req>,
+    S: Service<axum::http::Request<B>>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -100,8 +103,9 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         if !self.admitted {
             if self.wait.is_none() {
-                let at = self.limit.reserve();
-                if at > Instant::now() {
+                let (now, at) = (Instant::now(), self.limit.reserve());
+                self.waited = at.saturating_duration_since(now);
+                if at > now {
                     self.wait = Some(Box::pin(tokio::time::sleep_until(at)));
                 } else {
                     self.admitted = true;
@@ -118,8 +122,10 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Req) -> S::Future {
+    fn call(&mut self, req: axum::http::Request<B>) -> S::Future {
         self.admitted = false;
+        let host = req.uri().authority().map(|a| a.as_str()).unwrap_or_default();
+        crate::metrics::global().rest_client_rate_limited(req.method().as_str(), host, self.waited);
         self.inner.call(req)
     }
 }
@@ -132,12 +138,18 @@ mod tests {
     /// The times (since the start) at which `n` requests sent back to back got through.
     async fn times(layer: &RateLimitLayer, n: usize) -> Vec<Duration> {
         let start = Instant::now();
-        let mut svc = layer.layer(tower::service_fn(|()| async {
+        let mut svc = layer.layer(tower::service_fn(|_: axum::http::Request<()>| async {
             Ok::<_, std::convert::Infallible>(Instant::now())
         }));
         let mut out = Vec::new();
         for _ in 0..n {
-            let at = svc.ready().await.unwrap().call(()).await.unwrap();
+            let at = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(axum::http::Request::new(()))
+                .await
+                .unwrap();
             out.push(at - start);
         }
         out

@@ -95,6 +95,7 @@ pub struct KubeletMetrics {
     http_inflight: IntGaugeVec,
     rest_requests: IntCounterVec,
     rest_duration: HistogramVec,
+    rest_rate_limiter: HistogramVec,
     probe_total: IntCounterVec,
     probe_duration: HistogramVec,
     graceful_shutdown_start: Gauge,
@@ -249,6 +250,12 @@ events_dropped: valid(IntCounter::new(
                 REST_BUCKETS.to_vec(),
                 &["verb", "host"],
             ),
+            rest_rate_limiter: histogram_vec(
+                "rest_client_rate_limiter_duration_seconds",
+                "Client side rate limiter latency in seconds. Broken down by verb, and host.",
+                REST_BUCKETS.to_vec(),
+                &["verb", "host"],
+            ),
             probe_total: counter_vec(
                 "prober_probe_total",
                 "Cumulative number of a liveness, readiness or startup probe for a container by result.",
@@ -270,7 +277,7 @@ events_dropped: valid(IntCounter::new(
             )),
             process: process::ProcessMetrics::new(),
         };
-        let main: [Box<dyn Collector>; 24] = [
+        let main: [Box<dyn Collector>; 25] = [
             Box::new(m.node_name.clone()),
             Box::new(m.running_pods.clone()),
             Box::new(m.running_containers.clone()),
@@ -292,6 +299,7 @@ events_dropped: valid(IntCounter::new(
             Box::new(m.http_inflight.clone()),
             Box::new(m.rest_requests.clone()),
             Box::new(m.rest_duration.clone()),
+            Box::new(m.rest_rate_limiter.clone()),
             Box::new(m.graceful_shutdown_start.clone()),
             Box::new(m.graceful_shutdown_end.clone()),
             Box::new(m.events_dropped.clone()),
@@ -421,6 +429,13 @@ events_dropped: valid(IntCounter::new(
         self.rest_duration
             .with_label_values(&[method, host])
             .observe(took.as_secs_f64());
+    }
+
+    /// How long a request waited for the client's kubeAPIQPS rate limit (0 when it had a token).
+    pub fn rest_client_rate_limited(&self, method: &str, host: &str, waited: Duration) {
+        self.rest_rate_limiter
+            .with_label_values(&[method, host])
+            .observe(waited.as_secs_f64());
     }
 
     /// One probe attempt's result (successful, failed, unknown) and duration.
