@@ -301,11 +301,14 @@ impl PodSetup {
         // A static pod's objects are files of the node: read on the same blocking thread as
         // the mounts (one hand-off a resync, not two).
         let local = self.local.clone().filter(|_| pod::is_static(p));
+        if let (None, Some(o)) = (&local, &self.objects) {
+            o.register_pod(p);
+        }
+        if let Some(none) = self.volumes.mount_pod_without_volumes(p, pod_dir) {
+            return Ok(none);
+        }
         let fetched = match (&local, &self.objects) {
-            (None, Some(o)) => {
-                o.register_pod(p);
-                o.volume_objects(p).await
-            }
+            (None, Some(o)) => o.volume_objects(p).await,
             _ => VolumeObjects::default(),
         };
         let (p, dir, facts, vm) = (p.clone(), pod_dir.to_path_buf(), facts.clone(), self.volumes.clone());

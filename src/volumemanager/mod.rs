@@ -84,6 +84,28 @@ impl VolumeManager {
         reconciler::reconcile_pod(&self.asw, &want, &inputs)
     }
 
+    /// [`mount_pod`](Self::mount_pod) for a pod that has no volumes and none still set up:
+    /// its pass has nothing to do on the disk, so it runs in place, with no hand-off to a
+    /// blocking thread at every resync. None when the pod has volumes, or some are set up.
+    pub fn mount_pod_without_volumes(&self, p: &Arc<Pod>, pod_dir: &Path) -> Option<BTreeMap<String, VolumeHost>> {
+        if crate::pod::spec(p).volumes.as_ref().is_some_and(|v| !v.is_empty()) {
+            return None;
+        }
+        if self
+            .asw
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .has_volumes(crate::pod::uid(p))
+        {
+            return None;
+        }
+        self.dsw
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add_pod(p, pod_dir, &BTreeMap::new());
+        Some(BTreeMap::new())
+    }
+
     /// The pod is going: tear down every volume set up for it (blocking), its subPath binds,
     /// and whatever else is under its volumes dir (a volume of an earlier agent that was never
     /// reconstructed). Its containers must be gone.
@@ -209,6 +231,44 @@ mod tests {
             node_memory: 1 << 30,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_pod_without_volumes_is_answered_in_place_unless_some_are_set_up() {
+        let t = tempfile::tempdir().unwrap();
+        let vm = VolumeManager::new(t.path());
+        let pod = |uid: &str, volumes: serde_json::Value| -> Arc<Pod> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "p", "namespace": "ns", "uid": uid},
+                    "spec": {"containers": [{"name": "c"}], "volumes": volumes}
+                }))
+                .unwrap(),
+            )
+        };
+        let bare = pod("u1", serde_json::json!([]));
+        let got = vm.mount_pod_without_volumes(&bare, &t.path().join("u1"));
+        assert!(got.is_some_and(|m| m.is_empty()));
+        assert!(vm.dsw.lock().unwrap().has_pod("u1"), "the pod is in the desired state");
+        // A pod with a volume takes the full pass.
+        let with = pod("u2", serde_json::json!([{"name": "scratch", "emptyDir": {}}]));
+        assert!(vm.mount_pod_without_volumes(&with, &t.path().join("u2")).is_none());
+        assert!(!vm.dsw.lock().unwrap().has_pod("u2"));
+        // So does a pod without volumes in its spec that still has one set up (found on the
+        // disk at start): the full pass tears it down.
+        vm.asw.lock().unwrap().mark_mounted(
+            "u3",
+            "old",
+            actual_state_of_world::MountedVolume {
+                plugin: plugins::Plugin::EmptyDir,
+                path: t.path().join("u3/volumes/kubernetes.io~empty-dir/old"),
+                tmpfs: false,
+                reconstructed: true,
+                claim: None,
+            },
+        );
+        let left = pod("u3", serde_json::json!(null));
+        assert!(vm.mount_pod_without_volumes(&left, &t.path().join("u3")).is_none());
     }
 
     #[test]
