@@ -310,11 +310,8 @@ pub fn watch_running(api: Api<Pod>) -> mpsc::UnboundedReceiver<(String, Instant)
 /// The node's API requests so far: its `rest_client_requests_total` by labels (code, host,
 /// method).
 pub fn node_requests(agent: &Agent) -> BTreeMap<String, f64> {
-    let text = agent
-        .get("/metrics")
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    text.lines()
+    metrics_text(agent)
+        .lines()
         .filter(|l| l.starts_with("rest_client_requests_total"))
         .filter_map(|l| {
             let (labels, v) = l.rsplit_once(' ')?;
@@ -326,14 +323,19 @@ pub fn node_requests(agent: &Agent) -> BTreeMap<String, f64> {
 /// The seconds the node's requests have waited so far for its client-side rate limit (the sum
 /// of `rest_client_rate_limiter_duration_seconds`, all verbs).
 pub fn rate_limited_seconds(agent: &Agent) -> f64 {
-    let text = agent
-        .get("/metrics")
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    text.lines()
+    metrics_text(agent)
+        .lines()
         .filter(|l| l.starts_with("rest_client_rate_limiter_duration_seconds_sum"))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()
+}
+
+/// The agent's /metrics as text (empty when it did not answer).
+fn metrics_text(agent: &Agent) -> String {
+    agent
+        .get("/metrics")
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
 }
 
 /// The requests made between two counts: in all, and one line per labels that grew.
