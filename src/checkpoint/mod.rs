@@ -55,6 +55,10 @@ pub struct PodRecord {
     /// by volume name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub claims: BTreeMap<String, (PersistentVolumeClaim, PersistentVolume)>,
+    /// This pod's last write failed: the next [`Checkpoint::set_pods`] writes it again even
+    /// when the pod is unchanged (kept in memory only).
+    #[serde(skip)]
+    unwritten: bool,
 }
 
 impl PodRecord {
@@ -66,6 +70,7 @@ impl PodRecord {
             tokens: BTreeMap::new(),
             service_env: None,
             claims: BTreeMap::new(),
+            unwritten: false,
         }
     }
 
@@ -186,7 +191,8 @@ impl Checkpoint {
             // writes come back through the watch) or bookkeeping is not written: the pod runs
             // the same from either, and each write is an fsync.
             let same = held.get(uid).is_some_and(|r| {
-                r.pod.metadata.resource_version == p.metadata.resource_version || as_run(&r.pod) == as_run(p)
+                !r.unwritten
+                    && (r.pod.metadata.resource_version == p.metadata.resource_version || as_run(&r.pod) == as_run(p))
             });
             if same {
                 continue;
@@ -203,7 +209,14 @@ impl Checkpoint {
         }
         if !batch.is_empty() {
             let files: Vec<(&str, &[u8])> = batch.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
-            match ferrolet_fsutil::write_atomic_in_mode(&self.dir.join("pods"), &files, FILE_MODE) {
+            let result = ferrolet_fsutil::write_atomic_in_mode(&self.dir.join("pods"), &files, FILE_MODE);
+            // A failed batch is written again at the next snapshot, changed or not.
+            for (name, _) in &batch {
+                if let Some(r) = name.strip_suffix(".json").and_then(|uid| held.get_mut(uid)) {
+                    r.unwritten = result.is_err();
+                }
+            }
+            match result {
                 Ok(()) => written = files.len(),
                 Err(e) => {
                     first_error.get_or_insert(anyhow::Error::new(e).context("writing the pods' checkpoints"));
@@ -448,6 +461,24 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_pod_whose_write_failed_is_written_again_unchanged() {
+        let root = tempfile::tempdir().unwrap();
+        let c = Checkpoint::open(root.path()).unwrap();
+        // The pods' directory is a file for a while: the batch cannot be written.
+        let pods = c.dir.join("pods");
+        std::fs::remove_dir_all(&pods).unwrap();
+        std::fs::write(&pods, b"").unwrap();
+        let e = c.set_pods(&[pod("a", "1"), pod("b", "1")]).unwrap_err();
+        assert!(format!("{e:#}").contains("writing the pods' checkpoints"), "{e:#}");
+        // Back: the same versions are written now, then no more.
+        std::fs::remove_file(&pods).unwrap();
+        std::fs::create_dir(&pods).unwrap();
+        assert_eq!(c.set_pods(&[pod("a", "1"), pod("b", "1")]).unwrap(), (2, 0));
+        assert_eq!(c.set_pods(&[pod("a", "1"), pod("b", "1")]).unwrap(), (0, 0));
+        assert_eq!(Checkpoint::open(root.path()).unwrap().pods().len(), 2);
     }
 
     #[test]

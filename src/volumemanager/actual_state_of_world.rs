@@ -87,12 +87,12 @@ impl ActualStateOfWorld {
         }
     }
 
-    /// The pod's volumes as set up.
     /// Whether any volume of the pod is set up.
     pub fn has_volumes(&self, uid: &str) -> bool {
         self.pods.get(uid).is_some_and(|m| !m.is_empty())
     }
 
+    /// The pod's volumes as set up.
     pub fn pod_volumes(&self, uid: &str) -> Vec<(String, MountedVolume)> {
         self.pods
             .get(uid)
