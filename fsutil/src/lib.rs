@@ -12,16 +12,19 @@
 //! [`Context`] extension trait; print an error with its causes, each once, with [`chain`].
 //!
 //! No Kubernetes. From async code, run these calls through [`blocking`], which moves them off
-//! the async runtime's worker threads.
+//! the async runtime's worker threads (and gives back the stack pages a deep call left on the
+//! pool's thread).
 
 pub mod at;
 mod beneath;
+mod blocking;
 mod error;
 mod fs;
 mod ids;
 pub mod json;
 
 pub use beneath::{remove_all_at, RootDir};
+pub use blocking::{blocking, spawn_blocking};
 pub use error::{chain, Chain, Context, Error, Result};
 pub use fs::{
     ensure_dir, ensure_private_dir, list_names, read_json, read_json_opt, remove_file_opt, remove_tree, safe_name,
@@ -29,21 +32,3 @@ pub use fs::{
     write_json_atomic, write_json_atomic_if_changed, write_json_atomic_unsynced,
 };
 pub use ids::{boot_id, random_hex, unique};
-
-/// Run blocking work (fsync'd writes, unmounts, removals, cgroupfs writes) on tokio's blocking
-/// pool instead of an async worker thread. A panic in `f` resumes in the caller, as it would have
-/// without the move.
-pub async fn blocking<T, E, F>(f: F) -> std::result::Result<T, E>
-where
-    T: Send + 'static,
-    E: From<Error> + Send + 'static,
-    F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
-{
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r,
-        Err(e) => match e.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(e) => Err(Error::io("running a blocking task", std::io::Error::other(e)).into()),
-        },
-    }
-}

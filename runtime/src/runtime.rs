@@ -207,7 +207,7 @@ impl Runtime {
             let lc_root = self.lc_root.clone();
             let cgroups = self.cgroups.clone();
             let stage = self.root.join(STAGE_DIR);
-            tokio::task::spawn_blocking(move || prepare(&id, &cfg, &images_dir, &dir, &lc_root, &cgroups, &stage))
+            ferrolet_fsutil::spawn_blocking(move || prepare(&id, &cfg, &images_dir, &dir, &lc_root, &cgroups, &stage))
                 .await
                 .map_err(|e| Error::Zygote(format!("prepare task: {e}")))?
         };

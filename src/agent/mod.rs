@@ -974,7 +974,7 @@ pub fn require_root() -> Result<()> {
 /// and [`code_pages::SETTLE`] after pods last started, changed, stopped or went (`why` says
 /// which).
 fn release_unused_memory(why: &'static str) {
-    tokio::task::spawn_blocking(move || {
+    ferrolet_fsutil::spawn_blocking(move || {
         let code_kib = code_pages::release().unwrap_or_else(|e| {
             tracing::debug!(error = %e, "releasing code pages");
             0

@@ -206,7 +206,7 @@ impl LogManager {
         let running: Vec<_> = (0..workers)
             .map(|_| {
                 let (rt, tidy, queue, policy) = (self.rt.clone(), self.tidy.clone(), queue.clone(), self.policy);
-                tokio::task::spawn_blocking(move || {
+                ferrolet_fsutil::spawn_blocking(move || {
                     loop {
                         // Taken, and the list let go, before the look: workers look at once.
                         let next = lock(&queue).pop();

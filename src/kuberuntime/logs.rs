@@ -203,7 +203,7 @@ pub async fn stream(rt: Arc<Runtime>, path: PathBuf, id: String, opts: LogOption
             let cur = md.as_ref().map(|m| m.ino()).unwrap_or(0);
             if cur != ino {
                 let (p, old) = (path.clone(), ino);
-                chunk = tokio::task::spawn_blocking(move || rotated_tail(&p, old, offset))
+                chunk = ferrolet_fsutil::spawn_blocking(move || rotated_tail(&p, old, offset))
                     .await
                     .unwrap_or_default();
                 ino = cur;

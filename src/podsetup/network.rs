@@ -196,7 +196,7 @@ impl PodNetwork {
     /// Tear down every sandbox network whose sandbox the owner does not list as live.
     async fn gc_dead(&self, plug: &NetPlug) -> Result<Vec<String>> {
         let list = self.live.clone();
-        let live = tokio::task::spawn_blocking(move || list())
+        let live = ferrolet_fsutil::spawn_blocking(move || list())
             .await
             .context("listing live sandboxes")?;
         let ids = plug.gc(&live).await.context("collecting stale pod networks")?;

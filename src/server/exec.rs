@@ -73,7 +73,7 @@ fn reply(s: &mut UnixStream, r: &ExecReply) {
 
 async fn handle(st: Arc<State>, stream: UnixStream) -> Result<()> {
     stream.set_nonblocking(false)?;
-    let (stream, req, fds) = tokio::task::spawn_blocking(move || -> Result<_> {
+    let (stream, req, fds) = ferrolet_fsutil::spawn_blocking(move || -> Result<_> {
         let (req, fds) = recv_with_fds(&stream)?;
         Ok((stream, req, fds))
     })
@@ -130,7 +130,7 @@ async fn run(st: &Arc<State>, req: &ExecRequest, fds: Vec<OwnedFd>, stream: Unix
         );
     }
     // The client going away (its socket reaches EOF) kills the process.
-    let watcher = tokio::task::spawn_blocking(move || {
+    let watcher = ferrolet_fsutil::spawn_blocking(move || {
         let mut buf = [0u8; 16];
         let _ = std::io::Read::read(&mut &stream, &mut buf);
     });

@@ -60,7 +60,7 @@ pub fn running_pods(containers: &[ferrolet_runtime::ContainerInfo]) -> Vec<Pod> 
 
 pub async fn runningpods(AxumState(st): AxumState<Arc<State>>) -> Response {
     let rt = st.rt.clone();
-    let list = match tokio::task::spawn_blocking(move || rt.list()).await {
+    let list = match ferrolet_fsutil::spawn_blocking(move || rt.list()).await {
         Ok(Ok(l)) => l,
         Ok(Err(e)) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("listing containers: {e}")).into_response(),
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
@@ -78,7 +78,7 @@ pub async fn configz(AxumState(st): AxumState<Arc<State>>) -> Response {
 }
 
 pub async fn spec() -> Response {
-    match tokio::task::spawn_blocking(crate::node::machine_info::machine_info).await {
+    match ferrolet_fsutil::spawn_blocking(crate::node::machine_info::machine_info).await {
         Ok(info) => json(info),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }

@@ -77,7 +77,7 @@ pub fn resolve(root: &Path, rel: &str) -> Result<PathBuf, Refused> {
 /// Serve `rel` under `root`; `url_path` is the request's path (for the directory redirect).
 pub async fn serve(root: &Path, rel: &str, url_path: &str) -> Response {
     let (root, rel, url_path) = (root.to_path_buf(), rel.to_string(), url_path.to_string());
-    let found = tokio::task::spawn_blocking(move || -> Result<(PathBuf, Option<String>), Refused> {
+    let found = ferrolet_fsutil::spawn_blocking(move || -> Result<(PathBuf, Option<String>), Refused> {
         let path = resolve(&root, &rel)?;
         let meta = std::fs::metadata(&path).map_err(|_| Refused::NotFound)?;
         if !meta.is_dir() {

@@ -301,7 +301,7 @@ impl PodWorker {
         let read = match cached {
             Some(read) => Ok(read),
             None => {
-                tokio::task::spawn_blocking(move || {
+                ferrolet_fsutil::spawn_blocking(move || {
                     ids.into_iter()
                         .map(|id| {
                             let r = rt.inspect(&id);

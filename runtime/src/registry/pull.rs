@@ -418,7 +418,7 @@ impl Inner {
         };
         let store = self.store.clone();
         let l2 = listeners.clone();
-        let record = tokio::task::spawn_blocking(move || {
+        let record = ferrolet_fsutil::spawn_blocking(move || {
             store.record_pulled(&pulled, &mut |d, step| {
                 l2.emit(match step {
                     LayerStep::Extracting => Progress::Extracting { digest: d.clone() },

@@ -469,7 +469,7 @@ impl CsiClient {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, CsiError> + Send + 'static) -> Result<T, CsiError> {
-    tokio::task::spawn_blocking(f)
+    ferrolet_fsutil::spawn_blocking(f)
         .await
         .map_err(|e| CsiError::Other(anyhow::anyhow!("a blocking task failed: {e}")))?
 }
