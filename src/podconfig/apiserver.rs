@@ -86,7 +86,16 @@ impl ApiSource {
     pub async fn run(self, tx: mpsc::UnboundedSender<Snapshot>) {
         let api: Api<Pod> = Api::all(self.kube.client());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
-        let mut events = watcher::watcher(api, config).default_backoff().boxed();
+        let events = watcher::watcher(api, config).default_backoff().boxed();
+        self.follow(events, tx).await
+    }
+
+    /// Take the watch's events in, and send a snapshot for each batch of them that changed the
+    /// node's pods, until the receiver is gone or the events end.
+    async fn follow<S>(&self, mut events: S, tx: mpsc::UnboundedSender<Snapshot>)
+    where
+        S: futures::Stream<Item = Result<Event<Pod>, watcher::Error>> + Unpin,
+    {
         let mut w = Watched {
             // The checkpoint is offered once, before the first list, when it holds pods.
             may_restore: !self.checkpoint.is_empty(),
@@ -305,6 +314,76 @@ mod tests {
 
     fn uids(w: &Watched) -> Vec<&str> {
         w.pods.keys().map(String::as_str).collect()
+    }
+
+    fn snapshot_uids(s: &Snapshot) -> Vec<&str> {
+        let mut u: Vec<&str> = s.pods.iter().map(|p| pod::uid(p)).collect();
+        u.sort();
+        u
+    }
+
+    /// A source whose client is never called: these tests hand it their own events.
+    fn source(checkpoint: Arc<Checkpoint>) -> ApiSource {
+        let service = tower::service_fn(|_req: axum::http::Request<kube::client::Body>| async {
+            Err::<axum::http::Response<http_body_util::Full<bytes::Bytes>>, _>(std::io::Error::other("no server"))
+        });
+        let kube = Kube::from_client(kube::Client::new(service, "default"));
+        ApiSource::new(kube, "n".into(), None, checkpoint)
+    }
+
+    #[tokio::test]
+    async fn events_already_delivered_make_one_snapshot_and_a_later_one_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let (events, watch) = futures::channel::mpsc::unbounded();
+        // A list and two new pods, all delivered before the source looks.
+        for ev in [
+            Event::Init,
+            Event::InitApply(pod("a", "1", false)),
+            Event::InitDone,
+            Event::Apply(pod("b", "2", false)),
+            Event::Apply(pod("c", "3", false)),
+        ] {
+            events.unbounded_send(Ok(ev)).unwrap();
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let src = source(cp.clone());
+        let task = tokio::spawn(async move { src.follow(watch, tx).await });
+        let first = rx.recv().await.expect("a snapshot");
+        assert_eq!(snapshot_uids(&first), ["1", "2", "3"]);
+        assert_eq!(cp.pods().len(), 3, "checkpointed before it was sent");
+        // A pod that comes later is a snapshot of its own; nothing came between.
+        assert!(rx.try_recv().is_err(), "one batch, one snapshot");
+        events.unbounded_send(Ok(Event::Apply(pod("d", "4", false)))).unwrap();
+        let second = rx.recv().await.expect("a second snapshot");
+        assert_eq!(snapshot_uids(&second), ["1", "2", "3", "4"]);
+        assert_eq!(cp.pods().len(), 4);
+        // The events end: so does the source.
+        drop(events);
+        task.await.unwrap();
+        assert!(rx.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_batch_the_watch_ends_in_is_still_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let (events, watch) = futures::channel::mpsc::unbounded();
+        for ev in [
+            Event::Init,
+            Event::InitApply(pod("a", "1", false)),
+            Event::InitDone,
+            Event::Apply(pod("b", "2", false)),
+        ] {
+            events.unbounded_send(Ok(ev)).unwrap();
+        }
+        drop(events);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        source(cp.clone()).follow(watch, tx).await;
+        let only = rx.recv().await.expect("the batch's snapshot");
+        assert_eq!(snapshot_uids(&only), ["1", "2"]);
+        assert_eq!(cp.pods().len(), 2);
+        assert!(rx.recv().await.is_none(), "one snapshot, then the end");
     }
 
     #[test]
