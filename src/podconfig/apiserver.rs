@@ -331,21 +331,30 @@ mod tests {
         ApiSource::new(kube, "n".into(), None, checkpoint)
     }
 
+    type Watch = futures::channel::mpsc::UnboundedReceiver<Result<Event<Pod>, watcher::Error>>;
+
+    /// A watch that has delivered a list of pod "a" (uid 1) and then `after`; the sender sends
+    /// more, or ends the watch when dropped.
+    fn delivered(
+        after: impl IntoIterator<Item = Event<Pod>>,
+    ) -> (
+        futures::channel::mpsc::UnboundedSender<Result<Event<Pod>, watcher::Error>>,
+        Watch,
+    ) {
+        let (events, watch) = futures::channel::mpsc::unbounded();
+        let list = [Event::Init, Event::InitApply(pod("a", "1", false)), Event::InitDone];
+        for ev in list.into_iter().chain(after) {
+            events.unbounded_send(Ok(ev)).unwrap();
+        }
+        (events, watch)
+    }
+
     #[tokio::test]
     async fn events_already_delivered_make_one_snapshot_and_a_later_one_another() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::open(dir.path()).unwrap();
-        let (events, watch) = futures::channel::mpsc::unbounded();
         // A list and two new pods, all delivered before the source looks.
-        for ev in [
-            Event::Init,
-            Event::InitApply(pod("a", "1", false)),
-            Event::InitDone,
-            Event::Apply(pod("b", "2", false)),
-            Event::Apply(pod("c", "3", false)),
-        ] {
-            events.unbounded_send(Ok(ev)).unwrap();
-        }
+        let (events, watch) = delivered([Event::Apply(pod("b", "2", false)), Event::Apply(pod("c", "3", false))]);
         let (tx, mut rx) = mpsc::unbounded_channel();
         let src = source(cp.clone());
         let task = tokio::spawn(async move { src.follow(watch, tx).await });
@@ -368,15 +377,7 @@ mod tests {
     async fn a_batch_the_watch_ends_in_is_still_sent() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::open(dir.path()).unwrap();
-        let (events, watch) = futures::channel::mpsc::unbounded();
-        for ev in [
-            Event::Init,
-            Event::InitApply(pod("a", "1", false)),
-            Event::InitDone,
-            Event::Apply(pod("b", "2", false)),
-        ] {
-            events.unbounded_send(Ok(ev)).unwrap();
-        }
+        let (events, watch) = delivered([Event::Apply(pod("b", "2", false))]);
         drop(events);
         let (tx, mut rx) = mpsc::unbounded_channel();
         source(cp.clone()).follow(watch, tx).await;
