@@ -120,7 +120,9 @@ mod tests {
 
     /// Pages of `[from, to)` resident in memory.
     fn resident(from: usize, to: usize) -> usize {
-        let page = 4096;
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .unwrap()
+            .unwrap() as usize;
         let (from, to) = (from & !(page - 1), to & !(page - 1));
         let mut v = vec![0u8; (to - from) / page];
         // SAFETY: mincore fills one byte per page of a mapped range into `v`, which is long enough.

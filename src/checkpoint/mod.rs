@@ -55,8 +55,8 @@ pub struct PodRecord {
     /// by volume name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub claims: BTreeMap<String, (PersistentVolumeClaim, PersistentVolume)>,
-    /// This pod's last write failed: the next [`Checkpoint::set_pods`] writes it again even
-    /// when the pod is unchanged (kept in memory only).
+    /// This pod's record is not on disk yet (its write failed or is under way): the next
+    /// [`Checkpoint::set_pods`] writes it even when the pod is unchanged (memory only).
     #[serde(skip)]
     unwritten: bool,
 }
@@ -181,6 +181,7 @@ impl Checkpoint {
         let mut first_error = None;
         let (mut written, mut removed) = (0, 0);
         let mut seen = std::collections::HashSet::new();
+        // (uid, encoded record) of each pod to write.
         let mut batch: Vec<(String, Vec<u8>)> = Vec::new();
         for p in pods {
             let Some(uid) = p.metadata.uid.as_deref().filter(|u| is_file_name(u)) else {
@@ -199,8 +200,11 @@ impl Checkpoint {
             }
             let mut r = held.remove(uid).unwrap_or_else(|| PodRecord::new(Pod::default()));
             r.pod = (**p).clone();
+            // Not on disk until its batch is: a failure to encode or to write it has the next
+            // snapshot write it again, changed or not.
+            r.unwritten = true;
             match serde_json::to_vec(&r).context("encoding a pod checkpoint") {
-                Ok(data) => batch.push((format!("{uid}.json"), data)),
+                Ok(data) => batch.push((uid.to_string(), data)),
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
@@ -208,16 +212,21 @@ impl Checkpoint {
             held.insert(uid.to_string(), r);
         }
         if !batch.is_empty() {
-            let files: Vec<(&str, &[u8])> = batch.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
-            let result = ferrolet_fsutil::write_atomic_in_mode(&self.dir.join("pods"), &files, FILE_MODE);
-            // A failed batch is written again at the next snapshot, changed or not.
-            for (name, _) in &batch {
-                if let Some(r) = name.strip_suffix(".json").and_then(|uid| held.get_mut(uid)) {
-                    r.unwritten = result.is_err();
+            let names: Vec<String> = batch.iter().map(|(uid, _)| format!("{uid}.json")).collect();
+            let files: Vec<(&str, &[u8])> = names
+                .iter()
+                .zip(&batch)
+                .map(|(n, (_, d))| (n.as_str(), d.as_slice()))
+                .collect();
+            match ferrolet_fsutil::write_atomic_in_mode(&self.dir.join("pods"), &files, FILE_MODE) {
+                Ok(()) => {
+                    written = files.len();
+                    for (uid, _) in &batch {
+                        if let Some(r) = held.get_mut(uid) {
+                            r.unwritten = false;
+                        }
+                    }
                 }
-            }
-            match result {
-                Ok(()) => written = files.len(),
                 Err(e) => {
                     first_error.get_or_insert(anyhow::Error::new(e).context("writing the pods' checkpoints"));
                 }
