@@ -47,6 +47,10 @@ command -v cargo >/dev/null || { echo "setup: cargo (the Rust toolchain) is requ
 for c in rustfmt clippy-driver; do
   command -v "$c" >/dev/null || rustup component add "${c%-driver}" >/dev/null
 done
+# The monitor program the runtime carries is built static for <arch>-unknown-linux-musl
+# (runtime/build.rs, docs/runtime.md#the-monitor-image): that target's standard library.
+monitor_target="$(uname -m | sed 's/^arm64$/aarch64/')-unknown-linux-musl"
+rustup target list --installed | grep -qx "$monitor_target" || rustup target add "$monitor_target" >/dev/null
 
 images/build-busybox.sh >/dev/null
 # The registry tests' images (a two-layer image, an amd64 + arm64 index); fetches Debian's arm64

@@ -17,6 +17,7 @@
 
 pub mod at;
 mod beneath;
+#[cfg(feature = "blocking")]
 mod blocking;
 mod error;
 mod fs;
@@ -24,6 +25,7 @@ mod ids;
 pub mod json;
 
 pub use beneath::{remove_all_at, RootDir};
+#[cfg(feature = "blocking")]
 pub use blocking::{blocking, spawn_blocking};
 pub use error::{chain, Chain, Context, Error, Result};
 pub use fs::{

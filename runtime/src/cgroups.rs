@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::kept_files::KeptFiles;
+use ferrolet_monitor::cgroup::collect_pids;
 
 /// Controllers ferrolet sets limits with or reads stats from.
 const V1_CONTROLLERS: &[&str] = &[
@@ -474,23 +475,11 @@ impl Cgroups {
         n
     }
 
-    /// Send `signal` to every process in `cgroup` and below. Each pid is signalled through a
-    /// pidfd opened before its membership is checked, so a pid reused by a process outside
-    /// the cgroup is never signalled. Returns how many were signalled.
+    /// Send `signal` to every process in `cgroup` and below, in every hierarchy
+    /// ([`ferrolet_monitor::cgroup::signal_all`]: through pidfds, so a reused pid outside the
+    /// cgroup is never signalled). Returns how many were signalled.
     pub(crate) fn signal_all(&self, cgroup: &str, signal: i32) -> usize {
-        if cgroup.trim_matches('/').is_empty() {
-            return 0; // never a whole hierarchy
-        }
-        let mut n = 0;
-        for pid in self.procs_below(cgroup) {
-            let Ok(pfd) = crate::pidfd::PidFd::open(pid) else {
-                continue;
-            };
-            if process_in_cgroup(pid, cgroup) && pfd.send_signal(signal).is_ok() {
-                n += 1;
-            }
-        }
-        n
+        ferrolet_monitor::cgroup::signal_all(&self.all_dirs(cgroup), cgroup, signal)
     }
 
     /// SIGKILL every process in `cgroup` and below until none is left or `timeout` passes
@@ -517,11 +506,18 @@ impl Cgroups {
 
     /// Number of OOM kills in the cgroup so far.
     pub fn oom_kills(&self, cgroup: &str) -> Option<u64> {
+        ferrolet_monitor::cgroup::oom_kills(&self.oom_events_file(cgroup)?)
+    }
+
+    /// The file whose `oom_kill` line counts the cgroup's OOM kills: v2 `memory.events`, v1
+    /// `memory.oom_control`. A monitor is handed it when it starts, to read when its container
+    /// exits.
+    pub(crate) fn oom_events_file(&self, cgroup: &str) -> Option<PathBuf> {
         let d = self.dir_for("memory", cgroup)?;
-        match &self.mode {
-            CgroupMode::V2 { .. } => read_kv(&d.join("memory.events")).get("oom_kill").copied(),
-            CgroupMode::V1 { .. } => read_kv(&d.join("memory.oom_control")).get("oom_kill").copied(),
-        }
+        Some(match &self.mode {
+            CgroupMode::V2 { .. } => d.join("memory.events"),
+            CgroupMode::V1 { .. } => d.join("memory.oom_control"),
+        })
     }
 
     /// The two numbers that move whenever anything in `cgroup` or below it runs or its memory
@@ -576,7 +572,7 @@ fn kept_u64(files: &KeptFiles, p: &Path) -> Option<u64> {
     files.read(p)?.trim().parse().ok()
 }
 
-/// A kept file's "key value" lines (as [`read_kv`]), looked up where they are: a sampling
+/// A kept file's "key value" lines (as [`ferrolet_monitor::cgroup::read_kv`]), looked up where they are: a sampling
 /// round reads a few keys of each file, and a map of all of them (v1's memory.stat has 35) was
 /// an allocation per key per cgroup per round.
 fn kept_kv(files: &KeptFiles, p: &Path) -> Kv {
@@ -1001,31 +997,6 @@ fn fill_cpuset(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn collect_pids(dir: &Path, out: &mut std::collections::BTreeSet<i32>, depth: usize) {
-    if depth > 32 {
-        return;
-    }
-    if let Ok(s) = fs::read_to_string(dir.join("cgroup.procs")) {
-        out.extend(s.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-    }
-    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            collect_pids(&e.path(), out, depth + 1);
-        }
-    }
-}
-
-/// True when `pid` is, as this process sees `/proc/PID/cgroup`, in `cgroup` or below it.
-fn process_in_cgroup(pid: i32, cgroup: &str) -> bool {
-    let want = format!("/{}", cgroup.trim_matches('/'));
-    fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|s| {
-        s.lines().any(|l| {
-            let path = l.splitn(3, ':').nth(2).unwrap_or("");
-            path == want || path.strip_prefix(want.as_str()).is_some_and(|r| r.starts_with('/'))
-        })
-    })
-}
-
 fn remove_cgroup_dir(dir: &Path) -> Result<()> {
     let Ok(rd) = fs::read_dir(dir) else {
         return Ok(());
@@ -1067,22 +1038,6 @@ fn read_trim(p: &Path) -> String {
 /// or holds something else (`max`).
 pub(crate) fn read_u64(p: &Path) -> Option<u64> {
     fs::read_to_string(p).ok()?.trim().parse().ok()
-}
-
-/// A file of "key value" lines (memory.stat, cpu.stat, memory.events, memory.oom_control,
-/// cpuacct.stat); missing file: empty.
-pub(crate) fn read_kv(p: &Path) -> BTreeMap<String, u64> {
-    fs::read_to_string(p).map(|s| parse_kv(&s)).unwrap_or_default()
-}
-
-/// "key value" lines; lines whose value is not a number are left out.
-pub(crate) fn parse_kv(s: &str) -> BTreeMap<String, u64> {
-    s.lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            Some((k.to_string(), v.trim().parse().ok()?))
-        })
-        .collect()
 }
 
 fn is_cgroup2(p: &Path) -> bool {
@@ -1264,17 +1219,6 @@ mod tests {
         assert_eq!(hugepage_size_name(2048), "2MB");
         assert_eq!(hugepage_size_name(1_048_576), "1GB");
         assert_eq!(hugepage_size_name(64), "64KB");
-    }
-
-    #[test]
-    fn kv_parsing() {
-        let d = tempfile::tempdir().unwrap();
-        fs::write(d.path().join("m"), "anon 10\ninactive_file 5\nbad\n").unwrap();
-        let m = read_kv(&d.path().join("m"));
-        assert_eq!(m.get("anon"), Some(&10));
-        assert_eq!(m.len(), 2);
-        assert!(read_kv(&d.path().join("missing")).is_empty());
-        assert_eq!(parse_kv("a 1\nb x\n").len(), 1);
     }
 
     #[test]

@@ -76,18 +76,8 @@ pub(crate) struct StartedRecord {
     pub started_at: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ExitRecord {
-    /// The exit code, or 128 + signal number when killed by a signal.
-    pub exit_code: i32,
-    pub signal: Option<i32>,
-    pub oom_killed: bool,
-    pub finished_at: String,
-    /// Set when the runtime, not the process, decided the outcome (e.g. the node rebooted).
-    #[serde(default)]
-    pub reason: Option<String>,
-}
+/// What a monitor records when its container's init exits (`exit.json`).
+pub use ferrolet_monitor::ExitRecord;
 
 /// Annotation of the OCI spec holding a copy of `container.json` (JSON in a string). The spec is
 /// `config.json` in the state directory, and libcontainer copies its annotations into its own

@@ -174,6 +174,13 @@ fn tempdir_beside() -> Result<PathBuf> {
 /// A copy of the binary in a memfd, sealed against writes, growing, shrinking and new seals
 /// (Linux 3.17). Costs the binary's size in memory, once.
 fn memfd_copy() -> Result<OwnedFd> {
+    sealed_memfd(c"ferrolet", &mut std::fs::File::open("/proc/self/exe")?)
+}
+
+/// A memfd named `name` holding what `content` reads, executable, sealed against writes,
+/// growing, shrinking and new seals (Linux 3.17): a program that no process, a container's
+/// included, can change through `/proc/<pid>/exe`.
+pub(crate) fn sealed_memfd(name: &std::ffi::CStr, content: &mut impl std::io::Read) -> Result<OwnedFd> {
     use nix::fcntl::{FcntlArg, SealFlag};
     use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
     // MFD_EXEC (Linux 6.3), which nix 0.29 does not name.
@@ -181,9 +188,9 @@ fn memfd_copy() -> Result<OwnedFd> {
     let base = MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING;
     // Linux 6.3 and later may refuse executable memfds unless asked for one; older kernels do
     // not know the flag.
-    let fd = memfd_create(c"ferrolet", base | MFD_EXEC).or_else(|_| memfd_create(c"ferrolet", base))?;
+    let fd = memfd_create(name, base | MFD_EXEC).or_else(|_| memfd_create(name, base))?;
     let mut copy = std::fs::File::from(fd);
-    std::io::copy(&mut std::fs::File::open("/proc/self/exe")?, &mut copy)?;
+    std::io::copy(content, &mut copy)?;
     let seals = SealFlag::F_SEAL_SEAL | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE;
     nix::fcntl::fcntl(copy.as_raw_fd(), FcntlArg::F_ADD_SEALS(seals))?;
     Ok(OwnedFd::from(copy))

@@ -7,14 +7,14 @@
 //! Start-up order matters: call [`fork_zygote`] first thing in `main`, before any thread
 //! exists, then build the async runtime and [`Runtime::new`].
 
-mod anon_buffer;
+use ferrolet_monitor::anon_buffer;
 pub mod apparmor;
 mod attach;
 pub mod cgroups;
 pub mod config;
 pub mod container;
 mod container_cache;
-pub mod crilog;
+pub use ferrolet_monitor::crilog;
 pub mod devices;
 pub mod digest;
 pub mod error;
@@ -46,7 +46,7 @@ pub use attach::{Attach, AttachOptions, AttachOutput, AttachReader, AttachWriter
 pub use config::ContainerConfig;
 pub use container::{ContainerInfo, ContainerState, ExitRecord, ProcessUser};
 pub use error::{Error, Result};
+pub use ferrolet_monitor::tty::resize_tty;
 pub use process::trim_heap;
 pub use runtime::{ExecIo, ExecOutput, ExecProcess, ExecSpec, Runtime, DEFAULT_REQUEST_TIMEOUT};
-pub use tty::resize_tty;
 pub use zygote::{fork_zygote, ZygoteHandle};

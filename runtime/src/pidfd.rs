@@ -4,7 +4,7 @@
 //! ([`process_matches`]).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use tokio::io::unix::AsyncFd;
 
@@ -17,40 +17,19 @@ impl PidFd {
     /// Open a pidfd for `pid`. Callers check the process start time first when the pid came
     /// from a file, so a reused pid is not mistaken for the process recorded there.
     pub fn open(pid: i32) -> io::Result<PidFd> {
-        // SAFETY: plain syscall with integer arguments. nix 0.29 has no pidfd calls.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel returned a new fd that we now own.
-        let fd = unsafe { OwnedFd::from_raw_fd(r as RawFd) };
-        Ok(PidFd { fd, pid })
+        Ok(PidFd {
+            fd: ferrolet_monitor::sys::pidfd_open(pid)?,
+            pid,
+        })
     }
 
     pub fn pid(&self) -> i32 {
         self.pid
     }
 
+    /// Already gone is not an error for a kill.
     pub fn send_signal(&self, signal: i32) -> io::Result<()> {
-        // SAFETY: valid pidfd, null siginfo, no flags. nix 0.29 has no pidfd calls.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.fd.as_raw_fd(),
-                signal,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            // Already gone is not an error for a kill.
-            if e.raw_os_error() == Some(libc::ESRCH) {
-                return Ok(());
-            }
-            return Err(e);
-        }
-        Ok(())
+        ferrolet_monitor::sys::pidfd_send_signal(&self.fd, signal)
     }
 
     /// True once the process has exited (the pidfd is readable; a zombie has exited too).
@@ -74,10 +53,6 @@ impl PidFd {
             .map_err(|e| e.into_parts().1)?;
         let _guard = afd.readable().await?;
         Ok(())
-    }
-
-    pub(crate) fn into_fd(self) -> OwnedFd {
-        self.fd
     }
 }
 

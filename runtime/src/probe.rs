@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 /// The name (`comm`) every monitor gives itself ((`zygote::monitor`)).
-pub(crate) const MONITOR_COMM: &str = "ferrolet-mon";
+pub(crate) const MONITOR_COMM: &str = ferrolet_monitor::handoff::COMM;
 
 /// `comm` of a process.
 pub(crate) fn comm(pid: i32) -> Option<String> {
@@ -63,13 +63,17 @@ pub(crate) fn monitor_of(candidates: &[i32]) -> Option<(i32, i32)> {
     })
 }
 
-/// Whether `init` has exec'd its program, told by comparing its executable with its monitor's
-/// (a created container's init is still a copy of the monitor). `None` when either is gone.
+/// Whether `init` has exec'd its program, told by its executable: a created container's init
+/// still runs the binary its monitor was forked from, which is this process's (the monitor
+/// itself has gone on to run the monitor program, docs/runtime.md#the-monitor-image, or, where
+/// it could not, is that binary still). `None` when either is gone. (A container created by
+/// an agent of another binary and not started before this one came would read as exec'd.)
 pub(crate) fn has_execed(init: i32, monitor: i32) -> Option<bool> {
     use std::os::unix::fs::MetadataExt;
-    let a = fs::metadata(format!("/proc/{init}/exe")).ok()?;
-    let b = fs::metadata(format!("/proc/{monitor}/exe")).ok()?;
-    Some((a.dev(), a.ino()) != (b.dev(), b.ino()))
+    let id = |p: String| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let init = id(format!("/proc/{init}/exe"))?;
+    let monitor = id(format!("/proc/{monitor}/exe"))?;
+    Some(init != monitor && Some(init) != id("/proc/self/exe".to_string()))
 }
 
 /// Children of `pid` (from /proc/PID/task/*/children).

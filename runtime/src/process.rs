@@ -140,12 +140,7 @@ pub(crate) fn set_title(title: &str) -> bool {
 }
 
 /// The kernel's page size (4 KiB on x86_64; 16 or 64 KiB on some arm64 kernels).
-pub(crate) fn page_size() -> usize {
-    match nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE) {
-        Ok(Some(n)) => usize::try_from(n).unwrap_or(4096),
-        _ => 4096,
-    }
-}
+pub(crate) use ferrolet_monitor::sys::page_size;
 
 /// Where the kernel keeps this process's argument and environment strings (fields 48-51 of
 /// /proc/self/stat).

@@ -79,6 +79,10 @@ fn main() {
             an_idle_containers_monitor_does_not_wake_up,
         ),
         trial(
+            "a_monitor_runs_the_monitor_program_not_a_copy_of_the_agent",
+            a_monitor_runs_the_monitor_program_not_a_copy_of_the_agent,
+        ),
+        trial(
             "containers_survive_owner_sigkill_and_are_readopted",
             containers_survive_owner_sigkill_and_are_readopted,
         ),
@@ -930,6 +934,58 @@ fn an_idle_containers_monitor_does_not_wake_up() -> Result<()> {
             ensure!(after == before, "the idle monitor woke {} times in 6 s", after - before);
             ensure!(rt.inspect(&id)?.is_running());
             rt.kill(&id, libc::SIGKILL)?;
+            Ok(())
+        }
+        .await;
+        rt.delete(&id).await?;
+        r
+    })
+}
+
+/// Once its container is built, a monitor executes the small monitor program carried in the
+/// binary (a sealed memfd): nothing of the agent's binary or heap is mapped in it any more, it
+/// still logs the container's output and records its exit, and the program cannot be written
+/// through /proc/<pid>/exe.
+fn a_monitor_runs_the_monitor_program_not_a_copy_of_the_agent() -> Result<()> {
+    let rt = &env().rt;
+    block(async {
+        let c = config(
+            "monitor-program",
+            &["sh", "-c", "echo out; echo err >&2; sleep 1; exit 3"],
+        );
+        let info = rt.create(&c).await?;
+        let id = info.id().to_string();
+        let r = async {
+            let m = info.monitor.clone().ok_or_else(|| anyhow!("no monitor record"))?;
+            // Created is answered by the program: it runs already, named.
+            let exe = std::fs::read_link(format!("/proc/{}/exe", m.monitor_pid))?;
+            ensure!(
+                exe.to_string_lossy().starts_with("/memfd:ferrolet-monitor"),
+                "the monitor runs {exe:?}"
+            );
+            let (_, comm) = cmdline_and_comm(m.monitor_pid)?;
+            ensure!(comm == "ferrolet-mon", "monitor comm {comm:?}");
+            let own = std::fs::read_link("/proc/self/exe")?;
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", m.monitor_pid))?;
+            ensure!(
+                !maps.lines().any(|l| l.ends_with(&*own.to_string_lossy())),
+                "the monitor still maps the test binary {own:?}"
+            );
+            let write = std::fs::OpenOptions::new()
+                .write(true)
+                .open(format!("/proc/{}/exe", m.monitor_pid));
+            ensure!(
+                write.is_err(),
+                "the monitor program is writable through /proc/<pid>/exe"
+            );
+            rt.start(&id).await?;
+            let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            ensure!(e.exit_code == 3, "{e:?}");
+            let log = std::fs::read_to_string(&c.log.path)?;
+            ensure!(
+                log.contains(" stdout F out\n") && log.contains(" stderr F err\n"),
+                "log: {log:?}"
+            );
             Ok(())
         }
         .await;

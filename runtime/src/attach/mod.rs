@@ -4,8 +4,7 @@
 //! loop); [`Attach`] is the caller's async session on it, and splits into a reader and a
 //! writer so both directions can be driven at once. The bytes on the socket are [`wire`].
 
-pub(crate) mod server;
-pub(crate) mod wire;
+pub(crate) use ferrolet_monitor::attach::{server, wire};
 
 use std::os::fd::AsRawFd;
 use std::path::Path;

@@ -6,6 +6,7 @@
 pub(crate) mod confine;
 mod isolation;
 mod monitor;
+mod monitor_image;
 mod server;
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -49,6 +50,8 @@ pub fn fork_zygote() -> Result<ZygoteHandle> {
             // Die with the agent; the monitors it forked are in their own sessions and do not.
             let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
             close_other_fds(child.as_raw_fd());
+            monitor_image::prepare();
+            let _ = CGROUPS.set(crate::cgroups::Cgroups::detect().ok());
             fill_heap_holes();
             server::serve(child)
         }
@@ -61,6 +64,16 @@ pub fn fork_zygote() -> Result<ZygoteHandle> {
         }
         Err(e) => Err(Error::Zygote(format!("fork: {e}"))),
     }
+}
+
+/// The node's cgroup hierarchies, found once when the zygote starts (they do not move while
+/// it runs): a monitor hands its container's cgroup files to the monitor program without
+/// reading `/proc/self/mountinfo` again, a read that grows with every container's mounts.
+static CGROUPS: std::sync::OnceLock<Option<crate::cgroups::Cgroups>> = std::sync::OnceLock::new();
+
+/// The hierarchies the zygote found, if any.
+pub(crate) fn cgroups() -> Option<&'static crate::cgroups::Cgroups> {
+    CGROUPS.get().and_then(Option::as_ref)
 }
 
 /// Take every free chunk of the heap the zygote inherited from the agent, for good. The

@@ -12,28 +12,22 @@
 //! confinement it applies ([`super::confine`]).
 
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::syscall::syscall::SyscallType;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use crate::attach::server::{AttachServer, Slot, StdioSetup};
-use crate::container::{ExitRecord, MonitorRecord};
-use crate::crilog::{LineSplitter, LogWriter, Stream};
+use crate::attach::server::{AttachServer, StdioSetup};
+use crate::container::MonitorRecord;
+use crate::crilog::LogWriter;
 use crate::pidfd::process_start_time;
 use crate::process::{detach_stdio, exit, set_name, set_title};
 use crate::proto::{write_reply, CreateArgs, Reply};
 use crate::tty::ConsoleSocket;
-use ferrolet_fsutil::{chain, write_json_atomic, write_json_atomic_unsynced};
-
-/// How long output is still collected after the container's init exits, for processes that
-/// inherited its stdout (a host-PID container's daemons).
-const DRAIN: Duration = Duration::from_secs(2);
+use ferrolet_fsutil::{chain, write_json_atomic_unsynced};
+use ferrolet_monitor::watch::{KillAll, Watch};
 
 pub(crate) fn run(args: CreateArgs, reply: OwnedFd) -> ! {
     exit(monitor(args, reply))
@@ -47,60 +41,67 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     let _ = nix::sys::prctl::set_child_subreaper(true);
 
     let Some(Created {
+        answer,
         init,
         sources,
-        mut log,
-        mut attach,
-        state_dir: _state_dir,
-    }) = create(&args, reply)
+        log,
+        attach,
+        state_dir,
+    }) = create(&args, &reply)
     else {
         return 1;
     };
-    // The request goes before the trim (its capability lists and seccomp program are heap the
-    // monitor would otherwise hold for as long as the container runs): two paths are all the
-    // end needs.
-    let (cgroup_path, exit_path) = (args.cgroup_path.clone(), args.bundle.join("exit.json"));
+    let cgroups = super::cgroups();
     // A container in a pid namespace it does not own (the pod's, the node's) has nothing that
     // ends its other processes with its init: they are killed when it exits, as containerd's
     // shim does (ShouldKillAllOnExit).
-    let kill_all = args.kill_all_on_exit.then(|| cgroup_path.clone());
+    let kill_all = match (cgroups, args.kill_all_on_exit) {
+        (Some(c), true) => Some(KillAll {
+            cgroup: args.cgroup_path.clone(),
+            dirs: c.all_dirs(&args.cgroup_path),
+        }),
+        _ => None,
+    };
+    let watch = Watch {
+        init,
+        sources,
+        log,
+        attach,
+        exit_path: args.bundle.join("exit.json"),
+        oom_events: cgroups.and_then(|c| c.oom_events_file(&args.cgroup_path)),
+        kill_all,
+    };
+    // The program of its own (docs/runtime.md#the-monitor-image): this process's pages, a copy
+    // of the agent's, go with the exec, and the program answers `Created`, so the runtime
+    // only ever knows the monitor as the program. It returns only when the program cannot run
+    // here: then this process answers and watches.
+    if let Some(image) = super::monitor_image::image() {
+        let line = serde_json::to_string(&answer).unwrap_or_default() + "\n";
+        let _ = ferrolet_monitor::handoff::exec(
+            image,
+            &args.display_name,
+            &watch,
+            state_dir.as_ref().ok(),
+            reply.as_fd(),
+            line,
+        );
+    }
+    write_reply(&reply, &answer);
+    drop(reply);
+    // The request goes before the trim (its capability lists and seccomp program are heap the
+    // monitor would otherwise hold for as long as the container runs).
     drop(args);
     // create()'s frame, with libcontainer's build below it, is gone from the stack now.
     release_build_memory();
-
-    let status = pump(init, sources, &mut log, &mut attach, kill_all.as_deref());
-    let (exit_code, signal, reason) = match status {
-        Some(WaitStatus::Exited(_, c)) => (c, None, None),
-        Some(WaitStatus::Signaled(_, s, _)) => (128 + s as i32, Some(s as i32), None),
-        // Reads as an unknown exit, never as a real exit code 255.
-        _ => (
-            255,
-            None,
-            Some("the monitor could not collect init's exit status".to_string()),
-        ),
-    };
-    let oom_killed = crate::cgroups::Cgroups::detect()
-        .ok()
-        .and_then(|c| c.oom_kills(&cgroup_path))
-        .is_some_and(|n| n > 0);
-    let exit = ExitRecord {
-        exit_code,
-        signal,
-        oom_killed,
-        finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
-        reason,
-    };
-    let recorded = write_json_atomic(&exit_path, &exit);
-    // Attachers see the end of their session only after the exit is recorded.
-    attach.finish(Duration::from_secs(1));
-    match recorded {
-        Ok(()) => 0,
-        Err(_) => 1,
-    }
+    let code = watch.run();
+    drop(state_dir);
+    code
 }
 
 /// What the monitor keeps of the container it created.
 struct Created {
+    /// `Created`, written once the monitor is what it stays (see [`monitor`]).
+    answer: Reply,
     init: Pid,
     sources: [Option<File>; 2],
     log: LogWriter,
@@ -109,18 +110,18 @@ struct Created {
     state_dir: std::io::Result<File>,
 }
 
-/// Build the container ([`build`]) and answer `Created`, or `Failed` (then None) only once
+/// Build the container ([`build`]; [`monitor`] answers `Created`), or answer `Failed` (then None) only once
 /// everything the attempt opened is closed again: the agent removes the container's files as
 /// soon as it reads the answer, and a log or state file still held open here would outlive
 /// that removal for as long as this process takes to exit. Never inlined: its frame and
 /// libcontainer's below it leave the stack before the monitor settles into its loop, so
 /// [`release_build_memory`] can give all of that back.
 #[inline(never)]
-fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
-    match build(args, &reply) {
+fn create(args: &CreateArgs, reply: &OwnedFd) -> Option<Created> {
+    match build(args) {
         Ok(created) => Some(created),
         Err(error) => {
-            write_reply(&reply, &Reply::Failed { error });
+            write_reply(reply, &Reply::Failed { error });
             None
         }
     }
@@ -129,7 +130,7 @@ fn create(args: &CreateArgs, reply: OwnedFd) -> Option<Created> {
 /// Open the log, mount the rootfs, build the container through libcontainer, record the
 /// monitor and answer `Created`; an error undoes the mounts and is the answer to give.
 #[inline(never)]
-fn build(args: &CreateArgs, reply: &OwnedFd) -> Result<Created, String> {
+fn build(args: &CreateArgs) -> Result<Created, String> {
     // The rootfs is the host's mount (the agent unmounts it): a fork of an isolated zygote
     // mounts it there, then builds the container in a namespace of its own (crate::mount_ns).
     let isolated = super::isolation::isolated();
@@ -288,15 +289,12 @@ fn build(args: &CreateArgs, reply: &OwnedFd) -> Result<Created, String> {
         let _ = nix::sys::signal::kill(init, nix::sys::signal::SIGKILL);
         return Err(format!("recording monitor state: {}", chain(&e)));
     }
-    write_reply(
-        reply,
-        &Reply::Created {
+    drop(container);
+    Ok(Created {
+        answer: Reply::Created {
             init_pid: init.as_raw(),
             monitor_pid: me,
         },
-    );
-    drop(container);
-    Ok(Created {
         init,
         sources,
         log,
@@ -343,171 +341,6 @@ fn release_unused_stack() {
         // needs this block as well.
         unsafe {
             libc::madvise(bottom as *mut libc::c_void, top - bottom, libc::MADV_DONTNEED);
-        }
-    }
-}
-
-/// Copy output into the log (and to attachers) until the container has exited and its
-/// output is drained, serving the attach socket meanwhile. Returns the init process's wait
-/// status.
-fn pump(
-    init: Pid,
-    sources: [Option<File>; 2],
-    log: &mut LogWriter,
-    attach: &mut AttachServer,
-    kill_all: Option<&str>,
-) -> Option<WaitStatus> {
-    let pidfd = crate::pidfd::PidFd::open(init.as_raw()).ok().map(|p| p.into_fd());
-    let mut pipes = sources;
-    let mut split = [LineSplitter::default(), LineSplitter::default()];
-    let streams = [Stream::Stdout, Stream::Stderr];
-    let mut status: Option<WaitStatus> = None;
-    let mut deadline: Option<Instant> = None;
-    // Output is read into a mapping of its own: a quiet container's monitor holds one or two of
-    // its 16 pages (crate::anon_buffer).
-    let mut output = crate::anon_buffer::AnonBuffer::new(64 * 1024);
-    let buf = output.as_mut_slice();
-    loop {
-        reap(init, &mut status);
-        if status.is_some() && deadline.is_none() {
-            deadline = Some(Instant::now() + DRAIN);
-            if let Some(cgroup) = kill_all {
-                if let Ok(c) = crate::cgroups::Cgroups::detect() {
-                    c.signal_all(cgroup, libc::SIGKILL);
-                }
-            }
-        }
-        if pipes.iter().all(Option::is_none) && status.is_some() {
-            break;
-        }
-        let timeout = match deadline {
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                PollTimeout::try_from(left.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::NONE)
-            }
-            // Without a pidfd nothing wakes us when init exits: look often.
-            None if pidfd.is_none() => PollTimeout::from(100u16),
-            // A container in a pid namespace it does not own (kill_all): its orphans come to
-            // this subreaper. Wake up now and then to reap them even if nothing else happens.
-            None if kill_all.is_some() => PollTimeout::from(5000u16),
-            // In a pid namespace of its own, every orphan goes to the container's init, never
-            // here, and the pidfd says when init exits: nothing to wake up for. (100 idle pods'
-            // monitors woke 1200 times a minute for nothing.)
-            None => PollTimeout::NONE,
-        };
-        let mut idx = Vec::new();
-        let mut pfds = Vec::new();
-        for (i, p) in pipes.iter().enumerate() {
-            if let Some(f) = p {
-                pfds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
-                idx.push(i);
-            }
-        }
-        let pidfd_slot = match (&pidfd, status.is_none()) {
-            (Some(fd), true) => {
-                pfds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                Some(pfds.len() - 1)
-            }
-            _ => None,
-        };
-        let attach_base = pfds.len();
-        let attach_fds = attach.fds();
-        let slots: Vec<Slot> = attach_fds.iter().map(|(_, _, s)| *s).collect();
-        pfds.extend(attach_fds.into_iter().map(|(fd, flags, _)| PollFd::new(fd, flags)));
-        match poll(&mut pfds, timeout) {
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => {
-                // (ENOMEM, say) Giving up would record an exit for a container still running
-                // and stop its log: try again; reap() above still notices the exit.
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
-            }
-        }
-        let revents: Vec<PollFlags> = pfds.iter().map(|p| p.revents().unwrap_or(PollFlags::empty())).collect();
-        drop(pfds);
-        for (k, &i) in idx.iter().enumerate() {
-            if revents[k].is_empty() {
-                continue;
-            }
-            let n = pipes[i].as_mut().map(|f| f.read(buf)).unwrap_or(Ok(0));
-            let stream = streams[i];
-            let mut emit = |line: &[u8], partial: bool| {
-                let _ = log.write(chrono::Utc::now(), stream, partial, line);
-            };
-            match n {
-                Ok(n) if n > 0 => {
-                    split[i].push(&buf[..n], &mut emit);
-                    attach.output(stream, &buf[..n]);
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                    ) => {}
-                // End of output (EIO is how a pty master says the terminal's last user left).
-                Ok(_) | Err(_) => {
-                    split[i].finish(&mut emit);
-                    pipes[i] = None;
-                }
-            }
-        }
-        for (k, slot) in slots.into_iter().enumerate() {
-            let r = revents[attach_base + k];
-            if !r.is_empty() {
-                attach.ready(slot, r);
-            }
-        }
-        if attach.take_reopen() {
-            // CRI's ReopenContainerLog: the agent renamed the log to rotate it.
-            let r = log
-                .reopen()
-                .map_err(|e| format!("reopening {}: {e}", args_log_path(log)));
-            attach.reopened(r);
-        }
-        attach.sweep();
-        if attach.take_hangup() {
-            // stdinOnce on a terminal: closing every master fd hangs the terminal up.
-            let stream = streams[0];
-            split[0].finish(&mut |line: &[u8], partial: bool| {
-                let _ = log.write(chrono::Utc::now(), stream, partial, line);
-            });
-            pipes[0] = None;
-        }
-        if let Some(s) = pidfd_slot {
-            if !revents[s].is_empty() && status.is_none() {
-                if let Ok(ws) = waitpid(init, None) {
-                    status = Some(ws);
-                }
-            }
-        }
-    }
-    for (i, s) in split.iter_mut().enumerate() {
-        let stream = streams[i];
-        s.finish(&mut |line: &[u8], partial: bool| {
-            let _ = log.write(chrono::Utc::now(), stream, partial, line);
-        });
-    }
-    status
-}
-
-fn args_log_path(log: &LogWriter) -> String {
-    log.path().display().to_string()
-}
-
-/// Reap every exited child; note the init's status when it is among them.
-fn reap(init: Pid, status: &mut Option<WaitStatus>) {
-    loop {
-        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) | Err(_) => return,
-            Ok(ws) => {
-                if ws.pid() == Some(init) && status.is_none() {
-                    *status = Some(ws);
-                }
-            }
         }
     }
 }

@@ -8,13 +8,13 @@
 //! glibc's mmap threshold in the fork instead).
 
 /// An anonymous mapping of `len` bytes, or a heap buffer if the mapping fails.
-pub(crate) enum AnonBuffer {
+pub enum AnonBuffer {
     Mapped(std::ptr::NonNull<u8>, usize),
     Heap(Vec<u8>),
 }
 
 impl AnonBuffer {
-    pub(crate) fn new(len: usize) -> AnonBuffer {
+    pub fn new(len: usize) -> AnonBuffer {
         // SAFETY: a fresh private anonymous mapping, owned by the value returned. nix's mmap,
         // munmap and madvise would need the same blocks (memory is at stake), and nix has no
         // mincore (the tests'), so this file stays on libc.
@@ -34,7 +34,7 @@ impl AnonBuffer {
         }
     }
 
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match self {
             // SAFETY: the mapping is `len` bytes, readable and writable, zero-filled by the
             // kernel, and only this value refers to it.
@@ -48,7 +48,7 @@ impl AnonBuffer {
     /// would become the child's own for as long as it lives. A mapping is unmapped whole (the
     /// buffer is empty afterwards); of a heap buffer only the whole pages inside it can go, the
     /// allocation itself stays.
-    pub(crate) fn release_in_fork(&mut self) {
+    pub fn release_in_fork(&mut self) {
         match self {
             AnonBuffer::Mapped(ptr, len) => {
                 // SAFETY: unmapping the mapping made in `new`; `self` no longer refers to it
@@ -57,7 +57,7 @@ impl AnonBuffer {
                 *self = AnonBuffer::Heap(Vec::new());
             }
             AnonBuffer::Heap(v) => {
-                let page = crate::process::page_size();
+                let page = crate::sys::page_size();
                 let start = (v.as_mut_ptr() as usize).next_multiple_of(page);
                 let end = (v.as_mut_ptr() as usize + v.len()) & !(page - 1);
                 if start < end {
@@ -84,7 +84,7 @@ mod tests {
     use super::*;
 
     fn resident_pages(ptr: *const u8, len: usize) -> usize {
-        let page = crate::process::page_size();
+        let page = crate::sys::page_size();
         let mut vec = vec![0u8; len.div_ceil(page)];
         // SAFETY: mincore only reports on the range, which is one mapping of `len` bytes.
         let r = unsafe { libc::mincore(ptr as *mut libc::c_void, len, vec.as_mut_ptr()) };
@@ -94,7 +94,7 @@ mod tests {
 
     #[test]
     fn only_written_pages_are_resident_and_a_fork_release_unmaps_all() {
-        let len = 64 * crate::process::page_size();
+        let len = 64 * crate::sys::page_size();
         let mut b = AnonBuffer::new(len);
         let AnonBuffer::Mapped(ptr, _) = b else {
             panic!("the mapping failed")
@@ -113,12 +113,12 @@ mod tests {
 
     #[test]
     fn a_heap_buffer_keeps_its_allocation_and_drops_its_inner_pages() {
-        let len = 64 * crate::process::page_size();
+        let len = 64 * crate::sys::page_size();
         let mut b = AnonBuffer::Heap(vec![7u8; len]);
         b.release_in_fork();
         let s = b.as_mut_slice();
         assert_eq!(s.len(), len, "the allocation stays");
-        let page = crate::process::page_size();
+        let page = crate::sys::page_size();
         let first_whole = (s.as_ptr() as usize).next_multiple_of(page) - s.as_ptr() as usize;
         assert!(
             s[first_whole..first_whole + page].iter().all(|b| *b == 0),

@@ -8,72 +8,72 @@
 use serde::{Deserialize, Serialize};
 
 /// Largest payload accepted; bigger frames are a protocol error.
-pub(crate) const MAX_PAYLOAD: usize = 1 << 20;
+pub const MAX_PAYLOAD: usize = 1 << 20;
 const HEADER: usize = 5;
 
 // attacher -> monitor
-pub(crate) const HELLO: u8 = 1;
-pub(crate) const STDIN: u8 = 2;
-pub(crate) const CLOSE_STDIN: u8 = 3;
+pub const HELLO: u8 = 1;
+pub const STDIN: u8 = 2;
+pub const CLOSE_STDIN: u8 = 3;
 /// Payload: width and height, u16 big-endian each.
-pub(crate) const RESIZE: u8 = 4;
+pub const RESIZE: u8 = 4;
 /// Instead of HELLO: reopen the CRI log file (CRI's ReopenContainerLog, after the caller
 /// renamed it); answered with REOPENED.
-pub(crate) const REOPEN_LOG: u8 = 6;
+pub const REOPEN_LOG: u8 = 6;
 
 // monitor -> attacher
-pub(crate) const WELCOME: u8 = 1;
-pub(crate) const STDOUT: u8 = 2;
-pub(crate) const STDERR: u8 = 3;
-pub(crate) const REFUSED: u8 = 5;
+pub const WELCOME: u8 = 1;
+pub const STDOUT: u8 = 2;
+pub const STDERR: u8 = 3;
+pub const REFUSED: u8 = 5;
 /// Payload: empty when the log was reopened, else why not (UTF-8).
-pub(crate) const REOPENED: u8 = 6;
+pub const REOPENED: u8 = 6;
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct Hello {
+pub struct Hello {
     pub stdin: bool,
     pub stdout: bool,
     pub stderr: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct Welcome {
+pub struct Welcome {
     pub tty: bool,
     /// False when the container has no stdin or it was closed (stdinOnce); writes are dropped.
     pub stdin_open: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct Refused {
+pub struct Refused {
     /// The attach option at fault (`stdin`), empty when it is not about one.
     pub field: String,
     pub reason: String,
 }
 
 /// Append one frame to `out`.
-pub(crate) fn encode(out: &mut Vec<u8>, kind: u8, payload: &[u8]) {
+pub fn encode(out: &mut Vec<u8>, kind: u8, payload: &[u8]) {
     out.push(kind);
     out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
     out.extend_from_slice(payload);
 }
 
-pub(crate) fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+pub fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(HEADER + payload.len());
     encode(&mut v, kind, payload);
     v
 }
 
-pub(crate) fn resize_payload(width: u16, height: u16) -> [u8; 4] {
+pub fn resize_payload(width: u16, height: u16) -> [u8; 4] {
     let (w, h) = (width.to_be_bytes(), height.to_be_bytes());
     [w[0], w[1], h[0], h[1]]
 }
 
-pub(crate) fn parse_resize(p: &[u8]) -> Option<(u16, u16)> {
+pub fn parse_resize(p: &[u8]) -> Option<(u16, u16)> {
     (p.len() == 4).then(|| (u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]])))
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct BadFrame(pub usize);
+pub struct BadFrame(pub usize);
 
 impl std::fmt::Display for BadFrame {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,23 +83,23 @@ impl std::fmt::Display for BadFrame {
 
 /// Accumulates bytes read from a stream and yields whole frames.
 #[derive(Default)]
-pub(crate) struct Decoder {
+pub struct Decoder {
     buf: Vec<u8>,
 }
 
 impl Decoder {
-    pub(crate) fn push(&mut self, data: &[u8]) {
+    pub fn push(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
     }
 
     /// Bytes waiting that do not form a whole frame yet.
     #[cfg(test)]
-    pub(crate) fn pending(&self) -> usize {
+    pub fn pending(&self) -> usize {
         self.buf.len()
     }
 
     /// The next whole frame, if there is one.
-    pub(crate) fn next_frame(&mut self) -> Result<Option<(u8, Vec<u8>)>, BadFrame> {
+    pub fn next_frame(&mut self) -> Result<Option<(u8, Vec<u8>)>, BadFrame> {
         if self.buf.len() < HEADER {
             return Ok(None);
         }

@@ -29,16 +29,16 @@ use super::wire::{self, Decoder, Hello, Refused, Welcome};
 use crate::crilog::Stream;
 
 /// Output queued for one attacher at most; more is dropped for it.
-pub(crate) const MAX_QUEUE: usize = 1 << 20;
+pub const MAX_QUEUE: usize = 1 << 20;
 /// Stdin bytes waiting for the container at most before attachers stop being read.
 const MAX_PENDING_STDIN: usize = 256 * 1024;
 /// Attachers served at once; further connections are closed.
 const MAX_CLIENTS: usize = 64;
 /// The name of the socket in the container's state directory.
-pub(crate) const SOCKET_NAME: &str = "attach";
+pub const SOCKET_NAME: &str = "attach";
 
 /// What the container's stdio looks like to attachers.
-pub(crate) struct StdioSetup {
+pub struct StdioSetup {
     pub tty: bool,
     pub stdin_once: bool,
     /// Where attachers' stdin goes: the write end of the stdin pipe, or a dup of the pty
@@ -66,15 +66,26 @@ struct Client {
     wants_reopen: bool,
 }
 
+/// An [`AttachServer`] that has served nobody yet, described for another program.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct AttachParts {
+    pub listener: Option<std::os::fd::RawFd>,
+    pub path: PathBuf,
+    pub tty: bool,
+    pub stdin_once: bool,
+    pub stdin: Option<std::os::fd::RawFd>,
+    pub resize: Option<std::os::fd::RawFd>,
+}
+
 /// A pollable descriptor of the server and what it stands for.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Slot {
+pub enum Slot {
     Listener,
     Client(usize),
     Stdin,
 }
 
-pub(crate) struct AttachServer {
+pub struct AttachServer {
     listener: Option<UnixListener>,
     path: PathBuf,
     clients: Vec<Client>,
@@ -97,7 +108,7 @@ pub(crate) struct AttachServer {
 impl AttachServer {
     /// Bind `<dir>/attach`. A failure leaves a server without a listener: the container runs
     /// and logs, it just cannot be attached to.
-    pub(crate) fn bind(dir: &Path, setup: StdioSetup) -> (AttachServer, Option<std::io::Error>) {
+    pub fn bind(dir: &Path, setup: StdioSetup) -> (AttachServer, Option<std::io::Error>) {
         let (listener, err) = match crate::tty::bind_in(dir, SOCKET_NAME) {
             Ok(l) => match l.set_nonblocking(true) {
                 Ok(()) => (Some(l), None),
@@ -126,8 +137,52 @@ impl AttachServer {
         (server, err)
     }
 
+    /// The server described for another program (crate::handoff): its listener, stdin and
+    /// resize descriptors and settings. None once anything has connected or is queued: only a
+    /// server that has served nobody yet moves.
+    pub fn parts(&self) -> Option<AttachParts> {
+        use std::os::fd::AsRawFd;
+        if !self.clients.is_empty() || !self.pending.is_empty() || self.close_when_flushed || self.hangup || self.reopen
+        {
+            return None;
+        }
+        Some(AttachParts {
+            listener: self.listener.as_ref().map(|l| l.as_raw_fd()),
+            path: self.path.clone(),
+            tty: self.tty,
+            stdin_once: self.stdin_once,
+            stdin: self.stdin.as_ref().map(|f| f.as_raw_fd()),
+            resize: self.resize.as_ref().map(|f| f.as_raw_fd()),
+        })
+    }
+
+    /// The server [`parts`](AttachServer::parts) describes.
+    ///
+    /// # Safety
+    /// Every descriptor in `parts` must be open, be what it was when described, and be owned
+    /// by nothing else in this process: the server takes them over.
+    pub unsafe fn from_parts(parts: AttachParts) -> AttachServer {
+        use std::os::fd::FromRawFd;
+        AttachServer {
+            // SAFETY (all three): the caller hands the descriptors over.
+            listener: parts.listener.map(|fd| unsafe { UnixListener::from_raw_fd(fd) }),
+            path: parts.path,
+            clients: Vec::new(),
+            tty: parts.tty,
+            stdin_once: parts.stdin_once,
+            has_stdin: parts.stdin.is_some(),
+            stdin: parts.stdin.map(|fd| unsafe { File::from_raw_fd(fd) }),
+            resize: parts.resize.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            pending: Vec::new(),
+            close_when_flushed: false,
+            hangup: false,
+            reopen: false,
+            read_buf: Vec::new(),
+        }
+    }
+
     /// The descriptors to poll and for what.
-    pub(crate) fn fds(&self) -> Vec<(BorrowedFd<'_>, PollFlags, Slot)> {
+    pub fn fds(&self) -> Vec<(BorrowedFd<'_>, PollFlags, Slot)> {
         let mut v = Vec::new();
         if let Some(l) = &self.listener {
             v.push((l.as_fd(), PollFlags::POLLIN, Slot::Listener));
@@ -150,7 +205,7 @@ impl AttachServer {
     }
 
     /// Act on what poll reported for `slot`. Call [`sweep`](Self::sweep) after the round.
-    pub(crate) fn ready(&mut self, slot: Slot, revents: PollFlags) {
+    pub fn ready(&mut self, slot: Slot, revents: PollFlags) {
         match slot {
             Slot::Listener => self.accept(),
             Slot::Client(i) => {
@@ -171,7 +226,7 @@ impl AttachServer {
     }
 
     /// Drop attachers that left, closing stdin for `stdinOnce`.
-    pub(crate) fn sweep(&mut self) {
+    pub fn sweep(&mut self) {
         let mut i = 0;
         while i < self.clients.len() {
             let c = &self.clients[i];
@@ -191,12 +246,12 @@ impl AttachServer {
 
     /// True once after a caller asked for the CRI log to be reopened: the monitor reopens it
     /// and answers with [`reopened`](Self::reopened).
-    pub(crate) fn take_reopen(&mut self) -> bool {
+    pub fn take_reopen(&mut self) -> bool {
         std::mem::take(&mut self.reopen)
     }
 
     /// Answer every caller waiting for a reopen (`Err`: why it failed), then close them.
-    pub(crate) fn reopened(&mut self, result: Result<(), String>) {
+    pub fn reopened(&mut self, result: Result<(), String>) {
         let payload = result.err().unwrap_or_default();
         for c in self.clients.iter_mut().filter(|c| c.wants_reopen && !c.closing) {
             c.out.extend(wire::frame(wire::REOPENED, payload.as_bytes()));
@@ -207,12 +262,12 @@ impl AttachServer {
 
     /// True once, when a terminal's stdin was closed (`stdinOnce`): the caller closes its
     /// master so the terminal hangs up.
-    pub(crate) fn take_hangup(&mut self) -> bool {
+    pub fn take_hangup(&mut self) -> bool {
         std::mem::take(&mut self.hangup)
     }
 
     /// Queue container output for every attacher that wants `stream`.
-    pub(crate) fn output(&mut self, stream: Stream, data: &[u8]) {
+    pub fn output(&mut self, stream: Stream, data: &[u8]) {
         let kind = match stream {
             Stream::Stdout => wire::STDOUT,
             Stream::Stderr => wire::STDERR,
@@ -237,7 +292,7 @@ impl AttachServer {
 
     /// The container is gone: give attachers up to `limit` to take what is queued for them,
     /// then close every connection and remove the socket.
-    pub(crate) fn finish(&mut self, limit: Duration) {
+    pub fn finish(&mut self, limit: Duration) {
         self.listener = None;
         let _ = std::fs::remove_file(&self.path);
         let deadline = Instant::now() + limit;

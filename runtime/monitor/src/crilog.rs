@@ -103,6 +103,16 @@ impl LineSplitter {
     }
 }
 
+/// A [`LogWriter`] described for another program (crate::handoff).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LogParts {
+    pub fd: Option<std::os::fd::RawFd>,
+    pub path: PathBuf,
+    pub size: u64,
+    pub max_size: u64,
+    pub max_files: u32,
+}
+
 /// Appends CRI lines to a log file and rotates it by size, keeping `max_files` files (the live
 /// one included). Rotated files are named `<path>.<YYYYMMDD-HHMMSS>` as kubelet's log manager
 /// names them; a file rotated in a second that already has one (or when the clock went back)
@@ -136,6 +146,38 @@ impl LogWriter {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What [`from_parts`](LogWriter::from_parts) needs to go on writing in another program:
+    /// the open file's descriptor (None while a failed rotation left none open) and the path
+    /// and limits.
+    pub fn parts(&self) -> LogParts {
+        use std::os::fd::AsRawFd;
+        LogParts {
+            fd: self.file.as_ref().map(|f| f.as_raw_fd()),
+            path: self.path.clone(),
+            size: self.size,
+            max_size: self.max_size,
+            max_files: self.max_files,
+        }
+    }
+
+    /// The writer [`parts`](LogWriter::parts) describes.
+    ///
+    /// # Safety
+    /// `parts.fd`, if any, must be an open descriptor of the log file that nothing else in
+    /// this process owns; the writer takes it over.
+    pub unsafe fn from_parts(parts: LogParts) -> LogWriter {
+        use std::os::fd::FromRawFd;
+        LogWriter {
+            path: parts.path,
+            // SAFETY: the caller hands the descriptor over.
+            file: parts.fd.map(|fd| unsafe { File::from_raw_fd(fd) }),
+            size: parts.size,
+            max_size: parts.max_size,
+            max_files: parts.max_files,
+            line: Vec::with_capacity(256),
+        }
     }
 
     pub fn write(&mut self, now: DateTime<Utc>, stream: Stream, partial: bool, msg: &[u8]) -> io::Result<()> {

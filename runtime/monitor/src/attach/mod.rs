@@ -1,0 +1,4 @@
+//! The monitor's side of attach ([`server`]) and the frames both sides speak ([`wire`]).
+
+pub mod server;
+pub mod wire;
