@@ -222,10 +222,6 @@ pub(crate) struct FilterCache {
 const CACHE_LIMIT: usize = 32;
 
 impl FilterCache {
-    pub(crate) fn len(&self) -> usize {
-        self.compiled.len()
-    }
-
     pub(crate) fn get(&mut self, profile: &LinuxSeccomp) -> Result<Arc<Filter>, String> {
         let key = serde_json::to_string(profile).map_err(|e| format!("encoding the seccomp profile: {e}"))?;
         if let Some(f) = self.compiled.get(&key) {

@@ -52,7 +52,6 @@ pub fn fork_zygote() -> Result<ZygoteHandle> {
             close_other_fds(child.as_raw_fd());
             monitor_image::prepare();
             let _ = CGROUPS.set(crate::cgroups::Cgroups::detect().ok());
-            fill_heap_holes();
             server::serve(child)
         }
         Ok(ForkResult::Parent { child: pid }) => {
@@ -74,54 +73,6 @@ static CGROUPS: std::sync::OnceLock<Option<crate::cgroups::Cgroups>> = std::sync
 /// The hierarchies the zygote found, if any.
 pub(crate) fn cgroups() -> Option<&'static crate::cgroups::Cgroups> {
     CGROUPS.get().and_then(Option::as_ref)
-}
-
-/// Take every free chunk of the heap the zygote inherited from the agent, for good. The
-/// agent's start (the command line, the configuration) leaves its heap mostly holes, about
-/// 170 KiB of 264; a monitor forked from the zygote would allocate into them, and each write
-/// into a hole copies a whole page shared with the zygote into that monitor, for as long as
-/// its container runs. With the holes taken, the monitors allocate from the top of the heap,
-/// packed: a monitor's private heap went from 81 to 63 KiB (docs/runtime.md#the-monitor).
-///
-/// A chunk counts as a hole when taking it leaves the top of the heap as it was (mallinfo2
-/// reports the main arena, which is this single thread's). Never more than the heap's size is
-/// taken, whatever mallinfo2 says.
-pub(crate) fn fill_heap_holes() {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: mallinfo2 only reads the allocator's statistics. nix has no allocator calls
-        // (here and below).
-        let top = || unsafe {
-            let m = libc::mallinfo2();
-            (m.keepcost, m.arena)
-        };
-        let limit = top().1;
-        // Large holes first, then every small size class (tcache, fast and small bins).
-        let mut sizes: Vec<usize> = (11..=16).rev().map(|b| 1usize << b).collect();
-        sizes.extend((1..=64).rev().map(|k| k * 16 + 8));
-        let mut held = 0usize;
-        for size in sizes {
-            while held < limit {
-                let before = top();
-                // SAFETY: plain allocation, kept for the zygote's life or freed below.
-                // black_box: an allocation nothing reads would be optimised away.
-                let p = std::hint::black_box(unsafe { libc::malloc(size) });
-                if p.is_null() {
-                    return;
-                }
-                if top() != before {
-                    // From the top, not a hole: large chunks go back to it (small ones would
-                    // only become holes again).
-                    if size > 1032 {
-                        // SAFETY: p came from malloc above and is freed once.
-                        unsafe { libc::free(p) };
-                    }
-                    break;
-                }
-                held += size;
-            }
-        }
-    }
 }
 
 pub(crate) struct ZygoteClient {

@@ -27,8 +27,6 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
     set_title("ferrolet-zygote");
     let mut buf = AnonBuffer::new(MAX_MESSAGE);
     let mut filters = FilterCache::default();
-    // The most profiles the cache has held when the zygote last took its holes (None: not yet).
-    let mut filled_at: Option<usize> = None;
     loop {
         reap_children();
         let mut pfd = [nix::poll::PollFd::new(
@@ -74,12 +72,6 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             write_reply(&reply, &Reply::Failed { error });
             continue;
         }
-        // The fork's first allocations would take the chunks this loop freed into glibc's
-        // thread cache, scattered over pages it shares with the zygote, and copy each page for
-        // as long as it lives: empty the cache first (about 0.25 ms; with the monitor's own
-        // emptying, 20 KiB less private memory per monitor, docs/runtime.md).
-        #[cfg(target_env = "gnu")]
-        crate::process::empty_thread_cache();
         // SAFETY: this process has one thread, so the child may run arbitrary code.
         match unsafe { fork() } {
             Ok(ForkResult::Child) => {
@@ -94,20 +86,6 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
             }
             Ok(ForkResult::Parent { .. }) => {
                 // The worker holds its own copies; ours close here.
-                // The first request, and each that compiled a new profile, leave long-lived
-                // values (the cache's entries) among freed chunks in pages the zygote shares
-                // with every monitor; the next requests' allocations would land there, and
-                // each page they write becomes private to a monitor. Taking those holes for
-                // good sends later requests to the top of the heap, which a monitor trims
-                // (a monitor's private heap 52 -> 38 KiB; docs/runtime.md).
-                // Only when the cache holds more profiles than ever before: a node cycling
-                // through more than the cache keeps would otherwise take holes (and keep
-                // them) on every recompilation.
-                if filled_at.is_none_or(|most| filters.len() > most) {
-                    drop(req);
-                    super::fill_heap_holes();
-                    filled_at = Some(filters.len());
-                }
             }
             Err(e) => {
                 write_reply(
