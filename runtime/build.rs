@@ -72,6 +72,13 @@ fn main() {
     ] {
         cargo.env_remove(v);
     }
+    // The `monitor` profile inherits `release`: settings given to the outer build for its
+    // release profile (scripts/fuzz's, a debugging build's) are not the program's.
+    for (v, _) in std::env::vars_os() {
+        if v.to_str().is_some_and(|v| v.starts_with("CARGO_PROFILE_RELEASE_")) {
+            cargo.env_remove(v);
+        }
+    }
     let status = cargo
         .status()
         .unwrap_or_else(|e| panic!("running cargo to build the monitor program: {e}"));

@@ -63,17 +63,23 @@ pub(crate) fn monitor_of(candidates: &[i32]) -> Option<(i32, i32)> {
     })
 }
 
-/// Whether `init` has exec'd its program, told by its executable: a created container's init
-/// still runs the binary its monitor was forked from, which is this process's (the monitor
-/// itself has gone on to run the monitor program, docs/runtime.md#the-monitor-image, or, where
-/// it could not, is that binary still). `None` when either is gone. (A container created by
-/// an agent of another binary and not started before this one came would read as exec'd.)
+/// What libcontainer names a container's init until it executes the container's program.
+const LIBCONTAINER_INIT_COMM: &str = "youki:[2:INIT]";
+
+/// Whether `init` has exec'd its program. A created container's init is still a copy of the
+/// process its monitor was forked as, named by libcontainer: its executable is the monitor's
+/// while the monitor could not execute the monitor program, and its name is libcontainer's
+/// either way (a monitor that runs the program has another executable,
+/// docs/runtime.md#the-monitor-image). `None` when either is gone.
 pub(crate) fn has_execed(init: i32, monitor: i32) -> Option<bool> {
     use std::os::unix::fs::MetadataExt;
-    let id = |p: String| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    let init = id(format!("/proc/{init}/exe"))?;
-    let monitor = id(format!("/proc/{monitor}/exe"))?;
-    Some(init != monitor && Some(init) != id("/proc/self/exe".to_string()))
+    let id = |pid: i32| {
+        fs::metadata(format!("/proc/{pid}/exe"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    };
+    let (init_exe, monitor_exe) = (id(init)?, id(monitor)?);
+    Some(init_exe != monitor_exe && comm(init)? != LIBCONTAINER_INIT_COMM)
 }
 
 /// Children of `pid` (from /proc/PID/task/*/children).

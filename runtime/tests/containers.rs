@@ -95,6 +95,10 @@ fn main() {
             unreadable_records_of_an_exited_container,
         ),
         trial(
+            "a_created_container_whose_monitor_record_is_unreadable_reads_created",
+            a_created_container_whose_monitor_record_is_unreadable_reads_created,
+        ),
+        trial(
             "records_of_another_boot_after_a_power_loss",
             records_of_another_boot_after_a_power_loss,
         ),
@@ -1385,6 +1389,45 @@ fn unreadable_records_of_a_running_container() -> Result<()> {
             ensure_removed(&t).with_context(|| format!("case {name}"))?;
         }
         Ok(())
+    })
+}
+
+/// A created container, never started, whose monitor.json is empty: the monitor is found
+/// through the kernel, and the container reads as Created, not started, though its monitor
+/// runs the monitor program and its init another executable (its name, libcontainer's, says
+/// it has not exec'd). It starts and runs as any.
+fn a_created_container_whose_monitor_record_is_unreadable_reads_created() -> Result<()> {
+    block(async {
+        let rt = &env().rt;
+        let cfg = labelled("created-empty-monitor-json", &["sleep", "60"]);
+        let info = rt.create(&cfg).await?;
+        let id = info.id().to_string();
+        let t = traces(&id, &info.record.cgroup_path);
+        let r = async {
+            garble(&id, &[("monitor.json", "")])?;
+            let got = rt.inspect(&id)?;
+            ensure!(state_name(&got.state) == "Created", "state {:?}", got.state);
+            let m = got.monitor.clone().ok_or_else(|| anyhow!("no monitor found"))?;
+            ensure!(
+                Some(m.monitor_pid) == info.monitor.as_ref().map(|r| r.monitor_pid),
+                "{m:?} vs {:?}",
+                info.monitor
+            );
+            rt.start(&id).await?;
+            ensure!(
+                state_name(&rt.inspect(&id)?.state) == "Running",
+                "not running once started"
+            );
+            rt.kill(&id, libc::SIGKILL)?;
+            let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            ensure!(e.exit_code == 137, "{e:?}");
+            Ok(())
+        }
+        .await;
+        let d = rt.delete(&id).await;
+        r?;
+        d?;
+        ensure_removed(&t)
     })
 }
 

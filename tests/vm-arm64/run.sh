@@ -65,7 +65,7 @@ if [ -n "${ARM64_FERROLET:-}" ]; then
   ARM64_SKIP_UNIT=1
 else
   step "building ferrolet and the unit tests for $target (dev profile)"
-  nice -n 10 cargo test --quiet --no-run --target "$target" -p ferrolet-fsutil -p ferrolet-runtime -p ferrolet --lib
+  nice -n 10 cargo test --quiet --no-run --target "$target" -p ferrolet-fsutil -p ferrolet-monitor -p ferrolet-runtime -p ferrolet --lib
   # The binary with the features the tests' dev-dependencies add (tokio's test-util: test
   # clocks, nothing the agent calls), so that tokio and all that builds on it (hyper, h2,
   # axum, tonic, kube) are built once for both, not twice (about 300 CPU seconds).
@@ -75,7 +75,7 @@ else
   }
   unshared=$(awk 'NR == FNR { k[$1 " " $2]; l[$0]; next } ($1 " " $2) in k && !($0 in l) { print "  " $0 }' \
     <(features_of -e normal -p ferrolet --features "$bin_features") \
-    <(features_of -e normal,dev -p ferrolet-fsutil -p ferrolet-runtime -p ferrolet))
+    <(features_of -e normal,dev -p ferrolet-fsutil -p ferrolet-monitor -p ferrolet-runtime -p ferrolet))
   [ -z "$unshared" ] || echo "arm64: NOTE: the unit tests build these with other features than the binary" \
     "(so they are built twice; add the difference to bin_features):"$'\n'"$unshared"
   nice -n 10 cargo build --quiet --target "$target" -p ferrolet --features "$bin_features"
@@ -110,7 +110,7 @@ if [ -z "${ARM64_SKIP_UNIT:-}" ]; then
   step "unit tests under qemu-user"
   skip_args=()
   for s in "${skips[@]}"; do skip_args+=(--skip "$s"); done
-  if nice -n 10 cargo test --quiet --target "$target" -p ferrolet-fsutil -p ferrolet-runtime -p ferrolet --lib \
+  if nice -n 10 cargo test --quiet --target "$target" -p ferrolet-fsutil -p ferrolet-monitor -p ferrolet-runtime -p ferrolet --lib \
     -- "${skip_args[@]}" >"$results/unit.log" 2>&1; then
     echo "arm64: unit tests passed: $(grep -E '^test result:' "$results/unit.log" |
       awk '{p += $4; f += $6; i += $8} END {print p " passed, " f " failed, " i " ignored"}')"

@@ -55,13 +55,10 @@ fn monitor(args: CreateArgs, reply: OwnedFd) -> i32 {
     // A container in a pid namespace it does not own (the pod's, the node's) has nothing that
     // ends its other processes with its init: they are killed when it exits, as containerd's
     // shim does (ShouldKillAllOnExit).
-    let kill_all = match (cgroups, args.kill_all_on_exit) {
-        (Some(c), true) => Some(KillAll {
-            cgroup: args.cgroup_path.clone(),
-            dirs: c.all_dirs(&args.cgroup_path),
-        }),
-        _ => None,
-    };
+    let kill_all = args.kill_all_on_exit.then(|| KillAll {
+        cgroup: args.cgroup_path.clone(),
+        dirs: cgroups.map(|c| c.all_dirs(&args.cgroup_path)).unwrap_or_default(),
+    });
     let watch = Watch {
         init,
         sources,
@@ -127,8 +124,9 @@ fn create(args: &CreateArgs, reply: &OwnedFd) -> Option<Created> {
     }
 }
 
-/// Open the log, mount the rootfs, build the container through libcontainer, record the
-/// monitor and answer `Created`; an error undoes the mounts and is the answer to give.
+/// Open the log, mount the rootfs, build the container through libcontainer and record the
+/// monitor, with the `Created` answer for [`monitor`] to give; an error undoes the mounts and
+/// is the answer to give.
 #[inline(never)]
 fn build(args: &CreateArgs) -> Result<Created, String> {
     // The rootfs is the host's mount (the agent unmounts it): a fork of an isolated zygote
