@@ -23,17 +23,26 @@ fn main() {
     let out_dir = PathBuf::from(var("OUT_DIR"));
     let arch = var("CARGO_CFG_TARGET_ARCH");
     let target = format!("{arch}-unknown-linux-musl");
+    // The workspace's Cargo.toml holds the `monitor` profile and the dependencies' versions.
     for p in [
         "monitor/src",
         "monitor/Cargo.toml",
         "../fsutil/src",
         "../fsutil/Cargo.toml",
+        "../Cargo.toml",
         "../Cargo.lock",
     ] {
         println!("cargo:rerun-if-changed={p}");
     }
-    let target_var = format!("CARGO_TARGET_{}_RUSTFLAGS", target.to_uppercase().replace('-', "_"));
-    println!("cargo:rerun-if-env-changed={target_var}");
+    let triple_var = target.to_uppercase().replace('-', "_");
+    let target_var = format!("CARGO_TARGET_{triple_var}_RUSTFLAGS");
+    for v in [
+        target_var.clone(),
+        format!("CARGO_TARGET_{triple_var}_LINKER"),
+        format!("CC_{}", target.replace('-', "_")),
+    ] {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
 
     // OUT_DIR is <profile dir>/build/ferrolet-runtime-<hash>/out.
     let profile_dir = out_dir.ancestors().nth(3).unwrap_or(&out_dir).to_path_buf();
