@@ -21,6 +21,13 @@ fn var(name: &str) -> String {
 fn main() {
     let manifest_dir = PathBuf::from(var("CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(var("OUT_DIR"));
+    // FERROLET_MONITOR_PROGRAM=none: a binary without the program (its monitors stay forks of
+    // the agent), for a build that must stay under a size (scripts/release).
+    println!("cargo:rerun-if-env-changed=FERROLET_MONITOR_PROGRAM");
+    if std::env::var("FERROLET_MONITOR_PROGRAM").as_deref() == Ok("none") {
+        copy_if_changed_bytes(&[], &out_dir.join("ferrolet-monitor"));
+        return;
+    }
     let arch = var("CARGO_CFG_TARGET_ARCH");
     let target = format!("{arch}-unknown-linux-musl");
     // The workspace's Cargo.toml holds the `monitor` profile and the dependencies' versions.
@@ -106,7 +113,12 @@ fn main() {
 /// nothing leaves the file, and what includes it, as it was).
 fn copy_if_changed(from: &Path, to: &Path) {
     let new = std::fs::read(from).unwrap_or_else(|e| panic!("reading {}: {e}", from.display()));
-    if std::fs::read(to).ok().as_deref() != Some(&new[..]) {
-        std::fs::write(to, &new).unwrap_or_else(|e| panic!("writing {}: {e}", to.display()));
+    copy_if_changed_bytes(&new, to);
+}
+
+/// Write `new` to `to` unless it holds those bytes already.
+fn copy_if_changed_bytes(new: &[u8], to: &Path) {
+    if std::fs::read(to).ok().as_deref() != Some(new) {
+        std::fs::write(to, new).unwrap_or_else(|e| panic!("writing {}: {e}", to.display()));
     }
 }

@@ -333,8 +333,7 @@ fn exit_codes_0_3_and_sigkill() -> Result<()> {
         let r = async {
             rt.start(&id).await?;
             ensure!(matches!(rt.inspect(&id)?.state, ContainerState::Running));
-            rt.kill(&id, libc::SIGKILL)?;
-            let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            let e = killed(rt, &id).await?;
             ensure!(e.exit_code == 137 && e.signal == Some(9) && !e.oom_killed, "{e:?}");
             Ok(())
         }
@@ -1063,8 +1062,7 @@ fn monitor_and_zygote_show_their_names_in_ps() -> Result<()> {
                 }
                 // The monitor still does its job after renaming itself.
                 ensure!(rt.inspect(&id)?.is_running());
-                rt.kill(&id, libc::SIGKILL)?;
-                let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+                let e = killed(rt, &id).await?;
                 ensure!(e.exit_code == 137, "{e:?}");
                 Ok(())
             }
@@ -1375,8 +1373,7 @@ fn unreadable_records_of_a_running_container() -> Result<()> {
                         .exit_code
                             == 0
                     );
-                    rt.kill(&id, libc::SIGKILL)?;
-                    let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+                    let e = killed(rt, &id).await?;
                     ensure!(e.exit_code == 137, "{e:?}");
                 }
                 Ok(())
@@ -1418,8 +1415,7 @@ fn a_created_container_whose_monitor_record_is_unreadable_reads_created() -> Res
                 state_name(&rt.inspect(&id)?.state) == "Running",
                 "not running once started"
             );
-            rt.kill(&id, libc::SIGKILL)?;
-            let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            let e = killed(rt, &id).await?;
             ensure!(e.exit_code == 137, "{e:?}");
             Ok(())
         }
@@ -1429,6 +1425,12 @@ fn a_created_container_whose_monitor_record_is_unreadable_reads_created() -> Res
         d?;
         ensure_removed(&t)
     })
+}
+
+/// SIGKILL a container and wait (10 s at most) for its exit record.
+async fn killed(rt: &ferrolet_runtime::Runtime, id: &str) -> Result<ferrolet_runtime::ExitRecord> {
+    rt.kill(id, libc::SIGKILL)?;
+    Ok(tokio::time::timeout(Duration::from_secs(10), rt.wait(id)).await??)
 }
 
 /// Wait until the monitor of an exited container is gone too (it exits right after writing
@@ -1659,8 +1661,7 @@ fn container_whose_monitor_died_is_not_exited_while_it_runs() -> Result<()> {
                 .list()?
                 .iter()
                 .any(|c| c.id() == id && state_name(&c.state) == "Unknown"));
-            rt.kill(&id, libc::SIGKILL)?;
-            let e = tokio::time::timeout(Duration::from_secs(10), rt.wait(&id)).await??;
+            let e = killed(rt, &id).await?;
             ensure!(
                 e.exit_code == 255 && e.reason.as_deref().is_some_and(|r| r.contains("monitor died")),
                 "{e:?}"

@@ -7,7 +7,8 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
 
-/// The program's bytes (a static executable of a few hundred KB).
+/// The program's bytes (a static executable of a few hundred KB; none in a binary built with
+/// FERROLET_MONITOR_PROGRAM=none).
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ferrolet-monitor"));
 
 /// The sealed memfd the monitors execute, or None when one could not be made (then each
@@ -19,6 +20,13 @@ static IMAGE: OnceLock<Option<OwnedFd>> = OnceLock::new();
 /// image: the monitors then stay forks, and the zygote says so once.
 pub(super) fn prepare() {
     IMAGE.get_or_init(|| {
+        if PROGRAM.is_empty() {
+            eprintln!(
+                "ferrolet-zygote: this binary carries no monitor program (built with \
+                 FERROLET_MONITOR_PROGRAM=none): monitors stay copies of the agent"
+            );
+            return None;
+        }
         let made = crate::exe_seal::sealed_memfd(c"ferrolet-monitor", &mut &PROGRAM[..]).and_then(|fd| {
             let mode = nix::sys::stat::fstat(fd.as_raw_fd())?.st_mode;
             if mode & 0o111 == 0 {
